@@ -1,0 +1,134 @@
+/*
+ * edge_kernels.h: the one narrow boundary between edge-llm's Rust code and its C kernels.
+ *
+ * Every symbol carries the `el_` prefix. Arguments are flat pointers and sized integers; the
+ * comment beside each pointer gives its shape, outermost dimension first. Kernels never allocate,
+ * hold no state and never read past the shapes they are given. Rust validates types and sizes
+ * before it calls in (src/kernels/mod.rs is the only caller); a kernel handed an unknown type
+ * returns EL_ERR_TYPE and writes nothing.
+ *
+ * Tensor types use the ggml/GGUF numbering so a GGUF tensor's type id passes straight through.
+ * Quantized block layouts are bit-compatible with the files llama.cpp writes (ggml-common.h).
+ */
+#ifndef EDGE_KERNELS_H
+#define EDGE_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Tensor types (ggml numbering). */
+enum el_type {
+    EL_TYPE_F32 = 0,
+    EL_TYPE_F16 = 1,
+    EL_TYPE_Q4_0 = 2,
+    EL_TYPE_Q4_1 = 3,
+    EL_TYPE_Q5_0 = 6,
+    EL_TYPE_Q5_1 = 7,
+    EL_TYPE_Q8_0 = 8,
+    EL_TYPE_Q8_1 = 9,
+    EL_TYPE_Q2_K = 10,
+    EL_TYPE_Q3_K = 11,
+    EL_TYPE_Q4_K = 12,
+    EL_TYPE_Q5_K = 13,
+    EL_TYPE_Q6_K = 14,
+    EL_TYPE_Q8_K = 15,
+    EL_TYPE_BF16 = 30,
+};
+
+/* Status codes. */
+enum el_status {
+    EL_OK = 0,
+    EL_ERR_TYPE = -1,  /* unknown or unsupported tensor type */
+    EL_ERR_SHAPE = -2, /* a length that is not a multiple of the block size, or out of range */
+};
+
+/* ---- Block geometry ------------------------------------------------------------------------ */
+
+/* Elements per block of `type` (1 for float types); 0 for an unknown type. */
+int64_t el_type_block_size(int32_t type);
+/* Bytes per block of `type`; 0 for an unknown type. */
+int64_t el_type_block_bytes(int32_t type);
+/* The activation type a dot product with a `type` weight row consumes (llama.cpp's vec_dot_type):
+ * F32->F32, F16->F16, BF16->BF16, Q4_0/Q5_0/Q8_0->Q8_0, Q4_1/Q5_1->Q8_1, K-quants->Q8_K.
+ * -1 for an unknown type. */
+int32_t el_type_vec_dot_type(int32_t type);
+
+/* ---- Scalar reference kernels: the truth that faster variants are tested against ---------- */
+
+/* y[n] = dequantized x. n is a multiple of the block size. */
+int32_t el_dequantize_row(int32_t type, const void *x /* [n / block_size] blocks */, float *y /* [n] */,
+                          int64_t n);
+/* y = x quantized to `type` (every type above, weight types included, for tests and activations).
+ * n is a multiple of the block size. */
+int32_t el_quantize_row(int32_t type, const float *x /* [n] */, void *y /* [n / block_size] blocks */,
+                        int64_t n);
+/* *out = sum_i w[i] * a[i], where w is a row of `type` and a a row of el_type_vec_dot_type(type). */
+int32_t el_vec_dot(int32_t type, int64_t n, const void *w /* [n / bs] blocks of type */,
+                   const void *a /* [n / bs'] blocks of the vec_dot type */, float *out /* [1] */);
+
+/* ---- Matrix product ------------------------------------------------------------------------ */
+
+/* out[r * out_stride + o] = dot(w row o, a row r) for r in [0, n_rows) and o in [o_begin, o_end).
+ * w: [n_out][n_in] in `type`, rows w_row_bytes apart; a: [n_rows][n_in] in the vec_dot type,
+ * rows a_row_bytes apart; out: [n_rows][out_stride] f32. Each output element is one el_vec_dot,
+ * so a row's result never depends on the other rows in the batch. Callers split [0, n_out)
+ * between threads. */
+int32_t el_matmul(int32_t type, const void *w, int64_t w_row_bytes, const void *a, int64_t a_row_bytes,
+                  float *out, int64_t out_stride, int64_t n_in, int64_t n_rows, int64_t o_begin,
+                  int64_t o_end);
+
+/* ---- Elementwise and row operations (f32) --------------------------------------------------- */
+
+/* y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, for each of n_rows rows of n. x and y may alias. */
+void el_rms_norm(const float *x /* [n_rows][n] */, const float *w /* [n] */, float *y /* [n_rows][n] */,
+                 int64_t n_rows, int64_t n, float eps);
+
+/* Rotary position embedding in place. Rotates the first rope_dim dims of each head by
+ * theta_i = pos * freq_scale * freq_base^(-2i/rope_dim). neox = 0 rotates adjacent pairs (x[2i], x[2i+1]),
+ * as llama-architecture GGUF files are written; neox = 1 rotates (x[i], x[i + rope_dim/2]). */
+void el_rope(float *x /* [n_tokens][n_heads][head_dim] */, const int32_t *pos /* [n_tokens] */,
+             int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t rope_dim, float freq_base,
+             float freq_scale, int32_t neox);
+
+/* y[i] = silu(gate[i]) * up[i]. y may alias gate or up. */
+void el_swiglu(const float *gate /* [n] */, const float *up /* [n] */, float *y /* [n] */, int64_t n);
+/* y[i] = gelu_tanh(gate[i]) * up[i]. y may alias gate or up. */
+void el_geglu(const float *gate /* [n] */, const float *up /* [n] */, float *y /* [n] */, int64_t n);
+
+/* ---- Paged KV cache ------------------------------------------------------------------------ */
+
+/* Writes each token's key and value rows into the cache slot its slot_mapping entry names
+ * (slot = block_id * block_size + offset in block), converted to f16. A slot < 0 is skipped. */
+void el_kv_write(const float *k /* [n_tokens][kv_dim] */, const float *v /* [n_tokens][kv_dim] */,
+                 uint16_t *k_cache /* [num_slots][kv_dim] f16 */, uint16_t *v_cache /* [num_slots][kv_dim] f16 */,
+                 const int64_t *slot_mapping /* [n_tokens] */, int64_t n_tokens, int64_t kv_dim);
+
+/* Paged attention over a batch of tokens from many sequences.
+ * Token t belongs to sequence token_seq[t] and sees keys at positions [max(0, L - window), L) with
+ * L = context_lens[t] (its own position + 1, so attention is causal within a prefill chunk and
+ * covers the cached prefix), or all of [0, L) when window <= 0. Key j of sequence s lives in slot
+ * block_tables[s * max_blocks_per_seq + j / block_size] * block_size + j % block_size.
+ * Query head h reads KV head h / (n_heads / n_kv_heads) (grouped-query attention).
+ * out[t][h] = softmax(scale * q[t][h] . K) V, an online softmax over the blocks in key order.
+ * Work items are (token, head) pairs t * n_heads + h in [item_begin, item_end), for threading.
+ * head_dim <= EL_MAX_HEAD_DIM. */
+#define EL_MAX_HEAD_DIM 512
+void el_paged_attention(float *out /* [n_tokens][n_heads][head_dim] */,
+                        const float *q /* [n_tokens][n_heads][head_dim] */,
+                        const uint16_t *k_cache /* [num_blocks][block_size][n_kv_heads][head_dim] f16 */,
+                        const uint16_t *v_cache /* [num_blocks][block_size][n_kv_heads][head_dim] f16 */,
+                        const int32_t *block_tables /* [n_seqs][max_blocks_per_seq] */,
+                        const int32_t *token_seq /* [n_tokens] */, const int32_t *context_lens /* [n_tokens] */,
+                        int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t block_size,
+                        int64_t max_blocks_per_seq, float scale, int32_t window, int64_t item_begin,
+                        int64_t item_end);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* EDGE_KERNELS_H */

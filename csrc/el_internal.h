@@ -1,0 +1,58 @@
+/*
+ * el_internal.h: helpers shared by the kernel sources (not part of the Rust boundary):
+ * half and bfloat16 conversions, exact to IEEE round-to-nearest-even like ggml's.
+ */
+#ifndef EL_INTERNAL_H
+#define EL_INTERNAL_H
+
+#include <stdint.h>
+#include <string.h>
+
+static inline float el_bits_to_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t el_f32_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+/* IEEE half -> float (all cases: zero, subnormal, inf, nan). */
+static inline float el_fp16_to_fp32(uint16_t h) {
+    const uint32_t w = (uint32_t)h << 16;
+    const uint32_t sign = w & UINT32_C(0x80000000);
+    const uint32_t two_w = w + w;
+    const uint32_t exp_offset = UINT32_C(0xE0) << 23;
+    const float exp_scale = 0x1.0p-112f;
+    const float normalized = el_bits_to_f32((two_w >> 4) + exp_offset) * exp_scale;
+    const uint32_t magic_mask = UINT32_C(126) << 23;
+    const float magic_bias = 0.5f;
+    const float denormalized = el_bits_to_f32((two_w >> 17) | magic_mask) - magic_bias;
+    const uint32_t denormalized_cutoff = UINT32_C(1) << 27;
+    const uint32_t result =
+        sign | (two_w < denormalized_cutoff ? el_f32_to_bits(denormalized) : el_f32_to_bits(normalized));
+    return el_bits_to_f32(result);
+}
+
+/* float -> IEEE half, round to nearest even. */
+static inline uint16_t el_fp32_to_fp16(float f) {
+    const float scale_to_inf = 0x1.0p+112f;
+    const float scale_to_zero = 0x1.0p-110f;
+    float base = (f < 0 ? -f : f) * scale_to_inf * scale_to_zero;
+    const uint32_t w = el_f32_to_bits(f);
+    const uint32_t shl1_w = w + w;
+    const uint32_t sign = w & UINT32_C(0x80000000);
+    uint32_t bias = shl1_w & UINT32_C(0xFF000000);
+    if (bias < UINT32_C(0x71000000)) bias = UINT32_C(0x71000000);
+    base = el_bits_to_f32((bias >> 1) + UINT32_C(0x07800000)) + base;
+    const uint32_t bits = el_f32_to_bits(base);
+    const uint32_t exp_bits = (bits >> 13) & UINT32_C(0x00007C00);
+    const uint32_t mantissa_bits = bits & UINT32_C(0x00000FFF);
+    const uint32_t nonsign = exp_bits + mantissa_bits;
+    return (uint16_t)((sign >> 16) | (shl1_w > UINT32_C(0xFF000000) ? UINT16_C(0x7E00) : nonsign));
+}
+
+static inline float el_bf16_to_fp32(uint16_t h) { return el_bits_to_f32((uint32_t)h << 16); }
+
+/* float -> bfloat16, round to nearest even; NaN stays a quiet NaN (as ggml). */
+static inline uint16_t el_fp32_to_bf16(float f) {
+    uint32_t u = el_f32_to_bits(f);
+    if ((u & 0x7fffffff) > 0x7f800000) return (uint16_t)((u >> 16) | 64);
+    return (uint16_t)((u + (0x7fff + ((u >> 16) & 1))) >> 16);
+}
+
+#endif /* EL_INTERNAL_H */

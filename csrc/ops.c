@@ -1,0 +1,112 @@
+/*
+ * ops.c: scalar reference row operations (RMSNorm, RoPE, SwiGLU/GeGLU), the paged KV write and
+ * paged attention. Called only through src/kernels/mod.rs; see edge_kernels.h for shapes.
+ */
+#include <math.h>
+
+#include "edge_kernels.h"
+#include "el_internal.h"
+
+void el_rms_norm(const float *x, const float *w, float *y, int64_t n_rows, int64_t n, float eps) {
+    for (int64_t r = 0; r < n_rows; r++) {
+        const float *xr = x + r * n;
+        float *yr = y + r * n;
+        /* Sum in double, as ggml does, so the norm does not depend on summation order. */
+        double sum = 0.0;
+        for (int64_t i = 0; i < n; i++) sum += (double)xr[i] * (double)xr[i];
+        const float scale = 1.0f / sqrtf((float)(sum / (double)n) + eps);
+        for (int64_t i = 0; i < n; i++) yr[i] = xr[i] * scale * w[i];
+    }
+}
+
+void el_rope(float *x, const int32_t *pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
+             int64_t rope_dim, float freq_base, float freq_scale, int32_t neox) {
+    const float theta_scale = powf(freq_base, -2.0f / (float)rope_dim);
+    for (int64_t t = 0; t < n_tokens; t++) {
+        for (int64_t h = 0; h < n_heads; h++) {
+            float *xh = x + (t * n_heads + h) * head_dim;
+            /* theta advances by multiplication, as ggml computes its cache. */
+            float theta = (float)pos[t] * freq_scale;
+            for (int64_t i = 0; i < rope_dim / 2; i++) {
+                const float c = cosf(theta), s = sinf(theta);
+                const int64_t a = neox ? i : 2 * i;
+                const int64_t b = neox ? i + rope_dim / 2 : 2 * i + 1;
+                const float x0 = xh[a], x1 = xh[b];
+                xh[a] = x0 * c - x1 * s;
+                xh[b] = x0 * s + x1 * c;
+                theta *= theta_scale;
+            }
+        }
+    }
+}
+
+void el_swiglu(const float *gate, const float *up, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        const float g = gate[i];
+        y[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+void el_geglu(const float *gate, const float *up, float *y, int64_t n) {
+    const float sqrt_2_over_pi = 0.79788456080286535587989211986876f;
+    for (int64_t i = 0; i < n; i++) {
+        const float g = gate[i];
+        const float gelu = 0.5f * g * (1.0f + tanhf(sqrt_2_over_pi * g * (1.0f + 0.044715f * g * g)));
+        y[i] = gelu * up[i];
+    }
+}
+
+void el_kv_write(const float *k, const float *v, uint16_t *k_cache, uint16_t *v_cache,
+                 const int64_t *slot_mapping, int64_t n_tokens, int64_t kv_dim) {
+    for (int64_t t = 0; t < n_tokens; t++) {
+        const int64_t slot = slot_mapping[t];
+        if (slot < 0) continue;
+        uint16_t *kd = k_cache + slot * kv_dim;
+        uint16_t *vd = v_cache + slot * kv_dim;
+        for (int64_t i = 0; i < kv_dim; i++) {
+            kd[i] = el_fp32_to_fp16(k[t * kv_dim + i]);
+            vd[i] = el_fp32_to_fp16(v[t * kv_dim + i]);
+        }
+    }
+}
+
+void el_paged_attention(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
+                        const int32_t *block_tables, const int32_t *token_seq, const int32_t *context_lens,
+                        int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t block_size,
+                        int64_t max_blocks_per_seq, float scale, int32_t window, int64_t item_begin,
+                        int64_t item_end) {
+    const int64_t group = n_heads / n_kv_heads;
+    const int64_t kv_dim = n_kv_heads * head_dim;
+    float acc[EL_MAX_HEAD_DIM];
+    for (int64_t item = item_begin; item < item_end; item++) {
+        const int64_t t = item / n_heads, h = item % n_heads;
+        const int64_t kvh = h / group;
+        const float *qh = q + item * head_dim;
+        const int32_t *table = block_tables + (int64_t)token_seq[t] * max_blocks_per_seq;
+        const int64_t len = context_lens[t];
+        const int64_t first = (window > 0 && len > window) ? len - window : 0;
+        float m = -INFINITY, l = 0.0f;
+        for (int64_t d = 0; d < head_dim; d++) acc[d] = 0.0f;
+        for (int64_t j = first; j < len; j++) {
+            const int64_t slot = (int64_t)table[j / block_size] * block_size + j % block_size;
+            const uint16_t *kj = k_cache + slot * kv_dim + kvh * head_dim;
+            const uint16_t *vj = v_cache + slot * kv_dim + kvh * head_dim;
+            float s = 0.0f;
+            for (int64_t d = 0; d < head_dim; d++) s += qh[d] * el_fp16_to_fp32(kj[d]);
+            s *= scale;
+            /* Online softmax: rescale what was accumulated when the running max grows. */
+            if (s > m) {
+                const float c = expf(m - s);
+                l *= c;
+                for (int64_t d = 0; d < head_dim; d++) acc[d] *= c;
+                m = s;
+            }
+            const float p = expf(s - m);
+            l += p;
+            for (int64_t d = 0; d < head_dim; d++) acc[d] += p * el_fp16_to_fp32(vj[d]);
+        }
+        float *oh = out + item * head_dim;
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        for (int64_t d = 0; d < head_dim; d++) oh[d] = acc[d] * inv;
+    }
+}

@@ -1,0 +1,179 @@
+//! Tensor element types as GGUF files number them, with their block geometry.
+//!
+//! Pure data, shared by the GGUF reader (to size tensors) and the kernels (to call the C code,
+//! whose own table `el_type_block_bytes` a test checks against this one).
+
+use std::fmt;
+
+/// A tensor type edge-llm can read. Discriminants are the ggml/GGUF type ids.
+#[allow(non_camel_case_types)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum TensorType {
+    F32 = 0,
+    F16 = 1,
+    Q4_0 = 2,
+    Q4_1 = 3,
+    Q5_0 = 6,
+    Q5_1 = 7,
+    Q8_0 = 8,
+    Q8_1 = 9,
+    Q2_K = 10,
+    Q3_K = 11,
+    Q4_K = 12,
+    Q5_K = 13,
+    Q6_K = 14,
+    Q8_K = 15,
+    BF16 = 30,
+}
+
+/// Elements in one K-quant super-block.
+pub const QK_K: usize = 256;
+
+impl TensorType {
+    /// Every supported type, in ggml id order.
+    pub const ALL: [TensorType; 15] = [
+        TensorType::F32,
+        TensorType::F16,
+        TensorType::Q4_0,
+        TensorType::Q4_1,
+        TensorType::Q5_0,
+        TensorType::Q5_1,
+        TensorType::Q8_0,
+        TensorType::Q8_1,
+        TensorType::Q2_K,
+        TensorType::Q3_K,
+        TensorType::Q4_K,
+        TensorType::Q5_K,
+        TensorType::Q6_K,
+        TensorType::Q8_K,
+        TensorType::BF16,
+    ];
+
+    /// The type with ggml id `id`, or `None` for an id edge-llm does not support.
+    pub fn from_ggml_id(id: u32) -> Option<TensorType> {
+        Self::ALL.iter().copied().find(|t| t.ggml_id() == id)
+    }
+
+    pub fn ggml_id(self) -> u32 {
+        self as u32
+    }
+
+    /// Elements per block (1 for the float types).
+    pub fn block_size(self) -> usize {
+        use TensorType::*;
+        match self {
+            F32 | F16 | BF16 => 1,
+            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 => 32,
+            Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K => QK_K,
+        }
+    }
+
+    /// Bytes per block, as laid out in ggml-common.h.
+    pub fn block_bytes(self) -> usize {
+        use TensorType::*;
+        match self {
+            F32 => 4,
+            F16 | BF16 => 2,
+            Q4_0 => 2 + 16,
+            Q4_1 => 2 * 2 + 16,
+            Q5_0 => 2 + 4 + 16,
+            Q5_1 => 2 * 2 + 4 + 16,
+            Q8_0 => 2 + 32,
+            Q8_1 => 2 * 2 + 32,
+            Q2_K => QK_K / 16 + QK_K / 4 + 2 * 2,
+            Q3_K => QK_K / 8 + QK_K / 4 + 12 + 2,
+            Q4_K => 2 * 2 + 12 + QK_K / 2,
+            Q5_K => 2 * 2 + 12 + QK_K / 8 + QK_K / 2,
+            Q6_K => QK_K / 2 + QK_K / 4 + QK_K / 16 + 2,
+            Q8_K => 4 + QK_K + QK_K / 16 * 2,
+        }
+    }
+
+    /// Bytes of a row of `n` elements, or `None` when `n` is not a whole number of blocks
+    /// or the size overflows.
+    pub fn row_bytes(self, n: usize) -> Option<usize> {
+        if n % self.block_size() != 0 {
+            return None;
+        }
+        (n / self.block_size()).checked_mul(self.block_bytes())
+    }
+
+    /// The activation type a dot product with a row of this type consumes (llama.cpp's
+    /// `vec_dot_type`): activations are quantized to it once per row.
+    pub fn vec_dot_type(self) -> TensorType {
+        use TensorType::*;
+        match self {
+            F32 => F32,
+            F16 => F16,
+            BF16 => BF16,
+            Q4_0 | Q5_0 | Q8_0 => Q8_0,
+            Q4_1 | Q5_1 | Q8_1 => Q8_1,
+            Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K => Q8_K,
+        }
+    }
+
+    /// The name llama.cpp prints ("Q4_1", "F16", ...).
+    pub fn name(self) -> &'static str {
+        use TensorType::*;
+        match self {
+            F32 => "F32",
+            F16 => "F16",
+            BF16 => "BF16",
+            Q4_0 => "Q4_0",
+            Q4_1 => "Q4_1",
+            Q5_0 => "Q5_0",
+            Q5_1 => "Q5_1",
+            Q8_0 => "Q8_0",
+            Q8_1 => "Q8_1",
+            Q2_K => "Q2_K",
+            Q3_K => "Q3_K",
+            Q4_K => "Q4_K",
+            Q5_K => "Q5_K",
+            Q6_K => "Q6_K",
+            Q8_K => "Q8_K",
+        }
+    }
+}
+
+impl fmt::Display for TensorType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_round_trip() {
+        for t in TensorType::ALL {
+            assert_eq!(TensorType::from_ggml_id(t.ggml_id()), Some(t));
+        }
+        assert_eq!(TensorType::from_ggml_id(4), None); // Q4_2, removed from ggml
+        assert_eq!(TensorType::from_ggml_id(99), None);
+    }
+
+    #[test]
+    fn block_bytes_match_ggml() {
+        use TensorType::*;
+        let expected = [
+            (Q4_0, 18),
+            (Q4_1, 20),
+            (Q5_0, 22),
+            (Q5_1, 24),
+            (Q8_0, 34),
+            (Q8_1, 36),
+            (Q2_K, 84),
+            (Q3_K, 110),
+            (Q4_K, 144),
+            (Q5_K, 176),
+            (Q6_K, 210),
+            (Q8_K, 292),
+        ];
+        for (t, bytes) in expected {
+            assert_eq!(t.block_bytes(), bytes, "{t}");
+        }
+    }
+}
