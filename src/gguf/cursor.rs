@@ -12,8 +12,8 @@ pub(crate) const MAX_STRING_BYTES: u64 = 64 << 20;
 pub(crate) struct Cursor<'a> {
     bytes: &'a [u8],
     pos: usize,
-    /// What the bytes being read belong to, e.g. "metadata key 'general.name'"; set by the
-    /// parser before each item so errors name it.
+    /// What the bytes being read belong to, e.g. "of metadata key 'general.name'"; set by
+    /// the parser before each item so errors name it.
     pub(crate) context: String,
 }
 
@@ -22,7 +22,7 @@ impl<'a> Cursor<'a> {
         Cursor {
             bytes,
             pos: 0,
-            context: String::from("header"),
+            context: String::from("in the header"),
         }
     }
 
@@ -37,9 +37,9 @@ impl<'a> Cursor<'a> {
         (self.bytes.len() - self.pos) as u64
     }
 
-    /// "`what` of `context`", for error messages.
+    /// "`what` `context`", e.g. "array length of metadata key 'x'", for error messages.
     pub(crate) fn describe(&self, what: &str) -> String {
-        format!("{what} of {}", self.context)
+        format!("{what} {}", self.context)
     }
 
     /// The next `n` bytes, or `Truncated` if fewer are left.

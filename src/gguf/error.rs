@@ -135,12 +135,14 @@ pub enum GgufError {
 
     /// A tensor whose data would run past the end of the file.
     #[error(
-        "tensor '{name}' data spans bytes {start}..{end} of the file, which has only {file_bytes}"
+        "tensor '{name}' runs past the end of the file: {n_bytes} bytes at offset {offset} of \
+         the data section (which starts at {data_start}), but the file has {file_bytes} bytes"
     )]
     TensorPastEof {
         name: String,
-        start: u64,
-        end: u64,
+        offset: u64,
+        n_bytes: u64,
+        data_start: u64,
         file_bytes: u64,
     },
 

@@ -94,7 +94,7 @@ pub(crate) fn parse(bytes: &[u8]) -> Result<Parsed, GgufError> {
     let data_start = cur
         .pos()
         .checked_next_multiple_of(alignment)
-        .ok_or_else(|| GgufError::BadAlignment { alignment })?;
+        .ok_or(GgufError::BadAlignment { alignment })?;
     check_layout(&tensors, data_start, bytes.len() as u64)?;
 
     Ok(Parsed {
@@ -114,12 +114,12 @@ fn read_metadata(cur: &mut Cursor, n: u64) -> Result<Metadata, GgufError> {
     let mut metadata = Vec::with_capacity(n.min(MAX_PREALLOC) as usize);
     let mut index = HashMap::with_capacity(n.min(MAX_PREALLOC) as usize);
     for i in 0..n {
-        cur.context = format!("metadata entry #{i}");
+        cur.context = format!("of metadata entry #{i}");
         let key = cur.string("key")?;
         if index.contains_key(&key) {
             return Err(GgufError::DuplicateKey { key });
         }
-        cur.context = format!("metadata key '{key}'");
+        cur.context = format!("of metadata key '{key}'");
         let type_offset = cur.pos();
         let type_id = cur.u32("value type")?;
         let value_type = value_type(type_id, &key, type_offset)?;
@@ -149,7 +149,7 @@ fn read_value(cur: &mut Cursor, key: &str, value_type: ValueType) -> Result<Meta
         ValueType::I32 => MetaValue::I32(i32::from_le_bytes(fixed(cur, WHAT)?)),
         ValueType::F32 => MetaValue::F32(f32::from_le_bytes(fixed(cur, WHAT)?)),
         ValueType::Bool => MetaValue::Bool(cur.bool(WHAT)?),
-        ValueType::String => MetaValue::String(cur.string(WHAT)?),
+        ValueType::String => MetaValue::String(cur.string("string value")?),
         ValueType::Array => MetaValue::Array(read_array(cur, key, 1)?),
         ValueType::U64 => MetaValue::U64(cur.u64(WHAT)?),
         ValueType::I64 => MetaValue::I64(i64::from_le_bytes(fixed(cur, WHAT)?)),
@@ -232,12 +232,12 @@ fn read_tensor_infos(cur: &mut Cursor, n: u64, alignment: u64) -> Result<Tensors
     let mut tensors = Vec::with_capacity(n.min(MAX_PREALLOC) as usize);
     let mut index = HashMap::with_capacity(n.min(MAX_PREALLOC) as usize);
     for i in 0..n {
-        cur.context = format!("tensor info #{i}");
+        cur.context = format!("of tensor info #{i}");
         let name = cur.string("name")?;
         if index.contains_key(&name) {
             return Err(GgufError::DuplicateTensor { name });
         }
-        cur.context = format!("tensor '{name}'");
+        cur.context = format!("of tensor '{name}'");
         let n_dims = cur.u32("dimension count")?;
         if n_dims == 0 || n_dims as usize > MAX_DIMS {
             return Err(GgufError::BadDimCount { name, n_dims });
@@ -257,18 +257,17 @@ fn read_tensor_infos(cur: &mut Cursor, n: u64, alignment: u64) -> Result<Tensors
 /// Every tensor's data must lie inside the file and overlap no other tensor's.
 fn check_layout(tensors: &[TensorInfo], data_start: u64, file_bytes: u64) -> Result<(), GgufError> {
     for t in tensors {
-        let start = data_start.checked_add(t.offset);
-        let end = start.and_then(|s| s.checked_add(t.n_bytes));
-        match (start, end) {
-            (Some(_), Some(end)) if end <= file_bytes => {}
-            _ => {
-                return Err(GgufError::TensorPastEof {
-                    name: t.name.clone(),
-                    start: start.unwrap_or(u64::MAX),
-                    end: end.unwrap_or(u64::MAX),
-                    file_bytes,
-                })
-            }
+        let end = data_start
+            .checked_add(t.offset)
+            .and_then(|start| start.checked_add(t.n_bytes));
+        if end.is_none_or(|end| end > file_bytes) {
+            return Err(GgufError::TensorPastEof {
+                name: t.name.clone(),
+                offset: t.offset,
+                n_bytes: t.n_bytes,
+                data_start,
+                file_bytes,
+            });
         }
     }
 

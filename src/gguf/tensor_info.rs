@@ -48,7 +48,7 @@ impl TensorInfo {
         };
         let row_len = dims[0];
         let block_size = ttype.block_size();
-        if row_len % block_size as u64 != 0 {
+        if !row_len.is_multiple_of(block_size as u64) {
             return Err(GgufError::RowNotBlockMultiple {
                 name,
                 ttype,
@@ -60,7 +60,7 @@ impl TensorInfo {
         let Some(n_bytes) = n_bytes else {
             return Err(GgufError::ShapeOverflow { name, dims });
         };
-        if offset % alignment != 0 {
+        if !offset.is_multiple_of(alignment) {
             return Err(GgufError::MisalignedTensor {
                 name,
                 offset,
