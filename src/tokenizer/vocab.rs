@@ -1,0 +1,346 @@
+//! The token table of a GGUF vocabulary: texts, attributes, scores, special token ids and the
+//! end-of-generation set, settled the way llama.cpp's `llama_vocab::impl::load` settles them.
+//!
+//! `Tokenizer::from_gguf` (mod.rs) fills a `VocabMeta` from the file's `tokenizer.ggml.*` keys
+//! and calls `Vocab::new`; the encoders (`bpe.rs`, `spm.rs`, `special.rs`) and the decoders
+//! read the result. Nothing here touches the GGUF reader, so it is testable on its own.
+
+use std::collections::HashMap;
+
+use anyhow::{bail, Result};
+
+/// Token attributes, a bit set as in llama.cpp's `llama_token_attr` (a token can be both
+/// CONTROL and UNUSED, e.g. Gemma's `<unused0>`).
+pub(crate) mod attr {
+    pub const UNDEFINED: u8 = 0;
+    pub const NORMAL: u8 = 1 << 0;
+    pub const UNKNOWN: u8 = 1 << 1;
+    pub const CONTROL: u8 = 1 << 2;
+    pub const USER_DEFINED: u8 = 1 << 3;
+    pub const UNUSED: u8 = 1 << 4;
+    pub const BYTE: u8 = 1 << 5;
+
+    /// `tokenizer.ggml.token_type` value (1 normal, 2 unknown, 3 control, 4 user-defined,
+    /// 5 unused, 6 byte) to attribute bits; anything else is UNDEFINED, as in llama.cpp.
+    pub fn from_token_type(token_type: i32) -> u8 {
+        match token_type {
+            1 => NORMAL,
+            2 => UNKNOWN,
+            3 => CONTROL,
+            4 => USER_DEFINED,
+            5 => UNUSED,
+            6 => BYTE,
+            _ => UNDEFINED,
+        }
+    }
+}
+
+/// Which tokenizer algorithm the vocabulary is for (`tokenizer.ggml.model`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum VocabKind {
+    /// `gpt2`: byte-level BPE with ranked merges and a regex pre-tokenizer.
+    Bpe,
+    /// `llama`: SentencePiece-style BPE driven by token scores, `▁` for spaces, byte fallback.
+    Spm,
+}
+
+/// The tokenizer metadata of a GGUF file, as read; `None` where the key is absent.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct VocabMeta {
+    pub model: String,
+    pub pre: Option<String>,
+    pub tokens: Vec<String>,
+    pub token_types: Option<Vec<i32>>,
+    pub scores: Option<Vec<f32>>,
+    pub merges: Option<Vec<String>>,
+    pub bos_id: Option<u64>,
+    pub eos_id: Option<u64>,
+    pub eot_id: Option<u64>,
+    pub eom_id: Option<u64>,
+    pub unk_id: Option<u64>,
+    pub fim_pad_id: Option<u64>,
+    pub fim_rep_id: Option<u64>,
+    pub fim_sep_id: Option<u64>,
+    pub add_bos: Option<bool>,
+    pub add_space_prefix: Option<bool>,
+}
+
+/// Token texts llama.cpp takes as end-of-turn when `tokenizer.ggml.eot_token_id` is absent.
+const EOT_TEXTS: &[&str] = &[
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<EOT>",
+    "_<EOT>",
+    "<end_of_utterance>",
+];
+/// Texts of fill-in-the-middle tokens that llama.cpp also counts as end-of-generation.
+const FIM_PAD_TEXTS: &[&str] = &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"];
+const FIM_REP_TEXTS: &[&str] = &[
+    "<|fim_repo|>",
+    "<|repo_name|>",
+    "<fim-repo>",
+    "<REPO>",
+    "<reponame>",
+];
+const FIM_SEP_TEXTS: &[&str] = &["<|file_sep|>"];
+/// Token texts llama.cpp puts in the end-of-generation set whatever their ids.
+const EOG_TEXTS: &[&str] = &[
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+];
+
+/// A loaded vocabulary. Ids are `u32` indices into `texts`.
+pub(crate) struct Vocab {
+    pub kind: VocabKind,
+    /// Token strings as stored (byte-level alphabet for BPE, `▁` for spaces for SPM).
+    pub texts: Vec<String>,
+    /// `attr::*` bits per token.
+    pub attrs: Vec<u8>,
+    /// SPM merge priorities (higher merges first); all 0.0 when the file has none.
+    pub scores: Vec<f32>,
+    pub text_to_id: HashMap<String, u32>,
+    pub bos_id: Option<u32>,
+    pub eos_id: Option<u32>,
+    pub unk_id: Option<u32>,
+    pub add_bos: bool,
+    pub add_space_prefix: bool,
+    /// Sorted, deduplicated.
+    pub eog_ids: Vec<u32>,
+    /// Control, user-defined and unknown tokens, longest text first (ties by id): the order
+    /// in which `special::partition` cuts them out of the text, as llama.cpp does.
+    pub special_ids: Vec<u32>,
+}
+
+impl Vocab {
+    pub fn new(meta: &VocabMeta) -> Result<Vocab> {
+        let kind = match meta.model.as_str() {
+            "gpt2" => VocabKind::Bpe,
+            "llama" => VocabKind::Spm,
+            other => bail!(
+                "unsupported tokenizer.ggml.model '{other}': edge-llm supports 'gpt2' (byte-level BPE) and 'llama' (SentencePiece)"
+            ),
+        };
+        let n_tokens = meta.tokens.len();
+        if n_tokens == 0 {
+            bail!("tokenizer.ggml.tokens is empty");
+        }
+        if n_tokens > u32::MAX as usize {
+            bail!("tokenizer.ggml.tokens has {n_tokens} entries, more than u32 ids can address");
+        }
+        if let Some(types) = &meta.token_types {
+            if types.len() < n_tokens {
+                bail!(
+                    "tokenizer.ggml.token_type has {} entries for {n_tokens} tokens",
+                    types.len()
+                );
+            }
+        }
+        if let Some(scores) = &meta.scores {
+            if scores.len() < n_tokens {
+                bail!(
+                    "tokenizer.ggml.scores has {} entries for {n_tokens} tokens",
+                    scores.len()
+                );
+            }
+        }
+
+        let mut texts = Vec::with_capacity(n_tokens);
+        let mut text_to_id = HashMap::with_capacity(n_tokens);
+        for (i, token) in meta.tokens.iter().enumerate() {
+            // llama.cpp renames empty tokens so that every text is unique and non-empty.
+            let text = if token.is_empty() {
+                format!("[EMPTY_{i}]")
+            } else {
+                token.clone()
+            };
+            if let Some(prev) = text_to_id.insert(text.clone(), i as u32) {
+                bail!("duplicate token in tokenizer.ggml.tokens: {text:?} has ids {prev} and {i}");
+            }
+            texts.push(text);
+        }
+        let mut attrs: Vec<u8> = match &meta.token_types {
+            Some(types) => types[..n_tokens]
+                .iter()
+                .map(|&t| attr::from_token_type(t))
+                .collect(),
+            None => vec![attr::NORMAL; n_tokens],
+        };
+        let scores = match &meta.scores {
+            Some(s) => s[..n_tokens].to_vec(),
+            None => vec![0.0; n_tokens],
+        };
+
+        // Defaults per model type, then the file's keys (llama.cpp keeps the default when a
+        // key names an id outside the vocabulary, and drops a default outside it).
+        let in_range = |id: u64| (id < n_tokens as u64).then_some(id as u32);
+        let (default_bos, default_eos, default_unk) = match kind {
+            VocabKind::Spm => (in_range(1), in_range(2), in_range(0)),
+            VocabKind::Bpe => (in_range(11), in_range(11), None),
+        };
+        let pick = |key: Option<u64>, default: Option<u32>| key.and_then(in_range).or(default);
+        let bos_id = pick(meta.bos_id, default_bos);
+        let eos_id = pick(meta.eos_id, default_eos);
+        let unk_id = pick(meta.unk_id, default_unk);
+        let mut eot_id = pick(meta.eot_id, None);
+        let mut eom_id = pick(meta.eom_id, None);
+        let mut fim_pad_id = pick(meta.fim_pad_id, None);
+        let mut fim_rep_id = pick(meta.fim_rep_id, None);
+        let mut fim_sep_id = pick(meta.fim_sep_id, None);
+
+        let default_add_bos = match kind {
+            VocabKind::Spm => true,
+            VocabKind::Bpe => super::bpe::pre_add_bos_default(meta.pre.as_deref()),
+        };
+        let add_bos = meta.add_bos.unwrap_or(default_add_bos);
+        if add_bos && bos_id.is_none() {
+            bail!(
+                "tokenizer.ggml.add_bos_token is true, but tokenizer.ggml.bos_token_id is not set"
+            );
+        }
+        let add_space_prefix = meta.add_space_prefix.unwrap_or(kind == VocabKind::Spm);
+
+        // Special tokens found by their text when the file does not name them; llama.cpp makes
+        // each one found this way a control token. llama.cpp takes the first match of a
+        // hash-map walk; we take the lowest id, which agrees whenever a vocabulary holds only
+        // one of the candidate texts.
+        let mut found_by_text = Vec::new();
+        let mut detect = |slot: &mut Option<u32>, candidates: &[&str]| {
+            if slot.is_none() {
+                *slot = candidates
+                    .iter()
+                    .filter_map(|t| text_to_id.get(*t).copied())
+                    .min();
+                found_by_text.extend(*slot);
+            }
+        };
+        detect(&mut eot_id, EOT_TEXTS);
+        detect(&mut eom_id, &["<|eom_id|>"]);
+        detect(&mut fim_pad_id, FIM_PAD_TEXTS);
+        detect(&mut fim_rep_id, FIM_REP_TEXTS);
+        detect(&mut fim_sep_id, FIM_SEP_TEXTS);
+        for id in found_by_text {
+            attrs[id as usize] |= attr::CONTROL;
+        }
+
+        let mut eog_ids: Vec<u32> = [fim_pad_id, fim_rep_id, fim_sep_id]
+            .into_iter()
+            .flatten()
+            .collect();
+        for text in EOG_TEXTS {
+            if let Some(&id) = text_to_id.get(*text) {
+                attrs[id as usize] |= attr::CONTROL;
+                eog_ids.push(id);
+            }
+        }
+        eog_ids.extend([eos_id, eot_id, eom_id].into_iter().flatten());
+        eog_ids.sort_unstable();
+        eog_ids.dedup();
+
+        let mut special_ids: Vec<u32> = (0..n_tokens as u32)
+            .filter(|&id| {
+                attrs[id as usize] & (attr::CONTROL | attr::USER_DEFINED | attr::UNKNOWN) != 0
+            })
+            .collect();
+        special_ids.sort_by_key(|&id| std::cmp::Reverse(texts[id as usize].len()));
+
+        Ok(Vocab {
+            kind,
+            texts,
+            attrs,
+            scores,
+            text_to_id,
+            bos_id,
+            eos_id,
+            unk_id,
+            add_bos,
+            add_space_prefix,
+            eog_ids,
+            special_ids,
+        })
+    }
+
+    pub fn n_tokens(&self) -> usize {
+        self.texts.len()
+    }
+
+    pub fn attr(&self, id: u32) -> u8 {
+        self.attrs
+            .get(id as usize)
+            .copied()
+            .unwrap_or(attr::UNDEFINED)
+    }
+
+    pub fn id_of(&self, text: &str) -> Option<u32> {
+        self.text_to_id.get(text).copied()
+    }
+
+    /// The byte-fallback token of an SPM vocabulary for `byte`: `<0xXX>`, else the byte as a
+    /// one-character token (llama.cpp's `byte_to_token`).
+    pub fn byte_to_token(&self, byte: u8) -> Option<u32> {
+        self.id_of(&format!("<0x{byte:02X}>")).or_else(|| {
+            if byte.is_ascii() {
+                self.id_of(std::str::from_utf8(&[byte]).ok()?)
+            } else {
+                None
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(tokens: &[&str], types: &[i32]) -> VocabMeta {
+        VocabMeta {
+            model: "llama".into(),
+            tokens: tokens.iter().map(|s| s.to_string()).collect(),
+            token_types: Some(types.to_vec()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn eog_includes_eos_and_text_matches_and_marks_control() {
+        let m = meta(
+            &["<unk>", "<s>", "</s>", "<|im_end|>", "a"],
+            &[2, 3, 3, 1, 1],
+        );
+        let v = Vocab::new(&m).unwrap();
+        assert_eq!(v.eog_ids, vec![2, 3]);
+        assert_ne!(v.attr(3) & attr::CONTROL, 0);
+        assert_eq!(v.bos_id, Some(1));
+        assert!(v.add_bos);
+        assert!(v.add_space_prefix);
+    }
+
+    #[test]
+    fn special_ids_longest_first() {
+        let m = meta(&["<a>", "<abc>", "x", "<ab>"], &[3, 4, 1, 3]);
+        let v = Vocab::new(&m).unwrap();
+        assert_eq!(v.special_ids, vec![1, 3, 0]);
+    }
+
+    #[test]
+    fn unknown_model_and_duplicates_are_errors() {
+        let mut m = meta(&["a", "b"], &[1, 1]);
+        m.model = "bert".into();
+        let err = Vocab::new(&m).err().unwrap().to_string();
+        assert!(err.contains("tokenizer.ggml.model"), "{err}");
+        let m = meta(&["a", "a"], &[1, 1]);
+        let err = Vocab::new(&m).err().unwrap().to_string();
+        assert!(err.contains("duplicate"), "{err}");
+    }
+}
