@@ -1,1 +1,86 @@
-//! kv_cache
+//! The paged KV cache: one pool of fixed-size blocks per layer, holding keys and values in f16.
+//! A sequence owns a block table (block ids in order); token `j` of a sequence lives in slot
+//! `block_table[j / block_size] * block_size + j % block_size`. This module owns the memory only;
+//! which blocks belong to whom is integer bookkeeping kept by the caller (`BlockAllocator`
+//! here for single sequences; the engine's block manager for many).
+
+use crate::kernels::AttentionShape;
+use crate::model::ModelConfig;
+
+pub struct KvCache {
+    pub block_size: usize,
+    pub num_blocks: usize,
+    kv_dim: usize,
+    /// Per layer: keys and values, each [num_blocks][block_size][n_kv_heads][head_dim] f16.
+    k: Vec<Vec<u16>>,
+    v: Vec<Vec<u16>>,
+}
+
+impl KvCache {
+    /// Bytes one block takes over all layers, keys and values.
+    pub fn bytes_per_block(c: &ModelConfig, block_size: usize) -> usize {
+        2 * c.num_layers * block_size * c.kv_dim() * std::mem::size_of::<u16>()
+    }
+
+    pub fn new(c: &ModelConfig, block_size: usize, num_blocks: usize) -> KvCache {
+        assert!(block_size > 0 && num_blocks > 0);
+        let len = num_blocks * block_size * c.kv_dim();
+        KvCache {
+            block_size,
+            num_blocks,
+            kv_dim: c.kv_dim(),
+            k: (0..c.num_layers).map(|_| vec![0u16; len]).collect(),
+            v: (0..c.num_layers).map(|_| vec![0u16; len]).collect(),
+        }
+    }
+
+    pub fn layer(&self, l: usize) -> (&[u16], &[u16]) {
+        (&self.k[l], &self.v[l])
+    }
+
+    pub fn layer_mut(&mut self, l: usize) -> (&mut [u16], &mut [u16]) {
+        (&mut self.k[l], &mut self.v[l])
+    }
+
+    pub fn shape(&self, c: &ModelConfig) -> AttentionShape {
+        AttentionShape {
+            n_heads: c.n_heads,
+            n_kv_heads: c.n_kv_heads,
+            head_dim: c.head_dim,
+            block_size: self.block_size,
+            num_blocks: self.num_blocks,
+        }
+    }
+
+    /// Copies block `src` onto block `dst` in every layer (copy-on-write of a shared block).
+    pub fn copy_block(&mut self, src: u32, dst: u32) {
+        let n = self.block_size * self.kv_dim;
+        let (s, d) = (src as usize * n, dst as usize * n);
+        for cache in self.k.iter_mut().chain(self.v.iter_mut()) {
+            cache.copy_within(s..s + n, d);
+        }
+    }
+}
+
+/// A plain free list of block ids, for callers that run sequences one at a time.
+pub struct BlockAllocator {
+    free: Vec<u32>,
+}
+
+impl BlockAllocator {
+    pub fn new(num_blocks: usize) -> Self {
+        BlockAllocator { free: (0..num_blocks as u32).rev().collect() }
+    }
+
+    pub fn allocate(&mut self) -> Option<u32> {
+        self.free.pop()
+    }
+
+    pub fn free(&mut self, blocks: impl IntoIterator<Item = u32>) {
+        self.free.extend(blocks);
+    }
+
+    pub fn num_free(&self) -> usize {
+        self.free.len()
+    }
+}

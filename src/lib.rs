@@ -1,12 +1,15 @@
 //! edge-llm: a Rust inference engine for GGUF language models on edge machines.
 //!
-//! Layers only look down: the command-line faces use the model; the model (GGUF reader,
-//! weights, forward pass) uses the kernels; the kernels wrap the C code in `csrc/`.
+//! Layers only look down: the command-line faces (`cli`) use the model; the model (GGUF
+//! reader, weights, forward pass) uses the kernels; the kernels wrap the C code in `csrc/`.
 
+pub mod cli;
+pub mod generate;
 pub mod gguf;
 pub mod kernels;
 pub mod kv_cache;
 pub mod model;
+pub mod perplexity;
 pub mod sampler;
 pub mod tensor_type;
 pub mod tokenizer;

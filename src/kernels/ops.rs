@@ -1,0 +1,203 @@
+//! Safe wrappers over the row operations, the paged KV write and paged attention in
+//! `csrc/ops.c`. Called by the forward pass (`crate::model::forward`).
+
+use rayon::prelude::*;
+
+use super::bindings as ffi;
+
+/// `y[r] = x[r] / rms(x[r]) * w` for each row of `w.len()` elements. `y` may be `x` itself via
+/// [`rms_norm_inplace`].
+pub fn rms_norm(x: &[f32], w: &[f32], y: &mut [f32], eps: f32) {
+    let n = w.len();
+    assert!(n > 0 && x.len() % n == 0 && y.len() == x.len(), "rms_norm shapes");
+    // SAFETY: x and y hold n_rows * n floats and w holds n, as checked above.
+    unsafe {
+        ffi::el_rms_norm(x.as_ptr(), w.as_ptr(), y.as_mut_ptr(), (x.len() / n) as i64, n as i64, eps)
+    }
+}
+
+/// In-place RMSNorm over rows of `w.len()` elements.
+pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
+    let n = w.len();
+    assert!(n > 0 && x.len() % n == 0, "rms_norm shapes");
+    let p = x.as_mut_ptr();
+    // SAFETY: the kernel allows x and y to alias; x holds n_rows * n floats.
+    unsafe { ffi::el_rms_norm(p, w.as_ptr(), p, (x.len() / n) as i64, n as i64, eps) }
+}
+
+/// How a rotary embedding pairs dimensions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Adjacent pairs (x[2i], x[2i+1]): llama-architecture GGUF files.
+    Normal,
+    /// Halves (x[i], x[i + d/2]): qwen2, gemma and other NeoX-style models.
+    Neox,
+}
+
+/// Shape and frequencies of a rotary embedding.
+#[derive(Clone, Copy, Debug)]
+pub struct Rope {
+    pub head_dim: usize,
+    pub rope_dim: usize,
+    pub freq_base: f32,
+    pub freq_scale: f32,
+    pub style: RopeStyle,
+}
+
+/// Rotates `x` ([n_tokens][n_heads][head_dim]) in place, token t at position `pos[t]`.
+pub fn rope(x: &mut [f32], pos: &[i32], n_heads: usize, r: &Rope) {
+    let n_tokens = pos.len();
+    assert_eq!(x.len(), n_tokens * n_heads * r.head_dim, "rope shapes");
+    assert!(r.rope_dim <= r.head_dim && r.rope_dim % 2 == 0, "rope dims");
+    // SAFETY: x holds n_tokens * n_heads * head_dim floats, pos n_tokens ints.
+    unsafe {
+        ffi::el_rope(
+            x.as_mut_ptr(),
+            pos.as_ptr(),
+            n_tokens as i64,
+            n_heads as i64,
+            r.head_dim as i64,
+            r.rope_dim as i64,
+            r.freq_base,
+            r.freq_scale,
+            (r.style == RopeStyle::Neox) as i32,
+        )
+    }
+}
+
+/// The gated activation of a feed-forward block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// silu(gate) * up (llama, qwen2).
+    SwiGlu,
+    /// gelu_tanh(gate) * up (gemma).
+    GeGlu,
+}
+
+/// `gate[i] = act(gate[i]) * up[i]`, in place in `gate`.
+pub fn glu_inplace(gate: &mut [f32], up: &[f32], act: Activation) {
+    assert_eq!(gate.len(), up.len(), "glu shapes");
+    let p = gate.as_mut_ptr();
+    let n = gate.len() as i64;
+    // SAFETY: both hold n floats; the kernel allows y to alias gate.
+    unsafe {
+        match act {
+            Activation::SwiGlu => ffi::el_swiglu(p, up.as_ptr(), p, n),
+            Activation::GeGlu => ffi::el_geglu(p, up.as_ptr(), p, n),
+        }
+    }
+}
+
+/// Writes the rows of `k` and `v` ([n_tokens][kv_dim]) into the f16 caches at the slots of
+/// `slot_mapping` (negative slots are skipped).
+pub fn kv_write(k: &[f32], v: &[f32], k_cache: &mut [u16], v_cache: &mut [u16], slot_mapping: &[i64], kv_dim: usize) {
+    let n_tokens = slot_mapping.len();
+    assert!(k.len() == n_tokens * kv_dim && v.len() == k.len(), "kv_write shapes");
+    assert_eq!(k_cache.len(), v_cache.len(), "kv_write cache shapes");
+    let num_slots = (k_cache.len() / kv_dim) as i64;
+    assert!(slot_mapping.iter().all(|&s| s < num_slots), "slot out of range");
+    // SAFETY: every slot used is < num_slots, so each write of kv_dim halves stays in the caches.
+    unsafe {
+        ffi::el_kv_write(
+            k.as_ptr(),
+            v.as_ptr(),
+            k_cache.as_mut_ptr(),
+            v_cache.as_mut_ptr(),
+            slot_mapping.as_ptr(),
+            n_tokens as i64,
+            kv_dim as i64,
+        )
+    }
+}
+
+/// Geometry of one layer's paged KV cache.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionShape {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub block_size: usize,
+    pub num_blocks: usize,
+}
+
+/// The per-token addressing of a batch: which sequence a token belongs to and how many keys it
+/// sees, plus every sequence's block table padded to `max_blocks_per_seq`.
+pub struct AttentionBatch<'a> {
+    pub block_tables: &'a [i32],
+    pub max_blocks_per_seq: usize,
+    pub token_seq: &'a [i32],
+    pub context_lens: &'a [i32],
+}
+
+/// Paged attention of every (token, head) in the batch, split across threads.
+/// `q` and `out` are [n_tokens][n_heads][head_dim]; caches [num_blocks][block_size][n_kv_heads][head_dim].
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention(
+    out: &mut [f32],
+    q: &[f32],
+    k_cache: &[u16],
+    v_cache: &[u16],
+    shape: &AttentionShape,
+    batch: &AttentionBatch<'_>,
+    scale: f32,
+    window: Option<usize>,
+) {
+    let s = shape;
+    let n_tokens = batch.token_seq.len();
+    assert!(s.head_dim <= EL_MAX_HEAD_DIM && s.n_kv_heads > 0 && s.n_heads % s.n_kv_heads == 0);
+    assert!(q.len() == n_tokens * s.n_heads * s.head_dim && out.len() == q.len(), "attention q/out shapes");
+    let cache_len = s.num_blocks * s.block_size * s.n_kv_heads * s.head_dim;
+    assert!(k_cache.len() == cache_len && v_cache.len() == cache_len, "attention cache shapes");
+    assert_eq!(batch.context_lens.len(), n_tokens);
+    let n_seqs = batch.block_tables.len() / batch.max_blocks_per_seq.max(1);
+    assert_eq!(batch.block_tables.len(), n_seqs * batch.max_blocks_per_seq);
+    for t in 0..n_tokens {
+        let seq = batch.token_seq[t];
+        let len = batch.context_lens[t];
+        assert!(seq >= 0 && (seq as usize) < n_seqs && len >= 1, "attention token {t} addressing");
+        assert!(len as usize <= batch.max_blocks_per_seq * s.block_size, "context past block table");
+        let table = &batch.block_tables[seq as usize * batch.max_blocks_per_seq..][..batch.max_blocks_per_seq];
+        let used = (len as usize).div_ceil(s.block_size);
+        assert!(table[..used].iter().all(|&b| b >= 0 && (b as usize) < s.num_blocks), "block id out of range");
+    }
+    let window = window.map(|w| w.min(i32::MAX as usize) as i32).unwrap_or(0);
+    let n_items = n_tokens * s.n_heads;
+    let chunk_items = (n_items / (4 * rayon::current_num_threads())).clamp(1, 64);
+    let out_ptr = SendPtr(out.as_mut_ptr());
+    (0..n_items.div_ceil(chunk_items)).into_par_iter().for_each(|c| {
+        let begin = c * chunk_items;
+        let end = (begin + chunk_items).min(n_items);
+        let out_ptr = &out_ptr;
+        // SAFETY: all shapes and block ids were checked above; each task writes only the
+        // disjoint items [begin, end) of `out`.
+        unsafe {
+            ffi::el_paged_attention(
+                out_ptr.0,
+                q.as_ptr(),
+                k_cache.as_ptr(),
+                v_cache.as_ptr(),
+                batch.block_tables.as_ptr(),
+                batch.token_seq.as_ptr(),
+                batch.context_lens.as_ptr(),
+                s.n_heads as i64,
+                s.n_kv_heads as i64,
+                s.head_dim as i64,
+                s.block_size as i64,
+                batch.max_blocks_per_seq as i64,
+                scale,
+                window,
+                begin as i64,
+                end as i64,
+            )
+        }
+    });
+}
+
+use super::EL_MAX_HEAD_DIM as EL_MAX_HEAD_DIM_U32;
+const EL_MAX_HEAD_DIM: usize = EL_MAX_HEAD_DIM_U32 as usize;
+
+/// A raw output pointer shared by tasks that write disjoint ranges of one buffer.
+pub(crate) struct SendPtr<T>(pub(crate) *mut T);
+// SAFETY: users only write disjoint ranges through it, while the owning slice is borrowed mutably.
+unsafe impl<T> Send for SendPtr<T> {}
+unsafe impl<T> Sync for SendPtr<T> {}

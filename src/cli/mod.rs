@@ -1,0 +1,150 @@
+//! The command line: flags are parsed here (clap), turned into work in one module per
+//! subcommand, and errors come back to `main` as an `anyhow` chain. Called only by `main.rs`.
+
+mod commands;
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+
+use crate::model::Model;
+
+/// File name of the default model in `models/`.
+pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+#[derive(Parser, Debug)]
+#[command(name = "edge-llm", version, about = "Run GGUF language models on edge machines")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Print a GGUF file's metadata and tensor table.
+    Info {
+        #[command(flatten)]
+        model: ModelArgs,
+    },
+    /// Print the token ids of TEXT as a JSON array.
+    Tokenize {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// Do not add the BOS token even if the model asks for one.
+        #[arg(long)]
+        no_bos: bool,
+        /// Treat special tokens in TEXT (like <|im_start|>) as plain text.
+        #[arg(long)]
+        no_special: bool,
+        /// The text to tokenize.
+        text: String,
+    },
+    /// Complete a prompt (from -p, or from stdin) and print only the completion.
+    Run(commands::RunArgs),
+    /// Compute perplexity over a text file, like llama-perplexity.
+    Perplexity(commands::PerplexityArgs),
+}
+
+/// Which model to load.
+#[derive(Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// GGUF model file [default: models/SmolLM2-135M-Instruct.Q4_1.gguf]
+    #[arg(short = 'm', long = "model")]
+    pub model: Option<PathBuf>,
+}
+
+/// Compute threads.
+#[derive(Args, Debug, Clone)]
+pub struct ThreadArgs {
+    /// Threads for computation [default: physical cores]
+    #[arg(short = 't', long = "threads")]
+    pub threads: Option<usize>,
+}
+
+impl ModelArgs {
+    /// The model path: -m, or the default model in ./models or in the source tree's models/.
+    pub fn path(&self) -> Result<PathBuf> {
+        if let Some(p) = &self.model {
+            return Ok(p.clone());
+        }
+        let candidates = [
+            PathBuf::from("models").join(DEFAULT_MODEL_FILE),
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models").join(DEFAULT_MODEL_FILE),
+        ];
+        candidates
+            .iter()
+            .find(|p| p.is_file())
+            .cloned()
+            .with_context(|| format!("no -m given and the default model {DEFAULT_MODEL_FILE} is not in models/; run scripts/fetch-model.sh"))
+    }
+
+    /// Loads the model, with a spinner on a terminal and silence in a pipe.
+    pub fn load(&self) -> Result<Model> {
+        let path = self.path()?;
+        let spinner = std::io::stderr().is_terminal().then(|| {
+            let s = indicatif::ProgressBar::new_spinner();
+            s.set_message(format!("loading {}", path.display()));
+            s.enable_steady_tick(std::time::Duration::from_millis(100));
+            s
+        });
+        let started = std::time::Instant::now();
+        let model = Model::load(&path);
+        if let Some(s) = spinner {
+            match &model {
+                Ok(m) => s.finish_with_message(format!(
+                    "loaded {} ({}, {} layers, {} MB) in {:.2} s",
+                    path.display(),
+                    m.config.architecture,
+                    m.config.num_layers,
+                    m.file.file_bytes() / 1_000_000,
+                    started.elapsed().as_secs_f64()
+                )),
+                Err(_) => s.finish_and_clear(),
+            }
+        }
+        model
+    }
+}
+
+impl ThreadArgs {
+    /// Sets up the global compute pool once.
+    pub fn init(&self) -> Result<()> {
+        let n = match self.threads {
+            Some(0) => anyhow::bail!("--threads must be at least 1"),
+            Some(n) => n,
+            None => physical_cores(),
+        };
+        rayon::ThreadPoolBuilder::new().num_threads(n).build_global().context("starting the compute threads")
+    }
+}
+
+/// Physical cores (distinct core ids in /proc/cpuinfo), else the available parallelism.
+pub fn physical_cores() -> usize {
+    let logical = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else { return logical };
+    let mut cores = std::collections::HashSet::new();
+    let mut physical = "";
+    for line in info.lines() {
+        let mut kv = line.splitn(2, ':').map(str::trim);
+        match (kv.next(), kv.next()) {
+            (Some("physical id"), Some(v)) => physical = v,
+            (Some("core id"), Some(v)) => {
+                cores.insert((physical.to_string(), v.to_string()));
+            }
+            _ => {}
+        }
+    }
+    if cores.is_empty() { logical } else { cores.len().min(logical) }
+}
+
+/// Runs the parsed command line.
+pub fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Info { model } => commands::info(&model),
+        Command::Tokenize { model, no_bos, no_special, text } => commands::tokenize(&model, no_bos, no_special, &text),
+        Command::Run(args) => commands::run(&args),
+        Command::Perplexity(args) => commands::perplexity(&args),
+    }
+}

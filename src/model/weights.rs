@@ -1,0 +1,114 @@
+//! The model's weights as views into the mapped GGUF file: matrices stay quantized in the mmap
+//! and are never copied; only the small norm vectors are converted to f32 at load time.
+//! Every tensor's presence, type and shape is checked here, naming the tensor on failure.
+
+use anyhow::{bail, Context, Result};
+
+use crate::gguf::{GgufFile, TensorInfo};
+use crate::kernels;
+use crate::model::ModelConfig;
+use crate::tensor_type::TensorType;
+
+/// A weight matrix of `n_out` rows of `n_in` elements, stored as in the file.
+#[derive(Clone, Debug)]
+pub struct Matrix {
+    pub info: TensorInfo,
+    pub ttype: TensorType,
+    pub n_in: usize,
+    pub n_out: usize,
+}
+
+impl Matrix {
+    fn load(g: &GgufFile, name: &str, n_in: usize, n_out: usize) -> Result<Matrix> {
+        let info = g.tensor(name)?.clone();
+        if info.dims.len() != 2 || info.row_len() != n_in || info.n_rows() != n_out {
+            bail!("tensor '{name}' has shape {:?}, expected [{n_in}, {n_out}]", info.dims);
+        }
+        if info.ttype.row_bytes(n_in).is_none() || info.ttype == TensorType::Q8_1 || info.ttype == TensorType::Q8_K {
+            bail!("tensor '{name}' of type {} cannot hold rows of {n_in}", info.ttype);
+        }
+        Ok(Matrix { ttype: info.ttype, info, n_in, n_out })
+    }
+
+    /// The raw bytes of the matrix: [n_out] rows of `row_bytes()`.
+    pub fn bytes<'a>(&self, g: &'a GgufFile) -> &'a [u8] {
+        g.tensor_data(&self.info)
+    }
+
+    pub fn row_bytes(&self) -> usize {
+        self.ttype.row_bytes(self.n_in).expect("checked at load")
+    }
+
+    /// Row `r` dequantized into `out` (`n_in` floats), for embedding lookups.
+    pub fn dequantize_row(&self, g: &GgufFile, r: usize, out: &mut [f32]) {
+        let rb = self.row_bytes();
+        kernels::dequantize_row(self.ttype, &self.bytes(g)[r * rb..(r + 1) * rb], out);
+    }
+}
+
+/// A vector (norm weight) converted to f32.
+fn load_vector(g: &GgufFile, name: &str, n: usize) -> Result<Vec<f32>> {
+    let info = g.tensor(name)?;
+    if info.n_elements() != n as u64 {
+        bail!("tensor '{name}' has shape {:?}, expected [{n}]", info.dims);
+    }
+    let mut out = vec![0.0; n];
+    match info.ttype {
+        TensorType::F32 | TensorType::F16 | TensorType::BF16 => kernels::dequantize_row(info.ttype, g.tensor_data(info), &mut out),
+        t => bail!("tensor '{name}' has type {t}, expected a float type"),
+    }
+    Ok(out)
+}
+
+/// The weights of one transformer block.
+#[derive(Clone, Debug)]
+pub struct LayerWeights {
+    pub attn_norm: Vec<f32>,
+    pub wq: Matrix,
+    pub wk: Matrix,
+    pub wv: Matrix,
+    pub wo: Matrix,
+    pub ffn_norm: Vec<f32>,
+    pub w_gate: Matrix,
+    pub w_up: Matrix,
+    pub w_down: Matrix,
+}
+
+#[derive(Clone, Debug)]
+pub struct Weights {
+    pub token_embd: Matrix,
+    pub layers: Vec<LayerWeights>,
+    pub output_norm: Vec<f32>,
+    /// The output projection; the token embedding itself when the file ties them.
+    pub output: Matrix,
+}
+
+impl Weights {
+    pub fn from_gguf(g: &GgufFile, c: &ModelConfig) -> Result<Weights> {
+        let token_embd = Matrix::load(g, "token_embd.weight", c.n_embd, c.vocab_size)?;
+        let layers = (0..c.num_layers)
+            .map(|i| {
+                let m = |name: &str, n_in, n_out| Matrix::load(g, &format!("blk.{i}.{name}.weight"), n_in, n_out);
+                Ok(LayerWeights {
+                    attn_norm: load_vector(g, &format!("blk.{i}.attn_norm.weight"), c.n_embd)?,
+                    wq: m("attn_q", c.n_embd, c.q_dim())?,
+                    wk: m("attn_k", c.n_embd, c.kv_dim())?,
+                    wv: m("attn_v", c.n_embd, c.kv_dim())?,
+                    wo: m("attn_output", c.q_dim(), c.n_embd)?,
+                    ffn_norm: load_vector(g, &format!("blk.{i}.ffn_norm.weight"), c.n_embd)?,
+                    w_gate: m("ffn_gate", c.n_embd, c.n_ff)?,
+                    w_up: m("ffn_up", c.n_embd, c.n_ff)?,
+                    w_down: m("ffn_down", c.n_ff, c.n_embd)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()
+            .context("loading transformer blocks")?;
+        let output_norm = load_vector(g, "output_norm.weight", c.n_embd)?;
+        let output = if g.tensor("output.weight").is_ok() {
+            Matrix::load(g, "output.weight", c.n_embd, c.vocab_size)?
+        } else {
+            token_embd.clone()
+        };
+        Ok(Weights { token_embd, layers, output_norm, output })
+    }
+}

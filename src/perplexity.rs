@@ -1,0 +1,86 @@
+//! Perplexity the way llama.cpp's `llama-perplexity` computes it: the text is tokenized once,
+//! cut into non-overlapping chunks of `n_ctx` tokens (the first token of each chunk replaced by
+//! BOS when the model adds one), and each chunk is scored on its second half only, every token
+//! predicted from all the tokens before it in the chunk.
+
+use anyhow::{bail, Result};
+
+use crate::generate::SequenceRunner;
+use crate::model::Model;
+use crate::sampler::log_softmax_at;
+
+/// Running totals after each chunk.
+#[derive(Clone, Debug, Default)]
+pub struct PerplexityStats {
+    /// Sum of negative log-likelihoods and of their squares.
+    nll: f64,
+    nll2: f64,
+    pub count: usize,
+    pub num_chunks: usize,
+}
+
+impl PerplexityStats {
+    pub fn ppl(&self) -> f64 {
+        (self.nll / self.count as f64).exp()
+    }
+
+    /// The standard error of the estimate, as llama-perplexity reports it.
+    pub fn ppl_error(&self) -> f64 {
+        let n = self.count as f64;
+        let mean = self.nll / n;
+        let var = self.nll2 / n - mean * mean;
+        if var > 0.0 && self.count > 1 {
+            (var / (n - 1.0)).sqrt() * self.ppl()
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Scores `text` in chunks of `n_ctx` tokens, calling `on_chunk` with the running stats after
+/// each. `max_chunks` limits the work (None: all chunks).
+pub fn perplexity(
+    model: &Model,
+    text: &str,
+    n_ctx: usize,
+    max_chunks: Option<usize>,
+    mut on_chunk: impl FnMut(&PerplexityStats),
+) -> Result<PerplexityStats> {
+    if n_ctx < 8 {
+        bail!("context size {n_ctx} is too small for perplexity (at least 8)");
+    }
+    let tok = &model.tokenizer;
+    let add_bos = tok.add_bos_default();
+    let tokens = tok.encode(text, add_bos, false)?;
+    if tokens.len() < 2 * n_ctx {
+        bail!("the text has {} tokens; perplexity with context {n_ctx} needs at least {}", tokens.len(), 2 * n_ctx);
+    }
+    let mut num_chunks = tokens.len() / n_ctx;
+    if let Some(m) = max_chunks {
+        num_chunks = num_chunks.min(m);
+    }
+    let first = n_ctx / 2;
+    let vocab = model.config.vocab_size;
+    let mut runner = SequenceRunner::new(model, n_ctx, crate::generate::DEFAULT_BLOCK_SIZE);
+    let mut stats = PerplexityStats::default();
+    for chunk in 0..num_chunks {
+        let mut input = tokens[chunk * n_ctx..(chunk + 1) * n_ctx].to_vec();
+        if add_bos {
+            if let Some(bos) = tok.bos_id() {
+                input[0] = bos;
+            }
+        }
+        runner.reset();
+        let logits = runner.eval(&input, true)?;
+        for i in first..n_ctx - 1 {
+            let target = tokens[chunk * n_ctx + i + 1] as usize;
+            let nll = -log_softmax_at(&logits[i * vocab..(i + 1) * vocab], target);
+            stats.nll += nll;
+            stats.nll2 += nll * nll;
+            stats.count += 1;
+        }
+        stats.num_chunks = chunk + 1;
+        on_chunk(&stats);
+    }
+    Ok(stats)
+}
