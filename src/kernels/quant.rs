@@ -1,0 +1,265 @@
+//! Safe wrappers over the tensor-type kernels in `csrc/quants.c` and `csrc/quants_k.c`: block
+//! geometry, dequantize, quantize, dot products and the threaded matrix product.
+//!
+//! The model calls `quantize_rows` on its activations and `matmul` against its weight matrices;
+//! `tests/kernels_quant.rs` checks every type through these functions. Shapes are internal
+//! contracts: each wrapper asserts its slice lengths (and the alignment the C block structs need)
+//! before any unsafe call, and treats a non-zero kernel status as a bug.
+
+use std::ffi::c_void;
+
+use rayon::prelude::*;
+
+use super::bindings;
+use crate::tensor_type::TensorType;
+
+/// Output columns per matmul task: small enough that even a 576-wide projection splits into
+/// 18 tasks for the thread pool, large enough that a task's dispatch cost is noise.
+const COLS_PER_TASK: usize = 32;
+
+fn type_id(t: TensorType) -> i32 {
+    t.ggml_id() as i32
+}
+
+/// Bytes of a row of `n` elements of `t`; panics when `n` is not a whole number of blocks.
+fn row_bytes(t: TensorType, n: usize) -> usize {
+    t.row_bytes(n)
+        .unwrap_or_else(|| panic!("{n} elements is not a whole number of {t} blocks"))
+}
+
+/// The alignment the C kernels read a `t` row with: its block struct's widest field.
+fn block_align(t: TensorType) -> usize {
+    match t {
+        TensorType::F32 | TensorType::Q8_K => 4,
+        _ => 2,
+    }
+}
+
+fn assert_aligned(t: TensorType, bytes: &[u8], what: &str) {
+    let align = block_align(t);
+    assert!(
+        bytes.is_empty() || (bytes.as_ptr() as usize).is_multiple_of(align),
+        "{what}: a {t} row must be {align}-byte aligned"
+    );
+}
+
+fn check_status(status: i32, kernel: &str) {
+    assert!(
+        status == bindings::el_status_EL_OK,
+        "{kernel} returned status {status}"
+    );
+}
+
+/// Elements per block of `t`, as the C kernels' own table says (tests compare it with
+/// `TensorType::block_size`).
+pub fn c_block_size(t: TensorType) -> usize {
+    // SAFETY: a pure table lookup.
+    unsafe { bindings::el_type_block_size(type_id(t)) as usize }
+}
+
+/// Bytes per block of `t`, as the C kernels' own table says.
+pub fn c_block_bytes(t: TensorType) -> usize {
+    // SAFETY: a pure table lookup.
+    unsafe { bindings::el_type_block_bytes(type_id(t)) as usize }
+}
+
+/// The activation type the C kernels dot a `t` row against, or `None` if they do not know `t`.
+pub fn c_vec_dot_type(t: TensorType) -> Option<TensorType> {
+    // SAFETY: a pure table lookup.
+    let id = unsafe { bindings::el_type_vec_dot_type(type_id(t)) };
+    u32::try_from(id).ok().and_then(TensorType::from_ggml_id)
+}
+
+/// `dst[n]` = the dequantized `src` (a row of `n` elements of `t`; several rows of the same
+/// width may be passed as one).
+pub fn dequantize_row(t: TensorType, src: &[u8], dst: &mut [f32]) {
+    let n = dst.len();
+    assert_eq!(
+        src.len(),
+        row_bytes(t, n),
+        "dequantize_row: {t} bytes for {n} elements"
+    );
+    assert_aligned(t, src, "dequantize_row");
+    // SAFETY: src holds exactly the blocks of n elements and dst n floats, both checked above.
+    let status = unsafe {
+        bindings::el_dequantize_row(
+            type_id(t),
+            src.as_ptr().cast::<c_void>(),
+            dst.as_mut_ptr(),
+            n as i64,
+        )
+    };
+    check_status(status, "el_dequantize_row");
+}
+
+/// `dst` = `src[n]` quantized to `t`.
+pub fn quantize_row(t: TensorType, src: &[f32], dst: &mut [u8]) {
+    let n = src.len();
+    assert_eq!(
+        dst.len(),
+        row_bytes(t, n),
+        "quantize_row: {t} bytes for {n} elements"
+    );
+    assert_aligned(t, dst, "quantize_row");
+    // SAFETY: src holds n floats and dst exactly the blocks of n elements, both checked above.
+    let status = unsafe {
+        bindings::el_quantize_row(
+            type_id(t),
+            src.as_ptr(),
+            dst.as_mut_ptr().cast::<c_void>(),
+            n as i64,
+        )
+    };
+    check_status(status, "el_quantize_row");
+}
+
+/// `sum_i w[i] * a[i]` for a weight row `w` of `n` elements of `t` and an activation row `a`
+/// of `t.vec_dot_type()` (from `quantize_row`/`quantize_rows`).
+pub fn vec_dot(t: TensorType, n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let a_type = t.vec_dot_type();
+    assert_eq!(
+        w.len(),
+        row_bytes(t, n),
+        "vec_dot: {t} weight bytes for {n} elements"
+    );
+    assert_eq!(
+        a.len(),
+        row_bytes(a_type, n),
+        "vec_dot: {a_type} activation bytes for {n} elements"
+    );
+    assert_aligned(t, w, "vec_dot weights");
+    assert_aligned(a_type, a, "vec_dot activations");
+    let mut out = 0.0f32;
+    // SAFETY: w and a hold exactly the blocks of n elements of their types, checked above.
+    let status = unsafe {
+        bindings::el_vec_dot(
+            type_id(t),
+            n as i64,
+            w.as_ptr().cast(),
+            a.as_ptr().cast(),
+            &mut out,
+        )
+    };
+    check_status(status, "el_vec_dot");
+    out
+}
+
+/// Quantizes `x` (`[n_rows][n_in]`) to `t`, row by row in parallel: returns `[n_rows]` rows of
+/// `t.row_bytes(n_in)` bytes.
+pub fn quantize_rows(t: TensorType, x: &[f32], n_in: usize) -> Vec<u8> {
+    assert!(
+        n_in > 0 && x.len().is_multiple_of(n_in),
+        "quantize_rows: {} floats are not rows of {n_in}",
+        x.len()
+    );
+    let rb = row_bytes(t, n_in);
+    let mut out = vec![0u8; x.len() / n_in * rb]; // [n_rows][rb]
+    out.par_chunks_mut(rb)
+        .zip(x.par_chunks(n_in))
+        .for_each(|(dst, src)| quantize_row(t, src, dst));
+    out
+}
+
+/// The matmul output, shared by the tasks that fill it.
+///
+/// SAFETY of the Send/Sync impls: `matmul` gives each task a disjoint range of output columns
+/// `[o_begin, o_end)`, and `el_matmul` writes only `out[r * n_out + o]` for `o` in that range, so
+/// no element is written by two threads; nothing reads `out` until every task has finished, and
+/// `out` (a `&mut [f32]` borrowed for the whole call) outlives them all.
+#[derive(Clone, Copy)]
+struct SharedOut(*mut f32);
+
+unsafe impl Send for SharedOut {}
+unsafe impl Sync for SharedOut {}
+
+impl SharedOut {
+    /// A method, not a field access, so closures capture the whole (Sync) wrapper.
+    fn ptr(self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// `out[r][o] = vec_dot(w row o, a row r)`: `w` is `[n_out]` rows of `n_in` elements of `t`, `a`
+/// is `[n_rows]` rows of `t.vec_dot_type()` (from `quantize_rows`), `out` is `[n_rows][n_out]`.
+/// Chunks of output columns run in parallel; each element is bit-identical to `vec_dot`, whatever
+/// `n_rows` and the thread count.
+pub fn matmul(
+    t: TensorType,
+    w: &[u8],
+    n_in: usize,
+    n_out: usize,
+    a: &[u8],
+    n_rows: usize,
+    out: &mut [f32],
+) {
+    let a_type = t.vec_dot_type();
+    let w_rb = row_bytes(t, n_in);
+    let a_rb = row_bytes(a_type, n_in);
+    assert_eq!(
+        w.len(),
+        n_out * w_rb,
+        "matmul: {t} weights for [{n_out}][{n_in}]"
+    );
+    assert_eq!(
+        a.len(),
+        n_rows * a_rb,
+        "matmul: {a_type} activations for [{n_rows}][{n_in}]"
+    );
+    assert_eq!(
+        out.len(),
+        n_rows * n_out,
+        "matmul: output for [{n_rows}][{n_out}]"
+    );
+    assert_aligned(t, w, "matmul weights");
+    assert_aligned(a_type, a, "matmul activations");
+    let shared = SharedOut(out.as_mut_ptr());
+    (0..n_out.div_ceil(COLS_PER_TASK))
+        .into_par_iter()
+        .for_each(|chunk| {
+            let o_begin = chunk * COLS_PER_TASK;
+            let o_end = (o_begin + COLS_PER_TASK).min(n_out);
+            // SAFETY: w holds n_out rows of w_rb bytes, a n_rows rows of a_rb bytes and out
+            // n_rows * n_out floats (all checked above); this task writes only columns
+            // [o_begin, o_end), which no other task touches (see SharedOut).
+            let status = unsafe {
+                bindings::el_matmul(
+                    type_id(t),
+                    w.as_ptr().cast(),
+                    w_rb as i64,
+                    a.as_ptr().cast(),
+                    a_rb as i64,
+                    shared.ptr(),
+                    n_out as i64,
+                    n_in as i64,
+                    n_rows as i64,
+                    o_begin as i64,
+                    o_end as i64,
+                )
+            };
+            check_status(status, "el_matmul");
+        });
+}
+
+/// The statuses the C kernels return for a raw `type_id` and row length `n`, from dequantize,
+/// quantize, vec_dot and matmul in that order: a probe of the kernels' own argument checks, for
+/// tests.
+#[doc(hidden)]
+pub fn kernel_statuses(type_id: i32, n: usize) -> [i32; 4] {
+    // A row of n elements of any type fits in n floats (4 bytes per element at most); 256 more
+    // cover a block of slack. f32 storage is aligned for every block struct.
+    let src = vec![0f32; n + 256];
+    let mut dst = vec![0f32; n + 256];
+    let mut out = 0.0f32;
+    let rows: *const c_void = src.as_ptr().cast();
+    let n = n as i64;
+    // SAFETY: each kernel reads or writes at most one row of n elements of some type (plus a
+    // block, were it wrong about n), and every buffer above is larger.
+    unsafe {
+        [
+            bindings::el_dequantize_row(type_id, rows, dst.as_mut_ptr(), n),
+            bindings::el_quantize_row(type_id, src.as_ptr(), dst.as_mut_ptr().cast(), n),
+            bindings::el_vec_dot(type_id, n, rows, rows, &mut out),
+            bindings::el_matmul(type_id, rows, 0, rows, 0, &mut out, 1, n, 1, 0, 1),
+        ]
+    }
+}
