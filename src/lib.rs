@@ -4,6 +4,7 @@
 //! reader, weights, forward pass) uses the kernels; the kernels wrap the C code in `csrc/`.
 
 pub mod cli;
+pub mod engine;
 pub mod generate;
 pub mod gguf;
 pub mod kernels;

@@ -1,0 +1,294 @@
+//! The KV block manager: which block belongs to whom, in integers only (it never touches the
+//! KV memory itself; `crate::kv_cache` does). Owned by the scheduler.
+//!
+//! - Reference counts: a block is used by every sequence whose block table holds it.
+//! - Automatic prefix caching (vLLM's scheme): each full block gets a hash chained from its
+//!   parent's hash, the salt and its token ids. A new sequence reuses every cached block its
+//!   prompt matches, block by block; token ids are compared on a hit so a hash collision can
+//!   never serve wrong keys and values.
+//! - Freed blocks keep their hash and wait in a free queue in LRU order; a cached block is
+//!   evicted only when its slot is needed for new tokens.
+//! - Copy-on-write: a forked sequence shares its parent's blocks; before a sequence writes into
+//!   a block someone else also holds, it gets a private copy (the caller copies the memory).
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{DefaultHasher, Hash, Hasher};
+
+/// The hash of a full block: chained from its parent block's hash.
+pub type BlockHash = u64;
+
+#[derive(Clone, Debug, Default)]
+struct Block {
+    ref_count: u32,
+    /// Set once the block is full and registered in the prefix cache.
+    hash: Option<BlockHash>,
+    /// The tokens the block holds, kept for registered blocks to verify cache hits.
+    token_ids: Vec<u32>,
+    /// Position in the free queue while free.
+    free_stamp: Option<u64>,
+}
+
+/// A memory copy the caller must make before the next forward step (copy-on-write).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockCopy {
+    pub src: u32,
+    pub dst: u32,
+}
+
+/// Counters of the prefix cache, for metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PrefixCacheStats {
+    /// Prompt blocks looked up, and the ones found.
+    pub lookup_blocks: u64,
+    pub hit_blocks: u64,
+    /// The same in tokens.
+    pub lookup_tokens: u64,
+    pub hit_tokens: u64,
+    /// Cached blocks whose slot was taken for new tokens.
+    pub evictions: u64,
+}
+
+pub struct BlockManager {
+    pub block_size: usize,
+    blocks: Vec<Block>,
+    /// Free blocks by the order they were freed: the first is the least recently used.
+    free_queue: BTreeMap<u64, u32>,
+    next_stamp: u64,
+    cached: HashMap<BlockHash, u32>,
+    salt: u64,
+    pub stats: PrefixCacheStats,
+}
+
+/// The hash of a full block of `tokens` following a block whose hash is `parent`.
+pub fn block_hash(parent: Option<BlockHash>, tokens: &[u32], salt: u64) -> BlockHash {
+    let mut h = DefaultHasher::new();
+    (parent, salt, tokens).hash(&mut h);
+    h.finish()
+}
+
+impl BlockManager {
+    /// A pool of `num_blocks` blocks of `block_size` tokens. `salt` goes into every block hash:
+    /// anything that changes the KV contents for the same tokens (the model, its settings) must
+    /// change it.
+    pub fn new(num_blocks: usize, block_size: usize, salt: u64) -> Self {
+        assert!(num_blocks > 0 && block_size > 0);
+        let mut m = BlockManager {
+            block_size,
+            blocks: vec![Block::default(); num_blocks],
+            free_queue: BTreeMap::new(),
+            next_stamp: 0,
+            cached: HashMap::new(),
+            salt,
+            stats: PrefixCacheStats::default(),
+        };
+        for id in 0..num_blocks as u32 {
+            m.push_free(id);
+        }
+        m
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Blocks not held by any sequence (cached or not).
+    pub fn num_free(&self) -> usize {
+        self.free_queue.len()
+    }
+
+    /// Free blocks that still hold a registered prefix.
+    pub fn num_cached_free(&self) -> usize {
+        self.free_queue.values().filter(|&&b| self.blocks[b as usize].hash.is_some()).count()
+    }
+
+    pub fn num_used(&self) -> usize {
+        self.blocks.len() - self.free_queue.len()
+    }
+
+    pub fn ref_count(&self, block: u32) -> u32 {
+        self.blocks[block as usize].ref_count
+    }
+
+    /// Blocks needed to hold `num_tokens` tokens.
+    pub fn blocks_for(&self, num_tokens: usize) -> usize {
+        num_tokens.div_ceil(self.block_size)
+    }
+
+    fn push_free(&mut self, id: u32) {
+        let stamp = self.next_stamp;
+        self.next_stamp += 1;
+        self.blocks[id as usize].free_stamp = Some(stamp);
+        self.free_queue.insert(stamp, id);
+    }
+
+    fn take_from_free(&mut self, id: u32) {
+        if let Some(stamp) = self.blocks[id as usize].free_stamp.take() {
+            self.free_queue.remove(&stamp);
+        }
+    }
+
+    /// Takes the least recently used free block, evicting its cached prefix if it has one.
+    fn allocate_block(&mut self) -> Option<u32> {
+        let (&stamp, &id) = self.free_queue.iter().next()?;
+        self.free_queue.remove(&stamp);
+        let b = &mut self.blocks[id as usize];
+        b.free_stamp = None;
+        debug_assert_eq!(b.ref_count, 0);
+        b.ref_count = 1;
+        if let Some(h) = b.hash.take() {
+            if self.cached.get(&h) == Some(&id) {
+                self.cached.remove(&h);
+            }
+            self.stats.evictions += 1;
+        }
+        b.token_ids.clear();
+        Some(id)
+    }
+
+    fn release_block(&mut self, id: u32) {
+        let b = &mut self.blocks[id as usize];
+        assert!(b.ref_count > 0, "block {id} released more often than held");
+        b.ref_count -= 1;
+        if b.ref_count == 0 {
+            self.push_free(id);
+        }
+    }
+
+    /// Looks up the longest cached prefix of `tokens` (whole blocks only, and never the block
+    /// holding the last token, whose logits must be computed). Takes a reference on every hit
+    /// and returns the block table it starts with; the sequence has `len * block_size` tokens
+    /// computed.
+    pub fn match_prefix(&mut self, tokens: &[u32]) -> Vec<u32> {
+        let bs = self.block_size;
+        let matchable = tokens.len().saturating_sub(1) / bs;
+        let mut table = Vec::new();
+        let mut parent = None;
+        for i in 0..matchable {
+            let chunk = &tokens[i * bs..(i + 1) * bs];
+            let h = block_hash(parent, chunk, self.salt);
+            match self.cached.get(&h) {
+                Some(&id) if self.blocks[id as usize].token_ids == chunk => {
+                    self.take_from_free(id);
+                    self.blocks[id as usize].ref_count += 1;
+                    table.push(id);
+                    parent = Some(h);
+                }
+                _ => break,
+            }
+        }
+        self.stats.lookup_blocks += matchable as u64;
+        self.stats.hit_blocks += table.len() as u64;
+        self.stats.lookup_tokens += tokens.len() as u64;
+        self.stats.hit_tokens += (table.len() * bs) as u64;
+        table
+    }
+
+    /// How many new blocks growing `table` to `num_tokens` tokens takes, counting a private copy
+    /// of a shared last block that the growth writes into (`num_computed` tokens are in it).
+    pub fn blocks_needed(&self, table: &[u32], num_computed: usize, num_tokens: usize) -> usize {
+        let grow = self.blocks_for(num_tokens).saturating_sub(table.len());
+        grow + self.needs_copy(table, num_computed, num_tokens) as usize
+    }
+
+    fn needs_copy(&self, table: &[u32], num_computed: usize, num_tokens: usize) -> bool {
+        let bs = self.block_size;
+        if num_tokens <= num_computed || num_computed % bs == 0 {
+            return false;
+        }
+        let last = num_computed / bs;
+        last < table.len() && self.blocks[table[last] as usize].ref_count > 1
+    }
+
+    /// Grows `table` so it holds `num_tokens` tokens, where `num_computed` are already written.
+    /// A shared block the new tokens would write into is replaced by a private copy, returned
+    /// for the caller to copy. `None` (and nothing changed) when there are not enough free blocks.
+    pub fn allocate(&mut self, table: &mut Vec<u32>, num_computed: usize, num_tokens: usize) -> Option<Option<BlockCopy>> {
+        if self.blocks_needed(table, num_computed, num_tokens) > self.num_free() {
+            return None;
+        }
+        let mut copy = None;
+        if self.needs_copy(table, num_computed, num_tokens) {
+            let last = num_computed / self.block_size;
+            let src = table[last];
+            let dst = self.allocate_block().expect("counted above");
+            self.release_block(src);
+            table[last] = dst;
+            copy = Some(BlockCopy { src, dst });
+        }
+        while table.len() < self.blocks_for(num_tokens) {
+            table.push(self.allocate_block().expect("counted above"));
+        }
+        Some(copy)
+    }
+
+    /// Registers every block of `table` that became full of computed tokens: from block
+    /// `first_block` on, for the `num_computed` computed tokens of `tokens`. Returns the chain's
+    /// last hash, so the caller can continue from it next time.
+    pub fn register_full_blocks(&mut self, table: &[u32], tokens: &[u32], num_computed: usize) {
+        let bs = self.block_size;
+        let mut parent = None;
+        for i in 0..(num_computed / bs).min(table.len()) {
+            let chunk = &tokens[i * bs..(i + 1) * bs];
+            let id = table[i];
+            if let Some(h) = self.blocks[id as usize].hash {
+                parent = Some(h);
+                continue;
+            }
+            let h = block_hash(parent, chunk, self.salt);
+            let b = &mut self.blocks[id as usize];
+            b.hash = Some(h);
+            b.token_ids = chunk.to_vec();
+            // A block with the same contents computed at the same time keeps the entry.
+            self.cached.entry(h).or_insert(id);
+            parent = Some(h);
+        }
+    }
+
+    /// A fork shares every block of `table`.
+    pub fn fork(&mut self, table: &[u32]) -> Vec<u32> {
+        for &id in table {
+            assert!(self.blocks[id as usize].ref_count > 0, "forking a free block {id}");
+            self.blocks[id as usize].ref_count += 1;
+        }
+        table.to_vec()
+    }
+
+    /// Releases every block of `table`, the last first so that the tails of prefixes are
+    /// evicted before their heads.
+    pub fn free(&mut self, table: &mut Vec<u32>) {
+        for &id in table.iter().rev() {
+            self.release_block(id);
+        }
+        table.clear();
+    }
+
+    /// Checks the invariants against the block tables of every live sequence: reference counts
+    /// equal the number of tables holding each block; a block is free exactly when nobody holds
+    /// it; the prefix cache maps only to registered blocks with that hash.
+    pub fn check_invariants<'a>(&self, tables: impl IntoIterator<Item = &'a [u32]>) -> Result<(), String> {
+        let mut counts = vec![0u32; self.blocks.len()];
+        for table in tables {
+            for &id in table {
+                *counts.get_mut(id as usize).ok_or(format!("block id {id} out of range"))? += 1;
+            }
+        }
+        for (id, (b, &n)) in self.blocks.iter().zip(&counts).enumerate() {
+            if b.ref_count != n {
+                return Err(format!("block {id}: ref_count {} but held by {n} tables", b.ref_count));
+            }
+            let in_queue = b.free_stamp.is_some_and(|s| self.free_queue.get(&s) == Some(&(id as u32)));
+            if (n == 0) != in_queue || (n == 0) != b.free_stamp.is_some() {
+                return Err(format!("block {id}: held by {n} tables, free-queue membership {in_queue}"));
+            }
+        }
+        if self.free_queue.len() != counts.iter().filter(|&&n| n == 0).count() {
+            return Err("free queue holds a block twice or a used block".into());
+        }
+        for (&h, &id) in &self.cached {
+            if self.blocks[id as usize].hash != Some(h) {
+                return Err(format!("cache entry {h:x} points at block {id} that does not hold it"));
+            }
+        }
+        Ok(())
+    }
+}

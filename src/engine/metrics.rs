@@ -1,0 +1,49 @@
+//! Counters kept by the engine thread and read by clients through `EngineHandle::metrics`
+//! (the server's `/metrics`, the chat `/stats`, `bench`).
+
+use super::block_manager::PrefixCacheStats;
+
+#[derive(Clone, Debug, Default)]
+pub struct Metrics {
+    pub requests_submitted: u64,
+    pub requests_finished: u64,
+    pub requests_aborted: u64,
+    pub requests_failed: u64,
+    /// Prompt tokens computed (prefill), and tokens generated (decode).
+    pub tokens_prefilled: u64,
+    pub tokens_generated: u64,
+    pub steps: u64,
+    pub preemptions: u64,
+    pub prefix_cache: PrefixCacheStats,
+    pub blocks_total: usize,
+    pub blocks_used: usize,
+    /// Free blocks that still hold a cached prefix.
+    pub blocks_cached: usize,
+    pub blocks_free: usize,
+    pub num_running: usize,
+    pub num_waiting: usize,
+    /// Time to first token of every finished request, in ms (the most recent 4096).
+    pub ttft_ms: Vec<u64>,
+    pub ttft_ms_sum: u64,
+    pub ttft_count: u64,
+}
+
+impl Metrics {
+    /// Prompt tokens served from the prefix cache over all prompt tokens looked up.
+    pub fn prefix_cache_hit_rate(&self) -> f64 {
+        if self.prefix_cache.lookup_tokens == 0 {
+            0.0
+        } else {
+            self.prefix_cache.hit_tokens as f64 / self.prefix_cache.lookup_tokens as f64
+        }
+    }
+
+    pub(super) fn record_ttft(&mut self, ms: u64) {
+        if self.ttft_ms.len() == 4096 {
+            self.ttft_ms.remove(0);
+        }
+        self.ttft_ms.push(ms);
+        self.ttft_ms_sum += ms;
+        self.ttft_count += 1;
+    }
+}

@@ -1,0 +1,251 @@
+//! The scheduler: waiting and running queues and one token budget per step. Running sequences
+//! go first (in arrival order), each taking what it has not computed yet (one token for a
+//! decode, a chunk for a prompt), then waiting sequences start, their cached prefix matched
+//! first, with prompts cut into chunks that fit the budget. When blocks run out the most
+//! recently arrived running sequence is preempted: its blocks are freed and it waits at the head
+//! of the queue to be recomputed, keeping what it generated. Integers only; tested without a model.
+
+use std::collections::{HashMap, VecDeque};
+
+use super::block_manager::{BlockCopy, BlockManager};
+use super::sequence::{SeqStatus, Sequence};
+
+#[derive(Clone, Debug)]
+pub struct SchedulerConfig {
+    /// Most tokens one step may run.
+    pub max_batched_tokens: usize,
+    /// Most sequences running at once.
+    pub max_seqs: usize,
+}
+
+/// What one step runs.
+#[derive(Clone, Debug, Default)]
+pub struct SchedulerOutput {
+    /// (seq_id, number of tokens to compute from its num_computed on), in batch order.
+    pub scheduled: Vec<(u64, usize)>,
+    /// Block copies to make before the step (copy-on-write).
+    pub copies: Vec<BlockCopy>,
+    /// Sequences preempted while scheduling this step.
+    pub preempted: Vec<u64>,
+}
+
+impl SchedulerOutput {
+    pub fn is_empty(&self) -> bool {
+        self.scheduled.is_empty()
+    }
+    pub fn num_tokens(&self) -> usize {
+        self.scheduled.iter().map(|s| s.1).sum()
+    }
+}
+
+pub struct Scheduler {
+    pub config: SchedulerConfig,
+    pub blocks: BlockManager,
+    seqs: HashMap<u64, Sequence>,
+    waiting: VecDeque<u64>,
+    /// Running sequences in arrival order.
+    running: Vec<u64>,
+    next_arrival: u64,
+    pub num_preemptions: u64,
+}
+
+impl Scheduler {
+    pub fn new(config: SchedulerConfig, blocks: BlockManager) -> Self {
+        assert!(config.max_batched_tokens > 0 && config.max_seqs > 0);
+        Scheduler { config, blocks, seqs: HashMap::new(), waiting: VecDeque::new(), running: Vec::new(), next_arrival: 0, num_preemptions: 0 }
+    }
+
+    /// Adds a new sequence at the back of the waiting queue.
+    pub fn add(&mut self, seq_id: u64, prompt: Vec<u32>) {
+        assert!(!prompt.is_empty(), "empty prompts are rejected before the scheduler");
+        let seq = Sequence::new(seq_id, self.next_arrival, prompt);
+        self.next_arrival += 1;
+        self.seqs.insert(seq_id, seq);
+        self.waiting.push_back(seq_id);
+    }
+
+    /// Whether a prompt of `num_tokens` could ever run: the whole pool must hold it.
+    pub fn fits(&self, num_tokens: usize) -> bool {
+        self.blocks.blocks_for(num_tokens) <= self.blocks.num_blocks()
+    }
+
+    pub fn get(&self, seq_id: u64) -> Option<&Sequence> {
+        self.seqs.get(&seq_id)
+    }
+
+    pub fn get_mut(&mut self, seq_id: u64) -> Option<&mut Sequence> {
+        self.seqs.get_mut(&seq_id)
+    }
+
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    pub fn has_work(&self) -> bool {
+        !self.waiting.is_empty() || !self.running.is_empty()
+    }
+
+    pub fn seq_ids(&self) -> impl Iterator<Item = &u64> {
+        self.seqs.keys()
+    }
+
+    /// Picks the work of one step.
+    pub fn schedule(&mut self) -> SchedulerOutput {
+        let mut out = SchedulerOutput::default();
+        let mut budget = self.config.max_batched_tokens;
+
+        // Running sequences first, oldest first.
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let id = self.running[i];
+            let seq = &self.seqs[&id];
+            let n = seq.num_uncomputed().min(budget);
+            if n == 0 {
+                i += 1;
+                continue;
+            }
+            loop {
+                let seq = self.seqs.get_mut(&id).expect("running ids are live");
+                let target = seq.num_computed + n;
+                if let Some(copy) = self.blocks.allocate(&mut seq.block_table, seq.num_computed, target) {
+                    out.copies.extend(copy);
+                    out.scheduled.push((id, n));
+                    budget -= n;
+                    i += 1;
+                    break;
+                }
+                // Out of blocks: preempt the latest arrival (possibly this sequence itself).
+                let victim = *self.running.last().expect("this sequence is running");
+                self.preempt(victim);
+                out.preempted.push(victim);
+                out.scheduled.retain(|s| s.0 != victim);
+                if victim == id {
+                    break;
+                }
+            }
+        }
+        // Budget given back by preempted sequences that had been scheduled.
+        budget = self.config.max_batched_tokens - out.num_tokens();
+
+        // Then waiting sequences, in order, unless this step already had to preempt.
+        while out.preempted.is_empty() && budget > 0 && self.running.len() < self.config.max_seqs {
+            let Some(&id) = self.waiting.front() else { break };
+            let seq = self.seqs.get_mut(&id).expect("waiting ids are live");
+            if seq.block_table.is_empty() {
+                seq.block_table = self.blocks.match_prefix(&seq.tokens);
+                seq.num_computed = seq.block_table.len() * self.blocks.block_size;
+                seq.num_cached = seq.num_computed;
+            }
+            let n = seq.num_uncomputed().min(budget);
+            let target = seq.num_computed + n;
+            match self.blocks.allocate(&mut seq.block_table, seq.num_computed, target) {
+                Some(copy) => {
+                    out.copies.extend(copy);
+                    out.scheduled.push((id, n));
+                    budget -= n;
+                    seq.status = SeqStatus::Running;
+                    self.waiting.pop_front();
+                    self.running.push(id);
+                }
+                None => {
+                    // Give back the cached blocks it took; it will look them up again.
+                    self.blocks.free(&mut seq.block_table);
+                    seq.num_computed = 0;
+                    seq.num_cached = 0;
+                    break;
+                }
+            }
+        }
+        out
+    }
+
+    fn preempt(&mut self, seq_id: u64) {
+        let seq = self.seqs.get_mut(&seq_id).expect("live");
+        self.blocks.free(&mut seq.block_table);
+        seq.num_computed = 0;
+        seq.num_cached = 0;
+        seq.status = SeqStatus::Waiting;
+        seq.num_preemptions += 1;
+        self.num_preemptions += 1;
+        self.running.retain(|&r| r != seq_id);
+        // At the head of the queue, in arrival order among other preempted sequences.
+        let arrival = seq.arrival;
+        let pos = self.waiting.iter().position(|w| self.seqs[w].arrival > arrival).unwrap_or(self.waiting.len());
+        self.waiting.insert(pos, seq_id);
+    }
+
+    /// Records that a step computed what `out` scheduled, and registers newly full blocks in
+    /// the prefix cache. Returns the ids whose every token is now computed (they need a sample).
+    pub fn step_done(&mut self, out: &SchedulerOutput) -> Vec<u64> {
+        let mut ready = Vec::new();
+        for &(id, n) in &out.scheduled {
+            let Some(seq) = self.seqs.get_mut(&id) else { continue };
+            seq.num_computed += n;
+            self.blocks.register_full_blocks(&seq.block_table, &seq.tokens, seq.num_computed);
+            if seq.num_computed == seq.tokens.len() {
+                ready.push(id);
+            }
+        }
+        ready
+    }
+
+    /// Appends a sampled token to a sequence.
+    pub fn append_token(&mut self, seq_id: u64, token: u32) {
+        if let Some(seq) = self.seqs.get_mut(&seq_id) {
+            seq.tokens.push(token);
+        }
+    }
+
+    /// A new running sequence sharing every block of `parent` (copy-on-write), with the same
+    /// tokens and computed count. The parent must be running.
+    pub fn fork(&mut self, parent: u64, child: u64) {
+        let p = &self.seqs[&parent];
+        assert_eq!(p.status, SeqStatus::Running, "only running sequences fork");
+        let mut seq = p.clone();
+        seq.seq_id = child;
+        seq.block_table = self.blocks.fork(&p.block_table);
+        let pos = self.running.iter().position(|&r| r == parent).expect("parent runs") + 1;
+        self.running.insert(pos, child);
+        self.seqs.insert(child, seq);
+    }
+
+    /// Ends a sequence (finished or aborted): its blocks go back to the pool at once (full
+    /// blocks stay in the prefix cache) and it is forgotten. Returns it, if it was live.
+    pub fn finish(&mut self, seq_id: u64) -> Option<Sequence> {
+        let mut seq = self.seqs.remove(&seq_id)?;
+        self.blocks.free(&mut seq.block_table);
+        self.running.retain(|&r| r != seq_id);
+        self.waiting.retain(|&w| w != seq_id);
+        seq.status = SeqStatus::Finished;
+        Some(seq)
+    }
+
+    /// Checks the block manager's invariants against every live sequence's block table, and
+    /// that the queues hold each live sequence exactly once.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.blocks.check_invariants(self.seqs.values().map(|s| s.block_table.as_slice()))?;
+        let mut all: Vec<u64> = self.waiting.iter().chain(&self.running).copied().collect();
+        all.sort_unstable();
+        let mut live: Vec<u64> = self.seqs.keys().copied().collect();
+        live.sort_unstable();
+        if all != live {
+            return Err(format!("queues {all:?} differ from live sequences {live:?}"));
+        }
+        for id in &self.waiting {
+            if self.seqs[id].status != SeqStatus::Waiting {
+                return Err(format!("sequence {id} waits with status {:?}", self.seqs[id].status));
+            }
+        }
+        for s in self.seqs.values() {
+            let cap = s.block_table.len() * self.blocks.block_size;
+            if s.num_computed > cap || s.num_computed > s.tokens.len() {
+                return Err(format!("sequence {}: {} computed, {} slots, {} tokens", s.seq_id, s.num_computed, cap, s.tokens.len()));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,61 @@
+//! A sequence as the scheduler sees it: token ids, how many of them have their keys and values
+//! in the KV cache, and its block table. There is no prefill or decode phase: a sequence just
+//! has tokens not yet computed, and a step schedules some of them.
+
+/// Where a sequence is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SeqStatus {
+    Waiting,
+    Running,
+    Finished,
+}
+
+#[derive(Clone, Debug)]
+pub struct Sequence {
+    pub seq_id: u64,
+    /// Arrival order: earlier arrivals keep running when blocks run out.
+    pub arrival: u64,
+    /// Prompt followed by the generated tokens.
+    pub tokens: Vec<u32>,
+    pub prompt_len: usize,
+    /// Tokens whose keys and values are in the cache.
+    pub num_computed: usize,
+    /// Prompt tokens served from the prefix cache when the sequence (last) started.
+    pub num_cached: usize,
+    pub block_table: Vec<u32>,
+    pub status: SeqStatus,
+    /// Times the sequence was preempted.
+    pub num_preemptions: u32,
+}
+
+impl Sequence {
+    pub fn new(seq_id: u64, arrival: u64, prompt: Vec<u32>) -> Self {
+        Sequence {
+            seq_id,
+            arrival,
+            prompt_len: prompt.len(),
+            tokens: prompt,
+            num_computed: 0,
+            num_cached: 0,
+            block_table: Vec::new(),
+            status: SeqStatus::Waiting,
+            num_preemptions: 0,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    pub fn num_uncomputed(&self) -> usize {
+        self.tokens.len() - self.num_computed
+    }
+
+    pub fn generated(&self) -> &[u32] {
+        &self.tokens[self.prompt_len..]
+    }
+}

@@ -1,0 +1,381 @@
+//! The engine thread: takes commands from clients, runs one step at a time while there is
+//! work (schedule, copy-on-write copies, one batched forward, sample), and sleeps on its
+//! command channel when idle. Owns the model's KV pool, the scheduler and every sequence's
+//! sampling state.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Instant;
+
+use tokio::sync::mpsc as events;
+
+use super::batch_builder::build_batch;
+use super::block_manager::BlockManager;
+use super::scheduler::{Scheduler, SchedulerConfig};
+use super::{Command, EngineConfig, Event, FinishReason, Metrics, Request, TokenLogprobs, Usage};
+use crate::kv_cache::KvCache;
+use crate::model::Model;
+use crate::sampler::Sampler;
+use crate::tokenizer::StreamDecoder;
+
+/// What the engine keeps per sequence beyond the scheduler's integers.
+struct SeqState {
+    request_id: u64,
+    index: usize,
+    sampler: Sampler,
+    events: events::UnboundedSender<Event>,
+    decoder: StreamDecoder,
+    /// Decoded text held back because it may be the start of a stop string.
+    pending: String,
+    request: Arc<Request>,
+    /// Completions still to fork from this one at its first token (n - 1 for the first).
+    forks_pending: usize,
+    submitted: Instant,
+    ttft_ms: Option<u64>,
+    num_cached: usize,
+}
+
+pub(super) struct Worker {
+    model: Arc<Model>,
+    config: EngineConfig,
+    kv: KvCache,
+    sched: Scheduler,
+    seqs: HashMap<u64, SeqState>,
+    /// Live sequences of each request.
+    requests: HashMap<u64, Vec<u64>>,
+    next_seq_id: u64,
+    in_flight: Arc<AtomicU64>,
+    metrics: Metrics,
+}
+
+impl Worker {
+    pub(super) fn new(model: Arc<Model>, config: EngineConfig, in_flight: Arc<AtomicU64>) -> Self {
+        let kv = KvCache::new(&model.config, config.block_size, config.num_blocks);
+        // The salt names what the cached keys and values depend on besides the tokens.
+        let salt = {
+            use std::hash::{DefaultHasher, Hash, Hasher};
+            let mut h = DefaultHasher::new();
+            (model.file.path(), model.file.file_bytes(), config.block_size).hash(&mut h);
+            h.finish()
+        };
+        let blocks = BlockManager::new(config.num_blocks, config.block_size, salt);
+        let sched = Scheduler::new(
+            SchedulerConfig { max_batched_tokens: config.max_batched_tokens, max_seqs: config.max_seqs },
+            blocks,
+        );
+        Worker {
+            model,
+            config,
+            kv,
+            sched,
+            seqs: HashMap::new(),
+            requests: HashMap::new(),
+            next_seq_id: 0,
+            in_flight,
+            metrics: Metrics::default(),
+        }
+    }
+
+    pub(super) fn run(mut self, rx: mpsc::Receiver<Command>) {
+        loop {
+            if !self.sched.has_work() {
+                match rx.recv() {
+                    Ok(cmd) => self.handle(cmd),
+                    Err(_) => return,
+                }
+            }
+            loop {
+                match rx.try_recv() {
+                    Ok(cmd) => self.handle(cmd),
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => {
+                        if !self.sched.has_work() {
+                            return;
+                        }
+                        break;
+                    }
+                }
+            }
+            if self.sched.has_work() {
+                self.step();
+            }
+        }
+    }
+
+    fn handle(&mut self, cmd: Command) {
+        match cmd {
+            Command::Submit { id, request, events } => {
+                self.metrics.requests_submitted += 1;
+                let seq_id = self.new_seq_id();
+                self.sched.add(seq_id, request.prompt.clone());
+                let request = Arc::new(request);
+                self.seqs.insert(
+                    seq_id,
+                    SeqState {
+                        request_id: id,
+                        index: 0,
+                        sampler: Sampler::new(request.sampling.clone()),
+                        events,
+                        decoder: StreamDecoder::new(),
+                        pending: String::new(),
+                        forks_pending: request.n - 1,
+                        request,
+                        submitted: Instant::now(),
+                        ttft_ms: None,
+                        num_cached: 0,
+                    },
+                );
+                self.requests.insert(id, vec![seq_id]);
+            }
+            Command::Abort(id) => {
+                for seq_id in self.requests.get(&id).cloned().unwrap_or_default() {
+                    self.finish(seq_id, FinishReason::Abort);
+                }
+            }
+            Command::Metrics(reply) => {
+                let _ = reply.send(self.snapshot());
+            }
+        }
+    }
+
+    fn new_seq_id(&mut self) -> u64 {
+        self.next_seq_id += 1;
+        self.next_seq_id
+    }
+
+    fn snapshot(&self) -> Metrics {
+        let b = &self.sched.blocks;
+        Metrics {
+            prefix_cache: b.stats,
+            blocks_total: b.num_blocks(),
+            blocks_used: b.num_used(),
+            blocks_cached: b.num_cached_free(),
+            blocks_free: b.num_free(),
+            num_running: self.sched.num_running(),
+            num_waiting: self.sched.num_waiting(),
+            preemptions: self.sched.num_preemptions,
+            ..self.metrics.clone()
+        }
+    }
+
+    /// One step: schedule, copy shared blocks about to be written, run the batch, sample.
+    fn step(&mut self) {
+        let out = self.sched.schedule();
+        if out.is_empty() {
+            // Nothing fits even alone (cannot happen with a pool of at least max_seq_len
+            // tokens); fail the head of the queue rather than spin.
+            let head = self.sched.seq_ids().next().copied();
+            if let Some(id) = head {
+                self.fail(id, "the request does not fit the KV cache".into());
+            }
+            return;
+        }
+        for c in &out.copies {
+            self.kv.copy_block(c.src, c.dst);
+        }
+        let batch = build_batch(&self.sched, &out);
+        let logits = match self.model.forward(&batch, &mut self.kv) {
+            Ok(l) => l,
+            Err(e) => {
+                for &(id, _) in &out.scheduled {
+                    self.fail(id, format!("forward pass failed: {e:#}"));
+                }
+                return;
+            }
+        };
+        self.metrics.steps += 1;
+        for &(id, n) in &out.scheduled {
+            if let Some(seq) = self.sched.get(id) {
+                // Tokens before the prompt's end are prefill; the rest recompute or decode.
+                let prefill = (seq.num_computed + n).min(seq.prompt_len).saturating_sub(seq.num_computed);
+                self.metrics.tokens_prefilled += prefill as u64;
+            }
+        }
+        let ready = self.sched.step_done(&out);
+        let vocab = self.model.config.vocab_size;
+        for (row, &seq_id) in ready.iter().enumerate() {
+            self.sample(seq_id, &logits[row * vocab..(row + 1) * vocab]);
+        }
+    }
+
+    /// Samples the next token of `seq_id` from its logits and tells the client.
+    fn sample(&mut self, seq_id: u64, logits: &[f32]) {
+        let Some(seq) = self.sched.get(seq_id) else { return };
+        let first = seq.generated().is_empty();
+        if first {
+            let num_cached = seq.num_cached;
+            let st = self.seqs.get_mut(&seq_id).expect("state of a live sequence");
+            st.num_cached = num_cached;
+            // n > 1: the other completions fork here, sharing every block of the prompt.
+            let forks = std::mem::take(&mut st.forks_pending);
+            for i in 1..=forks {
+                let child = self.new_seq_id();
+                self.sched.fork(seq_id, child);
+                let st = &self.seqs[&seq_id];
+                let mut params = st.request.sampling.clone();
+                params.seed = params.seed.wrapping_add(i as u64);
+                let state = SeqState {
+                    request_id: st.request_id,
+                    index: i,
+                    sampler: Sampler::new(params),
+                    events: st.events.clone(),
+                    decoder: StreamDecoder::new(),
+                    pending: String::new(),
+                    request: st.request.clone(),
+                    forks_pending: 0,
+                    submitted: st.submitted,
+                    ttft_ms: None,
+                    num_cached,
+                };
+                let request_id = state.request_id;
+                self.seqs.insert(child, state);
+                self.requests.get_mut(&request_id).expect("request is live").push(child);
+                self.sample(child, logits);
+            }
+        }
+        let Some(seq) = self.sched.get(seq_id) else { return };
+        let tokenizer = &self.model.tokenizer;
+        let st = self.seqs.get_mut(&seq_id).expect("state of a live sequence");
+        let token = st.sampler.sample(logits, &seq.tokens[..seq.prompt_len], seq.generated());
+        if st.ttft_ms.is_none() {
+            let ms = st.submitted.elapsed().as_millis() as u64;
+            st.ttft_ms = Some(ms);
+            self.metrics.record_ttft(ms);
+        }
+        if !st.request.ignore_eos && tokenizer.is_eog(token) {
+            self.finish(seq_id, FinishReason::Stop);
+            return;
+        }
+        let logprobs = st.request.logprobs.map(|k| token_logprobs(logits, token, k));
+        self.sched.append_token(seq_id, token);
+        self.metrics.tokens_generated += 1;
+        let piece = st.decoder.push(tokenizer, token);
+        st.pending.push_str(&piece);
+        let (text, stopped) = take_emittable(&mut st.pending, &st.request.stop);
+        let sent = st.events.send(Event::Token { index: st.index, token, text, logprobs });
+        let seq = self.sched.get(seq_id).expect("live");
+        let st = &self.seqs[&seq_id];
+        if sent.is_err() {
+            let request_id = st.request_id;
+            self.handle(Command::Abort(request_id));
+        } else if stopped {
+            self.finish(seq_id, FinishReason::Stop);
+        } else if seq.generated().len() >= st.request.max_tokens || seq.len() >= self.config.max_seq_len {
+            self.finish(seq_id, FinishReason::Length);
+        }
+    }
+
+    /// Ends a sequence: the client hears why, its blocks go back at once.
+    fn finish(&mut self, seq_id: u64, reason: FinishReason) {
+        let Some(seq) = self.sched.finish(seq_id) else { return };
+        let Some(mut st) = self.seqs.remove(&seq_id) else { return };
+        let mut text = std::mem::take(&mut st.pending);
+        if reason != FinishReason::Stop || !st.request.stop.iter().any(|s| !s.is_empty() && text.contains(s.as_str())) {
+            text.push_str(&st.decoder.finish());
+        }
+        let usage = Usage {
+            prompt_tokens: seq.prompt_len,
+            completion_tokens: seq.generated().len(),
+            cached_tokens: st.num_cached,
+            ttft_ms: st.ttft_ms.unwrap_or(0),
+        };
+        let _ = st.events.send(Event::Finished { index: st.index, reason, text, usage });
+        self.close_seq(st.request_id, seq_id, reason == FinishReason::Abort);
+    }
+
+    fn fail(&mut self, seq_id: u64, message: String) {
+        self.sched.finish(seq_id);
+        if let Some(st) = self.seqs.remove(&seq_id) {
+            let _ = st.events.send(Event::Error(message));
+            self.metrics.requests_failed += 1;
+            // The other completions of the request go too: the client stops listening.
+            for other in self.requests.get(&st.request_id).cloned().unwrap_or_default() {
+                if other != seq_id {
+                    self.sched.finish(other);
+                    self.seqs.remove(&other);
+                }
+            }
+            if self.requests.remove(&st.request_id).is_some() {
+                self.in_flight.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+    }
+
+    fn close_seq(&mut self, request_id: u64, seq_id: u64, aborted: bool) {
+        let Some(seqs) = self.requests.get_mut(&request_id) else { return };
+        seqs.retain(|&s| s != seq_id);
+        if seqs.is_empty() {
+            self.requests.remove(&request_id);
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
+            if aborted {
+                self.metrics.requests_aborted += 1;
+            } else {
+                self.metrics.requests_finished += 1;
+            }
+        }
+    }
+}
+
+/// Log-probability of `token` and the `k` most likely tokens.
+fn token_logprobs(logits: &[f32], token: u32, k: usize) -> TokenLogprobs {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let log_sum = logits.iter().map(|&l| (l as f64 - max).exp()).sum::<f64>().ln() + max;
+    let mut top: Vec<(u32, f32)> = Vec::with_capacity(k);
+    if k > 0 {
+        let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+        let k = k.min(idx.len());
+        idx.select_nth_unstable_by(k - 1, |&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
+        idx.truncate(k);
+        idx.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
+        top = idx.into_iter().map(|t| (t, (logits[t as usize] as f64 - log_sum) as f32)).collect();
+    }
+    TokenLogprobs { logprob: (logits[token as usize] as f64 - log_sum) as f32, top }
+}
+
+/// Splits off the text of `pending` that can be shown now: everything before a stop string
+/// (then `true`), or everything but a tail that could still grow into one.
+fn take_emittable(pending: &mut String, stop: &[String]) -> (String, bool) {
+    let stops = stop.iter().filter(|s| !s.is_empty());
+    if let Some(pos) = stops.clone().filter_map(|s| pending.find(s.as_str())).min() {
+        let text = pending[..pos].to_string();
+        pending.clear();
+        return (text, true);
+    }
+    // The longest suffix of pending that is a proper prefix of a stop string.
+    let mut hold = 0;
+    for s in stops {
+        for (i, _) in pending.char_indices() {
+            let tail = &pending[i..];
+            if s.starts_with(tail) && tail.len() > hold {
+                hold = tail.len();
+                break;
+            }
+        }
+    }
+    let cut = pending.len() - hold;
+    let text = pending[..cut].to_string();
+    pending.replace_range(..cut, "");
+    (text, false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::take_emittable;
+
+    #[test]
+    fn stop_strings_are_held_back_and_cut() {
+        let stop = vec!["</s>".to_string(), "\n\n".to_string()];
+        let mut p = "Hello <".to_string();
+        assert_eq!(take_emittable(&mut p, &stop), ("Hello ".to_string(), false));
+        assert_eq!(p, "<");
+        p.push_str("/s> more");
+        assert_eq!(take_emittable(&mut p, &stop), ("".to_string(), true));
+        let mut p = "line\n".to_string();
+        assert_eq!(take_emittable(&mut p, &stop), ("line".to_string(), false));
+        p.push_str("x");
+        assert_eq!(take_emittable(&mut p, &stop), ("\nx".to_string(), false));
+        let mut p = "no stops".to_string();
+        assert_eq!(take_emittable(&mut p, &[]), ("no stops".to_string(), false));
+    }
+}
