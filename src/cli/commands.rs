@@ -7,11 +7,11 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
-use super::{ModelArgs, ThreadArgs};
-use crate::generate::{self, FinishReason, GenerateOptions, SequenceRunner};
+use super::{EngineArgs, ModelArgs, ThreadArgs};
+use crate::engine::{Event, FinishReason, Request};
 use crate::gguf::GgufFile;
 use crate::sampler::SamplingParams;
-use crate::tokenizer::{StreamDecoder, Tokenizer};
+use crate::tokenizer::Tokenizer;
 
 pub fn info(args: &ModelArgs) -> Result<()> {
     let path = args.path()?;
@@ -32,22 +32,9 @@ pub fn tokenize(args: &ModelArgs, no_bos: bool, no_special: bool, text: &str) ->
     Ok(())
 }
 
-/// Flags of `run`.
-#[derive(Args, Debug)]
-pub struct RunArgs {
-    #[command(flatten)]
-    pub model: ModelArgs,
-    #[command(flatten)]
-    pub threads: ThreadArgs,
-    /// The prompt; read from stdin when absent.
-    #[arg(short = 'p', long = "prompt")]
-    pub prompt: Option<String>,
-    /// Tokens to generate at most.
-    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
-    pub n_predict: usize,
-    /// Context size in tokens [default: the model's training context, at most 4096].
-    #[arg(short = 'c', long = "ctx-size")]
-    pub ctx_size: Option<usize>,
+/// Sampling flags shared by the subcommands that generate.
+#[derive(Args, Debug, Clone)]
+pub struct SamplingArgs {
     /// Temperature; 0 is greedy.
     #[arg(long = "temp", default_value_t = 0.8)]
     pub temperature: f32,
@@ -68,31 +55,58 @@ pub struct RunArgs {
     /// Random seed [default: from the clock].
     #[arg(short = 's', long = "seed")]
     pub seed: Option<u64>,
+}
+
+impl SamplingArgs {
+    pub fn params(&self) -> Result<SamplingParams> {
+        let p = SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            seed: self.seed.unwrap_or_else(clock_seed),
+            ..Default::default()
+        };
+        p.validate().map_err(anyhow::Error::msg)?;
+        Ok(p)
+    }
+}
+
+/// A seed from the clock, for runs that did not ask for one.
+pub fn clock_seed() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+}
+
+/// Flags of `run`.
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub threads: ThreadArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// The prompt; read from stdin when absent.
+    #[arg(short = 'p', long = "prompt")]
+    pub prompt: Option<String>,
+    /// Tokens to generate at most.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
+    pub n_predict: usize,
     /// Keep generating past end-of-generation tokens.
     #[arg(long)]
     pub ignore_eos: bool,
     /// Do not add BOS even if the model asks for one.
     #[arg(long)]
     pub no_bos: bool,
-    /// KV cache block size in tokens.
-    #[arg(long = "block-size", default_value_t = generate::DEFAULT_BLOCK_SIZE)]
-    pub block_size: usize,
-}
-
-/// The context size: asked for, or the model's, capped to keep the KV cache small.
-fn context_size(asked: Option<usize>, n_ctx_train: usize) -> Result<usize> {
-    match asked {
-        Some(0) => bail!("--ctx-size must be at least 1"),
-        Some(c) => Ok(c),
-        None => Ok(n_ctx_train.min(4096)),
-    }
 }
 
 pub fn run(args: &RunArgs) -> Result<()> {
     args.threads.init()?;
-    if args.block_size == 0 || args.block_size > 1024 {
-        bail!("--block-size must be between 1 and 1024, got {}", args.block_size);
-    }
+    let sampling = args.sampling.params()?;
     let prompt = match &args.prompt {
         Some(p) => p.clone(),
         None => {
@@ -101,45 +115,35 @@ pub fn run(args: &RunArgs) -> Result<()> {
             s
         }
     };
-    let sampling = SamplingParams {
-        temperature: args.temperature,
-        top_k: args.top_k,
-        top_p: args.top_p,
-        min_p: args.min_p,
-        repeat_penalty: args.repeat_penalty,
-        repeat_last_n: args.repeat_last_n,
-        seed: args.seed.unwrap_or_else(|| {
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
-        }),
-        ..Default::default()
-    };
-    sampling.validate().map_err(anyhow::Error::msg)?;
     let model = args.model.load()?;
-    let n_ctx = context_size(args.ctx_size, model.config.n_ctx_train)?;
     let tok = &model.tokenizer;
     let ids = tok.encode(&prompt, tok.add_bos_default() && !args.no_bos, true)?;
-    let mut runner = SequenceRunner::new(&model, n_ctx, args.block_size);
-    let opts = GenerateOptions { n_predict: args.n_predict, ignore_eos: args.ignore_eos, sampling };
-    let mut out = std::io::stdout().lock();
-    let mut decoder = StreamDecoder::new();
-    let mut write_err = None;
-    let started = std::time::Instant::now();
-    let mut n_generated = 0;
-    let reason = generate::generate(&mut runner, &ids, &opts, |id| {
-        n_generated += 1;
-        let piece = decoder.push(tok, id);
-        match out.write_all(piece.as_bytes()).and_then(|_| out.flush()) {
-            Ok(()) => true,
-            Err(e) => {
-                write_err = Some(e);
-                false
-            }
-        }
-    })?;
-    if let Some(e) = write_err {
-        return Err(e.into());
+    // One sequence: a pool for one context unless asked otherwise.
+    let mut engine_args = args.engine.clone();
+    if engine_args.kv_mem.is_none() {
+        engine_args.parallel = 1;
     }
-    out.write_all(decoder.finish().as_bytes())?;
+    let engine = engine_args.start(model, false)?;
+    let mut request = Request::new(ids.clone(), sampling, args.n_predict);
+    request.ignore_eos = args.ignore_eos;
+    let started = std::time::Instant::now();
+    let mut stream = engine.submit(request)?;
+    let mut out = std::io::stdout().lock();
+    let mut n_generated = 0;
+    let mut reason = FinishReason::Length;
+    while let Some(event) = stream.next_blocking() {
+        match event {
+            Event::Token { text, .. } => {
+                n_generated += 1;
+                out.write_all(text.as_bytes()).and_then(|_| out.flush())?;
+            }
+            Event::Finished { text, reason: r, .. } => {
+                out.write_all(text.as_bytes())?;
+                reason = r;
+            }
+            Event::Error(e) => bail!("{e}"),
+        }
+    }
     if out.is_terminal() {
         out.write_all(b"\n")?;
     }
@@ -147,14 +151,10 @@ pub fn run(args: &RunArgs) -> Result<()> {
     if std::io::stderr().is_terminal() {
         let secs = started.elapsed().as_secs_f64();
         eprintln!(
-            "[{} prompt tokens, {n_generated} generated in {secs:.2} s ({:.1} tokens/s), stop: {}]",
+            "[{} prompt tokens, {n_generated} generated in {secs:.2} s ({:.1} tokens/s), finish: {}]",
             ids.len(),
             n_generated as f64 / secs,
-            match reason {
-                FinishReason::Stop => "end of generation",
-                FinishReason::Length => "length",
-                FinishReason::Abort => "abort",
-            }
+            reason.as_str()
         );
     }
     Ok(())

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 
+use crate::engine::{EngineConfig, EngineHandle};
 use crate::model::Model;
 
 /// File name of the default model in `models/`.
@@ -53,6 +54,67 @@ pub struct ModelArgs {
     /// GGUF model file [default: models/SmolLM2-135M-Instruct.Q4_1.gguf]
     #[arg(short = 'm', long = "model")]
     pub model: Option<PathBuf>,
+}
+
+/// Sizes of the engine: the KV pool and the step budget.
+#[derive(Args, Debug, Clone)]
+pub struct EngineArgs {
+    /// KV cache memory in MiB [default: enough for --ctx-size tokens times --parallel]
+    #[arg(long = "kv-mem")]
+    pub kv_mem: Option<usize>,
+    /// Most tokens one sequence holds [default: the model's training context, at most 4096]
+    #[arg(short = 'c', long = "ctx-size")]
+    pub ctx_size: Option<usize>,
+    /// Sequences the KV pool is sized for when --kv-mem is not given.
+    #[arg(long = "parallel", default_value_t = 4)]
+    pub parallel: usize,
+    /// Tokens per KV block.
+    #[arg(long = "block-size", default_value_t = crate::generate::DEFAULT_BLOCK_SIZE)]
+    pub block_size: usize,
+    /// Most tokens one forward step runs (prompts are cut into chunks to fit).
+    #[arg(long = "max-batched-tokens", default_value_t = 512)]
+    pub max_batched_tokens: usize,
+    /// Most requests queued or running; more are refused.
+    #[arg(long = "max-queue", default_value_t = 256)]
+    pub max_queue: usize,
+}
+
+impl EngineArgs {
+    /// The engine configuration for `model`.
+    pub fn config(&self, model: &Model) -> Result<EngineConfig> {
+        let ctx = match self.ctx_size {
+            Some(c) => c,
+            None => model.config.n_ctx_train.min(4096),
+        };
+        let mut config = EngineConfig::sized(model, self.block_size, self.kv_mem, ctx, self.parallel)?;
+        if self.max_batched_tokens == 0 {
+            anyhow::bail!("--max-batched-tokens must be at least 1");
+        }
+        if self.max_queue == 0 {
+            anyhow::bail!("--max-queue must be at least 1");
+        }
+        config.max_batched_tokens = self.max_batched_tokens;
+        config.max_queue = self.max_queue;
+        Ok(config)
+    }
+
+    /// Starts the engine thread on `model`, logging the KV pool's size on a terminal
+    /// (`verbose` logs it anywhere).
+    pub fn start(&self, model: Model, verbose: bool) -> Result<EngineHandle> {
+        let config = self.config(&model)?;
+        if verbose || std::io::stderr().is_terminal() {
+            eprintln!(
+                "KV cache: {} blocks of {} tokens ({} tokens, {:.1} MiB); max {} tokens per sequence, {} per step",
+                config.num_blocks,
+                config.block_size,
+                config.num_blocks * config.block_size,
+                config.kv_bytes(&model) as f64 / (1 << 20) as f64,
+                config.max_seq_len,
+                config.max_batched_tokens
+            );
+        }
+        EngineHandle::start(std::sync::Arc::new(model), config)
+    }
 }
 
 /// Compute threads.
