@@ -65,6 +65,8 @@ pub(crate) struct VocabMeta {
     pub add_space_prefix: Option<bool>,
 }
 
+// The text lists below are llama-vocab.cpp's at the reference commit (0c1e57098).
+
 /// Token texts llama.cpp takes as end-of-turn when `tokenizer.ggml.eot_token_id` is absent.
 const EOT_TEXTS: &[&str] = &[
     "<|eot_id|>",
@@ -75,10 +77,12 @@ const EOT_TEXTS: &[&str] = &[
     "<|end_of_text|>",
     "<EOT>",
     "_<EOT>",
+    "[EOT]",
+    "<｜end▁of▁sentence｜>",
     "<end_of_utterance>",
 ];
 /// Texts of fill-in-the-middle tokens that llama.cpp also counts as end-of-generation.
-const FIM_PAD_TEXTS: &[&str] = &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"];
+const FIM_PAD_TEXTS: &[&str] = &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"];
 const FIM_REP_TEXTS: &[&str] = &[
     "<|fim_repo|>",
     "<|repo_name|>",
@@ -92,14 +96,29 @@ const EOG_TEXTS: &[&str] = &[
     "<|eot_id|>",
     "<|im_end|>",
     "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
     "<end_of_turn>",
     "<|endoftext|>",
+    "</s>",
     "<|eom_id|>",
     "<EOT>",
     "_<EOT>",
+    "[EOT]",
+    "[EOS]",
     "<|end_of_text|>",
     "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<｜end▁of▁sentence｜>",
+    "[e~[",
 ];
+/// gpt-oss channel markers: llama.cpp makes them user-defined so that they always render.
+const ALWAYS_RENDERED_TEXTS: &[&str] =
+    &["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"];
 
 /// A loaded vocabulary. Ids are `u32` indices into `texts`.
 pub(crate) struct Vocab {
@@ -244,9 +263,35 @@ impl Vocab {
                 eog_ids.push(id);
             }
         }
+        for text in ALWAYS_RENDERED_TEXTS {
+            if let Some(&id) = text_to_id.get(*text) {
+                attrs[id as usize] = attr::USER_DEFINED;
+            }
+        }
         eog_ids.extend([eos_id, eot_id, eom_id].into_iter().flatten());
         eog_ids.sort_unstable();
         eog_ids.dedup();
+
+        // llama.cpp's two corrections. Harmony-style vocabularies (gpt-oss: `<|return|>` and
+        // `<|call|>`; solar-open: `<|calls|>` and `<|flush|>`) end turns with those, so
+        // `<|end|>` is an ordinary user-defined token there. Where `<|tool_response>` or
+        // `<|plamo:eos|>` ends generation, `</s>` is a normal token (Gemma 4, PLaMo).
+        let eog_has =
+            |eog_ids: &[u32], text: &str| eog_ids.iter().any(|&id| texts[id as usize] == text);
+        let mut drop_from_eog = |eog_ids: &mut Vec<u32>, text: &str, new_attr: u8| {
+            if let Some(pos) = eog_ids.iter().position(|&id| texts[id as usize] == text) {
+                attrs[eog_ids[pos] as usize] = new_attr;
+                eog_ids.remove(pos);
+            }
+        };
+        let has_call = eog_has(&eog_ids, "<|call|>") || eog_has(&eog_ids, "<|calls|>");
+        let has_return_or_flush = eog_has(&eog_ids, "<|return|>") || eog_has(&eog_ids, "<|flush|>");
+        if has_call && has_return_or_flush && eog_has(&eog_ids, "<|end|>") {
+            drop_from_eog(&mut eog_ids, "<|end|>", attr::USER_DEFINED);
+        }
+        if eog_has(&eog_ids, "<|tool_response>") || eog_has(&eog_ids, "<|plamo:eos|>") {
+            drop_from_eog(&mut eog_ids, "</s>", attr::NORMAL);
+        }
 
         let mut special_ids: Vec<u32> = (0..n_tokens as u32)
             .filter(|&id| {
@@ -324,6 +369,25 @@ mod tests {
         assert_eq!(v.bos_id, Some(1));
         assert!(v.add_bos);
         assert!(v.add_space_prefix);
+    }
+
+    #[test]
+    fn harmony_end_is_not_eog_and_gemma4_s_is_normal() {
+        let m = meta(
+            &[
+                "<|return|>",
+                "<|call|>",
+                "<|end|>",
+                "</s>",
+                "<|tool_response>",
+            ],
+            &[3, 3, 3, 3, 3],
+        );
+        let v = Vocab::new(&m).unwrap();
+        // `<|end|>` is also the default EOS (id 2); llama.cpp drops it all the same.
+        assert_eq!(v.eog_ids, vec![0, 1, 4]);
+        assert_eq!(v.attr(2), attr::USER_DEFINED);
+        assert_eq!(v.attr(3), attr::NORMAL);
     }
 
     #[test]
