@@ -3,6 +3,7 @@
 //! Layers only look down: the command-line faces (`cli`) use the model; the model (GGUF
 //! reader, weights, forward pass) uses the kernels; the kernels wrap the C code in `csrc/`.
 
+pub mod chat_template;
 pub mod cli;
 pub mod engine;
 pub mod generate;
