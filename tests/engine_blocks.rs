@@ -156,6 +156,29 @@ fn a_shared_prompt_is_computed_once() {
 }
 
 #[test]
+fn simultaneous_arrivals_wait_for_a_prefix_in_flight() {
+    let mut s = scheduler(64, 4, 256);
+    let system: Vec<u32> = (0..40).collect();
+    for id in 1..=4u64 {
+        s.add(id, system.iter().copied().chain([900 + id as u32]).collect());
+    }
+    // Only the first computes the shared prefix; the others wait one step for it.
+    let out = s.schedule();
+    assert_eq!(out.scheduled, vec![(1, 41)]);
+    s.check_invariants().unwrap();
+    s.step_done(&out);
+    s.append_token(1, 7);
+    let out = s.schedule();
+    assert_eq!(out.scheduled, vec![(1, 1), (2, 1), (3, 1), (4, 1)]);
+    assert_eq!(s.blocks.stats.hit_blocks, 30);
+    s.check_invariants().unwrap();
+    // A sequence that differs from the first block on computes at once.
+    s.add(9, (500..540).collect());
+    let out = s.schedule();
+    assert!(out.scheduled.contains(&(9, 40)));
+}
+
+#[test]
 fn chunked_prefill_shares_the_budget_with_decodes() {
     let mut s = scheduler(64, 4, 8);
     s.add(1, vec![1, 2, 3]);

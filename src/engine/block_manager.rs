@@ -183,6 +183,20 @@ impl BlockManager {
         table
     }
 
+    /// The chained hashes of the prompt blocks `match_prefix` could reuse: every full block
+    /// but the one holding the last token.
+    pub fn prompt_block_hashes(&self, tokens: &[u32]) -> Vec<BlockHash> {
+        let bs = self.block_size;
+        let mut parent = None;
+        (0..tokens.len().saturating_sub(1) / bs)
+            .map(|i| {
+                let h = block_hash(parent, &tokens[i * bs..(i + 1) * bs], self.salt);
+                parent = Some(h);
+                h
+            })
+            .collect()
+    }
+
     /// How many new blocks growing `table` to `num_tokens` tokens takes, counting a private copy
     /// of a shared last block that the growth writes into (`num_computed` tokens are in it).
     pub fn blocks_needed(&self, table: &[u32], num_computed: usize, num_tokens: usize) -> usize {

@@ -47,12 +47,16 @@ pub struct Scheduler {
     running: Vec<u64>,
     next_arrival: u64,
     pub num_preemptions: u64,
+    /// Prompt blocks being computed right now, by hash, and the sequence computing them. A
+    /// waiting sequence whose next uncached block is among them waits for it instead of
+    /// computing the same prefix a second time.
+    in_flight: HashMap<u64, u64>,
 }
 
 impl Scheduler {
     pub fn new(config: SchedulerConfig, blocks: BlockManager) -> Self {
         assert!(config.max_batched_tokens > 0 && config.max_seqs > 0);
-        Scheduler { config, blocks, seqs: HashMap::new(), waiting: VecDeque::new(), running: Vec::new(), next_arrival: 0, num_preemptions: 0 }
+        Scheduler { config, blocks, seqs: HashMap::new(), waiting: VecDeque::new(), running: Vec::new(), next_arrival: 0, num_preemptions: 0, in_flight: HashMap::new() }
     }
 
     /// Adds a new sequence at the back of the waiting queue.
@@ -131,15 +135,22 @@ impl Scheduler {
         // Budget given back by preempted sequences that had been scheduled.
         budget = self.config.max_batched_tokens - out.num_tokens();
 
-        // Then waiting sequences, in order, unless this step already had to preempt.
-        while out.preempted.is_empty() && budget > 0 && self.running.len() < self.config.max_seqs {
-            let Some(&id) = self.waiting.front() else { break };
+        // Then waiting sequences, in order, unless this step already had to preempt. One whose
+        // next prompt block another sequence is computing now waits a step and reuses it.
+        let mut w = 0;
+        while out.preempted.is_empty() && budget > 0 && self.running.len() < self.config.max_seqs && w < self.waiting.len() {
+            let id = self.waiting[w];
             let seq = self.seqs.get_mut(&id).expect("waiting ids are live");
-            if seq.block_table.is_empty() {
-                seq.block_table = self.blocks.match_prefix(&seq.tokens);
-                seq.num_computed = seq.block_table.len() * self.blocks.block_size;
-                seq.num_cached = seq.num_computed;
+            let hashes = self.blocks.prompt_block_hashes(&seq.tokens);
+            seq.block_table = self.blocks.match_prefix(&seq.tokens);
+            let matched = seq.block_table.len();
+            if hashes.get(matched).is_some_and(|h| self.in_flight.get(h).is_some_and(|&owner| owner != id)) {
+                self.blocks.free(&mut seq.block_table);
+                w += 1;
+                continue;
             }
+            seq.num_computed = matched * self.blocks.block_size;
+            seq.num_cached = seq.num_computed;
             let n = seq.num_uncomputed().min(budget);
             let target = seq.num_computed + n;
             match self.blocks.allocate(&mut seq.block_table, seq.num_computed, target) {
@@ -148,7 +159,11 @@ impl Scheduler {
                     out.scheduled.push((id, n));
                     budget -= n;
                     seq.status = SeqStatus::Running;
-                    self.waiting.pop_front();
+                    seq.pending_hashes = hashes.into_iter().enumerate().skip(matched).collect();
+                    for &(_, h) in &seq.pending_hashes {
+                        self.in_flight.entry(h).or_insert(id);
+                    }
+                    self.waiting.remove(w);
                     self.running.push(id);
                 }
                 None => {
@@ -163,7 +178,21 @@ impl Scheduler {
         out
     }
 
+    /// Forgets the in-flight prompt blocks of `seq_id` from block `from` on (all: 0).
+    fn clear_in_flight(&mut self, seq_id: u64, from_block: usize) {
+        let Some(seq) = self.seqs.get_mut(&seq_id) else { return };
+        let in_flight = &mut self.in_flight;
+        seq.pending_hashes.retain(|&(i, h)| {
+            let done = i < from_block;
+            if done && in_flight.get(&h) == Some(&seq_id) {
+                in_flight.remove(&h);
+            }
+            !done
+        });
+    }
+
     fn preempt(&mut self, seq_id: u64) {
+        self.clear_in_flight(seq_id, usize::MAX);
         let seq = self.seqs.get_mut(&seq_id).expect("live");
         self.blocks.free(&mut seq.block_table);
         seq.num_computed = 0;
@@ -186,6 +215,9 @@ impl Scheduler {
             let Some(seq) = self.seqs.get_mut(&id) else { continue };
             seq.num_computed += n;
             self.blocks.register_full_blocks(&seq.block_table, &seq.tokens, seq.num_computed);
+            let full = seq.num_computed / self.blocks.block_size;
+            self.clear_in_flight(id, full);
+            let seq = &self.seqs[&id];
             if seq.num_computed == seq.tokens.len() {
                 ready.push(id);
             }
@@ -207,6 +239,7 @@ impl Scheduler {
         assert_eq!(p.status, SeqStatus::Running, "only running sequences fork");
         let mut seq = p.clone();
         seq.seq_id = child;
+        seq.pending_hashes.clear();
         seq.block_table = self.blocks.fork(&p.block_table);
         let pos = self.running.iter().position(|&r| r == parent).expect("parent runs") + 1;
         self.running.insert(pos, child);
@@ -216,6 +249,7 @@ impl Scheduler {
     /// Ends a sequence (finished or aborted): its blocks go back to the pool at once (full
     /// blocks stay in the prefix cache) and it is forgotten. Returns it, if it was live.
     pub fn finish(&mut self, seq_id: u64) -> Option<Sequence> {
+        self.clear_in_flight(seq_id, usize::MAX);
         let mut seq = self.seqs.remove(&seq_id)?;
         self.blocks.free(&mut seq.block_table);
         self.running.retain(|&r| r != seq_id);
@@ -238,6 +272,12 @@ impl Scheduler {
         for id in &self.waiting {
             if self.seqs[id].status != SeqStatus::Waiting {
                 return Err(format!("sequence {id} waits with status {:?}", self.seqs[id].status));
+            }
+        }
+        for (h, owner) in &self.in_flight {
+            let ok = self.seqs.get(owner).is_some_and(|s| s.status == SeqStatus::Running && s.pending_hashes.iter().any(|p| p.1 == *h));
+            if !ok {
+                return Err(format!("in-flight block {h:x} owned by {owner}, which is not computing it"));
             }
         }
         for s in self.seqs.values() {

@@ -24,6 +24,9 @@ pub struct Sequence {
     pub num_cached: usize,
     pub block_table: Vec<u32>,
     pub status: SeqStatus,
+    /// Hashes of prompt blocks this sequence is computing that others may wait for:
+    /// (block index, hash).
+    pub pending_hashes: Vec<(usize, u64)>,
     /// Times the sequence was preempted.
     pub num_preemptions: u32,
 }
@@ -39,6 +42,7 @@ impl Sequence {
             num_cached: 0,
             block_table: Vec::new(),
             status: SeqStatus::Waiting,
+            pending_hashes: Vec::new(),
             num_preemptions: 0,
         }
     }
