@@ -1,6 +1,7 @@
 //! The command line: flags are parsed here (clap), turned into work in one module per
 //! subcommand, and errors come back to `main` as an `anyhow` chain. Called only by `main.rs`.
 
+mod bench;
 mod commands;
 
 use std::io::IsTerminal;
@@ -46,6 +47,8 @@ pub enum Command {
     Run(commands::RunArgs),
     /// Compute perplexity over a text file, like llama-perplexity.
     Perplexity(commands::PerplexityArgs),
+    /// Measure prompt and generation speed, for one sequence or many sessions.
+    Bench(bench::BenchArgs),
 }
 
 /// Which model to load.
@@ -208,5 +211,6 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Tokenize { model, no_bos, no_special, text } => commands::tokenize(&model, no_bos, no_special, &text),
         Command::Run(args) => commands::run(&args),
         Command::Perplexity(args) => commands::perplexity(&args),
+        Command::Bench(args) => bench::bench(&args),
     }
 }

@@ -1,0 +1,186 @@
+//! `edge-llm bench`: prompt processing and generation speed of one sequence (like llama-bench's
+//! pp and tg), and with `--sessions N --shared-prefix P` N concurrent sequences sharing a
+//! P-token prefix: aggregate generated tokens/s, time to first token and the prefix-cache hit
+//! rate. Everything runs through the engine, as the other faces do.
+
+use std::io::Write;
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use clap::Args;
+
+use super::{EngineArgs, ModelArgs, ThreadArgs};
+use crate::engine::{EngineHandle, Event, Request, RequestStream};
+use crate::sampler::{Rng, SamplingParams};
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub threads: ThreadArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Prompt tokens (single sequence) or tokens after the shared prefix (sessions).
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    pub n_prompt: usize,
+    /// Tokens to generate per sequence.
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    pub n_gen: usize,
+    /// Repetitions; medians are reported.
+    #[arg(short = 'r', long = "repetitions", default_value_t = 3)]
+    pub repetitions: usize,
+    /// Concurrent sessions (0: the single-sequence benchmark).
+    #[arg(long = "sessions", default_value_t = 0)]
+    pub sessions: usize,
+    /// Prefix tokens all sessions share.
+    #[arg(long = "shared-prefix", default_value_t = 0)]
+    pub shared_prefix: usize,
+    /// Print one JSON object on the last line of stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// Random token ids from the ordinary part of the vocabulary, as llama-bench uses.
+fn random_tokens(rng: &mut Rng, n: usize, vocab: usize) -> Vec<u32> {
+    (0..n).map(|_| 100 + (rng.next_u64() % (vocab as u64 - 100)) as u32).collect()
+}
+
+/// Drains a stream; returns (time of the first token, time of the last, tokens generated).
+fn drain(stream: &mut RequestStream) -> Result<(Instant, Instant, usize)> {
+    let mut first = None;
+    let mut last = Instant::now();
+    let mut n = 0;
+    while let Some(e) = stream.next_blocking() {
+        match e {
+            Event::Token { .. } => {
+                last = Instant::now();
+                first.get_or_insert(last);
+                n += 1;
+            }
+            Event::Finished { .. } => {}
+            Event::Error(e) => bail!("{e}"),
+        }
+    }
+    Ok((first.unwrap_or(last), last, n))
+}
+
+fn request(prompt: Vec<u32>, n_gen: usize) -> Request {
+    let mut r = Request::new(prompt, SamplingParams::greedy(), n_gen);
+    r.ignore_eos = true;
+    r
+}
+
+pub fn bench(args: &BenchArgs) -> Result<()> {
+    args.threads.init()?;
+    if args.repetitions == 0 || args.n_gen == 0 || args.n_prompt == 0 {
+        bail!("-p, -n and -r must be at least 1");
+    }
+    let threads = rayon::current_num_threads();
+    let model = args.model.load()?;
+    let vocab = model.config.vocab_size;
+    let mut engine_args = args.engine.clone();
+    let per_seq = args.shared_prefix + args.n_prompt + args.n_gen + 1;
+    if engine_args.ctx_size.is_none() {
+        engine_args.ctx_size = Some(per_seq.max(256));
+    }
+    if engine_args.kv_mem.is_none() {
+        engine_args.parallel = args.sessions.max(1);
+    }
+    let engine = engine_args.start(model, true)?;
+    let mut rng = Rng::new(1234);
+    let mut out = std::io::stdout().lock();
+    if args.sessions == 0 {
+        let (pp, tg) = single(&engine, &mut rng, vocab, args)?;
+        writeln!(out, "| model | threads | test | tokens/s |")?;
+        writeln!(out, "|---|---|---|---|")?;
+        let name = engine.model.file.path().file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        writeln!(out, "| {name} | {threads} | pp{} | {pp:.1} |", args.n_prompt)?;
+        writeln!(out, "| {name} | {threads} | tg{} | {tg:.1} |", args.n_gen)?;
+        if args.json {
+            let j = serde_json::json!({
+                "threads": threads, "n_prompt": args.n_prompt, "n_gen": args.n_gen,
+                "prompt_tokens_per_s": pp, "gen_tokens_per_s": tg,
+            });
+            writeln!(out, "{j}")?;
+        }
+    } else {
+        let r = sessions(&engine, &mut rng, vocab, args)?;
+        writeln!(out, "| sessions | shared prefix | prompt | gen | aggregate gen tokens/s | TTFT median ms | prefix-cache hit rate |")?;
+        writeln!(out, "|---|---|---|---|---|---|---|")?;
+        writeln!(
+            out,
+            "| {} | {} | {} | {} | {:.1} | {:.0} | {:.3} |",
+            args.sessions, args.shared_prefix, args.n_prompt, args.n_gen, r.0, r.1, r.2
+        )?;
+        if args.json {
+            let j = serde_json::json!({
+                "threads": threads, "sessions": args.sessions, "shared_prefix": args.shared_prefix,
+                "n_prompt": args.n_prompt, "n_gen": args.n_gen,
+                "aggregate_gen_tokens_per_s": r.0, "ttft_ms_median": r.1, "prefix_cache_hit_rate": r.2,
+            });
+            writeln!(out, "{j}")?;
+        }
+    }
+    Ok(())
+}
+
+/// Medians of prompt tokens/s (prefill: submission to first token) and generated tokens/s
+/// (first to last token), each repetition with a fresh random prompt so nothing is cached.
+fn single(engine: &EngineHandle, rng: &mut Rng, vocab: usize, args: &BenchArgs) -> Result<(f64, f64)> {
+    let (mut pp, mut tg) = (Vec::new(), Vec::new());
+    // One warm-up run, not counted.
+    drain(&mut engine.submit(request(random_tokens(rng, 16, vocab), 4))?)?;
+    for _ in 0..args.repetitions {
+        let started = Instant::now();
+        let mut s = engine.submit(request(random_tokens(rng, args.n_prompt, vocab), args.n_gen))?;
+        let (first, last, n) = drain(&mut s)?;
+        pp.push(args.n_prompt as f64 / (first - started).as_secs_f64());
+        if n > 1 {
+            tg.push((n - 1) as f64 / (last - first).as_secs_f64());
+        }
+    }
+    Ok((median(pp), median(tg)))
+}
+
+/// Medians over repetitions of (aggregate generated tokens/s, median TTFT in ms, hit rate).
+/// Each repetition uses a fresh shared prefix, so its first session computes it.
+fn sessions(engine: &EngineHandle, rng: &mut Rng, vocab: usize, args: &BenchArgs) -> Result<(f64, f64, f64)> {
+    let (mut agg, mut ttft, mut hit) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..args.repetitions {
+        let before = engine.metrics().unwrap_or_default().prefix_cache;
+        let prefix = random_tokens(rng, args.shared_prefix, vocab);
+        let started = Instant::now();
+        let mut streams = (0..args.sessions)
+            .map(|_| {
+                let mut p = prefix.clone();
+                p.extend(random_tokens(rng, args.n_prompt, vocab));
+                engine.submit(request(p, args.n_gen))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut generated = 0;
+        let mut first_ms = Vec::new();
+        let mut end = started;
+        for s in &mut streams {
+            let (first, last, n) = drain(s)?;
+            generated += n;
+            first_ms.push((first - started).as_secs_f64() * 1000.0);
+            end = end.max(last);
+        }
+        let after = engine.metrics().unwrap_or_default().prefix_cache;
+        agg.push(generated as f64 / (end - started).as_secs_f64());
+        ttft.push(median(first_ms));
+        let lookups = after.lookup_tokens - before.lookup_tokens;
+        hit.push((after.hit_tokens - before.hit_tokens) as f64 / lookups.max(1) as f64);
+    }
+    Ok((median(agg), median(ttft), median(hit)))
+}
