@@ -13,5 +13,6 @@ pub mod kv_cache;
 pub mod model;
 pub mod perplexity;
 pub mod sampler;
+pub mod server;
 pub mod tensor_type;
 pub mod tokenizer;

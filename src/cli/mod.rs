@@ -49,6 +49,8 @@ pub enum Command {
     Perplexity(commands::PerplexityArgs),
     /// Measure prompt and generation speed, for one sequence or many sessions.
     Bench(bench::BenchArgs),
+    /// Serve an OpenAI-compatible HTTP API (completions, chat, streaming, metrics).
+    Serve(crate::server::ServeArgs),
 }
 
 /// Which model to load.
@@ -212,5 +214,6 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Run(args) => commands::run(&args),
         Command::Perplexity(args) => commands::perplexity(&args),
         Command::Bench(args) => bench::bench(&args),
+        Command::Serve(args) => crate::server::serve(&args),
     }
 }

@@ -1,0 +1,109 @@
+//! OpenAI-style errors: every failure a client can cause or meet becomes an [`ApiError`],
+//! answered as `{"error": {"message", "type", "param", "code"}}` with its HTTP status.
+//! Used by every handler and by the middleware (auth, unknown routes, body limits).
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use crate::engine::SubmitError;
+
+#[derive(Clone, Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    /// OpenAI's error type: `invalid_request_error`, `authentication_error`, ...
+    pub kind: &'static str,
+    /// The request field at fault, if one is.
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            message: message.into(),
+            kind,
+            param: None,
+            code: None,
+        }
+    }
+
+    /// A 400 about one request field.
+    pub fn invalid(param: &str, message: impl Into<String>) -> Self {
+        ApiError {
+            param: Some(param.to_string()),
+            ..ApiError::bad_request(message)
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
+    }
+
+    pub fn with_code(mut self, code: &'static str) -> Self {
+        self.code = Some(code);
+        self
+    }
+
+    /// The error as the JSON object OpenAI clients parse.
+    pub fn body(&self) -> serde_json::Value {
+        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+    }
+
+    /// Why the engine refused a request; `param` names the field that carried the prompt.
+    pub fn from_submit(e: SubmitError, param: &str) -> Self {
+        match e {
+            SubmitError::EmptyPrompt => ApiError::invalid(param, "the prompt is empty"),
+            SubmitError::PromptTooLong { prompt, max } => ApiError::invalid(
+                param,
+                format!(
+                    "This model's maximum context length is {max} tokens, but the prompt has {prompt} tokens \
+                     (the prompt and the completion must fit together). Please shorten the prompt."
+                ),
+            )
+            .with_code("context_length_exceeded"),
+            SubmitError::Invalid(message) => ApiError::bad_request(message),
+            SubmitError::QueueFull(queued) => ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                format!("the server is busy: {queued} requests are already queued or running (--max-queue); retry later"),
+            )
+            .with_code("queue_full"),
+            SubmitError::Stopped => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "the engine has stopped")
+                .with_code("engine_stopped"),
+        }
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.status.as_u16(), self.message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, axum::Json(self.body())).into_response();
+        if self.status == StatusCode::TOO_MANY_REQUESTS {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        if self.status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        // The middleware logs the message with the request's line.
+        response
+            .extensions_mut()
+            .insert(super::middleware::LogNote(self.message));
+        response
+    }
+}

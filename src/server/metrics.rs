@@ -1,0 +1,193 @@
+//! `GET /metrics`: the engine's counters (`EngineHandle::metrics`) in Prometheus' text
+//! format, every name prefixed `edge_llm_`.
+
+use std::fmt::Write;
+
+use crate::engine::Metrics;
+
+/// Prometheus exposition text of one metrics snapshot.
+pub fn prometheus(m: &Metrics) -> String {
+    let mut out = String::with_capacity(4096);
+    let mut metric = |name: &str, kind: &str, help: &str, samples: &[(&str, f64)]| {
+        let _ = writeln!(out, "# HELP edge_llm_{name} {help}");
+        let _ = writeln!(out, "# TYPE edge_llm_{name} {kind}");
+        for (labels, value) in samples {
+            let _ = writeln!(out, "edge_llm_{name}{labels} {value}");
+        }
+    };
+    let c = |v: u64| v as f64;
+    metric(
+        "requests_submitted_total",
+        "counter",
+        "Requests accepted by the engine.",
+        &[("", c(m.requests_submitted))],
+    );
+    metric(
+        "requests_finished_total",
+        "counter",
+        "Requests that ran to a stop or a length limit.",
+        &[("", c(m.requests_finished))],
+    );
+    metric(
+        "requests_aborted_total",
+        "counter",
+        "Requests aborted, e.g. by a client that hung up.",
+        &[("", c(m.requests_aborted))],
+    );
+    metric(
+        "requests_failed_total",
+        "counter",
+        "Requests that failed in the engine.",
+        &[("", c(m.requests_failed))],
+    );
+    metric(
+        "requests_running",
+        "gauge",
+        "Sequences running now.",
+        &[("", m.num_running as f64)],
+    );
+    metric(
+        "requests_waiting",
+        "gauge",
+        "Sequences waiting for KV blocks or a step.",
+        &[("", m.num_waiting as f64)],
+    );
+    metric(
+        "prompt_tokens_total",
+        "counter",
+        "Prompt tokens computed (prefill), excluding prefix-cache hits.",
+        &[("", c(m.tokens_prefilled))],
+    );
+    metric(
+        "generation_tokens_total",
+        "counter",
+        "Tokens generated.",
+        &[("", c(m.tokens_generated))],
+    );
+    metric(
+        "steps_total",
+        "counter",
+        "Forward steps run.",
+        &[("", c(m.steps))],
+    );
+    metric(
+        "preemptions_total",
+        "counter",
+        "Sequences preempted for lack of KV blocks.",
+        &[("", c(m.preemptions))],
+    );
+    let p = &m.prefix_cache;
+    metric(
+        "prefix_cache_lookup_tokens_total",
+        "counter",
+        "Prompt tokens looked up in the prefix cache.",
+        &[("", c(p.lookup_tokens))],
+    );
+    metric(
+        "prefix_cache_hit_tokens_total",
+        "counter",
+        "Prompt tokens served from the prefix cache.",
+        &[("", c(p.hit_tokens))],
+    );
+    metric(
+        "prefix_cache_lookup_blocks_total",
+        "counter",
+        "Full prompt blocks looked up in the prefix cache.",
+        &[("", c(p.lookup_blocks))],
+    );
+    metric(
+        "prefix_cache_hit_blocks_total",
+        "counter",
+        "Full prompt blocks found in the prefix cache.",
+        &[("", c(p.hit_blocks))],
+    );
+    metric(
+        "prefix_cache_evictions_total",
+        "counter",
+        "Cached blocks reused for new tokens.",
+        &[("", c(p.evictions))],
+    );
+    metric(
+        "prefix_cache_hit_rate",
+        "gauge",
+        "Prefix-cache hit tokens over lookup tokens.",
+        &[("", m.prefix_cache_hit_rate())],
+    );
+    metric(
+        "kv_blocks_total",
+        "gauge",
+        "Blocks in the KV pool.",
+        &[("", m.blocks_total as f64)],
+    );
+    metric(
+        "kv_blocks",
+        "gauge",
+        "KV blocks by state: used by live sequences, free, and free but still holding a cached prefix.",
+        &[
+            ("{state=\"used\"}", m.blocks_used as f64),
+            ("{state=\"free\"}", m.blocks_free as f64),
+            ("{state=\"cached\"}", m.blocks_cached as f64),
+        ],
+    );
+    let mut recent = m.ttft_ms.clone();
+    recent.sort_unstable();
+    let quantile = |q: f64| -> f64 {
+        if recent.is_empty() {
+            f64::NAN
+        } else {
+            let i = ((recent.len() - 1) as f64 * q).round() as usize;
+            recent[i] as f64 / 1000.0
+        }
+    };
+    metric(
+        "time_to_first_token_seconds",
+        "summary",
+        "Time from submission to the first token (quantiles over the most recent 4096 requests).",
+        &[
+            ("{quantile=\"0.5\"}", quantile(0.5)),
+            ("{quantile=\"0.9\"}", quantile(0.9)),
+            ("{quantile=\"0.99\"}", quantile(0.99)),
+        ],
+    );
+    let _ = writeln!(
+        out,
+        "edge_llm_time_to_first_token_seconds_sum {}",
+        m.ttft_ms_sum as f64 / 1000.0
+    );
+    let _ = writeln!(
+        out,
+        "edge_llm_time_to_first_token_seconds_count {}",
+        m.ttft_count
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_has_the_named_series() {
+        let m = Metrics {
+            blocks_used: 3,
+            requests_aborted: 2,
+            ttft_ms: vec![10, 30, 20],
+            ttft_ms_sum: 60,
+            ttft_count: 3,
+            ..Default::default()
+        };
+        let text = prometheus(&m);
+        assert!(
+            text.contains("edge_llm_kv_blocks{state=\"used\"} 3\n"),
+            "{text}"
+        );
+        assert!(text.contains("edge_llm_requests_aborted_total 2\n"));
+        assert!(text.contains("edge_llm_time_to_first_token_seconds{quantile=\"0.5\"} 0.02\n"));
+        assert!(text.contains("edge_llm_time_to_first_token_seconds_count 3\n"));
+        // Every sample line is `name{labels} value`.
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let value = line.rsplit(' ').next().unwrap();
+            assert!(value.parse::<f64>().is_ok() || value == "NaN", "{line}");
+        }
+    }
+}

@@ -1,0 +1,142 @@
+//! What wraps every route: the one log line per request on stderr, the `--api-key` guard
+//! (every route but `/health`), and OpenAI-style JSON for requests no route takes (404, 405).
+//! Installed by `server::router`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{header, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::error::ApiError;
+use super::AppState;
+
+/// Who asked for what, and when; handlers that stream read it to log when the stream ends.
+#[derive(Clone, Debug)]
+pub struct RequestInfo {
+    pub remote: SocketAddr,
+    pub method: Method,
+    pub path: String,
+    pub started: Instant,
+}
+
+impl RequestInfo {
+    /// Writes the request's log line: who, what, status, time, and what happened.
+    pub fn log(&self, status: StatusCode, note: &str) {
+        let ms = self.started.elapsed().as_secs_f64() * 1000.0;
+        let sep = if note.is_empty() { "" } else { " " };
+        eprintln!(
+            "{} {} {} {} {ms:.0}ms{sep}{note}",
+            self.remote,
+            self.method,
+            self.path,
+            status.as_u16()
+        );
+    }
+}
+
+/// Details a handler adds to its request's log line (token counts, the error message).
+#[derive(Clone, Debug)]
+pub struct LogNote(pub String);
+
+/// Marks a response whose body writes the log line itself when it ends (streams).
+#[derive(Clone, Copy, Debug)]
+pub struct LoggedByBody;
+
+/// Logs every request once; gives a 405 a JSON body.
+pub async fn log_requests(
+    ConnectInfo(remote): ConnectInfo<SocketAddr>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    let info = RequestInfo {
+        remote,
+        method: req.method().clone(),
+        path: req.uri().path().to_string(),
+        started: Instant::now(),
+    };
+    req.extensions_mut().insert(info.clone());
+    let mut response = next.run(req).await;
+    if response.status() == StatusCode::METHOD_NOT_ALLOWED
+        && response.extensions().get::<LogNote>().is_none()
+    {
+        let message = format!("{} is not allowed on {}", info.method, info.path);
+        let allow = response.headers().get(header::ALLOW).cloned();
+        response = ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "invalid_request_error",
+            message,
+        )
+        .into_response();
+        if let Some(allow) = allow {
+            response.headers_mut().insert(header::ALLOW, allow);
+        }
+    }
+    if response.extensions().get::<LoggedByBody>().is_none() {
+        let note = response
+            .extensions()
+            .get::<LogNote>()
+            .map(|n| n.0.as_str())
+            .unwrap_or("");
+        info.log(response.status(), note);
+    }
+    response
+}
+
+/// With `--api-key`, every route but `/health` needs `Authorization: Bearer KEY`.
+pub async fn require_api_key(
+    State(state): State<Arc<AppState>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let Some(key) = state.api_key.as_deref() else {
+        return next.run(req).await;
+    };
+    if req.uri().path() == "/health" {
+        return next.run(req).await;
+    }
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim);
+    match given {
+        Some(given) if same_secret(given.as_bytes(), key.as_bytes()) => next.run(req).await,
+        Some(_) => ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+            "invalid API key",
+        )
+        .with_code("invalid_api_key")
+        .into_response(),
+        None => ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+            "this server needs an API key: send the header `Authorization: Bearer KEY`",
+        )
+        .with_code("invalid_api_key")
+        .into_response(),
+    }
+}
+
+/// Compares without stopping at the first difference.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The answer for a path no route serves.
+pub async fn not_found(req: Request) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        format!("no route for {} {}", req.method(), req.uri().path()),
+    )
+    .with_code("not_found")
+}

@@ -1,0 +1,223 @@
+//! `edge-llm serve`: an OpenAI-compatible HTTP server (axum on a small tokio runtime) in
+//! front of the one engine. Every request is submitted through a clone of the
+//! `EngineHandle`, so concurrent requests are batched together and share cached prefixes;
+//! the HTTP side never touches model state.
+//!
+//! - `params`: request bodies to engine requests, field by field.
+//! - `routes`: the handlers; `response` and `stream`: whole and streamed OpenAI bodies.
+//! - `middleware`: the log line, the API-key guard, 404/405; `error`: OpenAI-style errors.
+//! - `metrics`: Prometheus text.
+//!
+//! Called by the CLI (`Command::Serve`).
+
+mod error;
+mod metrics;
+mod middleware;
+mod params;
+mod response;
+mod routes;
+mod stream;
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use axum::Router;
+use clap::Args;
+
+use crate::chat_template::ChatTemplate;
+use crate::cli::{EngineArgs, ModelArgs, ThreadArgs};
+use crate::engine::EngineHandle;
+
+pub use error::ApiError;
+
+/// Flags of `serve`.
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub threads: ThreadArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0: any free port; the log says which).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Require `Authorization: Bearer KEY` on every route but /health.
+    #[arg(long = "api-key")]
+    pub api_key: Option<String>,
+    /// Largest request body accepted; larger ones get 413.
+    #[arg(long = "max-body-bytes", default_value_t = 2 << 20)]
+    pub max_body_bytes: usize,
+    /// A Jinja chat template file to use instead of the model's tokenizer.chat_template.
+    #[arg(long = "chat-template")]
+    pub chat_template: Option<PathBuf>,
+    /// The model id reported by /v1/models and in responses [default: the file's stem]
+    #[arg(long)]
+    pub alias: Option<String>,
+}
+
+/// What every handler shares.
+pub struct AppState {
+    pub engine: EngineHandle,
+    /// The chat template, or why chat is unavailable.
+    pub template: std::result::Result<ChatTemplate, String>,
+    pub model_id: String,
+    pub api_key: Option<String>,
+    pub max_body_bytes: usize,
+    /// Unix time the server started (`created` of the model).
+    pub created: u64,
+    /// Distinguishes response ids across restarts.
+    pub instance: u64,
+}
+
+/// Every route, behind the log line, the API-key guard and the body limit.
+pub fn router(state: Arc<AppState>) -> Router {
+    use routes::*;
+    Router::new()
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        // llama-server's paths without the /v1 prefix.
+        .route("/models", get(models))
+        .route("/completions", post(completions))
+        .route("/chat/completions", post(chat_completions))
+        .fallback(middleware::not_found)
+        .layer(DefaultBodyLimit::max(state.max_body_bytes))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            middleware::require_api_key,
+        ))
+        .layer(axum::middleware::from_fn(middleware::log_requests))
+        .with_state(state)
+}
+
+/// Loads the model, starts the engine, and serves until Ctrl+C or SIGTERM.
+pub fn serve(args: &ServeArgs) -> Result<()> {
+    if args.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+        bail!("--api-key must not be empty");
+    }
+    if args.max_body_bytes == 0 {
+        bail!("--max-body-bytes must be at least 1");
+    }
+    let addr: SocketAddr = (args.host.as_str(), args.port)
+        .to_socket_addrs()
+        .with_context(|| format!("resolving --host {}", args.host))?
+        .next()
+        .with_context(|| format!("--host {} resolves to no address", args.host))?;
+    args.threads.init()?;
+    let model = args.model.load()?;
+    let template = match ChatTemplate::load(&model, args.chat_template.as_deref()) {
+        Ok(t) => Ok(t),
+        Err(e) if args.chat_template.is_some() => return Err(e),
+        Err(e) => {
+            eprintln!("warning: {e:#}; /v1/chat/completions will answer 400");
+            Err(format!("chat is unavailable: {e:#}"))
+        }
+    };
+    let model_id = match &args.alias {
+        Some(a) => a.clone(),
+        None => model
+            .file
+            .path()
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into()),
+    };
+    let engine = args.engine.start(model, true)?;
+    let created = unix_now();
+    let state = Arc::new(AppState {
+        engine,
+        template,
+        model_id: model_id.clone(),
+        api_key: args.api_key.clone(),
+        max_body_bytes: args.max_body_bytes,
+        created,
+        instance: random_seed() & 0xffff_ffff,
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("edge-llm-http")
+        .enable_all()
+        .build()
+        .context("starting the HTTP runtime")?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
+        let local = listener.local_addr()?;
+        eprintln!(
+            "edge-llm serve: model `{model_id}` listening on http://{local}{}",
+            if state.api_key.is_some() {
+                " (API key required)"
+            } else {
+                ""
+            }
+        );
+        let app = router(state).into_make_service_with_connect_info::<SocketAddr>();
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown_signal())
+            .await
+            .context("serving HTTP")
+    })?;
+    eprintln!("edge-llm serve: stopped");
+    Ok(())
+}
+
+/// Resolves on Ctrl+C or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    eprintln!("edge-llm serve: shutting down");
+}
+
+pub(crate) fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// A seed for requests that name none: the clock mixed with a counter, so two requests in
+/// the same instant differ.
+pub(crate) fn random_seed() -> u64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let mut z = nanos
+        ^ COUNTER
+            .fetch_add(1, Ordering::Relaxed)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z ^ (z >> 31)
+}

@@ -1,0 +1,216 @@
+//! OpenAI response bodies from engine events: the whole-response JSON of `/v1/completions`
+//! and `/v1/chat/completions` (after [`collect`] has gathered every choice), the chunk JSON
+//! that `stream` sends, `usage`, and both endpoints' `logprobs` layouts.
+
+use serde_json::{json, Value};
+
+use super::error::ApiError;
+use super::params::Endpoint;
+use crate::engine::{Event, FinishReason, RequestStream, TokenLogprobs, Usage};
+use crate::tokenizer::Tokenizer;
+
+/// What every body of one response shares.
+#[derive(Clone, Debug)]
+pub struct Reply {
+    pub endpoint: Endpoint,
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+}
+
+impl Reply {
+    /// `object` of a whole response, and of a streamed chunk.
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.endpoint, chunk) {
+            (Endpoint::Completions, _) => "text_completion",
+            (Endpoint::Chat, false) => "chat.completion",
+            (Endpoint::Chat, true) => "chat.completion.chunk",
+        }
+    }
+
+    /// A streamed chunk carrying `choices` (and `usage` when given).
+    pub fn chunk(&self, choices: Vec<Value>, usage: Option<Value>) -> Value {
+        let mut v = json!({"id": self.id, "object": self.object(true), "created": self.created, "model": self.model, "choices": choices});
+        if let Some(u) = usage {
+            v["usage"] = u;
+        }
+        v
+    }
+}
+
+/// One completion as gathered from its events.
+#[derive(Clone, Debug, Default)]
+pub struct Choice {
+    pub text: String,
+    pub finish: Option<FinishReason>,
+    pub usage: Usage,
+    /// Sampled tokens and their log-probabilities, when asked for.
+    pub logprobs: Vec<(u32, TokenLogprobs)>,
+}
+
+/// Waits for every completion of the request.
+pub async fn collect(stream: &mut RequestStream, n: usize) -> Result<Vec<Choice>, ApiError> {
+    let mut choices = vec![Choice::default(); n];
+    while let Some(event) = stream.next().await {
+        match event {
+            Event::Token {
+                index,
+                token,
+                text,
+                logprobs,
+            } => {
+                if let Some(c) = choices.get_mut(index) {
+                    c.text.push_str(&text);
+                    c.logprobs.extend(logprobs.map(|lp| (token, lp)));
+                }
+            }
+            Event::Finished {
+                index,
+                reason,
+                text,
+                usage,
+            } => {
+                if let Some(c) = choices.get_mut(index) {
+                    c.text.push_str(&text);
+                    c.finish = Some(reason);
+                    c.usage = usage;
+                }
+            }
+            Event::Error(e) => return Err(ApiError::internal(format!("generation failed: {e}"))),
+        }
+    }
+    Ok(choices)
+}
+
+pub fn finish_str(reason: Option<FinishReason>) -> Value {
+    reason.map_or(Value::Null, |r| Value::from(r.as_str()))
+}
+
+/// `usage` over all choices of one prompt.
+pub fn usage_json(usages: &[Usage]) -> Value {
+    let prompt = usages.iter().map(|u| u.prompt_tokens).max().unwrap_or(0);
+    let completion: usize = usages.iter().map(|u| u.completion_tokens).sum();
+    let cached = usages.iter().map(|u| u.cached_tokens).max().unwrap_or(0);
+    json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    })
+}
+
+/// The body of a non-streamed response.
+pub fn full_response(
+    reply: &Reply,
+    tok: &Tokenizer,
+    choices: &[Choice],
+    with_logprobs: bool,
+) -> Value {
+    let body: Vec<Value> = choices
+        .iter()
+        .enumerate()
+        .map(|(index, c)| {
+            let logprobs = if with_logprobs {
+                match reply.endpoint {
+                    Endpoint::Completions => completion_logprobs(tok, &c.logprobs, &mut 0),
+                    Endpoint::Chat => json!({"content": chat_logprobs(tok, &c.logprobs)}),
+                }
+            } else {
+                Value::Null
+            };
+            match reply.endpoint {
+                Endpoint::Completions => {
+                    json!({"index": index, "text": c.text, "logprobs": logprobs, "finish_reason": finish_str(c.finish)})
+                }
+                Endpoint::Chat => json!({
+                    "index": index,
+                    "message": {"role": "assistant", "content": c.text},
+                    "logprobs": logprobs,
+                    "finish_reason": finish_str(c.finish),
+                }),
+            }
+        })
+        .collect();
+    let usages: Vec<Usage> = choices.iter().map(|c| c.usage).collect();
+    json!({
+        "id": reply.id,
+        "object": reply.object(false),
+        "created": reply.created,
+        "model": reply.model,
+        "choices": body,
+        "usage": usage_json(&usages),
+    })
+}
+
+/// A log-probability as JSON (OpenAI writes -9999 for impossible tokens).
+fn lp(v: f32) -> Value {
+    json!(if v.is_finite() { v } else { -9999.0 })
+}
+
+fn piece(tok: &Tokenizer, id: u32) -> (String, Vec<u8>) {
+    let bytes = tok.token_bytes(id);
+    (String::from_utf8_lossy(&bytes).into_owned(), bytes)
+}
+
+/// The legacy completions layout: parallel arrays, `top_logprobs` as objects keyed by token
+/// text, and each token's offset in the completion text (`offset` carries on across chunks).
+pub fn completion_logprobs(
+    tok: &Tokenizer,
+    entries: &[(u32, TokenLogprobs)],
+    offset: &mut usize,
+) -> Value {
+    let mut tokens = Vec::with_capacity(entries.len());
+    let mut token_logprobs = Vec::with_capacity(entries.len());
+    let mut top_logprobs = Vec::with_capacity(entries.len());
+    let mut text_offset = Vec::with_capacity(entries.len());
+    for (id, l) in entries {
+        let (text, bytes) = piece(tok, *id);
+        text_offset.push(*offset);
+        *offset += bytes.len();
+        tokens.push(Value::from(text));
+        token_logprobs.push(lp(l.logprob));
+        let top: serde_json::Map<String, Value> = l
+            .top
+            .iter()
+            .map(|&(t, v)| (piece(tok, t).0, lp(v)))
+            .collect();
+        top_logprobs.push(Value::Object(top));
+    }
+    json!({"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs, "text_offset": text_offset})
+}
+
+/// The chat layout: one object per token with its bytes and its alternatives.
+pub fn chat_logprobs(tok: &Tokenizer, entries: &[(u32, TokenLogprobs)]) -> Vec<Value> {
+    entries
+        .iter()
+        .map(|(id, l)| {
+            let (text, bytes) = piece(tok, *id);
+            let top: Vec<Value> = l
+                .top
+                .iter()
+                .map(|&(t, v)| {
+                    let (text, bytes) = piece(tok, t);
+                    json!({"token": text, "logprob": lp(v), "bytes": bytes})
+                })
+                .collect();
+            json!({"token": text, "logprob": lp(l.logprob), "bytes": bytes, "top_logprobs": top})
+        })
+        .collect()
+}
+
+/// The log line's summary of a finished request.
+pub fn log_note(usages: &[Usage], finishes: &[Option<FinishReason>], stream: bool) -> String {
+    let prompt = usages.iter().map(|u| u.prompt_tokens).max().unwrap_or(0);
+    let completion: usize = usages.iter().map(|u| u.completion_tokens).sum();
+    let cached = usages.iter().map(|u| u.cached_tokens).max().unwrap_or(0);
+    let ttft = usages.iter().map(|u| u.ttft_ms).min().unwrap_or(0);
+    let finish: Vec<&str> = finishes
+        .iter()
+        .map(|f| f.map_or("none", FinishReason::as_str))
+        .collect();
+    format!(
+        "prompt={prompt} cached={cached} completion={completion} ttft={ttft}ms finish={}{}",
+        finish.join(","),
+        if stream { " stream" } else { "" }
+    )
+}

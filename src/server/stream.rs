@@ -1,0 +1,217 @@
+//! Streamed responses: engine events become server-sent events in OpenAI's chunk format,
+//! ending with `data: [DONE]` (after a `usage` chunk with `stream_options.include_usage`).
+//! The body owns the engine's `RequestStream`: when the client hangs up, hyper drops the
+//! body, the stream is dropped, and the engine aborts the request and frees its blocks.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::http::{header, StatusCode};
+use axum::response::Response;
+use serde_json::{json, Value};
+
+use super::error::ApiError;
+use super::middleware::{LoggedByBody, RequestInfo};
+use super::params::Endpoint;
+use super::response::{
+    chat_logprobs, completion_logprobs, finish_str, log_note, usage_json, Reply,
+};
+use crate::engine::{Event, FinishReason, RequestStream, TokenLogprobs, Usage};
+use crate::model::Model;
+
+/// The state of one streamed response.
+struct SseState {
+    reply: Reply,
+    model: Arc<Model>,
+    stream: RequestStream,
+    include_usage: bool,
+    with_logprobs: bool,
+    /// Encoded events ready to send.
+    queue: VecDeque<Bytes>,
+    usages: Vec<Usage>,
+    finishes: Vec<Option<FinishReason>>,
+    /// Per choice: bytes of completion text so far (completions `text_offset`).
+    offsets: Vec<usize>,
+    num_tokens: usize,
+    done: bool,
+    info: RequestInfo,
+    logged: bool,
+}
+
+/// A `text/event-stream` response fed by `stream`.
+pub fn sse_response(
+    reply: Reply,
+    model: Arc<Model>,
+    stream: RequestStream,
+    n: usize,
+    include_usage: bool,
+    with_logprobs: bool,
+    info: RequestInfo,
+) -> Response {
+    let mut state = SseState {
+        reply,
+        model,
+        stream,
+        include_usage,
+        with_logprobs,
+        queue: VecDeque::new(),
+        usages: vec![Usage::default(); n],
+        finishes: vec![None; n],
+        offsets: vec![0; n],
+        num_tokens: 0,
+        done: false,
+        info,
+        logged: false,
+    };
+    if state.reply.endpoint == Endpoint::Chat {
+        // OpenAI opens each choice with the assistant's role; it also sends the headers now.
+        for index in 0..n {
+            let choice = json!({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null});
+            state.push_chunk(vec![choice]);
+        }
+    }
+    let body = futures_util::stream::unfold(state, |mut st| async move {
+        let bytes = st.next_bytes().await?;
+        Some((Ok::<Bytes, Infallible>(bytes), st))
+    });
+    let mut response = Response::new(Body::from_stream(body));
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-cache"),
+    );
+    response.extensions_mut().insert(LoggedByBody);
+    response
+}
+
+impl SseState {
+    fn push_data(&mut self, v: &Value) {
+        self.queue.push_back(Bytes::from(format!("data: {v}\n\n")));
+    }
+
+    fn push_chunk(&mut self, choices: Vec<Value>) {
+        let usage = self.include_usage.then_some(Value::Null);
+        let chunk = self.reply.chunk(choices, usage);
+        self.push_data(&chunk);
+    }
+
+    /// The chunk of one choice: new text, its tokens' logprobs, and the finish reason.
+    fn choice(
+        &mut self,
+        index: usize,
+        text: String,
+        logprobs: &[(u32, TokenLogprobs)],
+        finish: Option<FinishReason>,
+    ) -> Value {
+        let tok = &self.model.tokenizer;
+        let lp = if self.with_logprobs && !logprobs.is_empty() {
+            match self.reply.endpoint {
+                Endpoint::Completions => {
+                    completion_logprobs(tok, logprobs, &mut self.offsets[index])
+                }
+                Endpoint::Chat => json!({"content": chat_logprobs(tok, logprobs)}),
+            }
+        } else {
+            Value::Null
+        };
+        match self.reply.endpoint {
+            Endpoint::Completions => {
+                json!({"index": index, "text": text, "logprobs": lp, "finish_reason": finish_str(finish)})
+            }
+            Endpoint::Chat => {
+                let delta = if text.is_empty() && finish.is_some() {
+                    json!({})
+                } else {
+                    json!({"content": text})
+                };
+                json!({"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish_str(finish)})
+            }
+        }
+    }
+
+    /// The next bytes to send, or None when the response is complete.
+    async fn next_bytes(&mut self) -> Option<Bytes> {
+        loop {
+            if let Some(b) = self.queue.pop_front() {
+                return Some(b);
+            }
+            if self.done {
+                return None;
+            }
+            match self.stream.next().await {
+                Some(Event::Token {
+                    index,
+                    token,
+                    text,
+                    logprobs,
+                }) => {
+                    self.num_tokens += 1;
+                    if index >= self.usages.len() {
+                        continue;
+                    }
+                    let entries: Vec<(u32, TokenLogprobs)> =
+                        logprobs.map(|l| (token, l)).into_iter().collect();
+                    if !text.is_empty() || (self.with_logprobs && !entries.is_empty()) {
+                        let choice = self.choice(index, text, &entries, None);
+                        self.push_chunk(vec![choice]);
+                    }
+                }
+                Some(Event::Finished {
+                    index,
+                    reason,
+                    text,
+                    usage,
+                }) => {
+                    if index >= self.usages.len() {
+                        continue;
+                    }
+                    self.usages[index] = usage;
+                    self.finishes[index] = Some(reason);
+                    let choice = self.choice(index, text, &[], Some(reason));
+                    self.push_chunk(vec![choice]);
+                }
+                Some(Event::Error(e)) => {
+                    let err = ApiError::internal(format!("generation failed: {e}"));
+                    self.push_data(&err.body());
+                    self.end(&format!("error: {e}"));
+                }
+                None => {
+                    if self.include_usage {
+                        let usage = usage_json(&self.usages);
+                        let chunk = self.reply.chunk(Vec::new(), Some(usage));
+                        self.push_data(&chunk);
+                    }
+                    let note = log_note(&self.usages, &self.finishes, true);
+                    self.end(&note);
+                }
+            }
+        }
+    }
+
+    /// Queues `[DONE]` and logs the request.
+    fn end(&mut self, note: &str) {
+        self.queue
+            .push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+        self.done = true;
+        self.logged = true;
+        self.info.log(StatusCode::OK, note);
+    }
+}
+
+impl Drop for SseState {
+    fn drop(&mut self) {
+        if !self.logged {
+            let note = format!(
+                "client disconnected after {} tokens; aborted",
+                self.num_tokens
+            );
+            self.info.log(StatusCode::OK, &note);
+        }
+    }
+}
