@@ -102,9 +102,21 @@ pub struct RunArgs {
     /// Do not add BOS even if the model asks for one.
     #[arg(long)]
     pub no_bos: bool,
+    /// Read one JSON request per stdin line and write one JSON result per line, in order.
+    #[arg(long)]
+    pub jsonl: bool,
+    /// With --jsonl: requests in flight at once.
+    #[arg(long, default_value_t = 16, requires = "jsonl")]
+    pub concurrency: usize,
+    /// With --jsonl: the Jinja chat template for `messages` [default: the model's]
+    #[arg(long = "chat-template", requires = "jsonl")]
+    pub chat_template: Option<PathBuf>,
 }
 
 pub fn run(args: &RunArgs) -> Result<()> {
+    if args.jsonl {
+        return super::jsonl::run(args);
+    }
     args.threads.init()?;
     let sampling = args.sampling.params()?;
     let prompt = match &args.prompt {

@@ -2,7 +2,9 @@
 //! subcommand, and errors come back to `main` as an `anyhow` chain. Called only by `main.rs`.
 
 mod bench;
+mod chat;
 mod commands;
+mod jsonl;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -49,6 +51,8 @@ pub enum Command {
     Perplexity(commands::PerplexityArgs),
     /// Measure prompt and generation speed, for one sequence or many sessions.
     Bench(bench::BenchArgs),
+    /// Chat in the terminal: several sessions at once, streaming replies (/help inside).
+    Chat(chat::ChatArgs),
     /// Serve an OpenAI-compatible HTTP API (completions, chat, streaming, metrics).
     Serve(crate::server::ServeArgs),
 }
@@ -214,6 +218,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Run(args) => commands::run(&args),
         Command::Perplexity(args) => commands::perplexity(&args),
         Command::Bench(args) => bench::bench(&args),
+        Command::Chat(args) => chat::run(&args),
         Command::Serve(args) => crate::server::serve(&args),
     }
 }
