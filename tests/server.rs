@@ -1,0 +1,1038 @@
+//! `edge-llm serve` end to end: the real binary on the default model, driven over HTTP by a
+//! small hand-written HTTP/1.1 client (no client dependency). Covers concurrent streaming and
+//! non-streaming clients against the same requests run alone, clients that hang up (blocks
+//! come back, aborts are counted), every bad input the issue lists, the API-key guard, the
+//! prefix cache in `usage`, stop strings, `n`, logprobs, and the official `openai` Python
+//! client (tests/openai_client.py).
+//!
+//! Each test starts its own server on a free port (`--port 0`, read back from the log) and
+//! kills it when done; a lock runs the servers one at a time, as the CPU path is slow.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+static ONE_SERVER_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn model_path() -> Option<PathBuf> {
+    let p =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if p.is_file() {
+        Some(p)
+    } else {
+        eprintln!(
+            "skipping: {} is missing (run scripts/fetch-model.sh)",
+            p.display()
+        );
+        None
+    }
+}
+
+/// A running `edge-llm serve`, killed on drop.
+struct Server {
+    child: Child,
+    addr: String,
+    log: Arc<Mutex<Vec<String>>>,
+    _lock: MutexGuard<'static, ()>,
+}
+
+impl Server {
+    /// Starts the server with `extra` flags; None when the default model is missing.
+    fn start(extra: &[&str]) -> Option<Server> {
+        let model = model_path()?;
+        let lock = ONE_SERVER_AT_A_TIME
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let mut child = Command::new(env!("CARGO_BIN_EXE_edge-llm"))
+            .arg("serve")
+            .arg("-m")
+            .arg(&model)
+            .args(["--port", "0"])
+            .args(if extra.contains(&"-c") {
+                &[][..]
+            } else {
+                &["-c", "1024"][..]
+            })
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting edge-llm serve");
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = mpsc::channel();
+        let log2 = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(addr) = line.split("listening on http://").nth(1) {
+                    let _ = tx.send(addr.split_whitespace().next().unwrap_or("").to_string());
+                }
+                log2.lock().unwrap().push(line);
+            }
+        });
+        let addr = match rx.recv_timeout(Duration::from_secs(120)) {
+            Ok(a) => a,
+            Err(_) => {
+                let _ = child.kill();
+                panic!(
+                    "the server did not start; its log:\n{}",
+                    log.lock().unwrap().join("\n")
+                );
+            }
+        };
+        let server = Server {
+            child,
+            addr,
+            log,
+            _lock: lock,
+        };
+        let (status, body) = server.get("/health");
+        assert_eq!(status, 200, "{body}");
+        Some(server)
+    }
+
+    fn log_text(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+
+    fn request(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Response {
+        http(&self.addr, method, path, headers, body)
+    }
+
+    fn get(&self, path: &str) -> (u16, String) {
+        let r = self.request("GET", path, &[], b"");
+        (r.status, r.text())
+    }
+
+    fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let r = self.request(
+            "POST",
+            path,
+            &[("Content-Type", "application/json")],
+            body.to_string().as_bytes(),
+        );
+        let v = serde_json::from_slice(&r.body).unwrap_or_else(|e| {
+            panic!("{path} answered {} non-JSON ({e}): {}", r.status, r.text())
+        });
+        (r.status, v)
+    }
+
+    /// A streamed request: the JSON of every `data:` event, and whether `[DONE]` ended it.
+    fn post_stream(&self, path: &str, body: &Value) -> (Vec<Value>, bool) {
+        let r = self.request(
+            "POST",
+            path,
+            &[("Content-Type", "application/json")],
+            body.to_string().as_bytes(),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert!(r
+            .header("content-type")
+            .is_some_and(|v| v.starts_with("text/event-stream")));
+        let text = r.text();
+        let mut events = Vec::new();
+        let mut done = false;
+        for block in text.split("\n\n").filter(|b| !b.trim().is_empty()) {
+            let data = block
+                .strip_prefix("data: ")
+                .unwrap_or_else(|| panic!("not an SSE data line: {block:?}"));
+            if data == "[DONE]" {
+                done = true;
+            } else {
+                assert!(!done, "events after [DONE]");
+                events.push(
+                    serde_json::from_str(data).unwrap_or_else(|e| panic!("bad chunk {data}: {e}")),
+                );
+            }
+        }
+        (events, done)
+    }
+
+    /// One sample of the Prometheus text, e.g. `edge_llm_kv_blocks{state="used"}`.
+    fn metric(&self, name: &str) -> f64 {
+        let (status, text) = self.get("/metrics");
+        assert_eq!(status, 200, "{text}");
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
+            .unwrap_or_else(|| panic!("no {name} in /metrics:\n{text}"))
+            .parse()
+            .unwrap()
+    }
+
+    /// Waits until `cond` holds on the metrics (the engine frees blocks asynchronously).
+    fn wait_for_metrics(&self, what: &str, cond: impl Fn(&Server) -> bool) {
+        let start = Instant::now();
+        while !cond(self) {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "timed out waiting for {what}; /metrics:\n{}",
+                self.get("/metrics").1
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Response {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Response {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+fn connect(addr: &str) -> TcpStream {
+    let s = TcpStream::connect(addr).expect("connecting to the server");
+    s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
+    s
+}
+
+fn write_request(
+    s: &mut TcpStream,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) {
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    // The server may answer (413) before reading all of a large body.
+    let _ = s.write_all(body);
+}
+
+/// One HTTP/1.1 exchange on a fresh connection.
+fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Response {
+    let mut s = connect(addr);
+    write_request(&mut s, method, path, headers, body);
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).expect("reading the response");
+    parse_response(&raw)
+}
+
+fn parse_response(raw: &[u8]) -> Response {
+    let end = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no header end in {:?}", String::from_utf8_lossy(raw)));
+    let head = String::from_utf8_lossy(&raw[..end]).into_owned();
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
+    let mut body = raw[end + 4..].to_vec();
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
+    if chunked {
+        body = dechunk(&body);
+    }
+    Response {
+        status,
+        headers,
+        body,
+    }
+}
+
+fn dechunk(mut data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let Some(eol) = data.windows(2).position(|w| w == b"\r\n") else {
+            break;
+        };
+        let size =
+            usize::from_str_radix(String::from_utf8_lossy(&data[..eol]).trim(), 16).unwrap_or(0);
+        if size == 0 {
+            break;
+        }
+        let start = eol + 2;
+        out.extend_from_slice(&data[start..(start + size).min(data.len())]);
+        data = &data[(start + size + 2).min(data.len())..];
+    }
+    out
+}
+
+fn chat_body(user: &str, extra: Value) -> Value {
+    let mut body = json!({"messages": [{"role": "user", "content": user}], "max_tokens": 12, "temperature": 0});
+    merge(&mut body, extra);
+    body
+}
+
+fn completion_body(prompt: &str, extra: Value) -> Value {
+    let mut body = json!({"prompt": prompt, "max_tokens": 12, "temperature": 0});
+    merge(&mut body, extra);
+    body
+}
+
+fn merge(body: &mut Value, extra: Value) {
+    if let Value::Object(extra) = extra {
+        for (k, v) in extra {
+            body[k] = v;
+        }
+    }
+}
+
+/// The generated text of a request, streamed or not, and the path it went to.
+fn run_request(server: &Server, path: &str, body: &Value) -> String {
+    if body["stream"] == json!(true) {
+        let (events, done) = server.post_stream(path, body);
+        assert!(done, "stream did not end with [DONE]");
+        events
+            .iter()
+            .flat_map(|e| e["choices"].as_array().cloned().unwrap_or_default())
+            .map(|c| {
+                c["text"]
+                    .as_str()
+                    .or(c["delta"]["content"].as_str())
+                    .unwrap_or("")
+                    .to_string()
+            })
+            .collect()
+    } else {
+        let (status, v) = server.post(path, body);
+        assert_eq!(status, 200, "{v}");
+        let c = &v["choices"][0];
+        c["text"]
+            .as_str()
+            .or(c["message"]["content"].as_str())
+            .unwrap()
+            .to_string()
+    }
+}
+
+#[test]
+fn concurrent_streaming_and_plain_clients_match_the_same_requests_run_alone() {
+    let Some(server) = Server::start(&[]) else {
+        return;
+    };
+    let requests: Vec<(&str, Value)> = vec![
+        (
+            "/v1/chat/completions",
+            chat_body("What is the capital of France?", json!({})),
+        ),
+        (
+            "/v1/chat/completions",
+            chat_body("Write a haiku about rust.", json!({"stream": true})),
+        ),
+        (
+            "/v1/completions",
+            completion_body("Once upon a time", json!({})),
+        ),
+        (
+            "/v1/completions",
+            completion_body("The three primary colours are", json!({"stream": true})),
+        ),
+        (
+            "/v1/chat/completions",
+            chat_body("Count from one to five.", json!({"stream": true})),
+        ),
+        (
+            "/v1/completions",
+            completion_body("def fibonacci(n):", json!({"max_tokens": 16})),
+        ),
+    ];
+    let alone: Vec<String> = requests
+        .iter()
+        .map(|(path, body)| run_request(&server, path, body))
+        .collect();
+    for text in &alone {
+        assert!(!text.is_empty());
+    }
+    let together: Vec<String> = std::thread::scope(|scope| {
+        let threads: Vec<_> = requests
+            .iter()
+            .map(|(path, body)| scope.spawn(|| run_request(&server, path, body)))
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    assert_eq!(
+        together, alone,
+        "batched greedy output differs from one-at-a-time output"
+    );
+    let log = server.log_text();
+    assert!(
+        log.lines().filter(|l| l.contains("POST /v1/")).count() >= 12,
+        "one log line per request:\n{log}"
+    );
+    assert_eq!(server.metric("edge_llm_kv_blocks{state=\"used\"}"), 0.0);
+}
+
+#[test]
+fn clients_that_hang_up_abort_their_requests_and_free_blocks() {
+    let Some(server) = Server::start(&[]) else {
+        return;
+    };
+    let aborted_before = server.metric("edge_llm_requests_aborted_total");
+
+    // Mid-stream: read the first token, then close the connection.
+    let body = completion_body(
+        "Tell me a very long story about a dragon.",
+        json!({"max_tokens": 400, "ignore_eos": true, "stream": true}),
+    );
+    let mut s = connect(&server.addr);
+    write_request(
+        &mut s,
+        "POST",
+        "/v1/completions",
+        &[("Content-Type", "application/json")],
+        body.to_string().as_bytes(),
+    );
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains("\"text\"") {
+        let n = s.read(&mut buf).unwrap();
+        assert!(
+            n > 0,
+            "the stream ended early: {}",
+            String::from_utf8_lossy(&seen)
+        );
+        seen.extend_from_slice(&buf[..n]);
+    }
+    assert!(
+        server.metric("edge_llm_kv_blocks{state=\"used\"}") > 0.0,
+        "the request should hold blocks while it runs"
+    );
+    let hung_up = Instant::now();
+    drop(s);
+    server.wait_for_metrics("the streamed request's abort", |s| {
+        s.metric("edge_llm_requests_aborted_total") >= aborted_before + 1.0
+            && s.metric("edge_llm_kv_blocks{state=\"used\"}") == 0.0
+    });
+    // 400 tokens at ~20 tokens/s would take 20 s: the engine stopped at the hang-up.
+    assert!(hung_up.elapsed() < Duration::from_secs(15));
+
+    // During prefill, not streaming: a long prompt, and the client leaves at once.
+    let long_prompt = "The quick brown fox jumps over the lazy dog. ".repeat(70);
+    let body = completion_body(&long_prompt, json!({"max_tokens": 250, "ignore_eos": true}));
+    let mut s = connect(&server.addr);
+    write_request(
+        &mut s,
+        "POST",
+        "/v1/completions",
+        &[("Content-Type", "application/json")],
+        body.to_string().as_bytes(),
+    );
+    server.wait_for_metrics("the long request to start", |s| {
+        s.metric("edge_llm_requests_running") + s.metric("edge_llm_requests_waiting") > 0.0
+    });
+    drop(s);
+    server.wait_for_metrics("the prefilling request's abort", |s| {
+        s.metric("edge_llm_requests_aborted_total") >= aborted_before + 2.0
+            && s.metric("edge_llm_kv_blocks{state=\"used\"}") == 0.0
+    });
+    assert_eq!(server.metric("edge_llm_requests_running"), 0.0);
+    let log = server.log_text();
+    assert!(log.contains("client disconnected"), "{log}");
+    // And the server still serves.
+    assert!(!run_request(
+        &server,
+        "/v1/completions",
+        &completion_body("Hello", json!({"max_tokens": 4}))
+    )
+    .is_empty());
+}
+
+/// Asserts an OpenAI-style error with `status`, naming `param` when given.
+fn assert_error(
+    server: &Server,
+    path: &str,
+    raw_body: &[u8],
+    status: u16,
+    param: Option<&str>,
+    needle: &str,
+) {
+    let r = server.request(
+        "POST",
+        path,
+        &[("Content-Type", "application/json")],
+        raw_body,
+    );
+    let body = r.text();
+    assert_eq!(
+        r.status,
+        status,
+        "{path} {}: {body}",
+        String::from_utf8_lossy(&raw_body[..raw_body.len().min(200)])
+    );
+    let v: Value = serde_json::from_str(&body)
+        .unwrap_or_else(|e| panic!("error body is not JSON ({e}): {body}"));
+    let err = &v["error"];
+    assert!(
+        err["message"].as_str().is_some_and(|m| m.contains(needle)),
+        "message should mention {needle:?}: {body}"
+    );
+    assert!(err["type"].is_string(), "{body}");
+    assert!(
+        err.get("code").is_some() && err.get("param").is_some(),
+        "{body}"
+    );
+    if let Some(p) = param {
+        assert_eq!(err["param"], json!(p), "{body}");
+    }
+    assert_eq!(
+        server.get("/health").0,
+        200,
+        "the server stopped answering after {body}"
+    );
+}
+
+#[test]
+fn bad_inputs_get_openai_errors_with_the_right_status_and_the_server_keeps_serving() {
+    let Some(server) =
+        Server::start(&["-c", "256", "--max-queue", "1", "--max-body-bytes", "4096"])
+    else {
+        return;
+    };
+    let chat = "/v1/chat/completions";
+    let comp = "/v1/completions";
+    assert_error(
+        &server,
+        chat,
+        b"{\"messages\": [",
+        400,
+        None,
+        "not valid JSON",
+    );
+    assert_error(
+        &server,
+        chat,
+        b"not json at all",
+        400,
+        None,
+        "not valid JSON",
+    );
+    assert_error(&server, chat, b"[1, 2]", 400, None, "JSON object");
+    assert_error(&server, chat, b"", 400, None, "not valid JSON");
+    let j = |v: Value| v.to_string().into_bytes();
+    assert_error(
+        &server,
+        chat,
+        &j(json!({"messages": "hi"})),
+        400,
+        Some("messages"),
+        "array",
+    );
+    assert_error(
+        &server,
+        chat,
+        &j(json!({})),
+        400,
+        Some("messages"),
+        "required",
+    );
+    assert_error(
+        &server,
+        chat,
+        &j(json!({"messages": [{"role": "user", "content": 5}]})),
+        400,
+        Some("messages[0].content"),
+        "string",
+    );
+    assert_error(
+        &server,
+        chat,
+        &j(chat_body("hi", json!({"temperature": "hot"}))),
+        400,
+        Some("temperature"),
+        "number",
+    );
+    assert_error(
+        &server,
+        chat,
+        &j(chat_body("hi", json!({"max_tokens": "10"}))),
+        400,
+        Some("max_tokens"),
+        "integer",
+    );
+    assert_error(
+        &server,
+        chat,
+        &j(chat_body("hi", json!({"n": 0}))),
+        400,
+        Some("n"),
+        "between",
+    );
+    assert_error(
+        &server,
+        chat,
+        &j(chat_body("hi", json!({"stop": [1]}))),
+        400,
+        Some("stop"),
+        "strings",
+    );
+    assert_error(
+        &server,
+        chat,
+        &j(chat_body("hi", json!({"top_p": 0}))),
+        400,
+        Some("top_p"),
+        "greater than 0",
+    );
+    assert_error(
+        &server,
+        chat,
+        &j(chat_body("hi", json!({"stream": "yes"}))),
+        400,
+        Some("stream"),
+        "boolean",
+    );
+    assert_error(
+        &server,
+        comp,
+        &j(completion_body("hi", json!({"logprobs": true}))),
+        400,
+        Some("logprobs"),
+        "integer",
+    );
+    assert_error(
+        &server,
+        comp,
+        &j(json!({"prompt": ["a", "b"]})),
+        400,
+        Some("prompt"),
+        "one prompt per request",
+    );
+    assert_error(
+        &server,
+        comp,
+        &j(json!({"prompt": [999999999]})),
+        400,
+        None,
+        "outside the vocabulary",
+    );
+    assert_error(
+        &server,
+        comp,
+        &j(json!({"prompt": ""})),
+        400,
+        Some("prompt"),
+        "empty",
+    );
+    assert_error(
+        &server,
+        comp,
+        &j(completion_body("hi", json!({"echo": true}))),
+        400,
+        Some("echo"),
+        "not supported",
+    );
+    // A prompt longer than the context (256 tokens here), and max_tokens past what is left.
+    let long = "word ".repeat(400);
+    assert_error(
+        &server,
+        comp,
+        &j(json!({"prompt": long})),
+        400,
+        Some("prompt"),
+        "maximum context length",
+    );
+    assert_error(
+        &server,
+        chat,
+        &j(chat_body(&"word ".repeat(400), json!({}))),
+        400,
+        Some("messages"),
+        "maximum context length",
+    );
+    assert_error(
+        &server,
+        comp,
+        &j(completion_body("hi", json!({"max_tokens": 1000}))),
+        400,
+        Some("max_tokens"),
+        "maximum context length",
+    );
+    assert_error(
+        &server,
+        chat,
+        &j(chat_body("hi", json!({"max_completion_tokens": 1000}))),
+        400,
+        Some("max_completion_tokens"),
+        "maximum context length",
+    );
+    // Body over --max-body-bytes.
+    let big = j(json!({"prompt": "x".repeat(5000)}));
+    assert_error(&server, comp, &big, 413, None, "--max-body-bytes");
+    // Unknown route and wrong method.
+    let r = server.request("GET", "/v1/nothing", &[], b"");
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert!(r.text().contains("\"error\""));
+    let r = server.request("GET", chat, &[], b"");
+    assert_eq!(r.status, 405, "{}", r.text());
+    assert!(r.text().contains("\"error\""));
+    let r = server.request("POST", "/detokenize", &[], &j(json!({"tokens": [1, -5]})));
+    assert_eq!(r.status, 400, "{}", r.text());
+
+    // Queue full (--max-queue 1): one request runs, the next is refused with 429.
+    let body = completion_body(
+        "Tell me a story.",
+        json!({"max_tokens": 200, "ignore_eos": true, "stream": true}),
+    );
+    let mut s = connect(&server.addr);
+    write_request(
+        &mut s,
+        "POST",
+        comp,
+        &[("Content-Type", "application/json")],
+        body.to_string().as_bytes(),
+    );
+    let mut buf = [0u8; 4096];
+    let n = s.read(&mut buf).unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).contains("200"));
+    server.wait_for_metrics("the first request to run", |s| {
+        s.metric("edge_llm_requests_running") == 1.0
+    });
+    let r = server.request("POST", comp, &[], &j(completion_body("hi", json!({}))));
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert_eq!(r.header("retry-after"), Some("1"));
+    assert!(
+        r.text().contains("retry later") && r.text().contains("queue_full"),
+        "{}",
+        r.text()
+    );
+    drop(s);
+    server.wait_for_metrics("the queue to drain", |s| {
+        s.metric("edge_llm_requests_running") == 0.0
+    });
+    // Served again once there is room.
+    assert!(!run_request(
+        &server,
+        comp,
+        &completion_body("Hello", json!({"max_tokens": 3}))
+    )
+    .is_empty());
+    let log = server.log_text();
+    assert!(
+        log.contains(" 429 ") && log.contains(" 413 ") && log.contains(" 400 "),
+        "{log}"
+    );
+}
+
+#[test]
+fn api_key_guards_every_route_but_health() {
+    let Some(server) = Server::start(&["--api-key", "sesame"]) else {
+        return;
+    };
+    assert_eq!(server.get("/health").0, 200);
+    for path in ["/v1/models", "/metrics"] {
+        let r = server.request("GET", path, &[], b"");
+        assert_eq!(r.status, 401, "{path}: {}", r.text());
+        assert!(r.text().contains("authentication_error"));
+        let r = server.request("GET", path, &[("Authorization", "Bearer wrong")], b"");
+        assert_eq!(r.status, 401);
+        let r = server.request("GET", path, &[("Authorization", "Bearer sesame")], b"");
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+    }
+    let body = completion_body("Hi", json!({"max_tokens": 2})).to_string();
+    let r = server.request("POST", "/v1/completions", &[], body.as_bytes());
+    assert_eq!(r.status, 401);
+    let r = server.request(
+        "POST",
+        "/v1/completions",
+        &[("Authorization", "Bearer sesame")],
+        body.as_bytes(),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = server.request("POST", "/tokenize", &[], b"{\"content\": \"hi\"}");
+    assert_eq!(r.status, 401);
+}
+
+#[test]
+fn prefix_cache_stop_strings_n_logprobs_and_utility_routes() {
+    let Some(server) = Server::start(&[]) else {
+        return;
+    };
+    let chat = "/v1/chat/completions";
+    let comp = "/v1/completions";
+
+    // Two requests with one long system prompt: the second reads it from the prefix cache.
+    let system = "You are a meticulous assistant for a small bakery. ".repeat(8);
+    let ask = |user: &str| json!({"messages": [{"role": "system", "content": system}, {"role": "user", "content": user}], "max_tokens": 4, "temperature": 0});
+    let (status, first) = server.post(chat, &ask("What bread do you sell?"));
+    assert_eq!(status, 200, "{first}");
+    let (_, second) = server.post(chat, &ask("When do you open?"));
+    let cached = |v: &Value| {
+        v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+    };
+    let prompt_tokens = second["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(prompt_tokens > 80, "{second}");
+    assert!(
+        cached(&second) >= 64 && cached(&second) > cached(&first),
+        "first {first}\nsecond {second}"
+    );
+    assert!(server.metric("edge_llm_prefix_cache_hit_tokens_total") >= 64.0);
+
+    // Stop strings: cut before the first occurrence, finish_reason "stop", streamed or not.
+    let base = completion_body("1, 2, 3, 4, 5, 6,", json!({"max_tokens": 12}));
+    let (_, plain) = server.post(comp, &base);
+    let full = plain["choices"][0]["text"].as_str().unwrap().to_string();
+    let stop_at = full
+        .find(',')
+        .unwrap_or_else(|| panic!("no comma in {full:?}"));
+    assert!(stop_at > 0, "{full:?}");
+    for stop in [json!(","), json!([",", "never-seen"])] {
+        let (_, v) = server.post(
+            comp,
+            &completion_body("1, 2, 3, 4, 5, 6,", json!({"max_tokens": 12, "stop": stop})),
+        );
+        assert_eq!(v["choices"][0]["text"], json!(&full[..stop_at]), "{v}");
+        assert_eq!(v["choices"][0]["finish_reason"], json!("stop"), "{v}");
+    }
+    let mut streamed = completion_body(
+        "1, 2, 3, 4, 5, 6,",
+        json!({"max_tokens": 12, "stop": ",", "stream": true}),
+    );
+    assert_eq!(run_request(&server, comp, &streamed), &full[..stop_at]);
+    streamed["stop"] = json!("never-seen");
+    assert_eq!(
+        run_request(&server, comp, &streamed),
+        full,
+        "a stop string that never appears changes nothing"
+    );
+
+    // n = 2: two choices, usage counts both; greedy choices agree.
+    let (_, v) = server.post(
+        comp,
+        &completion_body("The sky is", json!({"n": 2, "max_tokens": 5})),
+    );
+    let choices = v["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 2, "{v}");
+    assert_eq!(
+        (choices[0]["index"].clone(), choices[1]["index"].clone()),
+        (json!(0), json!(1))
+    );
+    assert_eq!(
+        choices[0]["text"], choices[1]["text"],
+        "greedy choices of one prompt agree"
+    );
+    assert_eq!(v["usage"]["completion_tokens"], json!(10), "{v}");
+    let (events, done) = server.post_stream(
+        chat,
+        &chat_body(
+            "Say hi.",
+            json!({"n": 2, "max_tokens": 4, "temperature": 0.8, "seed": 1, "stream": true}),
+        ),
+    );
+    assert!(done);
+    let finishes: Vec<u64> = events
+        .iter()
+        .flat_map(|e| e["choices"].as_array().cloned().unwrap_or_default())
+        .filter(|c| c["finish_reason"].is_string())
+        .map(|c| c["index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(finishes.len(), 2, "each choice ends once: {events:?}");
+    assert!(finishes.contains(&0) && finishes.contains(&1));
+
+    // Streaming with include_usage: a last chunk with empty choices and usage; chat opens with the role.
+    let (events, done) = server.post_stream(
+        chat,
+        &chat_body(
+            "Hi",
+            json!({"max_tokens": 3, "stream": true, "stream_options": {"include_usage": true}}),
+        ),
+    );
+    assert!(done);
+    assert_eq!(events[0]["choices"][0]["delta"]["role"], json!("assistant"));
+    assert_eq!(events[0]["object"], json!("chat.completion.chunk"));
+    let last = events.last().unwrap();
+    assert_eq!(last["choices"], json!([]));
+    assert_eq!(
+        last["usage"]["total_tokens"],
+        json!(
+            last["usage"]["prompt_tokens"].as_u64().unwrap()
+                + last["usage"]["completion_tokens"].as_u64().unwrap()
+        )
+    );
+
+    // Logprobs in both layouts.
+    let (_, v) = server.post(
+        comp,
+        &completion_body(
+            "Paris is the capital of",
+            json!({"max_tokens": 3, "logprobs": 2}),
+        ),
+    );
+    let lp = &v["choices"][0]["logprobs"];
+    assert_eq!(lp["tokens"].as_array().unwrap().len(), 3, "{v}");
+    assert!(lp["token_logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|x| x.as_f64().unwrap() <= 0.0));
+    assert!(lp["top_logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|t| t.as_object().unwrap().len() <= 2 && !t.as_object().unwrap().is_empty()));
+    let (_, v) = server.post(
+        chat,
+        &chat_body(
+            "Hi",
+            json!({"max_tokens": 3, "logprobs": true, "top_logprobs": 3}),
+        ),
+    );
+    let content = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    assert!(
+        !content.is_empty()
+            && content
+                .iter()
+                .all(|t| t["top_logprobs"].as_array().unwrap().len() == 3 && t["bytes"].is_array()),
+        "{v}"
+    );
+    // Greedy: the sampled token is the most likely one.
+    assert_eq!(content[0]["token"], content[0]["top_logprobs"][0]["token"]);
+
+    // Token ids as the prompt give the same completion as the text.
+    let (_, ids) = server.post("/tokenize", &json!({"content": "The capital of France is"}));
+    let ids = ids["tokens"].clone();
+    let by_text = run_request(
+        &server,
+        comp,
+        &completion_body("The capital of France is", json!({"max_tokens": 6})),
+    );
+    let by_ids = run_request(
+        &server,
+        comp,
+        &json!({"prompt": ids, "max_tokens": 6, "temperature": 0}),
+    );
+    assert_eq!(by_text, by_ids);
+    let (status, text) = server.post("/detokenize", &json!({"tokens": ids}));
+    assert_eq!(
+        (status, text["content"].clone()),
+        (200, json!("The capital of France is"))
+    );
+    let (_, pieces) = server.post(
+        "/tokenize",
+        &json!({"content": "<|im_start|>Hi", "with_pieces": true}),
+    );
+    assert_eq!(
+        pieces["tokens"][0],
+        json!({"id": 1, "piece": "<|im_start|>"})
+    );
+
+    // Models, health, metrics.
+    let (status, models) = server.get("/v1/models");
+    let models: Value = serde_json::from_str(&models).unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(models["data"][0]["id"], json!("SmolLM2-135M-Instruct.Q4_1"));
+    let (_, metrics) = server.get("/metrics");
+    for name in [
+        "edge_llm_requests_submitted_total",
+        "edge_llm_generation_tokens_total",
+        "edge_llm_time_to_first_token_seconds_count",
+        "edge_llm_prefix_cache_hit_rate",
+        "edge_llm_kv_blocks{state=\"free\"}",
+        "edge_llm_preemptions_total",
+        "edge_llm_requests_waiting",
+    ] {
+        assert!(metrics.contains(name), "{name} missing:\n{metrics}");
+    }
+}
+
+/// Installs the `openai` package into a virtual environment under the target directory
+/// (reused across runs); None when pip cannot get it (offline).
+fn openai_python() -> Option<PathBuf> {
+    let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("openai-venv");
+    let python = venv.join("bin/python");
+    let has_openai = |py: &PathBuf| {
+        Command::new(py)
+            .args(["-c", "import openai"])
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if python.exists() && has_openai(&python) {
+        return Some(python);
+    }
+    let made = Command::new("python3")
+        .args(["-m", "venv"])
+        .arg(&venv)
+        .status();
+    if !made.is_ok_and(|s| s.success()) {
+        eprintln!("skipping the openai client test: `python3 -m venv` failed");
+        return None;
+    }
+    let pip = Command::new(&python)
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "openai",
+        ])
+        .status();
+    if !pip.is_ok_and(|s| s.success()) || !has_openai(&python) {
+        eprintln!("skipping the openai client test: `pip install openai` failed (offline?)");
+        return None;
+    }
+    Some(python)
+}
+
+#[test]
+fn openai_python_client_works_unchanged() {
+    if model_path().is_none() {
+        return;
+    }
+    let Some(python) = openai_python() else {
+        return;
+    };
+    let Some(server) = Server::start(&["--api-key", "test-key"]) else {
+        return;
+    };
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py");
+    let out = Command::new(python)
+        .arg(script)
+        .arg(format!("http://{}", server.addr))
+        .arg("test-key")
+        .output()
+        .expect("running tests/openai_client.py");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "openai client checks failed:\n{stdout}\n{stderr}\nserver log:\n{}",
+        server.log_text()
+    );
+    assert!(
+        stdout.contains("all openai client checks passed"),
+        "{stdout}"
+    );
+}
