@@ -355,7 +355,11 @@ impl Session {
             .find(|m| m.role == "user")
             .map(|m| preview(&m.content, 40));
         let first = first.map(|f| format!(", {f:?}")).unwrap_or_default();
-        format!("{} messages, {state}{first}", self.messages.len())
+        let n = self.messages.len();
+        format!(
+            "{n} message{}, {state}{first}",
+            if n == 1 { "" } else { "s" }
+        )
     }
 }
 
