@@ -514,9 +514,27 @@ fn assert_error(
 
 #[test]
 fn bad_inputs_get_openai_errors_with_the_right_status_and_the_server_keeps_serving() {
-    let Some(server) =
-        Server::start(&["-c", "256", "--max-queue", "1", "--max-body-bytes", "4096"])
-    else {
+    // A --chat-template that refuses one role, as Hugging Face templates do.
+    let template = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("refusing-template.jinja");
+    std::fs::write(
+        &template,
+        "{% for message in messages %}{% if message['role'] == 'tool' %}\
+         {{ raise_exception('this template has no tool role') }}{% endif %}\
+         <|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}\
+         {% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+    )
+    .unwrap();
+    let template = template.to_str().unwrap();
+    let Some(server) = Server::start(&[
+        "-c",
+        "256",
+        "--max-queue",
+        "1",
+        "--max-body-bytes",
+        "4096",
+        "--chat-template",
+        template,
+    ]) else {
         return;
     };
     let chat = "/v1/chat/completions";
@@ -686,6 +704,31 @@ fn bad_inputs_get_openai_errors_with_the_right_status_and_the_server_keeps_servi
         Some("max_completion_tokens"),
         "maximum context length",
     );
+    // The template's own refusal, and the same template rendering a good conversation.
+    let tool = json!({"messages": [{"role": "tool", "content": "42"}]});
+    assert_error(
+        &server,
+        chat,
+        &j(tool),
+        400,
+        Some("messages"),
+        "this template has no tool role",
+    );
+    let (_, rendered) = server.post(
+        "/tokenize",
+        &json!({"messages": [{"role": "user", "content": "Hi"}], "with_pieces": true}),
+    );
+    let pieces: String = rendered["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["piece"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        pieces,
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    );
+    assert!(!run_request(&server, chat, &chat_body("Hi", json!({"max_tokens": 3}))).is_empty());
     // Body over --max-body-bytes.
     let big = j(json!({"prompt": "x".repeat(5000)}));
     assert_error(&server, comp, &big, 413, None, "--max-body-bytes");

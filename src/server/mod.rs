@@ -196,8 +196,23 @@ async fn shutdown_signal() {
         _ = ctrl_c => {},
         _ = term => {},
     }
-    eprintln!("edge-llm serve: shutting down");
+    eprintln!(
+        "edge-llm serve: shutting down (waiting for open requests; Ctrl+C again to quit now)"
+    );
+    // Streams still open keep a graceful shutdown waiting: a second signal, or a grace
+    // period, ends the process.
+    tokio::spawn(async {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {},
+            _ = tokio::time::sleep(std::time::Duration::from_secs(SHUTDOWN_GRACE_SECS)) => {},
+        }
+        eprintln!("edge-llm serve: stopped with requests still open");
+        std::process::exit(1);
+    });
 }
+
+/// How long a shutdown waits for open requests.
+const SHUTDOWN_GRACE_SECS: u64 = 30;
 
 pub(crate) fn unix_now() -> u64 {
     std::time::SystemTime::now()
