@@ -23,7 +23,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, Context, Result};
 use clap::Args;
 
 use super::commands::SamplingArgs;
@@ -75,7 +75,14 @@ pub fn run(args: &ChatArgs) -> Result<()> {
     let model = args.model.load()?;
     let template = ChatTemplate::load(&model, args.chat_template.as_deref())?;
     // A template that cannot render even a one-line conversation is reported now.
-    template.render(&[ChatMessage::new("user", "hello")], true)?;
+    template
+        .render(&[ChatMessage::new("user", "hello")], true)
+        .with_context(|| match &args.chat_template {
+            Some(path) => format!("checking --chat-template {}", path.display()),
+            None => {
+                "checking the model's chat template (--chat-template FILE overrides it)".to_string()
+            }
+        })?;
     let terminal = std::io::stdin().is_terminal();
     let engine = args.engine.start(model, false)?;
     let mut chat = Chat::new(
@@ -358,7 +365,7 @@ impl TextOut {
         self.held.push_str(text);
         let keep = self.held.trim_end().len();
         if keep > 0 {
-            out.write_all(self.held[..keep].as_bytes())?;
+            out.write_all(&self.held.as_bytes()[..keep])?;
             self.held.replace_range(..keep, "");
             out.flush()?;
         }

@@ -82,6 +82,7 @@ pub fn run(chat: &mut Chat, line: &str) -> Result<Action> {
             if chat.sessions.is_empty() {
                 let new = chat.new_session(None);
                 chat.switch(new);
+                chat.current_mut().settings = closed.settings;
             } else if id == chat.current {
                 let next = chat.sessions[pos.min(chat.sessions.len() - 1)].id;
                 chat.switch(next);
@@ -179,7 +180,7 @@ fn regen(chat: &mut Chat) -> Result<Action> {
     if s.messages.last().is_some_and(|m| m.role == "assistant") {
         s.messages.pop();
     }
-    if !s.messages.last().is_some_and(|m| m.role == "user") {
+    if s.messages.last().is_none_or(|m| m.role != "user") {
         bail!("nothing to regenerate: send a message first");
     }
     chat.start_reply(id)?;

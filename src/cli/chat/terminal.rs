@@ -95,6 +95,8 @@ impl KeyMode {
         }
         let mut buf = [0u8; 4096];
         match nix::unistd::read(stdin.as_fd(), &mut buf) {
+            // The terminal hung up: as if Ctrl+D, so the prompt that follows sees the end.
+            Ok(0) => Ok(vec![4]),
             Ok(n) => Ok(buf[..n].to_vec()),
             Err(nix::errno::Errno::EINTR | nix::errno::Errno::EAGAIN) => Ok(Vec::new()),
             Err(e) => Err(e).context("reading keys"),
