@@ -59,7 +59,11 @@ pub async fn log_requests(
         started: Instant::now(),
     };
     req.extensions_mut().insert(info.clone());
+    // If the client hangs up first, hyper drops this future (and the handler's, which
+    // aborts its request): the guard still writes the line.
+    let mut guard = HangUpGuard(Some(info.clone()));
     let mut response = next.run(req).await;
+    guard.0 = None;
     if response.status() == StatusCode::METHOD_NOT_ALLOWED
         && response.extensions().get::<LogNote>().is_none()
     {
@@ -84,6 +88,19 @@ pub async fn log_requests(
         info.log(response.status(), note);
     }
     response
+}
+
+/// Logs a request whose client left before the response was ready.
+struct HangUpGuard(Option<RequestInfo>);
+
+impl Drop for HangUpGuard {
+    fn drop(&mut self) {
+        if let Some(info) = &self.0 {
+            // 499: nginx's "client closed request".
+            let status = StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST);
+            info.log(status, "client disconnected before the response; aborted");
+        }
+    }
 }
 
 /// With `--api-key`, every route but `/health` needs `Authorization: Bearer KEY`.
