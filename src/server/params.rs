@@ -72,7 +72,11 @@ impl<'a> Fields<'a> {
     }
 
     fn wrong(&self, name: &str, want: &str) -> ApiError {
-        let got = self.0.get(name).map(type_name).unwrap_or("nothing");
+        let got = match self.0.get(name) {
+            Some(Value::Number(n)) => n.to_string(),
+            Some(v) => type_name(v).to_string(),
+            None => "nothing".to_string(),
+        };
         ApiError::invalid(name, format!("`{name}` must be {want}, got {got}"))
     }
 

@@ -101,8 +101,8 @@ pub async fn completions(
     let params = params::gen_params(&f, Endpoint::Completions, super::random_seed())?;
     let tok = &state.engine.model.tokenizer;
     let ids = match params::prompt(&f)? {
-        Prompt::Text(text) => tok
-            .encode(&text, tok.add_bos_default(), true)
+        // BOS as the model wants it, but not twice if the prompt already starts with it.
+        Prompt::Text(text) => encode_prompt(tok, &text)
             .map_err(|e| ApiError::invalid("prompt", format!("cannot tokenize `prompt`: {e:#}")))?,
         Prompt::Tokens(ids) => ids,
     };
