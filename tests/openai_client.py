@@ -94,6 +94,14 @@ def main():
     except openai.BadRequestError as e:
         check("wrong field type is refused", e.status_code == 400 and "temperature" in str(e), e)
 
+    if key != "none":
+        bad = OpenAI(base_url=base + "/v1", api_key=key + "-wrong", max_retries=0, timeout=30)
+        try:
+            bad.models.list()
+            check("a wrong API key is refused", False, "no error")
+        except openai.AuthenticationError as e:
+            check("a wrong API key is refused", e.status_code == 401, e)
+
     print("all openai client checks passed", flush=True)
 
 

@@ -713,7 +713,8 @@ fn openai_python_client_works_unchanged() {
     let Some(python) = openai_python() else {
         return;
     };
-    let Some(server) = Server::start(&["--api-key", "test-key"]) else {
+    // The key comes from the environment here (--api-key in the other test).
+    let Some(server) = Server::start_with_env(&[], &[("EDGE_LLM_API_KEY", "test-key")]) else {
         return;
     };
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py");

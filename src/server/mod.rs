@@ -50,7 +50,7 @@ pub struct ServeArgs {
     /// Port to listen on (0: any free port; the log says which).
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
-    /// Require `Authorization: Bearer KEY` on every route but /health.
+    /// Require `Authorization: Bearer KEY` on every route but /health [default: $EDGE_LLM_API_KEY]
     #[arg(long = "api-key")]
     pub api_key: Option<String>,
     /// Largest request body accepted; larger ones get 413.
@@ -63,6 +63,9 @@ pub struct ServeArgs {
     #[arg(long)]
     pub alias: Option<String>,
 }
+
+/// The environment variable read when --api-key is not given.
+pub const API_KEY_ENV: &str = "EDGE_LLM_API_KEY";
 
 /// What every handler shares.
 pub struct AppState {
@@ -106,7 +109,12 @@ pub fn router(state: Arc<AppState>) -> Router {
 
 /// Loads the model, starts the engine, and serves until Ctrl+C or SIGTERM.
 pub fn serve(args: &ServeArgs) -> Result<()> {
-    if args.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+    // The environment keeps the key out of `ps`.
+    let api_key = args
+        .api_key
+        .clone()
+        .or_else(|| std::env::var(API_KEY_ENV).ok().filter(|k| !k.is_empty()));
+    if api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
         bail!("--api-key must not be empty");
     }
     if args.max_body_bytes == 0 {
@@ -142,7 +150,7 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         engine,
         template,
         model_id: model_id.clone(),
-        api_key: args.api_key.clone(),
+        api_key,
         max_body_bytes: args.max_body_bytes,
         created,
         instance: random_seed() & 0xffff_ffff,

@@ -41,6 +41,11 @@ pub struct Server {
 impl Server {
     /// Starts the server with `extra` flags; None when the default model is missing.
     pub fn start(extra: &[&str]) -> Option<Server> {
+        Server::start_with_env(extra, &[])
+    }
+
+    /// Starts the server with `extra` flags and `env` set (and no inherited API key).
+    pub fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Option<Server> {
         let model = model_path()?;
         let lock = ONE_SERVER_AT_A_TIME
             .lock()
@@ -56,6 +61,8 @@ impl Server {
                 &["-c", "1024"][..]
             })
             .args(extra)
+            .env_remove("EDGE_LLM_API_KEY")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
