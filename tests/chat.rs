@@ -255,18 +255,25 @@ fn last_line(screen: &str) -> &str {
     screen.lines().last().unwrap_or("").trim()
 }
 
-/// The output printed after the last line that starts with `prefix`, up to the next prompt.
+/// The output printed after the last line that starts with `prefix`, up to the next prompt
+/// (empty while there is no such line).
 fn output_after<'a>(screen: &'a str, prefix: &str) -> Vec<&'a str> {
     let lines: Vec<&str> = screen.lines().collect();
-    let start = lines
-        .iter()
-        .rposition(|l| l.starts_with(prefix))
-        .unwrap_or_else(|| panic!("no {prefix:?} in\n{screen}"));
+    let Some(start) = lines.iter().rposition(|l| l.starts_with(prefix)) else {
+        return Vec::new();
+    };
     lines[start + 1..]
         .iter()
         .take_while(|l| !is_prompt(l))
         .copied()
         .collect()
+}
+
+/// Like `output_after`, for a command known to have run: its output must be there.
+fn output_of<'a>(screen: &'a str, prefix: &str) -> Vec<&'a str> {
+    let out = output_after(screen, prefix);
+    assert!(!out.is_empty(), "no output after {prefix:?} in\n{screen}");
+    out
 }
 
 /// Whether a screen line is a prompt (`[3]>` and what was typed after it).
@@ -312,11 +319,13 @@ fn terminal_two_sessions_generate_at_once_and_ctrl_c_stops_a_reply() {
             .iter()
             .any(|l| !l.trim().is_empty())
     });
+    // Typed while session 1 streams: both lines are read ahead and run at once.
     t.line("/new");
-    t.wait_for("session 2", |s| {
-        s.contains("[session 1 keeps replying in the background") && last_line(s) == "[2]>"
-    });
     t.line("Write a poem about the moon.");
+    t.wait_for("session 2", |s| {
+        s.contains("[session 1 keeps replying in the background")
+            && s.contains("[2]> Write a poem about the moon.")
+    });
     // Both finish; session 1 finished after session 2's message went in, so both generated
     // at once.
     let screen = t.wait_for("both replies", |s| {
@@ -333,12 +342,12 @@ fn terminal_two_sessions_generate_at_once_and_ctrl_c_stops_a_reply() {
     );
 
     let screen = t.command("/list", 2);
-    let list = output_after(&screen, "[2]> /list");
+    let list = output_of(&screen, "[2]> /list");
     assert!(list[0].starts_with("  1: 2 messages"), "{list:?}");
     assert!(list[1].starts_with("* 2: 2 messages"), "{list:?}");
     // Switching back shows what session 1 produced meanwhile.
     let screen = t.command("/switch 1", 1);
-    let shown = output_after(&screen, "[2]> /switch 1");
+    let shown = output_of(&screen, "[2]> /switch 1");
     assert!(
         shown[0].starts_with("session 1: 2 messages, reply ready"),
         "{shown:?}"
@@ -348,7 +357,9 @@ fn terminal_two_sessions_generate_at_once_and_ctrl_c_stops_a_reply() {
         "{shown:?}"
     );
 
-    // Ctrl+C stops a streaming reply and the program goes on.
+    // Ctrl+C stops a streaming reply and the program goes on (a long one, so that it is
+    // still streaming when the key comes).
+    t.command("/set max_tokens 256", 1);
     t.line("Tell me a long story about a dragon.");
     t.wait_for("the story to stream", |s| {
         output_after(s, "[1]> Tell me a long story")
@@ -364,7 +375,7 @@ fn terminal_two_sessions_generate_at_once_and_ctrl_c_stops_a_reply() {
     t.wait_for("the hint", |s| s.contains("(Ctrl+D or /exit quits)"));
     let screen = t.command("/list", 1);
     assert!(
-        output_after(&screen, "[1]> /list")[0].starts_with("* 1: 4 messages"),
+        output_of(&screen, "[1]> /list")[0].starts_with("* 1: 4 messages"),
         "{screen}"
     );
     // Ctrl+D quits; the history file has what was typed.
@@ -400,7 +411,7 @@ fn terminal_fork_save_and_load() {
     t.command("What is my name?", 2);
     // The fork's prompt starts with session 1's conversation: served from the prefix cache.
     let screen = t.command("/stats", 2);
-    let stats = output_after(&screen, "[2]> /stats").join(" ");
+    let stats = output_of(&screen, "[2]> /stats").join(" ");
     let cached: usize = stats
         .split("tokens, ")
         .nth(1)
@@ -428,7 +439,7 @@ fn terminal_fork_save_and_load() {
     assert!(screen.contains("loaded 4 messages"), "{screen}");
     t.command("Thanks!", 3);
     let screen = t.command("/list", 3);
-    let list = output_after(&screen, "[3]> /list");
+    let list = output_of(&screen, "[3]> /list");
     assert!(list[0].starts_with("  1: 2 messages"), "{list:?}");
     assert!(list[1].starts_with("  2: 4 messages"), "{list:?}");
     assert!(list[2].starts_with("* 3: 6 messages"), "{list:?}");

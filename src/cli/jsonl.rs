@@ -22,7 +22,7 @@ use serde_json::Value;
 
 use super::commands::RunArgs;
 use crate::chat_template::{ChatMessage, ChatTemplate};
-use crate::engine::{EngineHandle, Event, Request, RequestStream, Usage};
+use crate::engine::{EngineHandle, Event, Request, RequestStream, SubmitError, Usage};
 use crate::sampler::SamplingParams;
 
 /// One input line.
@@ -201,7 +201,9 @@ pub fn run(args: &RunArgs) -> Result<()> {
     };
     let (tx, rx) = mpsc::channel();
     // A place among those in flight is a slot in this channel's buffer.
-    let (permit_tx, permit_rx) = mpsc::sync_channel::<()>(args.concurrency);
+    // More in flight than the engine queues would only turn lines into "queue full" errors.
+    let concurrency = args.concurrency.min(engine.config.max_queue);
+    let (permit_tx, permit_rx) = mpsc::sync_channel::<()>(concurrency);
     std::thread::Builder::new()
         .name("edge-llm-jsonl-reader".into())
         .spawn(move || read_and_submit(builder, tx, permit_tx))
@@ -294,7 +296,7 @@ fn read_and_submit(mut builder: Builder, tx: mpsc::Sender<Msg>, permits: mpsc::S
         if permits.send(()).is_err() {
             return;
         }
-        match builder.engine.submit(request) {
+        match submit(&builder.engine, request) {
             Ok(stream) => {
                 let results = tx.clone();
                 let spawned = std::thread::Builder::new()
@@ -325,6 +327,20 @@ fn read_and_submit(mut builder: Builder, tx: mpsc::Sender<Msg>, permits: mpsc::S
         }
     }
     let _ = tx.send(Msg::End { total: index });
+}
+
+/// Submits, waiting a little when the engine's queue is full: a request that just finished
+/// may not have left the engine's count yet when its result arrives.
+fn submit(engine: &EngineHandle, request: Request) -> Result<RequestStream, SubmitError> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match engine.submit(request.clone()) {
+            Err(SubmitError::QueueFull(_)) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            result => return result,
+        }
+    }
 }
 
 /// Reads one request's events to the end; its output line.

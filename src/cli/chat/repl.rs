@@ -128,6 +128,12 @@ fn show(chat: &mut Chat, id: usize, typeahead: &mut TypeAhead) -> Result<()> {
     if reply.collected && reply.shown >= reply.state().text.len() {
         return Ok(());
     }
+    // Other output came since this reply was last on screen: start again at its line's start.
+    let line_start = {
+        let st = reply.state();
+        st.text[..reply.shown].rfind('\n').map_or(0, |i| i + 1)
+    };
+    reply.shown = line_start;
     ui.following.store(id, Ordering::SeqCst);
     let keys = KeyMode::enter()?;
     let mut out = std::io::stdout().lock();
