@@ -280,14 +280,14 @@ impl Worker {
             cached_tokens: st.num_cached,
             ttft_ms: st.ttft_ms.unwrap_or(0),
         };
-        let _ = st.events.send(Event::Finished { index: st.index, reason, text, usage });
+        // Counted out of the queue before the client hears, so it may submit again at once.
         self.close_seq(st.request_id, seq_id, reason == FinishReason::Abort);
+        let _ = st.events.send(Event::Finished { index: st.index, reason, text, usage });
     }
 
     fn fail(&mut self, seq_id: u64, message: String) {
         self.sched.finish(seq_id);
         if let Some(st) = self.seqs.remove(&seq_id) {
-            let _ = st.events.send(Event::Error(message));
             self.metrics.requests_failed += 1;
             // The other completions of the request go too: the client stops listening.
             for other in self.requests.get(&st.request_id).cloned().unwrap_or_default() {
@@ -299,6 +299,7 @@ impl Worker {
             if self.requests.remove(&st.request_id).is_some() {
                 self.in_flight.fetch_sub(1, Ordering::SeqCst);
             }
+            let _ = st.events.send(Event::Error(message));
         }
     }
 
