@@ -16,8 +16,7 @@ pub mod sequence;
 mod worker;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
-use std::time::Duration;
+use std::sync::{mpsc, Arc, Mutex};
 
 use anyhow::{bail, Result};
 use tokio::sync::mpsc as events;
@@ -170,7 +169,6 @@ pub enum SubmitError {
 enum Command {
     Submit { id: u64, request: Request, events: events::UnboundedSender<Event> },
     Abort(u64),
-    Metrics(mpsc::Sender<Metrics>),
 }
 
 /// The client side of the engine; cheap to clone and to share between threads.
@@ -180,6 +178,8 @@ pub struct EngineHandle {
     next_id: Arc<AtomicU64>,
     /// Requests submitted and not yet finished, for queue limits.
     in_flight: Arc<AtomicU64>,
+    /// The engine's counters as of its last step or command.
+    metrics: Arc<Mutex<Metrics>>,
     pub config: Arc<EngineConfig>,
     pub model: Arc<Model>,
 }
@@ -248,9 +248,10 @@ impl EngineHandle {
         let (tx, rx) = mpsc::channel();
         let in_flight = Arc::new(AtomicU64::new(0));
         let config = Arc::new(config);
-        let worker = worker::Worker::new(model.clone(), (*config).clone(), in_flight.clone());
+        let metrics = Arc::new(Mutex::new(Metrics::default()));
+        let worker = worker::Worker::new(model.clone(), (*config).clone(), in_flight.clone(), metrics.clone());
         std::thread::Builder::new().name("edge-llm-engine".into()).spawn(move || worker.run(rx))?;
-        Ok(EngineHandle { tx, next_id: Arc::new(AtomicU64::new(1)), in_flight, config, model })
+        Ok(EngineHandle { tx, next_id: Arc::new(AtomicU64::new(1)), in_flight, metrics, config, model })
     }
 
     /// Checks and queues a request; its events arrive on the returned stream.
@@ -291,11 +292,9 @@ impl EngineHandle {
         let _ = self.tx.send(Command::Abort(id));
     }
 
-    /// A snapshot of the engine's counters.
+    /// The engine's counters as of its last step or command. Never waits for a step.
     pub fn metrics(&self) -> Option<Metrics> {
-        let (tx, rx) = mpsc::channel();
-        self.tx.send(Command::Metrics(tx)).ok()?;
-        rx.recv_timeout(Duration::from_secs(30)).ok()
+        self.metrics.lock().ok().map(|m| m.clone())
     }
 
     /// Requests submitted and not finished.

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Instant;
 
 use tokio::sync::mpsc as events;
@@ -47,10 +47,12 @@ pub(super) struct Worker {
     next_seq_id: u64,
     in_flight: Arc<AtomicU64>,
     metrics: Metrics,
+    /// Where clients read the counters: refreshed after every step and command.
+    published: Arc<Mutex<Metrics>>,
 }
 
 impl Worker {
-    pub(super) fn new(model: Arc<Model>, config: EngineConfig, in_flight: Arc<AtomicU64>) -> Self {
+    pub(super) fn new(model: Arc<Model>, config: EngineConfig, in_flight: Arc<AtomicU64>, published: Arc<Mutex<Metrics>>) -> Self {
         let kv = KvCache::new(&model.config, config.block_size, config.num_blocks);
         // The salt names what the cached keys and values depend on besides the tokens.
         let salt = {
@@ -74,6 +76,7 @@ impl Worker {
             next_seq_id: 0,
             in_flight,
             metrics: Metrics::default(),
+            published,
         }
     }
 
@@ -100,6 +103,7 @@ impl Worker {
             if self.sched.has_work() {
                 self.step();
             }
+            self.publish();
         }
     }
 
@@ -133,15 +137,19 @@ impl Worker {
                     self.finish(seq_id, FinishReason::Abort);
                 }
             }
-            Command::Metrics(reply) => {
-                let _ = reply.send(self.snapshot());
-            }
         }
     }
 
     fn new_seq_id(&mut self) -> u64 {
         self.next_seq_id += 1;
         self.next_seq_id
+    }
+
+    fn publish(&self) {
+        let snapshot = self.snapshot();
+        if let Ok(mut m) = self.published.lock() {
+            *m = snapshot;
+        }
     }
 
     fn snapshot(&self) -> Metrics {
