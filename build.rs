@@ -38,6 +38,10 @@ fn main() {
         .debug(false)
         .flag_if_supported("-std=c11")
         .flag_if_supported("-fno-math-errno")
+        // No a*b+c -> fma contraction: the SIMD kernels reproduce the scalar references' float
+        // operations one for one, which needs both compiled as written (GCC's default in ISO C
+        // mode, not clang's).
+        .flag_if_supported("-ffp-contract=off")
         .warnings(true);
     build.compile("edge_kernels");
 

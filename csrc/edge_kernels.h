@@ -46,6 +46,26 @@ enum el_status {
     EL_ERR_SHAPE = -2, /* a length that is not a multiple of the block size, or out of range */
 };
 
+/* ---- Instruction sets ------------------------------------------------------------------------
+ * Every kernel has a scalar reference; some also have SIMD variants, chosen at run time from what
+ * the CPU offers (the best one available, once, on first use). The choice is process-wide. SIMD
+ * variants are tested against the references (tests/kernels_simd.rs): the quantized dot products
+ * and matrix products and the activation quantizers give bit-identical results; attention,
+ * RMSNorm and SwiGLU stay within named error budgets. */
+enum el_isa {
+    EL_ISA_SCALAR = 0, /* the references, plain C */
+    EL_ISA_AVX2 = 1,   /* x86-64 AVX2 + FMA + F16C */
+};
+
+/* 1 when this build and CPU can run `isa`, else 0. */
+int32_t el_isa_available(int32_t isa);
+/* The instruction set the kernels use now. */
+int32_t el_isa_get(void);
+/* Makes every kernel use `isa` from now on, process-wide (for tests and benchmarks: callers must
+ * not race kernels running on other threads). EL_OK, or EL_ERR_TYPE when `isa` is unknown or
+ * unavailable here (the choice is then unchanged). */
+int32_t el_isa_set(int32_t isa);
+
 /* ---- Block geometry ------------------------------------------------------------------------ */
 
 /* Elements per block of `type` (1 for float types); 0 for an unknown type. */
@@ -57,7 +77,8 @@ int64_t el_type_block_bytes(int32_t type);
  * -1 for an unknown type. */
 int32_t el_type_vec_dot_type(int32_t type);
 
-/* ---- Scalar reference kernels: the truth that faster variants are tested against ---------- */
+/* ---- Row kernels ------------------------------------------------------------------------------
+ * Quantize, vec_dot and matmul run the variant el_isa_get() names; dequantize is scalar only. */
 
 /* y[n] = dequantized x. n is a multiple of the block size. */
 int32_t el_dequantize_row(int32_t type, const void *x /* [n / block_size] blocks */, float *y /* [n] */,
@@ -66,7 +87,8 @@ int32_t el_dequantize_row(int32_t type, const void *x /* [n / block_size] blocks
  * n is a multiple of the block size. */
 int32_t el_quantize_row(int32_t type, const float *x /* [n] */, void *y /* [n / block_size] blocks */,
                         int64_t n);
-/* *out = sum_i w[i] * a[i], where w is a row of `type` and a a row of el_type_vec_dot_type(type). */
+/* *out = sum_i w[i] * a[i], where w is a row of `type` and a a row of el_type_vec_dot_type(type),
+ * as el_quantize_row makes it (its int8 quants lie in [-127, 127], which the SIMD kernels rely on). */
 int32_t el_vec_dot(int32_t type, int64_t n, const void *w /* [n / bs] blocks of type */,
                    const void *a /* [n / bs'] blocks of the vec_dot type */, float *out /* [1] */);
 

@@ -15,54 +15,9 @@
 #include <string.h>
 
 #include "edge_kernels.h"
+#include "el_blocks.h"
 #include "el_internal.h"
-
-#define QK 32    /* elements per block of the 32-element types */
-#define QK_K 256 /* elements per K-quant super-block */
-
-/* x[i] = d * (q[i] - 8), q a nibble. */
-typedef struct {
-    uint16_t d;          /* f16 scale */
-    uint8_t qs[QK / 2];  /* element j in the low nibble of qs[j], element j + 16 in the high nibble */
-} el_block_q4_0;
-_Static_assert(sizeof(el_block_q4_0) == 18, "block_q4_0 layout");
-
-/* x[i] = d * q[i] + m. */
-typedef struct {
-    uint16_t d, m;       /* f16 scale and min */
-    uint8_t qs[QK / 2];  /* as q4_0 */
-} el_block_q4_1;
-_Static_assert(sizeof(el_block_q4_1) == 20, "block_q4_1 layout");
-
-/* x[i] = d * (q[i] - 16), q 5 bits: nibble from qs as q4_0, fifth bit i of qh (little-endian). */
-typedef struct {
-    uint16_t d;
-    uint8_t qh[4];
-    uint8_t qs[QK / 2];
-} el_block_q5_0;
-_Static_assert(sizeof(el_block_q5_0) == 22, "block_q5_0 layout");
-
-/* x[i] = d * q[i] + m, q 5 bits as q5_0. */
-typedef struct {
-    uint16_t d, m;
-    uint8_t qh[4];
-    uint8_t qs[QK / 2];
-} el_block_q5_1;
-_Static_assert(sizeof(el_block_q5_1) == 24, "block_q5_1 layout");
-
-/* x[i] = d * qs[i]. */
-typedef struct {
-    uint16_t d;
-    int8_t qs[QK];
-} el_block_q8_0;
-_Static_assert(sizeof(el_block_q8_0) == 34, "block_q8_0 layout");
-
-/* x[i] = d * qs[i]; s = d * sum(qs) carries the block sum that a Q4_1/Q5_1 min multiplies. */
-typedef struct {
-    uint16_t d, s;
-    int8_t qs[QK];
-} el_block_q8_1;
-_Static_assert(sizeof(el_block_q8_1) == 36, "block_q8_1 layout");
+#include "simd_internal.h"
 
 /* Per-type kernels over nb whole blocks. */
 typedef void (*el_dequantize_fn)(const void *x, float *y /* [nb * block_size] */, int64_t nb);
@@ -533,11 +488,15 @@ int32_t el_dequantize_row(int32_t type, const void *x, float *y, int64_t n) {
     return EL_OK;
 }
 
+/* quantize, vec_dot and matmul take the current ISA's variant where it has one for the type
+ * (simd_internal.h), else the reference above. */
+
 int32_t el_quantize_row(int32_t type, const float *x, void *y, int64_t n) {
     const el_type_traits *t;
     const int32_t status = check_row(type, n, &t);
     if (status != EL_OK) return status;
-    t->quantize(x, y, n / t->block_size);
+    const el_simd_quant_kernels *simd = el_simd_quant(type);
+    (simd != NULL && simd->quantize != NULL ? simd->quantize : t->quantize)(x, y, n / t->block_size);
     return EL_OK;
 }
 
@@ -545,12 +504,14 @@ int32_t el_vec_dot(int32_t type, int64_t n, const void *w, const void *a, float 
     const el_type_traits *t;
     const int32_t status = check_row(type, n, &t);
     if (status != EL_OK) return status;
-    *out = t->dot(w, a, n / t->block_size);
+    const el_simd_quant_kernels *simd = el_simd_quant(type);
+    *out = (simd != NULL && simd->dot != NULL ? simd->dot : t->dot)(w, a, n / t->block_size);
     return EL_OK;
 }
 
-/* Output by output, so each weight row is loaded once for the whole batch; every element is one
- * call of the same dot function el_vec_dot uses, so results do not depend on n_rows. */
+/* A SIMD variant's own tiled product where it has one. Otherwise output by output, so each weight
+ * row is loaded once for the whole batch; every element is one call of the same dot function
+ * el_vec_dot uses, so results do not depend on n_rows. */
 int32_t el_matmul(int32_t type, const void *w, int64_t w_row_bytes, const void *a, int64_t a_row_bytes,
                   float *out, int64_t out_stride, int64_t n_in, int64_t n_rows, int64_t o_begin,
                   int64_t o_end) {
@@ -561,11 +522,17 @@ int32_t el_matmul(int32_t type, const void *w, int64_t w_row_bytes, const void *
         return EL_ERR_SHAPE;
     }
     const int64_t nb = n_in / t->block_size;
+    const el_simd_quant_kernels *simd = el_simd_quant(type);
+    if (simd != NULL && simd->matmul != NULL) {
+        simd->matmul(w, w_row_bytes, a, a_row_bytes, out, out_stride, nb, n_rows, o_begin, o_end);
+        return EL_OK;
+    }
+    const el_dot_fn dot = simd != NULL && simd->dot != NULL ? simd->dot : t->dot;
     for (int64_t o = o_begin; o < o_end; o++) {
         const void *w_row = (const uint8_t *)w + o * w_row_bytes;
         for (int64_t r = 0; r < n_rows; r++) {
             const void *a_row = (const uint8_t *)a + r * a_row_bytes;
-            out[r * out_stride + o] = t->dot(w_row, a_row, nb);
+            out[r * out_stride + o] = dot(w_row, a_row, nb);
         }
     }
     return EL_OK;

@@ -17,10 +17,8 @@
 #include <string.h>
 
 #include "edge_kernels.h"
+#include "el_blocks.h"
 #include "el_internal.h"
-
-#define QK_K 256
-#define K_SCALE_SIZE 12
 
 /* The kernels quants.c dispatches to (it declares them too), over nb super-blocks. */
 void el_dequantize_q2_K(const void *x, float *y, int64_t nb);
@@ -41,57 +39,6 @@ void el_quantize_q4_K(const float *x, void *y, int64_t nb);
 void el_quantize_q5_K(const float *x, void *y, int64_t nb);
 void el_quantize_q6_K(const float *x, void *y, int64_t nb);
 void el_quantize_q8_K(const float *x, void *y, int64_t nb);
-
-/* x = d * (scales[s] & 0xF) * q - dmin * (scales[s] >> 4), q 2 bits, 16 sub-blocks of 16. */
-typedef struct {
-    uint8_t scales[QK_K / 16]; /* 4-bit scale (low) and min (high) per sub-block */
-    uint8_t qs[QK_K / 4];      /* element h*128 + j*32 + l at bits 2j of qs[h*32 + l] */
-    uint16_t d, dmin;          /* f16 super-scales */
-} el_block_q2_K;
-_Static_assert(sizeof(el_block_q2_K) == 84, "block_q2_K layout");
-
-/* x = d * (scale[s] - 32) * (q - 4), q 3 bits, 16 sub-blocks of 16. */
-typedef struct {
-    uint8_t hmask[QK_K / 8];   /* high bit of element e at bit e/32 of hmask[e % 32] */
-    uint8_t qs[QK_K / 4];      /* low 2 bits, laid out as q2_K */
-    uint8_t scales[K_SCALE_SIZE]; /* 16 6-bit scales: low nibbles in bytes 0-7, top bits in 8-11 */
-    uint16_t d;
-} el_block_q3_K;
-_Static_assert(sizeof(el_block_q3_K) == 110, "block_q3_K layout");
-
-/* x = d * scale[s] * q - dmin * min[s], q 4 bits, 8 sub-blocks of 32, 6-bit scales and mins. */
-typedef struct {
-    uint16_t d, dmin;
-    uint8_t scales[K_SCALE_SIZE]; /* packed as get_scale_min_k4 reads them */
-    uint8_t qs[QK_K / 2];         /* element c*64 + l in the low nibble of qs[c*32 + l], + 32 high */
-} el_block_q4_K;
-_Static_assert(sizeof(el_block_q4_K) == 144, "block_q4_K layout");
-
-/* As q4_K with a fifth bit: element e's at bit e/32 of qh[e % 32]. */
-typedef struct {
-    uint16_t d, dmin;
-    uint8_t scales[K_SCALE_SIZE];
-    uint8_t qh[QK_K / 8];
-    uint8_t qs[QK_K / 2];
-} el_block_q5_K;
-_Static_assert(sizeof(el_block_q5_K) == 176, "block_q5_K layout");
-
-/* x = d * scales[s] * (q - 32), q 6 bits, 16 sub-blocks of 16 with int8 scales. */
-typedef struct {
-    uint8_t ql[QK_K / 2];     /* low 4 bits */
-    uint8_t qh[QK_K / 4];     /* high 2 bits */
-    int8_t scales[QK_K / 16];
-    uint16_t d;
-} el_block_q6_K;
-_Static_assert(sizeof(el_block_q6_K) == 210, "block_q6_K layout");
-
-/* x = d * qs; bsums[g] = sum of qs[16g .. 16g + 16), for the weight types' mins. */
-typedef struct {
-    float d;
-    int8_t qs[QK_K];
-    int16_t bsums[QK_K / 16];
-} el_block_q8_K;
-_Static_assert(sizeof(el_block_q8_K) == 292, "block_q8_K layout");
 
 /* A super-block's scales, decoded: with u[e] the unsigned quants as stored,
  *     x[e] = d * scale[e / sub] * (u[e] - offset) - dmin * min[e / sub]. */

@@ -3,13 +3,16 @@
 //! This module and its children hold all of edge-llm's `unsafe` FFI. Every wrapper checks the
 //! lengths of the slices it is given against the shapes the kernel will touch, so a caller can
 //! never make a kernel read or write out of bounds. `quant` covers the tensor types (dequantize,
-//! quantize, dot products, matrix products); `ops` the row operations, the KV write and attention.
+//! quantize, dot products, matrix products); `ops` the row operations, the KV write and attention;
+//! `isa` which instruction set (scalar references or SIMD variants) the kernels run.
 
 #[allow(non_camel_case_types, non_upper_case_globals, dead_code, clippy::all)]
 mod bindings;
+mod isa;
 mod ops;
 mod quant;
 
 pub use bindings::EL_MAX_HEAD_DIM;
+pub use isa::*;
 pub use ops::*;
 pub use quant::*;

@@ -1,0 +1,115 @@
+/*
+ * el_blocks.h: the quantized block layouts, one struct per type, bit-compatible with llama.cpp's
+ * ggml-common.h. Shared by the scalar reference kernels (quants.c, quants_k.c) and their SIMD
+ * variants (quants_avx2.c, quants_k_avx2.c), so each layout is written down once. Not part of the
+ * Rust boundary.
+ */
+#ifndef EL_BLOCKS_H
+#define EL_BLOCKS_H
+
+#include <stdint.h>
+
+#define QK 32           /* elements per block of the 32-element types */
+#define QK_K 256        /* elements per K-quant super-block */
+#define K_SCALE_SIZE 12 /* bytes of packed 6-bit scales in a q3_K/q4_K/q5_K block */
+
+/* ---- 32-element blocks ---------------------------------------------------------------------- */
+
+/* x[i] = d * (q[i] - 8), q a nibble. */
+typedef struct {
+    uint16_t d;          /* f16 scale */
+    uint8_t qs[QK / 2];  /* element j in the low nibble of qs[j], element j + 16 in the high nibble */
+} el_block_q4_0;
+_Static_assert(sizeof(el_block_q4_0) == 18, "block_q4_0 layout");
+
+/* x[i] = d * q[i] + m. */
+typedef struct {
+    uint16_t d, m;       /* f16 scale and min */
+    uint8_t qs[QK / 2];  /* as q4_0 */
+} el_block_q4_1;
+_Static_assert(sizeof(el_block_q4_1) == 20, "block_q4_1 layout");
+
+/* x[i] = d * (q[i] - 16), q 5 bits: nibble from qs as q4_0, fifth bit i of qh (little-endian). */
+typedef struct {
+    uint16_t d;
+    uint8_t qh[4];
+    uint8_t qs[QK / 2];
+} el_block_q5_0;
+_Static_assert(sizeof(el_block_q5_0) == 22, "block_q5_0 layout");
+
+/* x[i] = d * q[i] + m, q 5 bits as q5_0. */
+typedef struct {
+    uint16_t d, m;
+    uint8_t qh[4];
+    uint8_t qs[QK / 2];
+} el_block_q5_1;
+_Static_assert(sizeof(el_block_q5_1) == 24, "block_q5_1 layout");
+
+/* x[i] = d * qs[i]. */
+typedef struct {
+    uint16_t d;
+    int8_t qs[QK];
+} el_block_q8_0;
+_Static_assert(sizeof(el_block_q8_0) == 34, "block_q8_0 layout");
+
+/* x[i] = d * qs[i]; s = d * sum(qs) carries the block sum that a Q4_1/Q5_1 min multiplies. */
+typedef struct {
+    uint16_t d, s;
+    int8_t qs[QK];
+} el_block_q8_1;
+_Static_assert(sizeof(el_block_q8_1) == 36, "block_q8_1 layout");
+
+/* ---- K-quant super-blocks of 256 elements --------------------------------------------------- */
+
+/* x = d * (scales[s] & 0xF) * q - dmin * (scales[s] >> 4), q 2 bits, 16 sub-blocks of 16. */
+typedef struct {
+    uint8_t scales[QK_K / 16]; /* 4-bit scale (low) and min (high) per sub-block */
+    uint8_t qs[QK_K / 4];      /* element h*128 + j*32 + l at bits 2j of qs[h*32 + l] */
+    uint16_t d, dmin;          /* f16 super-scales */
+} el_block_q2_K;
+_Static_assert(sizeof(el_block_q2_K) == 84, "block_q2_K layout");
+
+/* x = d * (scale[s] - 32) * (q - 4), q 3 bits, 16 sub-blocks of 16. */
+typedef struct {
+    uint8_t hmask[QK_K / 8];   /* high bit of element e at bit e/32 of hmask[e % 32] */
+    uint8_t qs[QK_K / 4];      /* low 2 bits, laid out as q2_K */
+    uint8_t scales[K_SCALE_SIZE]; /* 16 6-bit scales: low nibbles in bytes 0-7, top bits in 8-11 */
+    uint16_t d;
+} el_block_q3_K;
+_Static_assert(sizeof(el_block_q3_K) == 110, "block_q3_K layout");
+
+/* x = d * scale[s] * q - dmin * min[s], q 4 bits, 8 sub-blocks of 32, 6-bit scales and mins. */
+typedef struct {
+    uint16_t d, dmin;
+    uint8_t scales[K_SCALE_SIZE]; /* packed as get_scale_min_k4 reads them */
+    uint8_t qs[QK_K / 2];         /* element c*64 + l in the low nibble of qs[c*32 + l], + 32 high */
+} el_block_q4_K;
+_Static_assert(sizeof(el_block_q4_K) == 144, "block_q4_K layout");
+
+/* As q4_K with a fifth bit: element e's at bit e/32 of qh[e % 32]. */
+typedef struct {
+    uint16_t d, dmin;
+    uint8_t scales[K_SCALE_SIZE];
+    uint8_t qh[QK_K / 8];
+    uint8_t qs[QK_K / 2];
+} el_block_q5_K;
+_Static_assert(sizeof(el_block_q5_K) == 176, "block_q5_K layout");
+
+/* x = d * scales[s] * (q - 32), q 6 bits, 16 sub-blocks of 16 with int8 scales. */
+typedef struct {
+    uint8_t ql[QK_K / 2];     /* low 4 bits */
+    uint8_t qh[QK_K / 4];     /* high 2 bits */
+    int8_t scales[QK_K / 16];
+    uint16_t d;
+} el_block_q6_K;
+_Static_assert(sizeof(el_block_q6_K) == 210, "block_q6_K layout");
+
+/* x = d * qs; bsums[g] = sum of qs[16g .. 16g + 16), for the weight types' mins. */
+typedef struct {
+    float d;
+    int8_t qs[QK_K];
+    int16_t bsums[QK_K / 16];
+} el_block_q8_K;
+_Static_assert(sizeof(el_block_q8_K) == 292, "block_q8_K layout");
+
+#endif /* EL_BLOCKS_H */

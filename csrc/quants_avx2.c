@@ -1,0 +1,393 @@
+/*
+ * quants_avx2.c: AVX2 (+ FMA, F16C) variants of the tensor-type kernels for the 32-element block
+ * types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1), the float types (F32, F16, BF16) and the activation
+ * quantizers (Q8_0, Q8_1, Q8_K, F16, BF16); the K-quants are in quants_k_avx2.c. simd_dispatch.c
+ * hands these out once AVX2 is chosen; the whole file is compiled for AVX2 (a target pragma), so
+ * nothing in it may run before that choice.
+ *
+ * Every kernel here is bit-identical to its scalar reference in quants.c:
+ * - a block's integer dot product is exact however it is summed (maddubs/madd, then a reduction);
+ * - the float work per block is the reference's own expression, evaluated lane-wise in its order
+ *   (products of the f16 scales, times the block sum, plus the min term, added to a running sum
+ *   block after block), with one lane per output element;
+ * - the float types replicate the reference's eight double lanes and their final order;
+ * - the quantizers compute the same amax, d, id and per-element products, and round the way the
+ *   reference rounds (roundf: half away from zero; Q8_K: half to even).
+ *
+ * Matrix products run tiles of R activation rows by C weight rows (4x2 for batches, 2x4 for two
+ * rows, 1x8 for one): each weight block is loaded and unpacked once per tile and used by all R
+ * rows, with int8 products (_mm256_maddubs_epi16). A tile's element is computed by exactly the
+ * same lane operations as a 1x1 tile (which is vec_dot), so matmul equals vec_dot bit for bit,
+ * whatever n_rows is and whichever tile an element falls in. Partial tiles repeat their last row
+ * or column (computed, never stored), so every tile is one of the three shapes.
+ *
+ * The signed products rely on the activation quants lying in [-127, 127], as el_quantize_row
+ * makes them: |w| * sign(a, w) then never overflows (_mm256_sign_epi8 of -128 would).
+ */
+#if defined(__x86_64__)
+
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#endif
+
+#include "el_blocks.h"
+#include "el_internal.h"
+#include "simd_avx2.h"
+#include "simd_internal.h"
+
+/* ---- Weight blocks as 32 int8 lanes --------------------------------------------------------- */
+
+/* The 32 nibbles of a 4-bit block in element order, each 0..15. */
+EL_AI __m256i nibbles(const uint8_t *qs /* [16] */) {
+    const __m128i t = el_loadu_128(qs);
+    const __m256i b = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+    return _mm256_and_si256(b, _mm256_set1_epi8(0x0F));
+}
+
+/* 0xFF in byte i where bit i of the little-endian u32 at qh is set, else 0. */
+EL_AI __m256i bit_bytes(const uint8_t *qh /* [4] */) {
+    const __m256i x = _mm256_set1_epi32((int)el_load_u32(qh));
+    const __m256i spread = _mm256_shuffle_epi8(
+        x, _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+}
+
+/* Weight quants as the dot products see them: unsigned for the types with a min (Q4_1: 0..15,
+ * Q5_1: 0..31), signed otherwise (Q4_0: q - 8, Q5_0: q - 16, Q8_0/Q8_1: as stored). */
+EL_AI __m256i weight_quants(const int type, const uint8_t *b) {
+    switch (type) {
+    case EL_TYPE_Q4_0:
+        return _mm256_sub_epi8(nibbles(((const el_block_q4_0 *)b)->qs), _mm256_set1_epi8(8));
+    case EL_TYPE_Q4_1:
+        return nibbles(((const el_block_q4_1 *)b)->qs);
+    case EL_TYPE_Q5_0: { /* q - 16 = nibble | 0xF0 where the fifth bit is clear (two's complement) */
+        const el_block_q5_0 *x = (const el_block_q5_0 *)b;
+        return _mm256_or_si256(nibbles(x->qs), _mm256_andnot_si256(bit_bytes(x->qh), _mm256_set1_epi8((char)0xF0)));
+    }
+    case EL_TYPE_Q5_1: {
+        const el_block_q5_1 *x = (const el_block_q5_1 *)b;
+        return _mm256_or_si256(nibbles(x->qs), _mm256_and_si256(bit_bytes(x->qh), _mm256_set1_epi8(0x10)));
+    }
+    case EL_TYPE_Q8_0:
+        return el_loadu_256(((const el_block_q8_0 *)b)->qs);
+    default: /* EL_TYPE_Q8_1 */
+        return el_loadu_256(((const el_block_q8_1 *)b)->qs);
+    }
+}
+
+EL_AI int block_bytes32(const int type) {
+    switch (type) {
+    case EL_TYPE_Q4_0: return sizeof(el_block_q4_0);
+    case EL_TYPE_Q4_1: return sizeof(el_block_q4_1);
+    case EL_TYPE_Q5_0: return sizeof(el_block_q5_0);
+    case EL_TYPE_Q5_1: return sizeof(el_block_q5_1);
+    case EL_TYPE_Q8_0: return sizeof(el_block_q8_0);
+    default: return sizeof(el_block_q8_1);
+    }
+}
+
+/* Q4_1 and Q5_1 carry a min (dot against Q8_1, using its s); the rest are symmetric. */
+EL_AI int has_min(const int type) { return type == EL_TYPE_Q4_1 || type == EL_TYPE_Q5_1; }
+/* The activation blocks: Q8_1 for Q4_1, Q5_1 and Q8_1 weights, Q8_0 otherwise. */
+EL_AI int act_is_q8_1(const int type) { return has_min(type) || type == EL_TYPE_Q8_1; }
+
+/* ---- The tile ------------------------------------------------------------------------------- */
+
+/* sums[p] = dot(weight row wp[c(p)], activation row ap[r(p)]) over nb blocks, for the R x C
+ * lanes of the tile; per lane exactly the reference's
+ *     sum += (d_w * d_a) * (float)isum [+ m_w * s_a]
+ * block after block, with isum the block's exact integer dot product. */
+EL_AI void tile32(const int type, const int R, const int C, const uint8_t *const *wp,
+                  const uint8_t *const *ap, const int64_t nb, float *sums /* [8] */) {
+    const int wb = block_bytes32(type);
+    const int ab = act_is_q8_1(type) ? (int)sizeof(el_block_q8_1) : (int)sizeof(el_block_q8_0);
+    const int aq = act_is_q8_1(type) ? 4 : 2; /* offset of the activation quants */
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        __m256i acc[8];
+        for (int p = R * C; p < 8; p++) acc[p] = _mm256_setzero_si256();
+        for (int c = 0; c < C; c++) {
+            const __m256i q = weight_quants(type, wp[c] + i * wb);
+            if (has_min(type)) { /* unsigned weights: u8 x i8 directly */
+                for (int r = 0; r < R; r++) {
+                    const __m256i a = el_loadu_256(ap[r] + i * ab + aq);
+                    acc[r * C + c] = _mm256_madd_epi16(_mm256_maddubs_epi16(q, a), ones);
+                }
+            } else { /* signed weights: |q| x (a with q's sign) */
+                const __m256i aq_abs = _mm256_sign_epi8(q, q);
+                for (int r = 0; r < R; r++) {
+                    const __m256i a = el_loadu_256(ap[r] + i * ab + aq);
+                    acc[r * C + c] = _mm256_madd_epi16(_mm256_maddubs_epi16(aq_abs, _mm256_sign_epi8(a, q)), ones);
+                }
+            }
+        }
+        const __m256 isum = _mm256_cvtepi32_ps(el_reduce8_epi32(acc));
+        __m256 dw, mw, da, sa;
+        el_col_halves(R, C, wp, i * wb, &dw, &mw); /* (d, m), or (d, unused) */
+        el_row_halves(R, C, ap, i * ab, &da, &sa); /* (d, s), or (d, unused) */
+        __m256 t = _mm256_mul_ps(_mm256_mul_ps(dw, da), isum);
+        if (has_min(type)) t = _mm256_add_ps(t, _mm256_mul_ps(mw, sa));
+        sum = _mm256_add_ps(sum, t);
+    }
+    _mm256_storeu_ps(sums, sum);
+}
+
+/* out[r][o] for rows [0, n_rows) and columns [o_begin, o_end), tile by tile. tile_RxC compute
+ * one tile; rows and columns past the ends repeat the last one. */
+typedef void (*tile_fn)(const uint8_t *const *wp, const uint8_t *const *ap, int64_t nb, float *sums);
+
+static void matmul_tiles(tile_fn tile_4x2, tile_fn tile_2x4, tile_fn tile_1x8, const void *w, int64_t w_row_bytes,
+                         const void *a, int64_t a_row_bytes, float *out, int64_t out_stride, int64_t nb,
+                         int64_t n_rows, int64_t o_begin, int64_t o_end) {
+    const uint8_t *w8 = w, *a8 = a;
+    for (int64_t r0 = 0; r0 < n_rows;) {
+        const int64_t left = n_rows - r0;
+        const int R = left >= 3 ? 4 : (int)left;
+        const int C = 8 / R;
+        const tile_fn tile = R == 4 ? tile_4x2 : R == 2 ? tile_2x4 : tile_1x8;
+        const uint8_t *ap[4];
+        for (int r = 0; r < R; r++) ap[r] = a8 + (r0 + (r < left ? r : left - 1)) * a_row_bytes;
+        for (int64_t o0 = o_begin; o0 < o_end; o0 += C) {
+            const uint8_t *wp[8];
+            for (int c = 0; c < C; c++) wp[c] = w8 + (o0 + c < o_end ? o0 + c : o_end - 1) * w_row_bytes;
+            float sums[8];
+            tile(wp, ap, nb, sums);
+            for (int r = 0; r < R && r < left; r++) {
+                for (int c = 0; c < C && o0 + c < o_end; c++) out[(r0 + r) * out_stride + o0 + c] = sums[r * C + c];
+            }
+        }
+        r0 += R;
+    }
+}
+
+#define KERNELS32(name, TYPE)                                                                        \
+    static void tile_##name##_4x2(const uint8_t *const *wp, const uint8_t *const *ap, int64_t nb,    \
+                                  float *sums) {                                                     \
+        tile32(TYPE, 4, 2, wp, ap, nb, sums);                                                        \
+    }                                                                                                \
+    static void tile_##name##_2x4(const uint8_t *const *wp, const uint8_t *const *ap, int64_t nb,    \
+                                  float *sums) {                                                     \
+        tile32(TYPE, 2, 4, wp, ap, nb, sums);                                                        \
+    }                                                                                                \
+    static void tile_##name##_1x8(const uint8_t *const *wp, const uint8_t *const *ap, int64_t nb,    \
+                                  float *sums) {                                                     \
+        tile32(TYPE, 1, 8, wp, ap, nb, sums);                                                        \
+    }                                                                                                \
+    static float dot_##name(const void *w, const void *a, int64_t nb) {                              \
+        const uint8_t *wp[1] = {w}, *ap[1] = {a};                                                    \
+        float sums[8];                                                                               \
+        tile32(TYPE, 1, 1, wp, ap, nb, sums);                                                        \
+        return sums[0];                                                                              \
+    }                                                                                                \
+    static void matmul_##name(const void *w, int64_t w_row_bytes, const void *a, int64_t a_row_bytes, \
+                              float *out, int64_t out_stride, int64_t nb, int64_t n_rows,            \
+                              int64_t o_begin, int64_t o_end) {                                      \
+        matmul_tiles(tile_##name##_4x2, tile_##name##_2x4, tile_##name##_1x8, w, w_row_bytes, a,     \
+                     a_row_bytes, out, out_stride, nb, n_rows, o_begin, o_end);                      \
+    }
+
+KERNELS32(q4_0, EL_TYPE_Q4_0)
+KERNELS32(q4_1, EL_TYPE_Q4_1)
+KERNELS32(q5_0, EL_TYPE_Q5_0)
+KERNELS32(q5_1, EL_TYPE_Q5_1)
+KERNELS32(q8_0, EL_TYPE_Q8_0)
+KERNELS32(q8_1, EL_TYPE_Q8_1)
+
+/* ---- Float types ------------------------------------------------------------------------------
+ * The reference multiplies in f32 and accumulates in eight double lanes (element i into lane
+ * i % 8), then adds the lanes in order, then the tail: the same here, two __m256d of four lanes. */
+
+EL_AI __m256 load8_f32(const void *row, int64_t i) { return _mm256_loadu_ps((const float *)row + i); }
+EL_AI __m256 load8_f16(const void *row, int64_t i) {
+    return _mm256_cvtph_ps(el_loadu_128((const uint16_t *)row + i));
+}
+EL_AI __m256 load8_bf16(const void *row, int64_t i) {
+    const __m256i h = _mm256_cvtepu16_epi32(el_loadu_128((const uint16_t *)row + i));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
+}
+
+EL_AI float load1(const int type, const void *row, int64_t i) {
+    switch (type) {
+    case EL_TYPE_F32: return ((const float *)row)[i];
+    case EL_TYPE_F16: return el_fp16_to_fp32(((const uint16_t *)row)[i]);
+    default: return el_bf16_to_fp32(((const uint16_t *)row)[i]);
+    }
+}
+
+EL_AI __m256 load8(const int type, const void *row, int64_t i) {
+    switch (type) {
+    case EL_TYPE_F32: return load8_f32(row, i);
+    case EL_TYPE_F16: return load8_f16(row, i);
+    default: return load8_bf16(row, i);
+    }
+}
+
+EL_AI float dot_float(const int type, const void *w, const void *a, int64_t n) {
+    __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd(); /* lanes 0-3, 4-7 */
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 p = _mm256_mul_ps(load8(type, w, i), load8(type, a, i));
+        lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(p)));
+        hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(p, 1)));
+    }
+    double lane[8];
+    _mm256_storeu_pd(lane, lo);
+    _mm256_storeu_pd(lane + 4, hi);
+    double sum = 0.0;
+    for (int l = 0; l < 8; l++) sum += lane[l];
+    for (; i < n; i++) sum += (double)(load1(type, w, i) * load1(type, a, i));
+    return (float)sum;
+}
+
+static float dot_f32(const void *w, const void *a, int64_t n) { return dot_float(EL_TYPE_F32, w, a, n); }
+static float dot_f16(const void *w, const void *a, int64_t n) { return dot_float(EL_TYPE_F16, w, a, n); }
+static float dot_bf16(const void *w, const void *a, int64_t n) { return dot_float(EL_TYPE_BF16, w, a, n); }
+
+/* f32 -> f16, bit for bit el_fp32_to_fp16. */
+static void quantize_f16(const float *x, void *vy, int64_t n) {
+    uint16_t *y = vy;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm_storeu_si128((__m128i *)(y + i), el_f32_to_f16_8(_mm256_loadu_ps(x + i)));
+    for (; i < n; i++) y[i] = el_fp32_to_fp16(x[i]);
+}
+
+/* f32 -> bf16, bit for bit el_fp32_to_bf16: round to nearest even, NaN -> quiet NaN. */
+static void quantize_bf16(const float *x, void *vy, int64_t n) {
+    uint16_t *y = vy;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256i u = _mm256_castps_si256(_mm256_loadu_ps(x + i));
+        const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+        const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+        const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                               _mm256_set1_epi32(0x7f800000));
+        const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(64));
+        const __m256i h = _mm256_blendv_epi8(rounded, quiet, nan); /* each lane <= 0xFFFF */
+        const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+        _mm_storeu_si128((__m128i *)(y + i), packed);
+    }
+    for (; i < n; i++) y[i] = el_fp32_to_bf16(x[i]);
+}
+
+/* ---- Activation quantizers -------------------------------------------------------------------- */
+
+/* One Q8_0/Q8_1 block: the reference's amax, d = amax / 127, id = 1 / d and roundf(x * id);
+ * returns d (before f16 rounding) and the 32 quants as int32 lanes in i[4]. */
+EL_AI float quantize_block_q8(const float *x, uint16_t *d_out, int8_t *qs, __m256i i[4]) {
+    __m256 v[4];
+    __m256 amax = _mm256_setzero_ps();
+    for (int k = 0; k < 4; k++) {
+        v[k] = _mm256_loadu_ps(x + 8 * k);
+        amax = _mm256_max_ps(amax, _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v[k]));
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    const float d = _mm_cvtss_f32(m) / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    *d_out = el_fp32_to_fp16(d);
+    const __m256 idv = _mm256_set1_ps(id);
+    for (int k = 0; k < 4; k++) i[k] = _mm256_cvttps_epi32(el_round_half_away(_mm256_mul_ps(v[k], idv)));
+    _mm256_storeu_si256((__m256i *)qs, el_pack_i32_to_i8(i[0], i[1], i[2], i[3]));
+    return d;
+}
+
+static void quantize_q8_0(const float *x, void *vy, int64_t nb) {
+    el_block_q8_0 *y = vy;
+    __m256i i[4];
+    for (int64_t b = 0; b < nb; b++, x += QK) quantize_block_q8(x, &y[b].d, y[b].qs, i);
+}
+
+static void quantize_q8_1(const float *x, void *vy, int64_t nb) {
+    el_block_q8_1 *y = vy;
+    __m256i i[4];
+    for (int64_t b = 0; b < nb; b++, x += QK) {
+        const float d = quantize_block_q8(x, &y[b].d, y[b].qs, i);
+        const int32_t sum = el_hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3])));
+        y[b].s = el_fp32_to_fp16((float)sum * d);
+    }
+}
+
+/* ggml's quantize_row_q8_K_ref, as quants_k.c: the first element of largest magnitude sets
+ * iscale = -127 / max; q = round-half-even(iscale * x) capped at 127; bsums per 16. */
+static void quantize_q8_K(const float *x, void *vy, int64_t nb) {
+    el_block_q8_K *y = vy;
+    for (int64_t b = 0; b < nb; b++, x += QK_K) {
+        __m256 amax = _mm256_setzero_ps();
+        for (int k = 0; k < QK_K; k += 8) {
+            amax = _mm256_max_ps(amax, _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_loadu_ps(x + k)));
+        }
+        __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        m = _mm_max_ss(m, _mm_movehdup_ps(m));
+        const float amax_s = _mm_cvtss_f32(m);
+        memset(&y[b], 0, sizeof(y[b]));
+        if (!(amax_s > 0.0f)) continue; /* all zero: the reference's max == 0 */
+        float max = 0.0f;
+        const __m256 target = _mm256_set1_ps(amax_s);
+        for (int k = 0; k < QK_K; k += 8) { /* the first element whose magnitude is amax */
+            const __m256 abs = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_loadu_ps(x + k));
+            const int hit = _mm256_movemask_ps(_mm256_cmp_ps(abs, target, _CMP_EQ_OQ));
+            if (hit) {
+                max = x[k + __builtin_ctz((unsigned)hit)];
+                break;
+            }
+        }
+        const float iscale = -127.0f / max;
+        const __m256 sv = _mm256_set1_ps(iscale);
+        for (int k = 0; k < QK_K; k += 32) {
+            __m256i q[4];
+            for (int j = 0; j < 4; j++) {
+                /* cvtps rounds half to even (MXCSR default), as nearest_int does for |v| < 2^22 */
+                q[j] = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(sv, _mm256_loadu_ps(x + k + 8 * j))),
+                                        _mm256_set1_epi32(127));
+            }
+            _mm256_storeu_si256((__m256i *)(y[b].qs + k), el_pack_i32_to_i8(q[0], q[1], q[2], q[3]));
+            y[b].bsums[k / 16] = (int16_t)el_hsum_epi32(_mm256_add_epi32(q[0], q[1]));
+            y[b].bsums[k / 16 + 1] = (int16_t)el_hsum_epi32(_mm256_add_epi32(q[2], q[3]));
+        }
+        y[b].d = 1.0f / iscale;
+    }
+}
+
+/* ---- Table ------------------------------------------------------------------------------------ */
+
+static const struct {
+    int32_t type;
+    el_simd_quant_kernels k;
+} KERNELS[] = {
+    {EL_TYPE_F32, {NULL, dot_f32, NULL}},
+    {EL_TYPE_F16, {quantize_f16, dot_f16, NULL}},
+    {EL_TYPE_BF16, {quantize_bf16, dot_bf16, NULL}},
+    {EL_TYPE_Q4_0, {NULL, dot_q4_0, matmul_q4_0}},
+    {EL_TYPE_Q4_1, {NULL, dot_q4_1, matmul_q4_1}},
+    {EL_TYPE_Q5_0, {NULL, dot_q5_0, matmul_q5_0}},
+    {EL_TYPE_Q5_1, {NULL, dot_q5_1, matmul_q5_1}},
+    {EL_TYPE_Q8_0, {quantize_q8_0, dot_q8_0, matmul_q8_0}},
+    {EL_TYPE_Q8_1, {quantize_q8_1, dot_q8_1, matmul_q8_1}},
+    {EL_TYPE_Q8_K, {quantize_q8_K, NULL, NULL}},
+};
+
+const el_simd_quant_kernels *el_avx2_quant(int32_t type) {
+    for (size_t i = 0; i < sizeof(KERNELS) / sizeof(KERNELS[0]); i++) {
+        if (KERNELS[i].type == type) return &KERNELS[i].k;
+    }
+    return NULL;
+}
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+#endif /* __x86_64__ */

@@ -1,0 +1,62 @@
+/*
+ * simd_dispatch.c: which instruction set the kernels run (el_isa_*), and the table lookup that
+ * quants.c uses to find a type's SIMD kernels. The choice is one process-wide atomic: detected
+ * from the CPU on first use (racing first uses all detect the same answer, and a compare-exchange
+ * keeps an el_isa_set that came first), changed only by el_isa_set. This file is compiled for the
+ * baseline ISA, so it runs on any CPU; it only calls into the AVX2 files once AVX2 is chosen.
+ */
+#include <stdatomic.h>
+
+#include "edge_kernels.h"
+#include "simd_internal.h"
+
+static _Atomic int32_t current_isa = -1; /* -1: not detected yet */
+
+static int32_t detect(void) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
+        return EL_ISA_AVX2;
+    }
+#endif
+    return EL_ISA_SCALAR;
+}
+
+int32_t el_isa_available(int32_t isa) {
+    switch (isa) {
+    case EL_ISA_SCALAR:
+        return 1;
+    case EL_ISA_AVX2:
+        return detect() == EL_ISA_AVX2;
+    default:
+        return 0;
+    }
+}
+
+int32_t el_isa_get(void) {
+    int32_t isa = atomic_load_explicit(&current_isa, memory_order_relaxed);
+    if (isa < 0) {
+        int32_t unset = -1;
+        atomic_compare_exchange_strong(&current_isa, &unset, detect());
+        isa = atomic_load(&current_isa);
+    }
+    return isa;
+}
+
+int32_t el_isa_set(int32_t isa) {
+    if (!el_isa_available(isa)) return EL_ERR_TYPE;
+    atomic_store(&current_isa, isa);
+    return EL_OK;
+}
+
+const el_simd_quant_kernels *el_simd_quant(int32_t type) {
+#if defined(__x86_64__)
+    if (el_isa_get() == EL_ISA_AVX2) {
+        const el_simd_quant_kernels *k = el_avx2_quant(type);
+        return k != NULL ? k : el_avx2_quant_k(type);
+    }
+#else
+    (void)type;
+#endif
+    return NULL;
+}

@@ -1,0 +1,62 @@
+/*
+ * simd_internal.h: the contract between the public entry points (quants.c, ops.c) and the SIMD
+ * variants of their kernels (quants_avx2.c, quants_k_avx2.c, ops_avx2.c), which simd_dispatch.c
+ * picks from at run time. Not part of the Rust boundary.
+ *
+ * A variant computes what its scalar reference computes. The quantized dot products, the matrix
+ * products and the quantizers reproduce the reference bit for bit (integer sums are exact, and the
+ * float operations on them are the reference's, in its order, one lane per output); the row
+ * operations that use vector float sums or exp stay within the budgets tests/kernels_simd.rs names.
+ */
+#ifndef EL_SIMD_INTERNAL_H
+#define EL_SIMD_INTERNAL_H
+
+#include <stdint.h>
+
+#include "edge_kernels.h"
+
+/* Kernels of one tensor type, over nb whole blocks (elements, for the float types). */
+typedef void (*el_simd_quantize_fn)(const float *x /* [nb * block_size] */, void *y /* [nb] blocks */,
+                                    int64_t nb);
+typedef float (*el_simd_dot_fn)(const void *w /* [nb] blocks */, const void *a /* [nb] vec_dot blocks */,
+                                int64_t nb);
+/* out[r * out_stride + o] = dot(w row o, a row r) for r in [0, n_rows), o in [o_begin, o_end);
+ * every element bit-identical to the type's el_simd_dot_fn on the same two rows. */
+typedef void (*el_simd_matmul_fn)(const void *w, int64_t w_row_bytes, const void *a, int64_t a_row_bytes,
+                                  float *out, int64_t out_stride, int64_t nb, int64_t n_rows,
+                                  int64_t o_begin, int64_t o_end);
+
+/* What a variant offers for a type; a NULL member (or a NULL table) means the scalar reference. */
+typedef struct {
+    el_simd_quantize_fn quantize; /* the type as an activation (or weight) quantizer */
+    el_simd_dot_fn dot;           /* a row of the type against a row of its vec_dot type */
+    el_simd_matmul_fn matmul;
+} el_simd_quant_kernels;
+
+/* The kernels of `type` under the current ISA, or NULL where the scalar reference runs. */
+const el_simd_quant_kernels *el_simd_quant(int32_t type);
+
+#if defined(__x86_64__)
+/* quants_avx2.c: the 32-element types, the float types and the activation quantizers;
+ * quants_k_avx2.c: the K-quants. NULL for a type without an AVX2 kernel. */
+const el_simd_quant_kernels *el_avx2_quant(int32_t type);
+const el_simd_quant_kernels *el_avx2_quant_k(int32_t type);
+
+/* ops_avx2.c: the row operations, same arguments as their public entry points. */
+void el_rms_norm_avx2(const float *x, const float *w, float *y, int64_t n_rows, int64_t n, float eps);
+void el_rope_avx2(float *x, const int32_t *pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
+                  int64_t rope_dim, float freq_base, float freq_scale, int32_t neox);
+void el_swiglu_avx2(const float *gate, const float *up, float *y, int64_t n);
+void el_kv_write_avx2(const float *k, const float *v, uint16_t *k_cache, uint16_t *v_cache,
+                      const int64_t *slot_mapping, int64_t n_tokens, int64_t kv_dim);
+void el_paged_attention_avx2(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
+                             const int32_t *block_tables, const int32_t *token_seq,
+                             const int32_t *context_lens, int64_t n_heads, int64_t n_kv_heads,
+                             int64_t head_dim, int64_t block_size, int64_t max_blocks_per_seq, float scale,
+                             int32_t window, int64_t item_begin, int64_t item_end);
+#endif
+
+/* 1 when the row operations should take their AVX2 variants. */
+static inline int el_use_avx2(void) { return el_isa_get() == EL_ISA_AVX2; }
+
+#endif /* EL_SIMD_INTERNAL_H */

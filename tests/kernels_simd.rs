@@ -1,0 +1,626 @@
+//! The SIMD kernel variants against the scalar references, on every instruction set this machine
+//! has (`available_isas`), on random data:
+//! - vec_dot, the activation quantizers, matmul, kv_write and RoPE: bit-identical to the
+//!   reference (their SIMD versions keep the reference's arithmetic, lane by lane);
+//! - matmul: every element equal to the same ISA's vec_dot, and a row's result the same whatever
+//!   the batch size;
+//! - paged attention, RMSNorm and SwiGLU (vector float sums and a vector exp): within the named
+//!   budgets below, each about 3x over what the kernels measure here (the tests print it).
+//!
+//! The ISA is process-wide, so every test that switches it holds `ISA_LOCK`.
+//! `bench_matmul_gmacs` (ignored; `cargo test --release --test kernels_simd -- --ignored
+//! --nocapture`) prints single-thread matmul throughput per ISA.
+
+use std::sync::{Mutex, MutexGuard};
+use std::time::Instant;
+
+use edge_llm::kernels::{
+    available_isas, current_isa, glu_inplace, isa_available, kv_write, matmul, paged_attention,
+    quantize_rows, rms_norm, rope, set_isa, vec_dot, Activation, AttentionBatch, AttentionShape,
+    Isa, Rope, RopeStyle,
+};
+use edge_llm::tensor_type::TensorType;
+
+// ---- ISA switching ---------------------------------------------------------------------------
+
+static ISA_LOCK: Mutex<()> = Mutex::new(());
+
+/// Holds the ISA lock and restores the ISA that was current when dropped.
+struct IsaGuard {
+    before: Isa,
+    _lock: MutexGuard<'static, ()>,
+}
+
+impl Drop for IsaGuard {
+    fn drop(&mut self) {
+        set_isa(self.before).expect("the ISA that was current is available");
+    }
+}
+
+fn lock_isa() -> IsaGuard {
+    let lock = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    IsaGuard {
+        before: current_isa(),
+        _lock: lock,
+    }
+}
+
+/// `f()` computed under `isa` (the caller holds the lock).
+fn on<T>(isa: Isa, f: impl FnOnce() -> T) -> T {
+    set_isa(isa).expect("available ISA");
+    f()
+}
+
+/// The SIMD ISAs this machine has (none on a machine with only the references).
+fn simd_isas() -> Vec<Isa> {
+    available_isas()
+        .into_iter()
+        .filter(|&isa| isa != Isa::Scalar)
+        .collect()
+}
+
+// ---- Deterministic data ---------------------------------------------------------------------
+
+/// splitmix64.
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+
+    /// Uniform in (0, 1).
+    fn uniform(&mut self) -> f64 {
+        ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    }
+
+    /// Standard normal (Box-Muller).
+    fn normal(&mut self) -> f32 {
+        let (u, v) = (self.uniform(), self.uniform());
+        ((-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()) as f32
+    }
+}
+
+/// `n` values ~N(0, 1), one in 64 scaled by 8 (outliers), one in 128 zero.
+fn test_data(rng: &mut Rng, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            let x = rng.normal();
+            match rng.below(128) {
+                0 | 1 => 8.0 * x,
+                2 => 0.0,
+                _ => x,
+            }
+        })
+        .collect()
+}
+
+/// Activation rows with the cases the quantizers must round like the reference: an all-zero
+/// block, exact ties at k + 1/2 quantization steps, equal magnitudes of both signs, and tiny and
+/// huge values.
+fn activation_data(rng: &mut Rng, n: usize) -> Vec<f32> {
+    let mut x = test_data(rng, n);
+    let n = x.len();
+    if n >= 1024 {
+        x[..32].fill(0.0);
+        for (i, v) in x[256..512].iter_mut().enumerate() {
+            *v = (i as f32 - 128.0) * 0.5;
+        }
+        x[512] = -3.0; // the first of two equal magnitudes sets Q8_K's sign
+        x[600] = 3.0;
+        for v in &mut x[640..672] {
+            *v *= 1e-30;
+        }
+        for v in &mut x[704..736] {
+            *v *= 1e30;
+        }
+    }
+    x
+}
+
+// ---- Budgets ---------------------------------------------------------------------------------
+
+/// Paged attention: |simd - scalar| over the largest |v| the (token, head) reads. The SIMD kernel
+/// sums q.k in eight lanes with FMA, rescales once per KV block rather than once per new maximum,
+/// and uses a vector exp (a few ulp); all of it lands in the sixth or seventh digit.
+const ATTENTION_BUDGET: f64 = 1e-5;
+
+/// RMSNorm: relative error per element. The SIMD kernel sums squares in double across lanes (the
+/// reference sums in one double); both round the same float scale almost always.
+const RMS_NORM_BUDGET: f64 = 1e-6;
+
+/// SwiGLU: relative error per element, from the vector exp (a few ulp; 2^-23 is 1.2e-7).
+const SWIGLU_BUDGET: f64 = 1e-6;
+
+// ---- The ISA API -----------------------------------------------------------------------------
+
+#[test]
+fn isa_selection_round_trips() {
+    let _guard = lock_isa();
+    assert!(isa_available(Isa::Scalar));
+    assert!(available_isas().contains(&current_isa()));
+    for isa in Isa::ALL {
+        if isa_available(isa) {
+            set_isa(isa).unwrap();
+            assert_eq!(current_isa(), isa);
+        } else {
+            let before = current_isa();
+            assert!(set_isa(isa).is_err(), "{isa} is unavailable but set_isa accepted it");
+            assert_eq!(current_isa(), before);
+        }
+        assert_eq!(isa.name().parse::<Isa>().unwrap(), isa);
+    }
+    eprintln!("available: {:?}", available_isas());
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx2_is_chosen_where_the_cpu_has_it() {
+    let has = std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+        && std::arch::is_x86_feature_detected!("f16c");
+    assert_eq!(isa_available(Isa::Avx2), has);
+}
+
+// ---- vec_dot and the quantizers -------------------------------------------------------------
+
+/// Row lengths per type: several blocks, plus for the float types lengths with a tail that is
+/// not a multiple of 8.
+fn lengths(t: TensorType) -> Vec<usize> {
+    match t.block_size() {
+        1 => vec![1, 7, 8, 576, 1000, 1027],
+        32 => vec![32, 64, 576, 1536],
+        _ => vec![256, 512, 1536],
+    }
+}
+
+#[test]
+fn vec_dot_is_bit_identical_to_the_reference() {
+    let _guard = lock_isa();
+    let mut rng = Rng(1);
+    for isa in simd_isas() {
+        for t in TensorType::ALL {
+            let mut worst = 0.0f64;
+            for n in lengths(t) {
+                for _ in 0..4 {
+                    // Both rows quantized by the reference, so only the dot products differ.
+                    let (w, a) = on(Isa::Scalar, || {
+                        (
+                            quantize_rows(t, &test_data(&mut rng, n), n),
+                            quantize_rows(t.vec_dot_type(), &activation_data(&mut rng, n), n),
+                        )
+                    });
+                    let want = on(Isa::Scalar, || vec_dot(t, n, &w, &a));
+                    let got = on(isa, || vec_dot(t, n, &w, &a));
+                    worst = worst.max((got as f64 - want as f64).abs());
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "{isa} {t} vec_dot over {n}: {got} vs the reference's {want}"
+                    );
+                }
+            }
+            eprintln!("{isa} {t:>5} vec_dot: largest difference {worst:e}");
+        }
+    }
+}
+
+#[test]
+fn quantizers_are_byte_identical_to_the_reference() {
+    let _guard = lock_isa();
+    let mut rng = Rng(2);
+    for isa in simd_isas() {
+        for t in TensorType::ALL {
+            for n in [256usize, 1024, 4096] {
+                let mut x = activation_data(&mut rng, n);
+                if t.block_size() == 1 {
+                    // Every f16/bf16 rounding case: subnormals, overflow, infinities, NaNs.
+                    x.extend([
+                        1e-8, -3e-6, 6e-8, 65504.0, 65520.0, 1e6, -1e38, 1.0e-40, f32::INFINITY,
+                        f32::NEG_INFINITY, f32::NAN, -f32::NAN, 0.0, -0.0, 2049.0, 2051.0, 1.00048828125,
+                    ]);
+                }
+                let n = x.len();
+                let want = on(Isa::Scalar, || quantize_rows(t, &x, n));
+                let got = on(isa, || quantize_rows(t, &x, n));
+                if let Some(i) = got.iter().zip(&want).position(|(g, w)| g != w) {
+                    panic!("{isa} {t} quantize over {n}: byte {i} is {:#04x}, the reference's {:#04x}", got[i], want[i]);
+                }
+            }
+        }
+    }
+}
+
+// ---- matmul ----------------------------------------------------------------------------------
+
+const MM_N_OUT: usize = 70; // 8 * 8 + 6: partial tiles of every shape
+const MM_BATCHES: [usize; 9] = [1, 2, 3, 4, 5, 6, 7, 9, 33];
+
+fn mm_n_in(t: TensorType) -> usize {
+    if t.block_size() == 1 {
+        100
+    } else {
+        512
+    }
+}
+
+#[test]
+fn matmul_equals_vec_dot_on_every_isa() {
+    let _guard = lock_isa();
+    let mut rng = Rng(3);
+    for isa in available_isas() {
+        for t in TensorType::ALL {
+            let n_in = mm_n_in(t);
+            let rows = *MM_BATCHES.iter().max().unwrap();
+            let w = quantize_rows(t, &test_data(&mut rng, MM_N_OUT * n_in), n_in);
+            let a = quantize_rows(t.vec_dot_type(), &activation_data(&mut rng, rows * n_in), n_in);
+            let (w_rb, a_rb) = (w.len() / MM_N_OUT, a.len() / rows);
+            set_isa(isa).unwrap();
+            for n_rows in MM_BATCHES {
+                let mut out = vec![f32::NAN; n_rows * MM_N_OUT];
+                matmul(t, &w, n_in, MM_N_OUT, &a[..n_rows * a_rb], n_rows, &mut out);
+                for r in 0..n_rows {
+                    for o in 0..MM_N_OUT {
+                        let want = vec_dot(t, n_in, &w[o * w_rb..][..w_rb], &a[r * a_rb..][..a_rb]);
+                        let got = out[r * MM_N_OUT + o];
+                        assert_eq!(
+                            got.to_bits(),
+                            want.to_bits(),
+                            "{isa} {t} batch of {n_rows}, row {r} output {o}: {got} vs vec_dot {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_rows_do_not_depend_on_the_batch() {
+    let _guard = lock_isa();
+    let mut rng = Rng(4);
+    for isa in available_isas() {
+        set_isa(isa).unwrap();
+        for t in TensorType::ALL {
+            let n_in = mm_n_in(t);
+            let w = quantize_rows(t, &test_data(&mut rng, MM_N_OUT * n_in), n_in);
+            let a = quantize_rows(t.vec_dot_type(), &activation_data(&mut rng, 33 * n_in), n_in);
+            let a_rb = a.len() / 33;
+            let run = |n_rows: usize| {
+                let mut out = vec![0.0f32; n_rows * MM_N_OUT];
+                matmul(t, &w, n_in, MM_N_OUT, &a[..n_rows * a_rb], n_rows, &mut out);
+                out
+            };
+            let (one, seven, all) = (run(1), run(7), run(33));
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&one), bits(&seven[..MM_N_OUT]), "{isa} {t}: row 0 alone vs in 7");
+            assert_eq!(bits(&seven), bits(&all[..7 * MM_N_OUT]), "{isa} {t}: rows 0-6 in 7 vs in 33");
+        }
+    }
+}
+
+#[test]
+fn matmul_is_the_same_on_every_isa() {
+    let _guard = lock_isa();
+    let mut rng = Rng(5);
+    for t in TensorType::ALL {
+        let n_in = mm_n_in(t);
+        let w = quantize_rows(t, &test_data(&mut rng, MM_N_OUT * n_in), n_in);
+        let a = quantize_rows(t.vec_dot_type(), &activation_data(&mut rng, 9 * n_in), n_in);
+        let run = |isa| {
+            on(isa, || {
+                let mut out = vec![0.0f32; 9 * MM_N_OUT];
+                matmul(t, &w, n_in, MM_N_OUT, &a, 9, &mut out);
+                out.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+            })
+        };
+        let want = run(Isa::Scalar);
+        for isa in simd_isas() {
+            assert!(run(isa) == want, "{isa} {t}: matmul differs from the reference");
+        }
+    }
+}
+
+// ---- Row operations --------------------------------------------------------------------------
+
+fn rel_err(got: f32, want: f32) -> f64 {
+    let d = (got as f64 - want as f64).abs();
+    if d == 0.0 {
+        0.0
+    } else {
+        d / (want as f64).abs().max(f32::MIN_POSITIVE as f64)
+    }
+}
+
+#[test]
+fn rms_norm_within_budget() {
+    let _guard = lock_isa();
+    let mut rng = Rng(6);
+    for isa in simd_isas() {
+        let mut worst = 0.0f64;
+        for n in [1usize, 7, 64, 576, 1000, 2048] {
+            let x = test_data(&mut rng, 5 * n);
+            let w = test_data(&mut rng, n);
+            let run = |isa| {
+                on(isa, || {
+                    let mut y = vec![0.0; x.len()];
+                    rms_norm(&x, &w, &mut y, 1e-5);
+                    y
+                })
+            };
+            let (want, got) = (run(Isa::Scalar), run(isa));
+            for (g, w) in got.iter().zip(&want) {
+                worst = worst.max(rel_err(*g, *w));
+            }
+        }
+        eprintln!("{isa} rms_norm: worst relative error {worst:.2e} (budget {RMS_NORM_BUDGET:.0e})");
+        assert!(worst <= RMS_NORM_BUDGET, "{isa} rms_norm error {worst:e}");
+    }
+}
+
+#[test]
+fn swiglu_within_budget() {
+    let _guard = lock_isa();
+    let mut rng = Rng(7);
+    for isa in simd_isas() {
+        let n = 4099;
+        let mut gate: Vec<f32> = test_data(&mut rng, n).iter().map(|v| 4.0 * v).collect();
+        gate.extend([0.0, -0.0, 88.0, -88.0, 100.0, -100.0, 1e-20, -1e-20, 20.0, -20.0, 87.5, -104.0]);
+        let up = test_data(&mut rng, gate.len());
+        let run = |isa| {
+            on(isa, || {
+                let mut y = gate.clone();
+                glu_inplace(&mut y, &up, Activation::SwiGlu);
+                y
+            })
+        };
+        let (want, got) = (run(Isa::Scalar), run(isa));
+        let worst = got.iter().zip(&want).map(|(g, w)| rel_err(*g, *w)).fold(0.0, f64::max);
+        eprintln!("{isa} swiglu: worst relative error {worst:.2e} (budget {SWIGLU_BUDGET:.0e})");
+        assert!(worst <= SWIGLU_BUDGET, "{isa} swiglu error {worst:e}");
+        // GeGLU has no SIMD variant: it must be the reference exactly.
+        let geglu = |isa| {
+            on(isa, || {
+                let mut y = gate.clone();
+                glu_inplace(&mut y, &up, Activation::GeGlu);
+                y.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            })
+        };
+        assert!(geglu(isa) == geglu(Isa::Scalar), "{isa} geglu");
+    }
+}
+
+#[test]
+fn rope_is_bit_identical_to_the_reference() {
+    let _guard = lock_isa();
+    let mut rng = Rng(8);
+    for isa in simd_isas() {
+        for style in [RopeStyle::Normal, RopeStyle::Neox] {
+            for (head_dim, rope_dim) in [(64, 64), (128, 128), (80, 80), (256, 256), (64, 32), (6, 6), (96, 94)] {
+                let r = Rope {
+                    head_dim,
+                    rope_dim,
+                    freq_base: 10000.0,
+                    freq_scale: 1.0,
+                    style,
+                };
+                let n_heads = 3;
+                let pos: Vec<i32> = vec![0, 1, 17, 4095, 123_456, 5];
+                let x = test_data(&mut rng, pos.len() * n_heads * head_dim);
+                let run = |isa| {
+                    on(isa, || {
+                        let mut y = x.clone();
+                        rope(&mut y, &pos, n_heads, &r);
+                        y.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                    })
+                };
+                assert!(run(isa) == run(Isa::Scalar), "{isa} rope {style:?} {head_dim}/{rope_dim}");
+            }
+        }
+    }
+}
+
+#[test]
+fn kv_write_is_bit_identical_to_the_reference() {
+    let _guard = lock_isa();
+    let mut rng = Rng(9);
+    for isa in simd_isas() {
+        for kv_dim in [64usize, 192, 100, 3] {
+            let n_tokens = 5;
+            let mut k = test_data(&mut rng, n_tokens * kv_dim);
+            let v = test_data(&mut rng, n_tokens * kv_dim);
+            let specials = [1e-8, 65520.0, f32::NAN, f32::INFINITY, -0.0, 6e-5, 1e9];
+            for (x, s) in k.iter_mut().step_by(7).zip(specials.iter().cycle()) {
+                *x = *s;
+            }
+            let slots: Vec<i64> = vec![3, -1, 0, 7, 5];
+            let run = |isa| {
+                on(isa, || {
+                    let (mut kc, mut vc) = (vec![0u16; 8 * kv_dim], vec![0u16; 8 * kv_dim]);
+                    kv_write(&k, &v, &mut kc, &mut vc, &slots, kv_dim);
+                    (kc, vc)
+                })
+            };
+            assert!(run(isa) == run(Isa::Scalar), "{isa} kv_write over {kv_dim}");
+        }
+    }
+}
+
+// ---- Paged attention -------------------------------------------------------------------------
+
+struct AttentionCase {
+    shape: AttentionShape,
+    k_cache: Vec<u16>,
+    v_cache: Vec<u16>,
+    q: Vec<f32>,
+    block_tables: Vec<i32>,
+    max_blocks_per_seq: usize,
+    token_seq: Vec<i32>,
+    context_lens: Vec<i32>,
+}
+
+fn f16_bits(v: f32) -> u16 {
+    half::f16::from_f32(v).to_bits()
+}
+
+/// Sequences of random lengths over shuffled blocks; each token attends to a random prefix.
+fn attention_case(rng: &mut Rng, n_heads: usize, n_kv_heads: usize, head_dim: usize, block_size: usize) -> AttentionCase {
+    let n_seqs = 3;
+    let max_blocks_per_seq = 6;
+    let num_blocks = n_seqs * max_blocks_per_seq + 2;
+    let mut ids: Vec<i32> = (0..num_blocks as i32).collect();
+    for i in (1..ids.len()).rev() {
+        ids.swap(i, rng.below(i + 1));
+    }
+    let block_tables: Vec<i32> = ids[..n_seqs * max_blocks_per_seq].to_vec();
+    let cache_len = num_blocks * block_size * n_kv_heads * head_dim;
+    // Keys with a spread that makes the softmax peaked for some heads and flat for others.
+    let k_cache = (0..cache_len).map(|_| f16_bits(rng.normal() * 1.5)).collect();
+    let v_cache = (0..cache_len).map(|_| f16_bits(rng.normal())).collect();
+    let (mut token_seq, mut context_lens) = (Vec::new(), Vec::new());
+    for s in 0..n_seqs {
+        for _ in 0..4 {
+            token_seq.push(s as i32);
+            context_lens.push(1 + rng.below(max_blocks_per_seq * block_size) as i32);
+        }
+    }
+    let q = test_data(rng, token_seq.len() * n_heads * head_dim);
+    AttentionCase {
+        shape: AttentionShape {
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            block_size,
+            num_blocks,
+        },
+        k_cache,
+        v_cache,
+        q,
+        block_tables,
+        max_blocks_per_seq,
+        token_seq,
+        context_lens,
+    }
+}
+
+fn run_attention(c: &AttentionCase, window: Option<usize>) -> Vec<f32> {
+    let mut out = vec![f32::NAN; c.q.len()];
+    let batch = AttentionBatch {
+        block_tables: &c.block_tables,
+        max_blocks_per_seq: c.max_blocks_per_seq,
+        token_seq: &c.token_seq,
+        context_lens: &c.context_lens,
+    };
+    let scale = 1.0 / (c.shape.head_dim as f32).sqrt();
+    paged_attention(&mut out, &c.q, &c.k_cache, &c.v_cache, &c.shape, &batch, scale, window);
+    out
+}
+
+#[test]
+fn paged_attention_within_budget() {
+    let _guard = lock_isa();
+    let mut rng = Rng(10);
+    for isa in simd_isas() {
+        let mut worst = 0.0f64;
+        for (n_heads, n_kv_heads, head_dim, block_size) in
+            [(9, 3, 64, 16), (4, 4, 128, 32), (8, 1, 256, 16), (2, 1, 80, 7), (3, 3, 6, 1), (4, 2, 64, 64)]
+        {
+            let c = attention_case(&mut rng, n_heads, n_kv_heads, head_dim, block_size);
+            for window in [None, Some(5), Some(40)] {
+                let want = on(Isa::Scalar, || run_attention(&c, window));
+                let got = on(isa, || run_attention(&c, window));
+                // The largest |v| any head reads bounds its output; the cache is shared, so use
+                // the whole cache's.
+                let vmax = c
+                    .v_cache
+                    .iter()
+                    .map(|&h| half::f16::from_bits(h).to_f32().abs())
+                    .fold(0.0f32, f32::max) as f64;
+                for (g, w) in got.iter().zip(&want) {
+                    assert!(g.is_finite(), "{isa} attention produced {g}");
+                    worst = worst.max((*g as f64 - *w as f64).abs() / vmax);
+                }
+            }
+        }
+        eprintln!("{isa} paged_attention: worst error {worst:.2e} of max |v| (budget {ATTENTION_BUDGET:.0e})");
+        assert!(worst <= ATTENTION_BUDGET, "{isa} attention error {worst:e}");
+    }
+}
+
+#[test]
+fn paged_attention_items_are_independent() {
+    // One (token, head) computed alone equals the same item in a full batch, on every ISA.
+    let _guard = lock_isa();
+    let mut rng = Rng(11);
+    for isa in available_isas() {
+        set_isa(isa).unwrap();
+        let c = attention_case(&mut rng, 6, 2, 64, 16);
+        let full = run_attention(&c, None);
+        let hd = c.shape.head_dim;
+        let per_token = c.shape.n_heads * hd;
+        for t in [0usize, 5, 11] {
+            let one = AttentionCase {
+                shape: c.shape,
+                k_cache: c.k_cache.clone(),
+                v_cache: c.v_cache.clone(),
+                q: c.q[t * per_token..][..per_token].to_vec(),
+                block_tables: c.block_tables.clone(),
+                max_blocks_per_seq: c.max_blocks_per_seq,
+                token_seq: vec![c.token_seq[t]],
+                context_lens: vec![c.context_lens[t]],
+            };
+            let alone = run_attention(&one, None);
+            let same = alone
+                .iter()
+                .zip(&full[t * per_token..][..per_token])
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{isa}: token {t} alone differs from the batch");
+        }
+    }
+}
+
+// ---- Throughput ------------------------------------------------------------------------------
+
+/// Single-thread matmul throughput, in multiply-adds per second, per ISA: a 576 -> 1536 projection
+/// (the default model's ffn_up) for 1 and 64 activation rows.
+#[test]
+#[ignore]
+fn bench_matmul_gmacs() {
+    let _guard = lock_isa();
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+    let (n_in, n_out) = (576usize, 1536usize);
+    let mut rng = Rng(12);
+    let x = test_data(&mut rng, n_out * n_in);
+    for t in [TensorType::Q4_1, TensorType::Q8_0, TensorType::Q4_K, TensorType::Q5_0, TensorType::Q6_K] {
+        let n_in = if t.block_size() == 256 { 512 } else { n_in };
+        let w = quantize_rows(t, &x[..n_out * n_in], n_in);
+        for n_rows in [1usize, 64] {
+            let a = quantize_rows(t.vec_dot_type(), &x[..n_rows * n_in], n_in);
+            let mut out = vec![0.0; n_rows * n_out];
+            for isa in available_isas() {
+                set_isa(isa).unwrap();
+                let mut best = f64::MAX;
+                let reps = (64 / n_rows).max(1);
+                for _ in 0..5 {
+                    let t0 = Instant::now();
+                    pool.install(|| {
+                        for _ in 0..reps {
+                            matmul(t, &w, n_in, n_out, &a, n_rows, &mut out)
+                        }
+                    });
+                    best = best.min(t0.elapsed().as_secs_f64() / reps as f64);
+                }
+                let gmacs = (n_in * n_out * n_rows) as f64 / best / 1e9;
+                eprintln!("{t:>5} n_rows={n_rows:>2} {isa:>6}: {gmacs:6.2} GMAC/s");
+            }
+        }
+    }
+}
