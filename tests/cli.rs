@@ -95,7 +95,8 @@ fn bad_inputs_give_one_line_errors() {
     let cases: Vec<(Vec<String>, &str)> = vec![
         (vec!["run".into(), "-m".into(), "/nonexistent/model.gguf".into(), "-p".into(), "hi".into()], "/nonexistent/model.gguf"),
         (vec!["run".into(), "-m".into(), not_gguf.to_string_lossy().into(), "-p".into(), "hi".into()], "magic"),
-        (vec!["info".into(), "-m".into(), truncated.to_string_lossy().into()], "tensor"),
+        // Cut inside the vocabulary: the error names the metadata key it was reading.
+        (vec!["info".into(), "-m".into(), truncated.to_string_lossy().into()], "tokenizer.ggml.tokens"),
         (vec!["run".into(), "-m".into(), model_arg(), "-p".into(), "hi".into(), "--top-p".into(), "0".into()], "top_p"),
         (vec!["run".into(), "-m".into(), model_arg(), "-p".into(), "hello ".repeat(40), "-c".into(), "16".into()], "context"),
         (vec!["perplexity".into(), "-m".into(), model_arg(), "-f".into(), "/nonexistent.txt".into()], "/nonexistent.txt"),
