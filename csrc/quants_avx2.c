@@ -141,6 +141,81 @@ EL_AI void tile32(const int type, const int R, const int C, const uint8_t *const
     _mm256_storeu_ps(sums, sum);
 }
 
+/* ---- Q4_0 and Q4_1: two weight rows per register ----------------------------------------------
+ * A 4-bit block's 16 bytes hold element j in the low nibble and j + 16 in the high nibble. With
+ * two weight rows' blocks in the two halves of one register, the low nibbles are both rows'
+ * elements 0..15 and the high nibbles their elements 16..31; against an activation block whose
+ * halves are broadcast to both register halves, one pair of maddubs serves two outputs, and four
+ * such registers reduce to eight lanes with three hadds. Lane L = h * 4 + k holds half h of
+ * register k = r * NCP + cp (activation row r, column pair cp): column c = cp + h * NCP (for
+ * C == 1 both halves hold column 0). Q4_0's q - 8 comes in as 8 * (the activation's pair sums),
+ * subtracted in 16 bits (|sum| <= 11684). The last step moves the lanes to p = r * C + c order. */
+#define NIB_NCP (C == 1 ? 1 : C / 2)
+#define NIB_K (R * NIB_NCP)
+#define NIB_R(L) (((L) % 4) < NIB_K ? ((L) % 4) / NIB_NCP : 0)
+#define NIB_C(L) (((L) % 4) < NIB_K && C > 1 ? ((L) % 4) % NIB_NCP + ((L) / 4) * NIB_NCP : 0)
+#define NIB_SRC(p)                                                                                           \
+    ((p) < R * C ? (C == 1 ? (p) : (((p) % C) / NIB_NCP) * 4 + ((p) / C) * NIB_NCP + ((p) % C) % NIB_NCP) : 0)
+
+EL_AI __m256i nib_cols2(const int R, const int C) {
+    return _mm256_setr_epi32(2 * NIB_C(0), 2 * NIB_C(1), 2 * NIB_C(2), 2 * NIB_C(3), 2 * NIB_C(4), 2 * NIB_C(5),
+                             2 * NIB_C(6), 2 * NIB_C(7));
+}
+EL_AI __m256i nib_rows2(const int R, const int C) {
+    return _mm256_setr_epi32(2 * NIB_R(0), 2 * NIB_R(1), 2 * NIB_R(2), 2 * NIB_R(3), 2 * NIB_R(4), 2 * NIB_R(5),
+                             2 * NIB_R(6), 2 * NIB_R(7));
+}
+EL_AI __m256i nib_src(const int R, const int C) {
+    return _mm256_setr_epi32(NIB_SRC(0), NIB_SRC(1), NIB_SRC(2), NIB_SRC(3), NIB_SRC(4), NIB_SRC(5), NIB_SRC(6),
+                             NIB_SRC(7));
+}
+
+EL_AI void tile_nib(const int type, const int R, const int C, const uint8_t *const *wp,
+                    const uint8_t *const *ap, const int64_t nb, float *sums /* [8] */) {
+    const int NCP = NIB_NCP, K = NIB_K;
+    const int q4_0 = type == EL_TYPE_Q4_0;
+    const int wb = q4_0 ? (int)sizeof(el_block_q4_0) : (int)sizeof(el_block_q4_1);
+    const int wq = q4_0 ? 2 : 4; /* offset of the weight nibbles */
+    const int ab = q4_0 ? (int)sizeof(el_block_q8_0) : (int)sizeof(el_block_q8_1);
+    const int aq = q4_0 ? 2 : 4; /* offset of the activation quants */
+    const __m256i ones16 = _mm256_set1_epi16(1), ones8 = _mm256_set1_epi8(1), low4 = _mm256_set1_epi8(0x0F);
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        __m256i alo[4], ahi[4], a8[4];
+        for (int r = 0; r < R; r++) {
+            const uint8_t *a = ap[r] + i * ab + aq;
+            alo[r] = _mm256_broadcastsi128_si256(el_loadu_128(a));
+            ahi[r] = _mm256_broadcastsi128_si256(el_loadu_128(a + 16));
+            if (q4_0) {
+                const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(ones8, alo[r]), _mm256_maddubs_epi16(ones8, ahi[r]));
+                a8[r] = _mm256_slli_epi16(pairs, 3);
+            }
+        }
+        __m256i acc[4];
+        for (int k = K; k < 4; k++) acc[k] = _mm256_setzero_si256();
+        for (int cp = 0; cp < NCP; cp++) {
+            const uint8_t *w0 = wp[cp] + i * wb + wq;
+            const uint8_t *w1 = wp[C == 1 ? 0 : cp + NCP] + i * wb + wq;
+            const __m256i w = _mm256_inserti128_si256(_mm256_castsi128_si256(el_loadu_128(w0)), el_loadu_128(w1), 1);
+            const __m256i lo = _mm256_and_si256(w, low4);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
+            for (int r = 0; r < R; r++) {
+                __m256i prod = _mm256_add_epi16(_mm256_maddubs_epi16(lo, alo[r]), _mm256_maddubs_epi16(hi, ahi[r]));
+                if (q4_0) prod = _mm256_sub_epi16(prod, a8[r]);
+                acc[r * NCP + cp] = _mm256_madd_epi16(prod, ones16);
+            }
+        }
+        const __m256 isum = _mm256_cvtepi32_ps(el_reduce4x2_epi32(acc));
+        __m256 dw, mw, da, sa;
+        el_lane_halves(C, wp, i * wb, nib_cols2(R, C), &dw, &mw); /* (d, m), or (d, unused) */
+        el_lane_halves(R, ap, i * ab, nib_rows2(R, C), &da, &sa); /* (d, s), or (d, unused) */
+        __m256 t = _mm256_mul_ps(_mm256_mul_ps(dw, da), isum);
+        if (!q4_0) t = _mm256_add_ps(t, _mm256_mul_ps(mw, sa));
+        sum = _mm256_add_ps(sum, t);
+    }
+    _mm256_storeu_ps(sums, _mm256_permutevar8x32_ps(sum, nib_src(R, C)));
+}
+
 /* out[r][o] for rows [0, n_rows) and columns [o_begin, o_end), tile by tile. tile_RxC compute
  * one tile; rows and columns past the ends repeat the last one. */
 typedef void (*tile_fn)(const uint8_t *const *wp, const uint8_t *const *ap, int64_t nb, float *sums);
@@ -169,23 +244,23 @@ static void matmul_tiles(tile_fn tile_4x2, tile_fn tile_2x4, tile_fn tile_1x8, c
     }
 }
 
-#define KERNELS32(name, TYPE)                                                                        \
+#define KERNELS32(name, TYPE, TILE)                                                                        \
     static void tile_##name##_4x2(const uint8_t *const *wp, const uint8_t *const *ap, int64_t nb,    \
                                   float *sums) {                                                     \
-        tile32(TYPE, 4, 2, wp, ap, nb, sums);                                                        \
+        TILE(TYPE, 4, 2, wp, ap, nb, sums);                                                        \
     }                                                                                                \
     static void tile_##name##_2x4(const uint8_t *const *wp, const uint8_t *const *ap, int64_t nb,    \
                                   float *sums) {                                                     \
-        tile32(TYPE, 2, 4, wp, ap, nb, sums);                                                        \
+        TILE(TYPE, 2, 4, wp, ap, nb, sums);                                                        \
     }                                                                                                \
     static void tile_##name##_1x8(const uint8_t *const *wp, const uint8_t *const *ap, int64_t nb,    \
                                   float *sums) {                                                     \
-        tile32(TYPE, 1, 8, wp, ap, nb, sums);                                                        \
+        TILE(TYPE, 1, 8, wp, ap, nb, sums);                                                        \
     }                                                                                                \
     static float dot_##name(const void *w, const void *a, int64_t nb) {                              \
         const uint8_t *wp[1] = {w}, *ap[1] = {a};                                                    \
         float sums[8];                                                                               \
-        tile32(TYPE, 1, 1, wp, ap, nb, sums);                                                        \
+        TILE(TYPE, 1, 1, wp, ap, nb, sums);                                                        \
         return sums[0];                                                                              \
     }                                                                                                \
     static void matmul_##name(const void *w, int64_t w_row_bytes, const void *a, int64_t a_row_bytes, \
@@ -195,12 +270,12 @@ static void matmul_tiles(tile_fn tile_4x2, tile_fn tile_2x4, tile_fn tile_1x8, c
                      a_row_bytes, out, out_stride, nb, n_rows, o_begin, o_end);                      \
     }
 
-KERNELS32(q4_0, EL_TYPE_Q4_0)
-KERNELS32(q4_1, EL_TYPE_Q4_1)
-KERNELS32(q5_0, EL_TYPE_Q5_0)
-KERNELS32(q5_1, EL_TYPE_Q5_1)
-KERNELS32(q8_0, EL_TYPE_Q8_0)
-KERNELS32(q8_1, EL_TYPE_Q8_1)
+KERNELS32(q4_0, EL_TYPE_Q4_0, tile_nib)
+KERNELS32(q4_1, EL_TYPE_Q4_1, tile_nib)
+KERNELS32(q5_0, EL_TYPE_Q5_0, tile32)
+KERNELS32(q5_1, EL_TYPE_Q5_1, tile32)
+KERNELS32(q8_0, EL_TYPE_Q8_0, tile32)
+KERNELS32(q8_1, EL_TYPE_Q8_1, tile32)
 
 /* ---- Float types ------------------------------------------------------------------------------
  * The reference multiplies in f32 and accumulates in eight double lanes (element i into lane

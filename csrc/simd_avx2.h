@@ -73,21 +73,29 @@ EL_AI __m256i el_lane_rows(const int R, const int C, const int mul, const int k)
                              mul * EL_LANE_R(6) + k, mul * EL_LANE_R(7) + k);
 }
 
-/* Per lane, the two f16 halves (*lo, *hi) of the u32 at byte `off` of the lane's column block
- * wp[c(p)], as floats. C <= 4, or C == 8 with R == 1. */
-EL_AI void el_col_halves(const int R, const int C, const uint8_t *const *wp, const int64_t off, __m256 *lo,
-                         __m256 *hi) {
-    const __m256 f = _mm256_cvtph_ps(el_gather_u32(wp, C < 4 ? C : 4, off)); /* [lo0 hi0 lo1 hi1 ..] */
-    if (C <= 4) {
-        *lo = _mm256_permutevar8x32_ps(f, el_lane_cols(R, C, 2, 0));
-        *hi = _mm256_permutevar8x32_ps(f, el_lane_cols(R, C, 2, 1));
-    } else { /* R == 1, C == 8: lane p is column p; columns 4..7 come from a second gather */
-        const __m256 g = _mm256_cvtph_ps(el_gather_u32(wp + 4, 4, off));
+/* Per lane, the two f16 halves (*lo, *hi) of the u32 at byte `off` of block p[sel(lane)], as
+ * floats. n <= 4 blocks, with idx = 2 sel(lane) (idx + 1 is used for *hi); or n == 8 with
+ * sel(lane) = lane (idx unused). */
+EL_AI void el_lane_halves(const int n, const uint8_t *const *p, const int64_t off, const __m256i idx, __m256 *lo,
+                          __m256 *hi) {
+    const __m256 f = _mm256_cvtph_ps(el_gather_u32(p, n < 4 ? n : 4, off)); /* [lo0 hi0 lo1 hi1 ..] */
+    if (n <= 4) {
+        *lo = _mm256_permutevar8x32_ps(f, idx);
+        *hi = _mm256_permutevar8x32_ps(f, _mm256_add_epi32(idx, _mm256_set1_epi32(1)));
+    } else { /* blocks 4..7 come from a second gather */
+        const __m256 g = _mm256_cvtph_ps(el_gather_u32(p + 4, 4, off));
         const __m256i even = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
         const __m256i odd = _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7);
         *lo = _mm256_blend_ps(_mm256_permutevar8x32_ps(f, even), _mm256_permutevar8x32_ps(g, even), 0xF0);
         *hi = _mm256_blend_ps(_mm256_permutevar8x32_ps(f, odd), _mm256_permutevar8x32_ps(g, odd), 0xF0);
     }
+}
+
+/* Per lane, the two f16 halves of the u32 at byte `off` of the lane's column block wp[c(p)]
+ * (lane p = r * C + c). C <= 4, or C == 8 with R == 1. */
+EL_AI void el_col_halves(const int R, const int C, const uint8_t *const *wp, const int64_t off, __m256 *lo,
+                         __m256 *hi) {
+    el_lane_halves(C, wp, off, el_lane_cols(R, C, 2, 0), lo, hi);
 }
 
 /* Per lane, the f16 at byte `off` of the lane's column block, read 16 bits wide. */
@@ -102,9 +110,7 @@ EL_AI __m256 el_col_half16(const int R, const int C, const uint8_t *const *wp, c
 /* Per lane, the two f16 halves of the u32 at byte `off` of the lane's row block ap[r(p)] (R <= 4). */
 EL_AI void el_row_halves(const int R, const int C, const uint8_t *const *ap, const int64_t off, __m256 *lo,
                          __m256 *hi) {
-    const __m256 f = _mm256_cvtph_ps(el_gather_u32(ap, R, off));
-    *lo = _mm256_permutevar8x32_ps(f, el_lane_rows(R, C, 2, 0));
-    *hi = _mm256_permutevar8x32_ps(f, el_lane_rows(R, C, 2, 1));
+    el_lane_halves(R, ap, off, el_lane_rows(R, C, 2, 0), lo, hi);
 }
 
 /* Per lane, the f32 at byte `off` of the lane's row block (R <= 4). */
@@ -122,6 +128,11 @@ EL_AI __m256i el_reduce8_epi32(const __m256i v[8]) {
     const __m256i g0 = _mm256_hadd_epi32(h0, h1); /* [v0 0-3, v1 0-3, v2 0-3, v3 0-3 | v0 4-7, ..] */
     const __m256i g1 = _mm256_hadd_epi32(h2, h3);
     return _mm256_add_epi32(_mm256_permute2x128_si256(g0, g1, 0x20), _mm256_permute2x128_si256(g0, g1, 0x31));
+}
+
+/* Lane h * 4 + k = the sum of the four 32-bit lanes of half h (0: low, 1: high) of v[k]. */
+EL_AI __m256i el_reduce4x2_epi32(const __m256i v[4]) {
+    return _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
 }
 
 /* Sum of the eight 32-bit lanes of v. */

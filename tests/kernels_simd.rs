@@ -103,6 +103,13 @@ fn test_data(rng: &mut Rng, n: usize) -> Vec<f32> {
         .collect()
 }
 
+/// `n` values uniform in [-1, 1): no outliers, so quants fill their range; dotted with themselves,
+/// block sums get more bits than an f16 scale times them keeps exactly, so the order of the float
+/// operations shows in the result.
+fn uniform_data(rng: &mut Rng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| (2.0 * rng.uniform() - 1.0) as f32).collect()
+}
+
 /// Activation rows with the cases the quantizers must round like the reference: an all-zero
 /// block, exact ties at k + 1/2 quantization steps, equal magnitudes of both signs, and tiny and
 /// huge values.
@@ -153,7 +160,10 @@ fn isa_selection_round_trips() {
             assert_eq!(current_isa(), isa);
         } else {
             let before = current_isa();
-            assert!(set_isa(isa).is_err(), "{isa} is unavailable but set_isa accepted it");
+            assert!(
+                set_isa(isa).is_err(),
+                "{isa} is unavailable but set_isa accepted it"
+            );
             assert_eq!(current_isa(), before);
         }
         assert_eq!(isa.name().parse::<Isa>().unwrap(), isa);
@@ -190,12 +200,19 @@ fn vec_dot_is_bit_identical_to_the_reference() {
         for t in TensorType::ALL {
             let mut worst = 0.0f64;
             for n in lengths(t) {
-                for _ in 0..4 {
+                for k in 0..16 {
                     // Both rows quantized by the reference, so only the dot products differ.
+                    let (x, y) = if k % 2 == 0 {
+                        (test_data(&mut rng, n), activation_data(&mut rng, n))
+                    } else {
+                        // w = a: large block sums, whose products with the scales round.
+                        let x = uniform_data(&mut rng, n);
+                        (x.clone(), x)
+                    };
                     let (w, a) = on(Isa::Scalar, || {
                         (
-                            quantize_rows(t, &test_data(&mut rng, n), n),
-                            quantize_rows(t.vec_dot_type(), &activation_data(&mut rng, n), n),
+                            quantize_rows(t, &x, n),
+                            quantize_rows(t.vec_dot_type(), &y, n),
                         )
                     });
                     let want = on(Isa::Scalar, || vec_dot(t, n, &w, &a));
@@ -224,15 +241,33 @@ fn quantizers_are_byte_identical_to_the_reference() {
                 if t.block_size() == 1 {
                     // Every f16/bf16 rounding case: subnormals, overflow, infinities, NaNs.
                     x.extend([
-                        1e-8, -3e-6, 6e-8, 65504.0, 65520.0, 1e6, -1e38, 1.0e-40, f32::INFINITY,
-                        f32::NEG_INFINITY, f32::NAN, -f32::NAN, 0.0, -0.0, 2049.0, 2051.0, 1.00048828125,
+                        1e-8,
+                        -3e-6,
+                        6e-8,
+                        65504.0,
+                        65520.0,
+                        1e6,
+                        -1e38,
+                        1.0e-40,
+                        f32::INFINITY,
+                        f32::NEG_INFINITY,
+                        f32::NAN,
+                        -f32::NAN,
+                        0.0,
+                        -0.0,
+                        2049.0,
+                        2051.0,
+                        1.00048828125,
                     ]);
                 }
                 let n = x.len();
                 let want = on(Isa::Scalar, || quantize_rows(t, &x, n));
                 let got = on(isa, || quantize_rows(t, &x, n));
                 if let Some(i) = got.iter().zip(&want).position(|(g, w)| g != w) {
-                    panic!("{isa} {t} quantize over {n}: byte {i} is {:#04x}, the reference's {:#04x}", got[i], want[i]);
+                    panic!(
+                        "{isa} {t} quantize over {n}: byte {i} is {:#04x}, the reference's {:#04x}",
+                        got[i], want[i]
+                    );
                 }
             }
         }
@@ -261,7 +296,11 @@ fn matmul_equals_vec_dot_on_every_isa() {
             let n_in = mm_n_in(t);
             let rows = *MM_BATCHES.iter().max().unwrap();
             let w = quantize_rows(t, &test_data(&mut rng, MM_N_OUT * n_in), n_in);
-            let a = quantize_rows(t.vec_dot_type(), &activation_data(&mut rng, rows * n_in), n_in);
+            let a = quantize_rows(
+                t.vec_dot_type(),
+                &activation_data(&mut rng, rows * n_in),
+                n_in,
+            );
             let (w_rb, a_rb) = (w.len() / MM_N_OUT, a.len() / rows);
             set_isa(isa).unwrap();
             for n_rows in MM_BATCHES {
@@ -292,7 +331,11 @@ fn matmul_rows_do_not_depend_on_the_batch() {
         for t in TensorType::ALL {
             let n_in = mm_n_in(t);
             let w = quantize_rows(t, &test_data(&mut rng, MM_N_OUT * n_in), n_in);
-            let a = quantize_rows(t.vec_dot_type(), &activation_data(&mut rng, 33 * n_in), n_in);
+            let a = quantize_rows(
+                t.vec_dot_type(),
+                &activation_data(&mut rng, 33 * n_in),
+                n_in,
+            );
             let a_rb = a.len() / 33;
             let run = |n_rows: usize| {
                 let mut out = vec![0.0f32; n_rows * MM_N_OUT];
@@ -301,8 +344,16 @@ fn matmul_rows_do_not_depend_on_the_batch() {
             };
             let (one, seven, all) = (run(1), run(7), run(33));
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&one), bits(&seven[..MM_N_OUT]), "{isa} {t}: row 0 alone vs in 7");
-            assert_eq!(bits(&seven), bits(&all[..7 * MM_N_OUT]), "{isa} {t}: rows 0-6 in 7 vs in 33");
+            assert_eq!(
+                bits(&one),
+                bits(&seven[..MM_N_OUT]),
+                "{isa} {t}: row 0 alone vs in 7"
+            );
+            assert_eq!(
+                bits(&seven),
+                bits(&all[..7 * MM_N_OUT]),
+                "{isa} {t}: rows 0-6 in 7 vs in 33"
+            );
         }
     }
 }
@@ -313,8 +364,14 @@ fn matmul_is_the_same_on_every_isa() {
     let mut rng = Rng(5);
     for t in TensorType::ALL {
         let n_in = mm_n_in(t);
-        let w = quantize_rows(t, &test_data(&mut rng, MM_N_OUT * n_in), n_in);
-        let a = quantize_rows(t.vec_dot_type(), &activation_data(&mut rng, 9 * n_in), n_in);
+        // Activation rows equal to the first weight rows: large block sums (see uniform_data).
+        let x = uniform_data(&mut rng, MM_N_OUT * n_in);
+        let (w, a) = on(Isa::Scalar, || {
+            (
+                quantize_rows(t, &x, n_in),
+                quantize_rows(t.vec_dot_type(), &x[..9 * n_in], n_in),
+            )
+        });
         let run = |isa| {
             on(isa, || {
                 let mut out = vec![0.0f32; 9 * MM_N_OUT];
@@ -324,7 +381,10 @@ fn matmul_is_the_same_on_every_isa() {
         };
         let want = run(Isa::Scalar);
         for isa in simd_isas() {
-            assert!(run(isa) == want, "{isa} {t}: matmul differs from the reference");
+            assert!(
+                run(isa) == want,
+                "{isa} {t}: matmul differs from the reference"
+            );
         }
     }
 }
@@ -361,7 +421,9 @@ fn rms_norm_within_budget() {
                 worst = worst.max(rel_err(*g, *w));
             }
         }
-        eprintln!("{isa} rms_norm: worst relative error {worst:.2e} (budget {RMS_NORM_BUDGET:.0e})");
+        eprintln!(
+            "{isa} rms_norm: worst relative error {worst:.2e} (budget {RMS_NORM_BUDGET:.0e})"
+        );
         assert!(worst <= RMS_NORM_BUDGET, "{isa} rms_norm error {worst:e}");
     }
 }
@@ -373,7 +435,9 @@ fn swiglu_within_budget() {
     for isa in simd_isas() {
         let n = 4099;
         let mut gate: Vec<f32> = test_data(&mut rng, n).iter().map(|v| 4.0 * v).collect();
-        gate.extend([0.0, -0.0, 88.0, -88.0, 100.0, -100.0, 1e-20, -1e-20, 20.0, -20.0, 87.5, -104.0]);
+        gate.extend([
+            0.0, -0.0, 88.0, -88.0, 100.0, -100.0, 1e-20, -1e-20, 20.0, -20.0, 87.5, -104.0,
+        ]);
         let up = test_data(&mut rng, gate.len());
         let run = |isa| {
             on(isa, || {
@@ -383,7 +447,11 @@ fn swiglu_within_budget() {
             })
         };
         let (want, got) = (run(Isa::Scalar), run(isa));
-        let worst = got.iter().zip(&want).map(|(g, w)| rel_err(*g, *w)).fold(0.0, f64::max);
+        let worst = got
+            .iter()
+            .zip(&want)
+            .map(|(g, w)| rel_err(*g, *w))
+            .fold(0.0, f64::max);
         eprintln!("{isa} swiglu: worst relative error {worst:.2e} (budget {SWIGLU_BUDGET:.0e})");
         assert!(worst <= SWIGLU_BUDGET, "{isa} swiglu error {worst:e}");
         // GeGLU has no SIMD variant: it must be the reference exactly.
@@ -404,7 +472,15 @@ fn rope_is_bit_identical_to_the_reference() {
     let mut rng = Rng(8);
     for isa in simd_isas() {
         for style in [RopeStyle::Normal, RopeStyle::Neox] {
-            for (head_dim, rope_dim) in [(64, 64), (128, 128), (80, 80), (256, 256), (64, 32), (6, 6), (96, 94)] {
+            for (head_dim, rope_dim) in [
+                (64, 64),
+                (128, 128),
+                (80, 80),
+                (256, 256),
+                (64, 32),
+                (6, 6),
+                (96, 94),
+            ] {
                 let r = Rope {
                     head_dim,
                     rope_dim,
@@ -422,7 +498,10 @@ fn rope_is_bit_identical_to_the_reference() {
                         y.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
                     })
                 };
-                assert!(run(isa) == run(Isa::Scalar), "{isa} rope {style:?} {head_dim}/{rope_dim}");
+                assert!(
+                    run(isa) == run(Isa::Scalar),
+                    "{isa} rope {style:?} {head_dim}/{rope_dim}"
+                );
             }
         }
     }
@@ -472,7 +551,13 @@ fn f16_bits(v: f32) -> u16 {
 }
 
 /// Sequences of random lengths over shuffled blocks; each token attends to a random prefix.
-fn attention_case(rng: &mut Rng, n_heads: usize, n_kv_heads: usize, head_dim: usize, block_size: usize) -> AttentionCase {
+fn attention_case(
+    rng: &mut Rng,
+    n_heads: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
+    block_size: usize,
+) -> AttentionCase {
     let n_seqs = 3;
     let max_blocks_per_seq = 6;
     let num_blocks = n_seqs * max_blocks_per_seq + 2;
@@ -483,7 +568,9 @@ fn attention_case(rng: &mut Rng, n_heads: usize, n_kv_heads: usize, head_dim: us
     let block_tables: Vec<i32> = ids[..n_seqs * max_blocks_per_seq].to_vec();
     let cache_len = num_blocks * block_size * n_kv_heads * head_dim;
     // Keys with a spread that makes the softmax peaked for some heads and flat for others.
-    let k_cache = (0..cache_len).map(|_| f16_bits(rng.normal() * 1.5)).collect();
+    let k_cache = (0..cache_len)
+        .map(|_| f16_bits(rng.normal() * 1.5))
+        .collect();
     let v_cache = (0..cache_len).map(|_| f16_bits(rng.normal())).collect();
     let (mut token_seq, mut context_lens) = (Vec::new(), Vec::new());
     for s in 0..n_seqs {
@@ -520,7 +607,9 @@ fn run_attention(c: &AttentionCase, window: Option<usize>) -> Vec<f32> {
         context_lens: &c.context_lens,
     };
     let scale = 1.0 / (c.shape.head_dim as f32).sqrt();
-    paged_attention(&mut out, &c.q, &c.k_cache, &c.v_cache, &c.shape, &batch, scale, window);
+    paged_attention(
+        &mut out, &c.q, &c.k_cache, &c.v_cache, &c.shape, &batch, scale, window,
+    );
     out
 }
 
@@ -530,9 +619,14 @@ fn paged_attention_within_budget() {
     let mut rng = Rng(10);
     for isa in simd_isas() {
         let mut worst = 0.0f64;
-        for (n_heads, n_kv_heads, head_dim, block_size) in
-            [(9, 3, 64, 16), (4, 4, 128, 32), (8, 1, 256, 16), (2, 1, 80, 7), (3, 3, 6, 1), (4, 2, 64, 64)]
-        {
+        for (n_heads, n_kv_heads, head_dim, block_size) in [
+            (9, 3, 64, 16),
+            (4, 4, 128, 32),
+            (8, 1, 256, 16),
+            (2, 1, 80, 7),
+            (3, 3, 6, 1),
+            (4, 2, 64, 64),
+        ] {
             let c = attention_case(&mut rng, n_heads, n_kv_heads, head_dim, block_size);
             for window in [None, Some(5), Some(40)] {
                 let want = on(Isa::Scalar, || run_attention(&c, window));
@@ -590,35 +684,60 @@ fn paged_attention_items_are_independent() {
 // ---- Throughput ------------------------------------------------------------------------------
 
 /// Single-thread matmul throughput, in multiply-adds per second, per ISA: a 576 -> 1536 projection
-/// (the default model's ffn_up) for 1 and 64 activation rows.
+/// (the default model's ffn_up; 512 -> 1536 for the K-quants) for 1 and 64 activation rows. The
+/// best of 15 runs of at least 20 ms each, the ISAs interleaved: this machine is shared and noisy.
+/// `BENCH_TYPES=Q4_1,Q8_0` picks the types, `BENCH_N_OUT` the output width.
 #[test]
 #[ignore]
 fn bench_matmul_gmacs() {
     let _guard = lock_isa();
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
-    let (n_in, n_out) = (576usize, 1536usize);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    let n_out: usize = std::env::var("BENCH_N_OUT").map_or(1536, |v| v.parse().unwrap());
+    let types: Vec<TensorType> = match std::env::var("BENCH_TYPES") {
+        Ok(v) => v
+            .split(',')
+            .map(|name| {
+                *TensorType::ALL
+                    .iter()
+                    .find(|t| t.to_string() == name)
+                    .expect("a type name")
+            })
+            .collect(),
+        Err(_) => vec![
+            TensorType::Q4_1,
+            TensorType::Q8_0,
+            TensorType::Q4_0,
+            TensorType::Q5_0,
+            TensorType::Q4_K,
+            TensorType::Q6_K,
+        ],
+    };
     let mut rng = Rng(12);
-    let x = test_data(&mut rng, n_out * n_in);
-    for t in [TensorType::Q4_1, TensorType::Q8_0, TensorType::Q4_K, TensorType::Q5_0, TensorType::Q6_K] {
-        let n_in = if t.block_size() == 256 { 512 } else { n_in };
+    let x = test_data(&mut rng, n_out * 576);
+    for t in types {
+        let n_in = if t.block_size() == 256 { 512 } else { 576 };
         let w = quantize_rows(t, &x[..n_out * n_in], n_in);
         for n_rows in [1usize, 64] {
             let a = quantize_rows(t.vec_dot_type(), &x[..n_rows * n_in], n_in);
             let mut out = vec![0.0; n_rows * n_out];
-            for isa in available_isas() {
-                set_isa(isa).unwrap();
-                let mut best = f64::MAX;
-                let reps = (64 / n_rows).max(1);
-                for _ in 0..5 {
-                    let t0 = Instant::now();
-                    pool.install(|| {
-                        for _ in 0..reps {
-                            matmul(t, &w, n_in, n_out, &a, n_rows, &mut out)
-                        }
-                    });
-                    best = best.min(t0.elapsed().as_secs_f64() / reps as f64);
+            let isas = available_isas();
+            let mut best = vec![f64::MAX; isas.len()];
+            for _ in 0..15 {
+                for (k, &isa) in isas.iter().enumerate() {
+                    set_isa(isa).unwrap();
+                    let (mut reps, t0) = (0usize, Instant::now());
+                    while t0.elapsed().as_secs_f64() < 0.02 {
+                        pool.install(|| matmul(t, &w, n_in, n_out, &a, n_rows, &mut out));
+                        reps += 1;
+                    }
+                    best[k] = best[k].min(t0.elapsed().as_secs_f64() / reps as f64);
                 }
-                let gmacs = (n_in * n_out * n_rows) as f64 / best / 1e9;
+            }
+            for (k, isa) in isas.iter().enumerate() {
+                let gmacs = (n_in * n_out * n_rows) as f64 / best[k] / 1e9;
                 eprintln!("{t:>5} n_rows={n_rows:>2} {isa:>6}: {gmacs:6.2} GMAC/s");
             }
         }

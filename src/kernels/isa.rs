@@ -58,7 +58,10 @@ impl FromStr for Isa {
             .find(|isa| isa.name().eq_ignore_ascii_case(s))
             .ok_or_else(|| {
                 let names: Vec<_> = Isa::ALL.iter().map(|isa| isa.name()).collect();
-                format!("unknown instruction set {s:?} (known: {})", names.join(", "))
+                format!(
+                    "unknown instruction set {s:?} (known: {})",
+                    names.join(", ")
+                )
             })
     }
 }
@@ -81,7 +84,10 @@ pub fn isa_available(isa: Isa) -> bool {
 
 /// The variants this machine can run, references first.
 pub fn available_isas() -> Vec<Isa> {
-    Isa::ALL.into_iter().filter(|&isa| isa_available(isa)).collect()
+    Isa::ALL
+        .into_iter()
+        .filter(|&isa| isa_available(isa))
+        .collect()
 }
 
 /// The variants the kernels run now: the best available unless `set_isa` chose another.
