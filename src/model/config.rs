@@ -1,13 +1,72 @@
 //! Hyperparameters of a model, read from its GGUF metadata. The differences between model
-//! families are expressed here as data, so the forward pass stays one function.
+//! families are expressed here as data (a [`Family`] per architecture, and the per-layer
+//! [`LayerOptions`]), so the forward pass stays one function.
 
 use anyhow::{bail, Context, Result};
 
-use crate::gguf::GgufFile;
+use crate::gguf::{GgufFile, MetaArray, MetaValue};
 use crate::kernels::{Activation, Rope, RopeStyle};
 
-/// Architectures the forward pass implements.
-pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama"];
+/// Architectures the forward pass implements (`general.architecture`).
+pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama", "qwen2", "gemma3"];
+
+/// What sets one family of models apart, as llama.cpp 0c1e57098 builds them
+/// (`src/models/{llama,qwen2,gemma3}.cpp`). Optional Q/K/V/output biases are not listed: they
+/// are used wherever the file has them, as llama.cpp does.
+#[derive(Clone, Copy, Debug)]
+struct Family {
+    architecture: &'static str,
+    rope_style: RopeStyle,
+    activation: Activation,
+    /// Token embeddings are multiplied by sqrt(n_embd).
+    scale_embeddings: bool,
+    /// Each head's queries and keys go through an RMSNorm (`attn_q_norm`, `attn_k_norm`).
+    qk_norm: bool,
+    /// The attention and feed-forward outputs go through an RMSNorm before their residual
+    /// add (`post_attention_norm`, `post_ffw_norm`).
+    post_norms: bool,
+    /// Sliding-window attention when `{arch}.attention.sliding_window` is set: every layer is
+    /// local except every Nth (N from `{arch}.attention.sliding_window_pattern`, else this).
+    swa_pattern: Option<usize>,
+}
+
+const FAMILIES: &[Family] = &[
+    Family {
+        architecture: "llama",
+        rope_style: RopeStyle::Normal,
+        activation: Activation::SwiGlu,
+        scale_embeddings: false,
+        qk_norm: false,
+        post_norms: false,
+        swa_pattern: None,
+    },
+    Family {
+        architecture: "qwen2",
+        rope_style: RopeStyle::Neox,
+        activation: Activation::SwiGlu,
+        scale_embeddings: false,
+        qk_norm: false,
+        post_norms: false,
+        swa_pattern: None,
+    },
+    Family {
+        architecture: "gemma3",
+        rope_style: RopeStyle::Neox,
+        activation: Activation::GeGlu,
+        scale_embeddings: true,
+        qk_norm: true,
+        post_norms: true,
+        swa_pattern: Some(6),
+    },
+];
+
+/// How one layer attends: its rotary embedding and, for a local layer, its window.
+#[derive(Clone, Copy, Debug)]
+pub struct LayerOptions {
+    pub rope: Rope,
+    /// A query at position p sees keys at positions (p - window, p]; None: all before it.
+    pub window: Option<usize>,
+}
 
 #[derive(Clone, Debug)]
 pub struct ModelConfig {
@@ -22,39 +81,50 @@ pub struct ModelConfig {
     /// Context length the model was trained for.
     pub n_ctx_train: usize,
     pub rms_eps: f32,
-    pub rope: Rope,
     pub activation: Activation,
     /// Softmax scale of attention scores.
     pub attn_scale: f32,
+    /// Factor on the token embeddings (sqrt(n_embd) for gemma, else 1).
+    pub embd_scale: f32,
+    /// Per-head RMSNorm of queries and keys (the weights `attn_q_norm`, `attn_k_norm`).
+    pub qk_norm: bool,
+    /// RMSNorm of the attention and feed-forward outputs before the residual adds.
+    pub post_norms: bool,
+    /// `cap * tanh(logits / cap)` on the output logits.
+    pub final_logit_softcap: Option<f32>,
+    /// Per layer: rope and attention window, [num_layers].
+    pub layers: Vec<LayerOptions>,
 }
 
 impl ModelConfig {
     pub fn from_gguf(g: &GgufFile) -> Result<ModelConfig> {
         let arch = g.architecture()?.to_string();
-        if !SUPPORTED_ARCHITECTURES.contains(&arch.as_str()) {
-            bail!(
-                "unsupported architecture '{arch}' (general.architecture); edge-llm runs: {}",
-                SUPPORTED_ARCHITECTURES.join(", ")
-            );
-        }
+        let Some(family) = FAMILIES.iter().find(|f| f.architecture == arch) else {
+            bail!("unsupported architecture '{arch}' (general.architecture); edge-llm runs: {}", SUPPORTED_ARCHITECTURES.join(", "));
+        };
         let key = |k: &str| format!("{arch}.{k}");
+        let has = |k: &str| g.get(&key(k)).is_some();
         let usize_key = |k: &str| -> Result<usize> {
             let v = g.get_u64(&key(k))?;
             usize::try_from(v).ok().filter(|&v| v > 0 && v < (1 << 24)).with_context(|| format!("{} = {v} is out of range", key(k)))
         };
+        let f32_key = |k: &str| -> Result<f32> {
+            let v = g.get_f32(&key(k))?;
+            if !(v.is_finite() && v > 0.0) {
+                bail!("{} = {v} is out of range", key(k));
+            }
+            Ok(v)
+        };
+
         let n_embd = usize_key("embedding_length")?;
         let num_layers = usize_key("block_count")?;
         let n_ff = usize_key("feed_forward_length")?;
         let n_heads = usize_key("attention.head_count")?;
-        let n_kv_heads = if g.get(&key("attention.head_count_kv")).is_some() {
-            usize_key("attention.head_count_kv")?
-        } else {
-            n_heads
-        };
+        let n_kv_heads = if has("attention.head_count_kv") { usize_key("attention.head_count_kv")? } else { n_heads };
         if n_heads % n_kv_heads != 0 {
             bail!("{} = {n_heads} is not a multiple of {} = {n_kv_heads}", key("attention.head_count"), key("attention.head_count_kv"));
         }
-        let head_dim = if g.get(&key("attention.key_length")).is_some() {
+        let head_dim = if has("attention.key_length") {
             usize_key("attention.key_length")?
         } else {
             if n_embd % n_heads != 0 {
@@ -62,26 +132,58 @@ impl ModelConfig {
             }
             n_embd / n_heads
         };
+        if has("attention.value_length") && usize_key("attention.value_length")? != head_dim {
+            bail!("{} differs from the key length {head_dim}: not supported", key("attention.value_length"));
+        }
         if head_dim > crate::kernels::EL_MAX_HEAD_DIM as usize || head_dim % 2 != 0 {
             bail!("head size {head_dim} is not supported (even, at most {})", crate::kernels::EL_MAX_HEAD_DIM);
         }
-        let rope_dim = if g.get(&key("rope.dimension_count")).is_some() { usize_key("rope.dimension_count")? } else { head_dim };
+        let rope_dim = if has("rope.dimension_count") { usize_key("rope.dimension_count")? } else { head_dim };
         if rope_dim > head_dim || rope_dim % 2 != 0 {
             bail!("{} = {rope_dim} does not fit the head size {head_dim}", key("rope.dimension_count"));
         }
-        let freq_base = if g.get(&key("rope.freq_base")).is_some() { g.get_f32(&key("rope.freq_base"))? } else { 10000.0 };
-        let mut freq_scale = 1.0;
-        if let Ok(kind) = g.get_str(&key("rope.scaling.type")) {
-            match kind {
-                "none" => {}
-                "linear" => freq_scale = 1.0 / g.get_f32(&key("rope.scaling.factor"))?,
-                other => bail!("rope scaling '{other}' ({}) is not supported", key("rope.scaling.type")),
+        let freq_base = if has("rope.freq_base") { f32_key("rope.freq_base")? } else { 10000.0 };
+        // llama.cpp: the scaling type defaults to linear, and its factor applies to global layers.
+        let freq_scale = match g.get(&key("rope.scaling.type")).map(|_| g.get_str(&key("rope.scaling.type"))).transpose()? {
+            Some("none") => 1.0,
+            None | Some("linear") => {
+                if has("rope.scaling.factor") {
+                    1.0 / f32_key("rope.scaling.factor")?
+                } else {
+                    1.0
+                }
             }
-        }
+            Some(other) => bail!("rope scaling '{other}' ({}) is not supported", key("rope.scaling.type")),
+        };
         let rms_eps = g.get_f32(&key("attention.layer_norm_rms_epsilon"))?;
         let n_ctx_train = usize_key("context_length")?;
         let embd = g.tensor("token_embd.weight")?;
-        let vocab_size = if g.get(&key("vocab_size")).is_some() { usize_key("vocab_size")? } else { embd.n_rows() };
+        let vocab_size = if has("vocab_size") { usize_key("vocab_size")? } else { embd.n_rows() };
+
+        // Sliding-window attention: which layers are local, their window and rope.
+        let global_rope = Rope { head_dim, rope_dim, freq_base, freq_scale, style: family.rope_style };
+        let window = match family.swa_pattern {
+            Some(_) if has("attention.sliding_window") => Some(g.get_usize(&key("attention.sliding_window"))?).filter(|&w| w > 0),
+            _ => None,
+        };
+        let is_local: Vec<bool> = match (window, family.swa_pattern) {
+            (Some(_), Some(default_pattern)) => swa_layers(g, &key("attention.sliding_window_pattern"), num_layers, default_pattern)?,
+            _ => vec![false; num_layers],
+        };
+        let local_rope = Rope {
+            freq_base: if has("rope.freq_base_swa") { f32_key("rope.freq_base_swa")? } else { 10000.0 },
+            freq_scale: 1.0,
+            ..global_rope
+        };
+        let layers = is_local
+            .iter()
+            .map(|&local| if local { LayerOptions { rope: local_rope, window } } else { LayerOptions { rope: global_rope, window: None } })
+            .collect();
+
+        // gemma3 27B scales queries by 1/sqrt(n_embd / n_heads) (its query_pre_attn_scalar),
+        // every other size by 1/sqrt(head_dim): llama.cpp tells them apart by the layer count.
+        let scale_dim = if arch == "gemma3" && num_layers == 62 { n_embd / n_heads } else { head_dim };
+        let final_logit_softcap = if has("final_logit_softcapping") { Some(f32_key("final_logit_softcapping")?) } else { None };
         Ok(ModelConfig {
             architecture: arch,
             num_layers,
@@ -93,9 +195,13 @@ impl ModelConfig {
             vocab_size,
             n_ctx_train,
             rms_eps,
-            rope: Rope { head_dim, rope_dim, freq_base, freq_scale, style: RopeStyle::Normal },
-            activation: Activation::SwiGlu,
-            attn_scale: 1.0 / (head_dim as f32).sqrt(),
+            activation: family.activation,
+            attn_scale: 1.0 / (scale_dim as f32).sqrt(),
+            embd_scale: if family.scale_embeddings { (n_embd as f32).sqrt() } else { 1.0 },
+            qk_norm: family.qk_norm,
+            post_norms: family.post_norms,
+            final_logit_softcap,
+            layers,
         })
     }
 
@@ -107,5 +213,49 @@ impl ModelConfig {
     /// Width of one token's queries.
     pub fn q_dim(&self) -> usize {
         self.n_heads * self.head_dim
+    }
+}
+
+/// Which layers attend locally, from `key`: an array of one bool per layer, or a period N,
+/// or `default_pattern` when absent (llama.cpp's `load_swa_pattern`).
+fn swa_layers(g: &GgufFile, key: &str, num_layers: usize, default_pattern: usize) -> Result<Vec<bool>> {
+    let pattern = match g.get(key) {
+        Some(MetaValue::Array(MetaArray::Bool(v))) => {
+            if v.len() != num_layers {
+                bail!("{key} has {} entries for {num_layers} layers", v.len());
+            }
+            return Ok(v.clone());
+        }
+        Some(_) => g.get_usize(key)?,
+        None => default_pattern,
+    };
+    Ok(swa_pattern(pattern, num_layers))
+}
+
+/// Every layer local but each `pattern`-th (layers pattern-1, 2*pattern-1, ...); 0: all local
+/// (llama.cpp's `set_swa_pattern`).
+fn swa_pattern(pattern: usize, num_layers: usize) -> Vec<bool> {
+    (0..num_layers).map(|l| pattern == 0 || l % pattern < pattern - 1).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_supported_architecture_has_a_family() {
+        for a in SUPPORTED_ARCHITECTURES {
+            assert!(FAMILIES.iter().any(|f| f.architecture == *a), "{a}");
+        }
+        assert_eq!(FAMILIES.len(), SUPPORTED_ARCHITECTURES.len());
+    }
+
+    #[test]
+    fn gemma3_attends_globally_every_sixth_layer() {
+        let local = swa_pattern(6, 18);
+        let global: Vec<usize> = (0..18).filter(|&l| !local[l]).collect();
+        assert_eq!(global, [5, 11, 17]);
+        assert!(swa_pattern(0, 4).iter().all(|&l| l));
+        assert!(swa_pattern(1, 4).iter().all(|&l| !l));
     }
 }

@@ -2,13 +2,17 @@
 //! attention (through the paged KV cache), residual, RMSNorm, gated feed-forward, residual;
 //! then the final norm and the logits of the rows that asked for them.
 //!
+//! One function runs every family: what differs (Q/K/V biases, QK-norm, post-norms, embedding
+//! scale, activation, each layer's rope and sliding window, logit soft-capping) is data in
+//! [`ModelConfig`](super::ModelConfig) and [`Weights`](super::Weights), read from the GGUF.
+//!
 //! Each row's arithmetic is the same whatever else is in the batch: matrix products compute
 //! every output element as one dot product, norms and attention are per row. So a sequence's
 //! output does not depend on batching, chunking or caching.
 
 use anyhow::{bail, Result};
 
-use super::weights::Matrix;
+use super::weights::{Linear, Matrix};
 use super::{Batch, Model};
 use crate::gguf::GgufFile;
 use crate::kernels::{self, AttentionBatch};
@@ -42,10 +46,25 @@ impl<'a> Quantized<'a> {
         out.resize(n_rows * m.n_out, 0.0);
         kernels::matmul(m.ttype, m.bytes(g), m.n_in, m.n_out, &self.cache[idx].1, n_rows, out);
     }
+
+    /// `out = x @ l.weight^T + l.bias`: [n_rows][n_out].
+    fn linear(&mut self, g: &GgufFile, l: &Linear, out: &mut Vec<f32>) {
+        self.matmul(g, &l.weight, out);
+        if let Some(bias) = &l.bias {
+            out.chunks_exact_mut(bias.len()).for_each(|row| add_inplace(row, bias));
+        }
+    }
 }
 
 fn add_inplace(x: &mut [f32], y: &[f32]) {
     x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
+}
+
+/// RMSNorm in place over rows of `w.len()` when the model has this norm.
+fn rms_norm_if(x: &mut [f32], w: &Option<Vec<f32>>, eps: f32) {
+    if let Some(w) = w {
+        kernels::rms_norm_inplace(x, w, eps);
+    }
 }
 
 impl Model {
@@ -62,7 +81,7 @@ impl Model {
         if let Some(&bad) = batch.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
             bail!("token id {bad} is outside the vocabulary of {} tokens", c.vocab_size);
         }
-        let (n_embd, q_dim, kv_dim) = (c.n_embd, c.q_dim(), c.kv_dim());
+        let (n_embd, q_dim, kv_dim, eps) = (c.n_embd, c.q_dim(), c.kv_dim(), c.rms_eps);
         let context_lens = batch.context_lens();
         let attn_batch = AttentionBatch {
             block_tables: &batch.block_tables,
@@ -71,10 +90,13 @@ impl Model {
             context_lens: &context_lens,
         };
 
-        // x: [n][n_embd], the residual stream.
+        // x: [n][n_embd], the residual stream, starting from the (scaled) token embeddings.
         let mut x = vec![0.0f32; n * n_embd];
         for (t, &tok) in batch.tokens.iter().enumerate() {
             w.token_embd.dequantize_row(g, tok as usize, &mut x[t * n_embd..(t + 1) * n_embd]);
+        }
+        if c.embd_scale != 1.0 {
+            x.iter_mut().for_each(|v| *v *= c.embd_scale);
         }
 
         let mut h = vec![0.0f32; n * n_embd]; // normed input, [n][n_embd]
@@ -82,29 +104,34 @@ impl Model {
         let mut attn = vec![0.0f32; n * q_dim]; // [n][q_dim]
         let (mut proj, mut gate, mut up) = (Vec::new(), Vec::new(), Vec::new()); // [n][n_embd], [n][n_ff] x2
 
-        for (l, lw) in w.layers.iter().enumerate() {
-            // Attention block.
-            kernels::rms_norm(&x, &lw.attn_norm, &mut h, c.rms_eps);
+        for (l, (lw, lo)) in w.layers.iter().zip(&c.layers).enumerate() {
+            // Attention block: q, k, v (each head's q and k normed where the model does so),
+            // rotated, k and v cached, attention over the layer's window, output projection.
+            kernels::rms_norm(&x, &lw.attn_norm, &mut h, eps);
             let mut hq = Quantized::new(&h, n_embd);
-            hq.matmul(g, &lw.wq, &mut q);
-            hq.matmul(g, &lw.wk, &mut k);
-            hq.matmul(g, &lw.wv, &mut v);
-            kernels::rope(&mut q, &batch.positions, c.n_heads, &c.rope);
-            kernels::rope(&mut k, &batch.positions, c.n_kv_heads, &c.rope);
+            hq.linear(g, &lw.wq, &mut q);
+            hq.linear(g, &lw.wk, &mut k);
+            hq.linear(g, &lw.wv, &mut v);
+            rms_norm_if(&mut q, &lw.attn_q_norm, eps);
+            rms_norm_if(&mut k, &lw.attn_k_norm, eps);
+            kernels::rope(&mut q, &batch.positions, c.n_heads, &lo.rope);
+            kernels::rope(&mut k, &batch.positions, c.n_kv_heads, &lo.rope);
             let (k_cache, v_cache) = kv.layer_mut(l);
             kernels::kv_write(&k, &v, k_cache, v_cache, &batch.slot_mapping, kv_dim);
             let (k_cache, v_cache) = kv.layer(l);
-            kernels::paged_attention(&mut attn, &q, k_cache, v_cache, &kv.shape(c), &attn_batch, c.attn_scale, None);
-            Quantized::new(&attn, q_dim).matmul(g, &lw.wo, &mut proj);
+            kernels::paged_attention(&mut attn, &q, k_cache, v_cache, &kv.shape(c), &attn_batch, c.attn_scale, lo.window);
+            Quantized::new(&attn, q_dim).linear(g, &lw.wo, &mut proj);
+            rms_norm_if(&mut proj, &lw.attn_post_norm, eps);
             add_inplace(&mut x, &proj);
 
             // Feed-forward block.
-            kernels::rms_norm(&x, &lw.ffn_norm, &mut h, c.rms_eps);
+            kernels::rms_norm(&x, &lw.ffn_norm, &mut h, eps);
             let mut hq = Quantized::new(&h, n_embd);
             hq.matmul(g, &lw.w_gate, &mut gate);
             hq.matmul(g, &lw.w_up, &mut up);
             kernels::glu_inplace(&mut gate, &up, c.activation);
             Quantized::new(&gate, c.n_ff).matmul(g, &lw.w_down, &mut proj);
+            rms_norm_if(&mut proj, &lw.ffn_post_norm, eps);
             add_inplace(&mut x, &proj);
         }
 
@@ -116,9 +143,12 @@ impl Model {
         if last.is_empty() {
             return Ok(Vec::new());
         }
-        kernels::rms_norm_inplace(&mut last, &w.output_norm, c.rms_eps);
+        kernels::rms_norm_inplace(&mut last, &w.output_norm, eps);
         let mut logits = Vec::new();
-        Quantized::new(&last, n_embd).matmul(g, &w.output, &mut logits);
+        Quantized::new(&last, n_embd).linear(g, &w.output, &mut logits);
+        if let Some(cap) = c.final_logit_softcap {
+            logits.iter_mut().for_each(|z| *z = cap * (*z / cap).tanh());
+        }
         Ok(logits)
     }
 }

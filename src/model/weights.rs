@@ -1,5 +1,5 @@
 //! The model's weights as views into the mapped GGUF file: matrices stay quantized in the mmap
-//! and are never copied; only the small norm vectors are converted to f32 at load time.
+//! and are never copied; only the small norm and bias vectors are converted to f32 at load time.
 //! Every tensor's presence, type and shape is checked here, naming the tensor on failure.
 
 use anyhow::{bail, Context, Result};
@@ -60,18 +60,47 @@ fn load_vector(g: &GgufFile, name: &str, n: usize) -> Result<Vec<f32>> {
     Ok(out)
 }
 
-/// The weights of one transformer block.
+/// A linear layer: a weight matrix and, where the file has one, an f32 bias of `n_out`.
+#[derive(Clone, Debug)]
+pub struct Linear {
+    pub weight: Matrix,
+    pub bias: Option<Vec<f32>>,
+}
+
+impl Linear {
+    /// `{name}.weight`, and `{name}.bias` if the file has it (llama.cpp treats Q/K/V/output
+    /// biases as optional in every family it runs here).
+    fn load(g: &GgufFile, name: &str, n_in: usize, n_out: usize) -> Result<Linear> {
+        let weight = Matrix::load(g, &format!("{name}.weight"), n_in, n_out)?;
+        let bias_name = format!("{name}.bias");
+        let bias = match g.find_tensor(&bias_name) {
+            Some(_) => Some(load_vector(g, &bias_name, n_out)?),
+            None => None,
+        };
+        Ok(Linear { weight, bias })
+    }
+}
+
+/// The weights of one transformer block. The optional norms are there exactly when the
+/// model's family uses them (`ModelConfig::qk_norm`, `ModelConfig::post_norms`).
 #[derive(Clone, Debug)]
 pub struct LayerWeights {
     pub attn_norm: Vec<f32>,
-    pub wq: Matrix,
-    pub wk: Matrix,
-    pub wv: Matrix,
-    pub wo: Matrix,
+    pub wq: Linear,
+    pub wk: Linear,
+    pub wv: Linear,
+    /// Per-head RMSNorm weights of queries and keys, [head_dim] each.
+    pub attn_q_norm: Option<Vec<f32>>,
+    pub attn_k_norm: Option<Vec<f32>>,
+    pub wo: Linear,
+    /// RMSNorm of the attention output before its residual add, [n_embd].
+    pub attn_post_norm: Option<Vec<f32>>,
     pub ffn_norm: Vec<f32>,
     pub w_gate: Matrix,
     pub w_up: Matrix,
     pub w_down: Matrix,
+    /// RMSNorm of the feed-forward output before its residual add, [n_embd].
+    pub ffn_post_norm: Option<Vec<f32>>,
 }
 
 #[derive(Clone, Debug)]
@@ -80,7 +109,7 @@ pub struct Weights {
     pub layers: Vec<LayerWeights>,
     pub output_norm: Vec<f32>,
     /// The output projection; the token embedding itself when the file ties them.
-    pub output: Matrix,
+    pub output: Linear,
 }
 
 impl Weights {
@@ -88,26 +117,33 @@ impl Weights {
         let token_embd = Matrix::load(g, "token_embd.weight", c.n_embd, c.vocab_size)?;
         let layers = (0..c.num_layers)
             .map(|i| {
+                let linear = |name: &str, n_in, n_out| Linear::load(g, &format!("blk.{i}.{name}"), n_in, n_out);
                 let m = |name: &str, n_in, n_out| Matrix::load(g, &format!("blk.{i}.{name}.weight"), n_in, n_out);
+                let norm = |name: &str, n| load_vector(g, &format!("blk.{i}.{name}.weight"), n);
+                let norm_if = |used: bool, name: &str, n| used.then(|| norm(name, n)).transpose();
                 Ok(LayerWeights {
-                    attn_norm: load_vector(g, &format!("blk.{i}.attn_norm.weight"), c.n_embd)?,
-                    wq: m("attn_q", c.n_embd, c.q_dim())?,
-                    wk: m("attn_k", c.n_embd, c.kv_dim())?,
-                    wv: m("attn_v", c.n_embd, c.kv_dim())?,
-                    wo: m("attn_output", c.q_dim(), c.n_embd)?,
-                    ffn_norm: load_vector(g, &format!("blk.{i}.ffn_norm.weight"), c.n_embd)?,
+                    attn_norm: norm("attn_norm", c.n_embd)?,
+                    wq: linear("attn_q", c.n_embd, c.q_dim())?,
+                    wk: linear("attn_k", c.n_embd, c.kv_dim())?,
+                    wv: linear("attn_v", c.n_embd, c.kv_dim())?,
+                    attn_q_norm: norm_if(c.qk_norm, "attn_q_norm", c.head_dim)?,
+                    attn_k_norm: norm_if(c.qk_norm, "attn_k_norm", c.head_dim)?,
+                    wo: linear("attn_output", c.q_dim(), c.n_embd)?,
+                    attn_post_norm: norm_if(c.post_norms, "post_attention_norm", c.n_embd)?,
+                    ffn_norm: norm("ffn_norm", c.n_embd)?,
                     w_gate: m("ffn_gate", c.n_embd, c.n_ff)?,
                     w_up: m("ffn_up", c.n_embd, c.n_ff)?,
                     w_down: m("ffn_down", c.n_ff, c.n_embd)?,
+                    ffn_post_norm: norm_if(c.post_norms, "post_ffw_norm", c.n_embd)?,
                 })
             })
             .collect::<Result<Vec<_>>>()
             .context("loading transformer blocks")?;
         let output_norm = load_vector(g, "output_norm.weight", c.n_embd)?;
-        let output = if g.tensor("output.weight").is_ok() {
-            Matrix::load(g, "output.weight", c.n_embd, c.vocab_size)?
+        let output = if g.find_tensor("output.weight").is_some() {
+            Linear::load(g, "output", c.n_embd, c.vocab_size)?
         } else {
-            token_embd.clone()
+            Linear { weight: token_embd.clone(), bias: None }
         };
         Ok(Weights { token_embd, layers, output_norm, output })
     }
