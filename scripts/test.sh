@@ -5,4 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/fetch-model.sh
 cargo build --release --locked
-cargo test --release --locked "$@"
+cargo test --release --locked --no-fail-fast "$@"
