@@ -176,11 +176,17 @@ impl BlockManager {
                 _ => break,
             }
         }
-        self.stats.lookup_blocks += matchable as u64;
-        self.stats.hit_blocks += table.len() as u64;
-        self.stats.lookup_tokens += tokens.len() as u64;
-        self.stats.hit_tokens += (table.len() * bs) as u64;
         table
+    }
+
+    /// Counts one prompt lookup of `num_tokens` tokens that reused `hit_blocks` cached blocks.
+    /// Called once per admitted sequence, not per attempt.
+    pub fn record_lookup(&mut self, num_tokens: usize, hit_blocks: usize) {
+        let bs = self.block_size;
+        self.stats.lookup_blocks += (num_tokens.saturating_sub(1) / bs) as u64;
+        self.stats.hit_blocks += hit_blocks as u64;
+        self.stats.lookup_tokens += num_tokens as u64;
+        self.stats.hit_tokens += (hit_blocks * bs) as u64;
     }
 
     /// The chained hashes of the prompt blocks `match_prefix` could reuse: every full block

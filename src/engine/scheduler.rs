@@ -159,6 +159,7 @@ impl Scheduler {
                     out.scheduled.push((id, n));
                     budget -= n;
                     seq.status = SeqStatus::Running;
+                    self.blocks.record_lookup(seq.tokens.len(), matched);
                     seq.pending_hashes = hashes.into_iter().enumerate().skip(matched).collect();
                     for &(_, h) in &seq.pending_hashes {
                         self.in_flight.entry(h).or_insert(id);
