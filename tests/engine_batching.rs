@@ -151,7 +151,9 @@ fn n_completions_fork_and_abort_frees_blocks() {
     assert_eq!(m.blocks_used, 0);
 
     // Abort mid-generation: blocks come back at once.
-    let mut long = e.submit(Request::new(prompt, SamplingParams::greedy(), 1000)).unwrap();
+    let mut long_req = Request::new(prompt, SamplingParams::greedy(), 1000);
+    long_req.ignore_eos = true; // it must still be running when the abort arrives
+    let mut long = e.submit(long_req).unwrap();
     assert!(matches!(long.next_blocking(), Some(Event::Token { .. })));
     drop(long);
     let m = wait_idle(&e);
