@@ -219,7 +219,7 @@ impl Tmux {
         self.tmux(&["has-session"]).status.success()
     }
 
-    /// Waits up to a minute for the screen to satisfy `done`.
+    /// Waits up to three minutes (a loaded 2-core machine is slow) for the screen to satisfy `done`.
     fn wait_for(&self, what: &str, done: impl Fn(&str) -> bool) -> String {
         let start = Instant::now();
         loop {
@@ -227,7 +227,7 @@ impl Tmux {
             if done(&screen) {
                 return screen;
             }
-            if start.elapsed() > Duration::from_secs(60) || !self.alive() {
+            if start.elapsed() > Duration::from_secs(180) || !self.alive() {
                 panic!("waited for {what}; the screen:\n{screen}");
             }
             std::thread::sleep(Duration::from_millis(100));

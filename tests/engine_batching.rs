@@ -64,7 +64,9 @@ fn greedy(prompt: &[u32]) -> Request {
 fn wait_idle(e: &EngineHandle) -> edge_llm::engine::Metrics {
     for _ in 0..100 {
         let m = e.metrics().unwrap();
-        if m.num_running == 0 && m.num_waiting == 0 {
+        // Every submitted request accounted for: a snapshot taken before the last step is stale.
+        let ended = m.requests_finished + m.requests_aborted + m.requests_failed;
+        if m.num_running == 0 && m.num_waiting == 0 && ended == m.requests_submitted && m.requests_submitted > 0 {
             return m;
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
