@@ -103,7 +103,8 @@ int32_t el_matmul(int32_t type, const void *w, int64_t w_row_bytes, const void *
                   float *out, int64_t out_stride, int64_t n_in, int64_t n_rows, int64_t o_begin,
                   int64_t o_end);
 
-/* ---- Elementwise and row operations (f32) --------------------------------------------------- */
+/* ---- Elementwise and row operations (f32) ---------------------------------------------------
+ * Each runs the variant el_isa_get() names (GeGLU: the reference only). */
 
 /* y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, for each of n_rows rows of n. x and y may alias. */
 void el_rms_norm(const float *x /* [n_rows][n] */, const float *w /* [n] */, float *y /* [n_rows][n] */,

@@ -1,13 +1,16 @@
 /*
  * ops.c: scalar reference row operations (RMSNorm, RoPE, SwiGLU/GeGLU), the paged KV write and
- * paged attention. Called only through src/kernels/mod.rs; see edge_kernels.h for shapes.
+ * paged attention, and their public entry points, which run the current ISA's variant where it
+ * has one (ops_avx2.c) and the reference otherwise. Called only through src/kernels/mod.rs; see
+ * edge_kernels.h for shapes.
  */
 #include <math.h>
 
 #include "edge_kernels.h"
 #include "el_internal.h"
+#include "simd_internal.h"
 
-void el_rms_norm(const float *x, const float *w, float *y, int64_t n_rows, int64_t n, float eps) {
+static void rms_norm_ref(const float *x, const float *w, float *y, int64_t n_rows, int64_t n, float eps) {
     for (int64_t r = 0; r < n_rows; r++) {
         const float *xr = x + r * n;
         float *yr = y + r * n;
@@ -19,7 +22,7 @@ void el_rms_norm(const float *x, const float *w, float *y, int64_t n_rows, int64
     }
 }
 
-void el_rope(float *x, const int32_t *pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
+void el_rope_ref(float *x, const int32_t *pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
              int64_t rope_dim, float freq_base, float freq_scale, int32_t neox) {
     const float theta_scale = powf(freq_base, -2.0f / (float)rope_dim);
     for (int64_t t = 0; t < n_tokens; t++) {
@@ -40,7 +43,7 @@ void el_rope(float *x, const int32_t *pos, int64_t n_tokens, int64_t n_heads, in
     }
 }
 
-void el_swiglu(const float *gate, const float *up, float *y, int64_t n) {
+static void swiglu_ref(const float *gate, const float *up, float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         const float g = gate[i];
         y[i] = g / (1.0f + expf(-g)) * up[i];
@@ -56,7 +59,7 @@ void el_geglu(const float *gate, const float *up, float *y, int64_t n) {
     }
 }
 
-void el_kv_write(const float *k, const float *v, uint16_t *k_cache, uint16_t *v_cache,
+static void kv_write_ref(const float *k, const float *v, uint16_t *k_cache, uint16_t *v_cache,
                  const int64_t *slot_mapping, int64_t n_tokens, int64_t kv_dim) {
     for (int64_t t = 0; t < n_tokens; t++) {
         const int64_t slot = slot_mapping[t];
@@ -70,7 +73,7 @@ void el_kv_write(const float *k, const float *v, uint16_t *k_cache, uint16_t *v_
     }
 }
 
-void el_paged_attention(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
+static void paged_attention_ref(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
                         const int32_t *block_tables, const int32_t *token_seq, const int32_t *context_lens,
                         int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t block_size,
                         int64_t max_blocks_per_seq, float scale, int32_t window, int64_t item_begin,
@@ -109,4 +112,50 @@ void el_paged_attention(float *out, const float *q, const uint16_t *k_cache, con
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
         for (int64_t d = 0; d < head_dim; d++) oh[d] = acc[d] * inv;
     }
+}
+
+/* ---- Entry points ------------------------------------------------------------------------------ */
+
+#if defined(__x86_64__)
+#define EL_DISPATCH_AVX2(call)                                                                      \
+    if (el_use_avx2()) {                                                                           \
+        call;                                                                                      \
+        return;                                                                                    \
+    }
+#else
+#define EL_DISPATCH_AVX2(call)
+#endif
+
+void el_rms_norm(const float *x, const float *w, float *y, int64_t n_rows, int64_t n, float eps) {
+    EL_DISPATCH_AVX2(el_rms_norm_avx2(x, w, y, n_rows, n, eps))
+    rms_norm_ref(x, w, y, n_rows, n, eps);
+}
+
+void el_rope(float *x, const int32_t *pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
+             int64_t rope_dim, float freq_base, float freq_scale, int32_t neox) {
+    EL_DISPATCH_AVX2(el_rope_avx2(x, pos, n_tokens, n_heads, head_dim, rope_dim, freq_base, freq_scale, neox))
+    el_rope_ref(x, pos, n_tokens, n_heads, head_dim, rope_dim, freq_base, freq_scale, neox);
+}
+
+void el_swiglu(const float *gate, const float *up, float *y, int64_t n) {
+    EL_DISPATCH_AVX2(el_swiglu_avx2(gate, up, y, n))
+    swiglu_ref(gate, up, y, n);
+}
+
+void el_kv_write(const float *k, const float *v, uint16_t *k_cache, uint16_t *v_cache,
+                 const int64_t *slot_mapping, int64_t n_tokens, int64_t kv_dim) {
+    EL_DISPATCH_AVX2(el_kv_write_avx2(k, v, k_cache, v_cache, slot_mapping, n_tokens, kv_dim))
+    kv_write_ref(k, v, k_cache, v_cache, slot_mapping, n_tokens, kv_dim);
+}
+
+void el_paged_attention(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
+                        const int32_t *block_tables, const int32_t *token_seq, const int32_t *context_lens,
+                        int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t block_size,
+                        int64_t max_blocks_per_seq, float scale, int32_t window, int64_t item_begin,
+                        int64_t item_end) {
+    EL_DISPATCH_AVX2(el_paged_attention_avx2(out, q, k_cache, v_cache, block_tables, token_seq, context_lens,
+                                             n_heads, n_kv_heads, head_dim, block_size, max_blocks_per_seq,
+                                             scale, window, item_begin, item_end))
+    paged_attention_ref(out, q, k_cache, v_cache, block_tables, token_seq, context_lens, n_heads, n_kv_heads,
+                        head_dim, block_size, max_blocks_per_seq, scale, window, item_begin, item_end);
 }

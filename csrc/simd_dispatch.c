@@ -1,18 +1,21 @@
 /*
  * simd_dispatch.c: which instruction set the kernels run (el_isa_*), and the table lookup that
  * quants.c uses to find a type's SIMD kernels. The choice is one process-wide atomic: detected
- * from the CPU on first use (racing first uses all detect the same answer, and a compare-exchange
+ * from the CPU (or taken from the EDGE_LLM_ISA environment variable) on first use (racing first uses all detect the same answer, and a compare-exchange
  * keeps an el_isa_set that came first), changed only by el_isa_set. This file is compiled for the
  * baseline ISA, so it runs on any CPU; it only calls into the AVX2 files once AVX2 is chosen.
  */
 #include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "edge_kernels.h"
 #include "simd_internal.h"
 
 static _Atomic int32_t current_isa = -1; /* -1: not detected yet */
 
-static int32_t detect(void) {
+/* The best instruction set this CPU runs. */
+static int32_t best(void) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
@@ -27,10 +30,20 @@ int32_t el_isa_available(int32_t isa) {
     case EL_ISA_SCALAR:
         return 1;
     case EL_ISA_AVX2:
-        return detect() == EL_ISA_AVX2;
+        return best() == EL_ISA_AVX2;
     default:
         return 0;
     }
+}
+
+/* The first choice: EDGE_LLM_ISA (scalar, avx2) where set to one available here, else the best. */
+static int32_t detect(void) {
+    const char *want = getenv("EDGE_LLM_ISA");
+    if (want != NULL) {
+        if (strcmp(want, "scalar") == 0) return EL_ISA_SCALAR;
+        if (strcmp(want, "avx2") == 0 && el_isa_available(EL_ISA_AVX2)) return EL_ISA_AVX2;
+    }
+    return best();
 }
 
 int32_t el_isa_get(void) {

@@ -56,6 +56,10 @@ void el_paged_attention_avx2(float *out, const float *q, const uint16_t *k_cache
                              int32_t window, int64_t item_begin, int64_t item_end);
 #endif
 
+/* ops.c's RoPE reference, for a variant's out-of-range fallback. */
+void el_rope_ref(float *x, const int32_t *pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
+                 int64_t rope_dim, float freq_base, float freq_scale, int32_t neox);
+
 /* 1 when the row operations should take their AVX2 variants. */
 static inline int el_use_avx2(void) { return el_isa_get() == EL_ISA_AVX2; }
 

@@ -1,11 +1,14 @@
 //! The SIMD kernel variants against the scalar references, on every instruction set this machine
-//! has (`available_isas`), on random data:
-//! - vec_dot, the activation quantizers, matmul, kv_write and RoPE: bit-identical to the
-//!   reference (their SIMD versions keep the reference's arithmetic, lane by lane);
-//! - matmul: every element equal to the same ISA's vec_dot, and a row's result the same whatever
+//! has (`available_isas`), on random data. Every variant is bit-identical to its reference -- its
+//! error budget is zero -- because the forward pass amplifies any last-bit difference: the next
+//! matmul quantizes activations to int8, and a value that crosses a rounding boundary moves by a
+//! whole quantization step (about 0.3 in the default model's logits, enough to flip near-tied
+//! greedy tokens). So:
+//! - vec_dot, the quantizers, RMSNorm, RoPE, SwiGLU, the KV write and paged attention: the SIMD
+//!   result equals the reference's bit for bit;
+//! - matmul: every element equals the same ISA's vec_dot, and a row's result is the same whatever
 //!   the batch size;
-//! - paged attention, RMSNorm and SwiGLU (vector float sums and a vector exp): within the named
-//!   budgets below, each about 3x over what the kernels measure here (the tests print it).
+//! - paged attention: a (token, head) computed alone equals the same item in a batch.
 //!
 //! The ISA is process-wide, so every test that switches it holds `ISA_LOCK`.
 //! `bench_matmul_gmacs` (ignored; `cargo test --release --test kernels_simd -- --ignored
@@ -132,20 +135,6 @@ fn activation_data(rng: &mut Rng, n: usize) -> Vec<f32> {
     }
     x
 }
-
-// ---- Budgets ---------------------------------------------------------------------------------
-
-/// Paged attention: |simd - scalar| over the largest |v| the (token, head) reads. The SIMD kernel
-/// sums q.k in eight lanes with FMA, rescales once per KV block rather than once per new maximum,
-/// and uses a vector exp (a few ulp); all of it lands in the sixth or seventh digit.
-const ATTENTION_BUDGET: f64 = 1e-5;
-
-/// RMSNorm: relative error per element. The SIMD kernel sums squares in double across lanes (the
-/// reference sums in one double); both round the same float scale almost always.
-const RMS_NORM_BUDGET: f64 = 1e-6;
-
-/// SwiGLU: relative error per element, from the vector exp (a few ulp; 2^-23 is 1.2e-7).
-const SWIGLU_BUDGET: f64 = 1e-6;
 
 // ---- The ISA API -----------------------------------------------------------------------------
 
@@ -391,45 +380,45 @@ fn matmul_is_the_same_on_every_isa() {
 
 // ---- Row operations --------------------------------------------------------------------------
 
-fn rel_err(got: f32, want: f32) -> f64 {
-    let d = (got as f64 - want as f64).abs();
-    if d == 0.0 {
-        0.0
-    } else {
-        d / (want as f64).abs().max(f32::MIN_POSITIVE as f64)
-    }
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// The index and values of the first element where two outputs differ, for messages.
+fn first_difference(got: &[f32], want: &[f32]) -> Option<(usize, f32, f32)> {
+    got.iter()
+        .zip(want)
+        .position(|(g, w)| g.to_bits() != w.to_bits())
+        .map(|i| (i, got[i], want[i]))
 }
 
 #[test]
-fn rms_norm_within_budget() {
+fn rms_norm_is_bit_identical_to_the_reference() {
     let _guard = lock_isa();
     let mut rng = Rng(6);
     for isa in simd_isas() {
-        let mut worst = 0.0f64;
         for n in [1usize, 7, 64, 576, 1000, 2048] {
-            let x = test_data(&mut rng, 5 * n);
-            let w = test_data(&mut rng, n);
-            let run = |isa| {
-                on(isa, || {
-                    let mut y = vec![0.0; x.len()];
-                    rms_norm(&x, &w, &mut y, 1e-5);
-                    y
-                })
-            };
-            let (want, got) = (run(Isa::Scalar), run(isa));
-            for (g, w) in got.iter().zip(&want) {
-                worst = worst.max(rel_err(*g, *w));
+            for n_rows in [1usize, 3, 4, 9] {
+                let x = test_data(&mut rng, n_rows * n);
+                let w = test_data(&mut rng, n);
+                let run = |isa| {
+                    on(isa, || {
+                        let mut y = vec![0.0; x.len()];
+                        rms_norm(&x, &w, &mut y, 1e-5);
+                        y
+                    })
+                };
+                let (want, got) = (run(Isa::Scalar), run(isa));
+                if let Some(d) = first_difference(&got, &want) {
+                    panic!("{isa} rms_norm of {n_rows} rows of {n}: element {} is {}, the reference's {}", d.0, d.1, d.2);
+                }
             }
         }
-        eprintln!(
-            "{isa} rms_norm: worst relative error {worst:.2e} (budget {RMS_NORM_BUDGET:.0e})"
-        );
-        assert!(worst <= RMS_NORM_BUDGET, "{isa} rms_norm error {worst:e}");
     }
 }
 
 #[test]
-fn swiglu_within_budget() {
+fn swiglu_is_bit_identical_to_the_reference() {
     let _guard = lock_isa();
     let mut rng = Rng(7);
     for isa in simd_isas() {
@@ -439,30 +428,22 @@ fn swiglu_within_budget() {
             0.0, -0.0, 88.0, -88.0, 100.0, -100.0, 1e-20, -1e-20, 20.0, -20.0, 87.5, -104.0,
         ]);
         let up = test_data(&mut rng, gate.len());
-        let run = |isa| {
-            on(isa, || {
-                let mut y = gate.clone();
-                glu_inplace(&mut y, &up, Activation::SwiGlu);
-                y
-            })
-        };
-        let (want, got) = (run(Isa::Scalar), run(isa));
-        let worst = got
-            .iter()
-            .zip(&want)
-            .map(|(g, w)| rel_err(*g, *w))
-            .fold(0.0, f64::max);
-        eprintln!("{isa} swiglu: worst relative error {worst:.2e} (budget {SWIGLU_BUDGET:.0e})");
-        assert!(worst <= SWIGLU_BUDGET, "{isa} swiglu error {worst:e}");
-        // GeGLU has no SIMD variant: it must be the reference exactly.
-        let geglu = |isa| {
-            on(isa, || {
-                let mut y = gate.clone();
-                glu_inplace(&mut y, &up, Activation::GeGlu);
-                y.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-            })
-        };
-        assert!(geglu(isa) == geglu(Isa::Scalar), "{isa} geglu");
+        for act in [Activation::SwiGlu, Activation::GeGlu] {
+            let run = |isa| {
+                on(isa, || {
+                    let mut y = gate.clone();
+                    glu_inplace(&mut y, &up, act);
+                    y
+                })
+            };
+            let (want, got) = (run(Isa::Scalar), run(isa));
+            if let Some(d) = first_difference(&got, &want) {
+                panic!(
+                    "{isa} {act:?}: element {} is {}, the reference's {}",
+                    d.0, d.1, d.2
+                );
+            }
+        }
     }
 }
 
@@ -614,15 +595,15 @@ fn run_attention(c: &AttentionCase, window: Option<usize>) -> Vec<f32> {
 }
 
 #[test]
-fn paged_attention_within_budget() {
+fn paged_attention_is_bit_identical_to_the_reference() {
     let _guard = lock_isa();
     let mut rng = Rng(10);
     for isa in simd_isas() {
-        let mut worst = 0.0f64;
         for (n_heads, n_kv_heads, head_dim, block_size) in [
             (9, 3, 64, 16),
             (4, 4, 128, 32),
             (8, 1, 256, 16),
+            (14, 2, 64, 16),
             (2, 1, 80, 7),
             (3, 3, 6, 1),
             (4, 2, 64, 64),
@@ -631,21 +612,15 @@ fn paged_attention_within_budget() {
             for window in [None, Some(5), Some(40)] {
                 let want = on(Isa::Scalar, || run_attention(&c, window));
                 let got = on(isa, || run_attention(&c, window));
-                // The largest |v| any head reads bounds its output; the cache is shared, so use
-                // the whole cache's.
-                let vmax = c
-                    .v_cache
-                    .iter()
-                    .map(|&h| half::f16::from_bits(h).to_f32().abs())
-                    .fold(0.0f32, f32::max) as f64;
-                for (g, w) in got.iter().zip(&want) {
-                    assert!(g.is_finite(), "{isa} attention produced {g}");
-                    worst = worst.max((*g as f64 - *w as f64).abs() / vmax);
+                if let Some(d) = first_difference(&got, &want) {
+                    panic!(
+                        "{isa} attention {n_heads}/{n_kv_heads} heads of {head_dim}, blocks of {block_size}, \
+                         window {window:?}: element {} is {}, the reference's {}",
+                        d.0, d.1, d.2
+                    );
                 }
             }
         }
-        eprintln!("{isa} paged_attention: worst error {worst:.2e} of max |v| (budget {ATTENTION_BUDGET:.0e})");
-        assert!(worst <= ATTENTION_BUDGET, "{isa} attention error {worst:e}");
     }
 }
 
@@ -672,11 +647,10 @@ fn paged_attention_items_are_independent() {
                 context_lens: vec![c.context_lens[t]],
             };
             let alone = run_attention(&one, None);
-            let same = alone
-                .iter()
-                .zip(&full[t * per_token..][..per_token])
-                .all(|(a, b)| a.to_bits() == b.to_bits());
-            assert!(same, "{isa}: token {t} alone differs from the batch");
+            assert!(
+                bits(&alone) == bits(&full[t * per_token..][..per_token]),
+                "{isa}: token {t} alone differs from the batch"
+            );
         }
     }
 }
