@@ -109,15 +109,21 @@ fn batched_equals_one_at_a_time_and_the_prompt_is_computed_once() {
 
 #[test]
 fn a_pool_too_small_preempts_and_gives_the_same_outputs() {
-    // Four different 200-token prompts (nothing to share): each needs 14 blocks to finish,
-    // 56 in all; a pool of 36 blocks cannot hold them at once.
+    // Four different 100-token prompts (nothing to share), 100 tokens generated each: all four
+    // are admitted at once (7 blocks each) whenever they arrive, then grow to 13 blocks each,
+    // 52 in all, in a pool of 36.
     let model = shared_model();
     let text = std::fs::read_to_string("/usr/share/common-licenses/GPL-3").unwrap();
     let tokens = model.tokenizer.encode(&text, false, false).unwrap();
-    let prompts: Vec<Vec<u32>> = (0..4).map(|i| tokens[i * 300..i * 300 + 200].to_vec()).collect();
-    let expected: Vec<Vec<u32>> = prompts.iter().map(|p| collect(&mut engine(64).submit(greedy(p)).unwrap()).0).collect();
+    let prompts: Vec<Vec<u32>> = (0..4).map(|i| tokens[i * 300..i * 300 + 100].to_vec()).collect();
+    let long = |p: &Vec<u32>| {
+        let mut r = Request::new(p.clone(), SamplingParams::greedy(), 100);
+        r.ignore_eos = true;
+        r
+    };
+    let expected: Vec<Vec<u32>> = prompts.iter().map(|p| collect(&mut engine(64).submit(long(p)).unwrap()).0).collect();
     let e = engine(36);
-    let mut streams: Vec<_> = prompts.iter().map(|p| e.submit(greedy(p)).unwrap()).collect();
+    let mut streams: Vec<_> = prompts.iter().map(|p| e.submit(long(p)).unwrap()).collect();
     let results: Vec<_> = streams.iter_mut().map(collect).collect();
     for (i, ((tokens, _, _), want)) in results.iter().zip(&expected).enumerate() {
         assert_eq!(tokens, want, "sequence {i} after preemption");
