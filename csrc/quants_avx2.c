@@ -146,53 +146,58 @@ EL_AI void tile32(const int type, const int R, const int C, const uint8_t *const
  * two weight rows' blocks in the two halves of one register, the low nibbles are both rows'
  * elements 0..15 and the high nibbles their elements 16..31; against an activation block whose
  * halves are broadcast to both register halves, one pair of maddubs serves two outputs, and four
- * such registers reduce to eight lanes with three hadds. Lane L = h * 4 + k holds half h of
- * register k = r * NCP + cp (activation row r, column pair cp): column c = cp + h * NCP (for
- * C == 1 both halves hold column 0). Q4_0's q - 8 comes in as 8 * (the activation's pair sums),
- * subtracted in 16 bits (|sum| <= 11684). The last step moves the lanes to p = r * C + c order. */
+ * such registers reduce to one vector of eight lanes with three hadds. Register k = r * NCP + cp
+ * (activation row r, column pair cp; NCP = C / 2 pairs, columns cp and cp + NCP) lands in vector
+ * k / 4, lane h * 4 + k % 4 for its half h: column cp + h * NCP (for C == 1 both halves hold column
+ * 0). A 4x4 tile has eight registers, so two vectors. Q4_0's q - 8 comes in as 8 * (the
+ * activation's pair sums), subtracted in 16 bits (|sum| <= 11684). The last step moves the lanes
+ * to output order p = r * C + c. */
 #define NIB_NCP (C == 1 ? 1 : C / 2)
 #define NIB_K (R * NIB_NCP)
-#define NIB_R(L) (((L) % 4) < NIB_K ? ((L) % 4) / NIB_NCP : 0)
-#define NIB_C(L) (((L) % 4) < NIB_K && C > 1 ? ((L) % 4) % NIB_NCP + ((L) / 4) * NIB_NCP : 0)
+#define NIB_KL(v, L) (4 * (v) + (L) % 4) /* register of lane L of vector v */
+#define NIB_R(v, L) (NIB_KL(v, L) < NIB_K ? NIB_KL(v, L) / NIB_NCP : 0)
+#define NIB_C(v, L) (NIB_KL(v, L) < NIB_K && C > 1 ? NIB_KL(v, L) % NIB_NCP + ((L) / 4) * NIB_NCP : 0)
+/* the lane (within its vector: output p is in vector p / 8) of output p = r * C + c */
 #define NIB_SRC(p)                                                                                           \
-    ((p) < R * C ? (C == 1 ? (p) : (((p) % C) / NIB_NCP) * 4 + ((p) / C) * NIB_NCP + ((p) % C) % NIB_NCP) : 0)
+    ((p) < R * C ? (C == 1 ? (p) % 8 : (((p) % C) / NIB_NCP) * 4 + (((p) / C) * NIB_NCP + ((p) % C) % NIB_NCP) % 4) \
+                 : 0)
 
-EL_AI __m256i nib_cols2(const int R, const int C) {
-    return _mm256_setr_epi32(2 * NIB_C(0), 2 * NIB_C(1), 2 * NIB_C(2), 2 * NIB_C(3), 2 * NIB_C(4), 2 * NIB_C(5),
-                             2 * NIB_C(6), 2 * NIB_C(7));
+EL_AI __m256i nib_cols2(const int R, const int C, const int v) {
+    return _mm256_setr_epi32(2 * NIB_C(v, 0), 2 * NIB_C(v, 1), 2 * NIB_C(v, 2), 2 * NIB_C(v, 3), 2 * NIB_C(v, 4),
+                             2 * NIB_C(v, 5), 2 * NIB_C(v, 6), 2 * NIB_C(v, 7));
 }
-EL_AI __m256i nib_rows2(const int R, const int C) {
-    return _mm256_setr_epi32(2 * NIB_R(0), 2 * NIB_R(1), 2 * NIB_R(2), 2 * NIB_R(3), 2 * NIB_R(4), 2 * NIB_R(5),
-                             2 * NIB_R(6), 2 * NIB_R(7));
+EL_AI __m256i nib_rows2(const int R, const int C, const int v) {
+    return _mm256_setr_epi32(2 * NIB_R(v, 0), 2 * NIB_R(v, 1), 2 * NIB_R(v, 2), 2 * NIB_R(v, 3), 2 * NIB_R(v, 4),
+                             2 * NIB_R(v, 5), 2 * NIB_R(v, 6), 2 * NIB_R(v, 7));
 }
-EL_AI __m256i nib_src(const int R, const int C) {
-    return _mm256_setr_epi32(NIB_SRC(0), NIB_SRC(1), NIB_SRC(2), NIB_SRC(3), NIB_SRC(4), NIB_SRC(5), NIB_SRC(6),
-                             NIB_SRC(7));
+EL_AI __m256i nib_src(const int R, const int C, const int v) {
+    return _mm256_setr_epi32(NIB_SRC(8 * v + 0), NIB_SRC(8 * v + 1), NIB_SRC(8 * v + 2), NIB_SRC(8 * v + 3),
+                             NIB_SRC(8 * v + 4), NIB_SRC(8 * v + 5), NIB_SRC(8 * v + 6), NIB_SRC(8 * v + 7));
 }
 
+/* sums[p] for the R x C outputs of the tile (p = r * C + c, R * C <= 16, R * NCP <= 8). */
 EL_AI void tile_nib(const int type, const int R, const int C, const uint8_t *const *wp,
-                    const uint8_t *const *ap, const int64_t nb, float *sums /* [8] */) {
-    const int NCP = NIB_NCP, K = NIB_K;
+                    const uint8_t *const *ap, const int64_t nb, float *sums /* [16] */) {
+    const int NCP = NIB_NCP, K = NIB_K, NV = K > 4 ? 2 : 1;
     const int q4_0 = type == EL_TYPE_Q4_0;
     const int wb = q4_0 ? (int)sizeof(el_block_q4_0) : (int)sizeof(el_block_q4_1);
     const int wq = q4_0 ? 2 : 4; /* offset of the weight nibbles */
     const int ab = q4_0 ? (int)sizeof(el_block_q8_0) : (int)sizeof(el_block_q8_1);
     const int aq = q4_0 ? 2 : 4; /* offset of the activation quants */
     const __m256i ones16 = _mm256_set1_epi16(1), ones8 = _mm256_set1_epi8(1), low4 = _mm256_set1_epi8(0x0F);
-    __m256 sum = _mm256_setzero_ps();
+    __m256 sum[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t i = 0; i < nb; i++) {
-        __m256i alo[4], ahi[4], a8[4];
-        for (int r = 0; r < R; r++) {
-            const uint8_t *a = ap[r] + i * ab + aq;
-            alo[r] = _mm256_broadcastsi128_si256(el_loadu_128(a));
-            ahi[r] = _mm256_broadcastsi128_si256(el_loadu_128(a + 16));
-            if (q4_0) {
-                const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(ones8, alo[r]), _mm256_maddubs_epi16(ones8, ahi[r]));
-                a8[r] = _mm256_slli_epi16(pairs, 3);
+        __m256i a8[4];
+        if (q4_0) {
+            for (int r = 0; r < R; r++) {
+                const uint8_t *a = ap[r] + i * ab + aq;
+                const __m256i alo = _mm256_broadcastsi128_si256(el_loadu_128(a));
+                const __m256i ahi = _mm256_broadcastsi128_si256(el_loadu_128(a + 16));
+                a8[r] = _mm256_slli_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(ones8, alo), _mm256_maddubs_epi16(ones8, ahi)), 3);
             }
         }
-        __m256i acc[4];
-        for (int k = K; k < 4; k++) acc[k] = _mm256_setzero_si256();
+        __m256i acc[8];
+        for (int k = K; k < 4 * NV; k++) acc[k] = _mm256_setzero_si256();
         for (int cp = 0; cp < NCP; cp++) {
             const uint8_t *w0 = wp[cp] + i * wb + wq;
             const uint8_t *w1 = wp[C == 1 ? 0 : cp + NCP] + i * wb + wq;
@@ -200,41 +205,64 @@ EL_AI void tile_nib(const int type, const int R, const int C, const uint8_t *con
             const __m256i lo = _mm256_and_si256(w, low4);
             const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
             for (int r = 0; r < R; r++) {
-                __m256i prod = _mm256_add_epi16(_mm256_maddubs_epi16(lo, alo[r]), _mm256_maddubs_epi16(hi, ahi[r]));
-                if (q4_0) prod = _mm256_sub_epi16(prod, a8[r]);
-                acc[r * NCP + cp] = _mm256_madd_epi16(prod, ones16);
+                const uint8_t *a = ap[r] + i * ab + aq;
+                const __m256i alo = _mm256_broadcastsi128_si256(el_loadu_128(a));
+                const __m256i ahi = _mm256_broadcastsi128_si256(el_loadu_128(a + 16));
+                __m256i prod = _mm256_add_epi16(_mm256_maddubs_epi16(lo, alo), _mm256_maddubs_epi16(hi, ahi));
+                if (q4_0) prod = _mm256_madd_epi16(_mm256_sub_epi16(prod, a8[r]), ones16);
+                acc[r * NCP + cp] = prod;
             }
         }
-        const __m256 isum = _mm256_cvtepi32_ps(el_reduce4x2_epi32(acc));
-        __m256 dw, mw, da, sa;
-        el_lane_halves(C, wp, i * wb, nib_cols2(R, C), &dw, &mw); /* (d, m), or (d, unused) */
-        el_lane_halves(R, ap, i * ab, nib_rows2(R, C), &da, &sa); /* (d, s), or (d, unused) */
-        __m256 t = _mm256_mul_ps(_mm256_mul_ps(dw, da), isum);
-        if (!q4_0) t = _mm256_add_ps(t, _mm256_mul_ps(mw, sa));
-        sum = _mm256_add_ps(sum, t);
+        for (int v = 0; v < NV; v++) {
+            /* Q4_1's 16-bit lanes are at most 4 * 15 * 127 = 7620, so four of them still fit 16
+             * bits: two hadd levels there, one widening madd. Q4_0's are 32-bit already. */
+            const __m256i *k4 = acc + 4 * v;
+            const __m256i reduced = q4_0 ? el_reduce4x2_epi32(k4)
+                                         : _mm256_madd_epi16(_mm256_hadd_epi16(_mm256_hadd_epi16(k4[0], k4[1]),
+                                                                               _mm256_hadd_epi16(k4[2], k4[3])),
+                                                             ones16);
+            const __m256 isum = _mm256_cvtepi32_ps(reduced);
+            __m256 dw, mw, da, sa;
+            el_lane_halves(C, wp, i * wb, nib_cols2(R, C, v), &dw, &mw); /* (d, m), or (d, unused) */
+            el_lane_halves(R, ap, i * ab, nib_rows2(R, C, v), &da, &sa); /* (d, s), or (d, unused) */
+            __m256 t = _mm256_mul_ps(_mm256_mul_ps(dw, da), isum);
+            if (!q4_0) t = _mm256_add_ps(t, _mm256_mul_ps(mw, sa));
+            sum[v] = _mm256_add_ps(sum[v], t);
+        }
     }
-    _mm256_storeu_ps(sums, _mm256_permutevar8x32_ps(sum, nib_src(R, C)));
+    for (int v = 0; v < NV; v++) _mm256_storeu_ps(sums + 8 * v, _mm256_permutevar8x32_ps(sum[v], nib_src(R, C, v)));
 }
 
-/* out[r][o] for rows [0, n_rows) and columns [o_begin, o_end), tile by tile. tile_RxC compute
- * one tile; rows and columns past the ends repeat the last one. */
+/* out[r][o] for rows [0, n_rows) and columns [o_begin, o_end), tile by tile: R x C tiles with
+ * R = 4 (C = c4) while three or more rows are left, then R = 2 (C = c2) or R = 1 (C = c1). Rows and
+ * columns past the ends repeat the last one (computed, never stored). For one row (decode) the
+ * weights stream from memory once, so the tile after next is prefetched. */
 typedef void (*tile_fn)(const uint8_t *const *wp, const uint8_t *const *ap, int64_t nb, float *sums);
 
-static void matmul_tiles(tile_fn tile_4x2, tile_fn tile_2x4, tile_fn tile_1x8, const void *w, int64_t w_row_bytes,
-                         const void *a, int64_t a_row_bytes, float *out, int64_t out_stride, int64_t nb,
-                         int64_t n_rows, int64_t o_begin, int64_t o_end) {
+typedef struct {
+    tile_fn tile4, tile2, tile1;
+    int c4, c2, c1;
+} tile_shapes;
+
+static void matmul_tiles(const tile_shapes *sh, const void *w, int64_t w_row_bytes, const void *a,
+                         int64_t a_row_bytes, float *out, int64_t out_stride, int64_t nb, int64_t n_rows,
+                         int64_t o_begin, int64_t o_end) {
     const uint8_t *w8 = w, *a8 = a;
     for (int64_t r0 = 0; r0 < n_rows;) {
         const int64_t left = n_rows - r0;
         const int R = left >= 3 ? 4 : (int)left;
-        const int C = 8 / R;
-        const tile_fn tile = R == 4 ? tile_4x2 : R == 2 ? tile_2x4 : tile_1x8;
+        const int C = R == 4 ? sh->c4 : R == 2 ? sh->c2 : sh->c1;
+        const tile_fn tile = R == 4 ? sh->tile4 : R == 2 ? sh->tile2 : sh->tile1;
         const uint8_t *ap[4];
         for (int r = 0; r < R; r++) ap[r] = a8 + (r0 + (r < left ? r : left - 1)) * a_row_bytes;
         for (int64_t o0 = o_begin; o0 < o_end; o0 += C) {
             const uint8_t *wp[8];
             for (int c = 0; c < C; c++) wp[c] = w8 + (o0 + c < o_end ? o0 + c : o_end - 1) * w_row_bytes;
-            float sums[8];
+            if (R == 1 && o0 + 2 * C <= o_end) {
+                const uint8_t *p = w8 + (o0 + C) * w_row_bytes, *end = w8 + (o0 + 2 * C) * w_row_bytes;
+                for (; p < end; p += 64) _mm_prefetch((const char *)p + C * w_row_bytes, _MM_HINT_T0);
+            }
+            float sums[16];
             tile(wp, ap, nb, sums);
             for (int r = 0; r < R && r < left; r++) {
                 for (int c = 0; c < C && o0 + c < o_end; c++) out[(r0 + r) * out_stride + o0 + c] = sums[r * C + c];
@@ -244,38 +272,39 @@ static void matmul_tiles(tile_fn tile_4x2, tile_fn tile_2x4, tile_fn tile_1x8, c
     }
 }
 
-#define KERNELS32(name, TYPE, TILE)                                                                        \
-    static void tile_##name##_4x2(const uint8_t *const *wp, const uint8_t *const *ap, int64_t nb,    \
-                                  float *sums) {                                                     \
-        TILE(TYPE, 4, 2, wp, ap, nb, sums);                                                        \
+/* The tiles, vec_dot (a 1x1 tile) and matmul of one type; TILE(type, R, C, ...) the tile code. */
+#define KERNELS32(name, TYPE, TILE, C4)                                                              \
+    static void tile_##name##_4(const uint8_t *const *wp, const uint8_t *const *ap, int64_t nb,      \
+                                float *sums) {                                                       \
+        TILE(TYPE, 4, C4, wp, ap, nb, sums);                                                         \
     }                                                                                                \
-    static void tile_##name##_2x4(const uint8_t *const *wp, const uint8_t *const *ap, int64_t nb,    \
-                                  float *sums) {                                                     \
-        TILE(TYPE, 2, 4, wp, ap, nb, sums);                                                        \
+    static void tile_##name##_2(const uint8_t *const *wp, const uint8_t *const *ap, int64_t nb,      \
+                                float *sums) {                                                       \
+        TILE(TYPE, 2, 4, wp, ap, nb, sums);                                                          \
     }                                                                                                \
-    static void tile_##name##_1x8(const uint8_t *const *wp, const uint8_t *const *ap, int64_t nb,    \
-                                  float *sums) {                                                     \
-        TILE(TYPE, 1, 8, wp, ap, nb, sums);                                                        \
+    static void tile_##name##_1(const uint8_t *const *wp, const uint8_t *const *ap, int64_t nb,      \
+                                float *sums) {                                                       \
+        TILE(TYPE, 1, 8, wp, ap, nb, sums);                                                          \
     }                                                                                                \
     static float dot_##name(const void *w, const void *a, int64_t nb) {                              \
         const uint8_t *wp[1] = {w}, *ap[1] = {a};                                                    \
-        float sums[8];                                                                               \
-        TILE(TYPE, 1, 1, wp, ap, nb, sums);                                                        \
+        float sums[16];                                                                              \
+        TILE(TYPE, 1, 1, wp, ap, nb, sums);                                                          \
         return sums[0];                                                                              \
     }                                                                                                \
     static void matmul_##name(const void *w, int64_t w_row_bytes, const void *a, int64_t a_row_bytes, \
                               float *out, int64_t out_stride, int64_t nb, int64_t n_rows,            \
                               int64_t o_begin, int64_t o_end) {                                      \
-        matmul_tiles(tile_##name##_4x2, tile_##name##_2x4, tile_##name##_1x8, w, w_row_bytes, a,     \
-                     a_row_bytes, out, out_stride, nb, n_rows, o_begin, o_end);                      \
+        static const tile_shapes shapes = {tile_##name##_4, tile_##name##_2, tile_##name##_1, C4, 4, 8}; \
+        matmul_tiles(&shapes, w, w_row_bytes, a, a_row_bytes, out, out_stride, nb, n_rows, o_begin, o_end); \
     }
 
-KERNELS32(q4_0, EL_TYPE_Q4_0, tile_nib)
-KERNELS32(q4_1, EL_TYPE_Q4_1, tile_nib)
-KERNELS32(q5_0, EL_TYPE_Q5_0, tile32)
-KERNELS32(q5_1, EL_TYPE_Q5_1, tile32)
-KERNELS32(q8_0, EL_TYPE_Q8_0, tile32)
-KERNELS32(q8_1, EL_TYPE_Q8_1, tile32)
+KERNELS32(q4_0, EL_TYPE_Q4_0, tile_nib, 4)
+KERNELS32(q4_1, EL_TYPE_Q4_1, tile_nib, 4)
+KERNELS32(q5_0, EL_TYPE_Q5_0, tile32, 2)
+KERNELS32(q5_1, EL_TYPE_Q5_1, tile32, 2)
+KERNELS32(q8_0, EL_TYPE_Q8_0, tile32, 2)
+KERNELS32(q8_1, EL_TYPE_Q8_1, tile32, 2)
 
 /* ---- Float types ------------------------------------------------------------------------------
  * The reference multiplies in f32 and accumulates in eight double lanes (element i into lane

@@ -71,6 +71,11 @@ impl Model {
     /// Runs one step. Writes the batch's keys and values into `kv` at its slot mapping and
     /// returns the logits of `batch.logits_rows`, [logits_rows.len()][vocab_size].
     pub fn forward(&self, batch: &Batch, kv: &mut KvCache) -> Result<Vec<f32>> {
+        // On a pool thread, so each kernel's parallel split costs no thread hand-off.
+        kernels::in_pool(|| self.forward_step(batch, kv))
+    }
+
+    fn forward_step(&self, batch: &Batch, kv: &mut KvCache) -> Result<Vec<f32>> {
         let c = &self.config;
         let g: &GgufFile = &self.file;
         let w = &self.weights;
