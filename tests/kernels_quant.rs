@@ -7,10 +7,16 @@
 //! - the activation quantizers (Q8_0, Q8_1, Q8_K) byte for byte against ggml's reference formulas;
 //! - matmul against vec_dot, bit for bit, and its batch invariance;
 //! - the kernels' own argument checks.
+//!
+//! Every test that runs quantize, vec_dot or matmul does so once per instruction set this machine
+//! has (`on_every_isa`): the SIMD variants must meet the same budgets and answers as the scalar
+//! references. tests/kernels_simd.rs compares the variants with the references directly.
+
+use std::sync::Mutex;
 
 use edge_llm::kernels::{
-    c_block_bytes, c_block_size, c_vec_dot_type, dequantize_row, kernel_statuses, matmul,
-    quantize_rows, vec_dot,
+    available_isas, c_block_bytes, c_block_size, c_vec_dot_type, current_isa, dequantize_row,
+    kernel_statuses, matmul, quantize_rows, set_isa, vec_dot,
 };
 use edge_llm::tensor_type::TensorType;
 use half::f16;
@@ -69,6 +75,29 @@ fn norm(x: &[f32]) -> f64 {
 
 fn dot_f64(x: &[f32], y: &[f32]) -> f64 {
     x.iter().zip(y).map(|(&a, &b)| a as f64 * b as f64).sum()
+}
+
+// ---- Every instruction set -------------------------------------------------------------------
+
+/// The kernels' instruction set is process-wide: tests that switch it hold this lock.
+static ISA_LOCK: Mutex<()> = Mutex::new(());
+
+/// Runs `body` once per instruction set this machine has, then restores the one that was current.
+fn on_every_isa(body: fn()) {
+    let _lock = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let before = current_isa();
+    struct Restore(edge_llm::kernels::Isa);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            set_isa(self.0).expect("the ISA that was current is available");
+        }
+    }
+    let _restore = Restore(before);
+    for isa in available_isas() {
+        eprintln!("-- on {isa}");
+        set_isa(isa).expect("available ISA");
+        body();
+    }
 }
 
 // ---- Geometry -------------------------------------------------------------------------------
@@ -197,6 +226,10 @@ fn measure(t: TensorType, rng: &mut Rng) -> Measured {
 
 #[test]
 fn quantization_error_within_budget() {
+    on_every_isa(quantization_error_within_budget_on_this_isa);
+}
+
+fn quantization_error_within_budget_on_this_isa() {
     let mut failures = Vec::new();
     for (i, budget) in BUDGETS.iter().enumerate() {
         let t = budget.t;
@@ -231,6 +264,10 @@ fn every_type_has_a_budget() {
 
 #[test]
 fn zero_rows_round_trip_to_zero() {
+    on_every_isa(zero_rows_round_trip_to_zero_on_this_isa);
+}
+
+fn zero_rows_round_trip_to_zero_on_this_isa() {
     for t in TensorType::ALL {
         let q = quantize_rows(t, &[0.0; 512], 512);
         assert!(dequantize(t, &q).iter().all(|&v| v == 0.0), "{t}");
@@ -289,6 +326,10 @@ fn ggml_q8_k_block(x: &[f32]) -> Vec<u8> {
 
 #[test]
 fn activation_quantizers_match_ggml_reference() {
+    on_every_isa(activation_quantizers_match_ggml_reference_on_this_isa);
+}
+
+fn activation_quantizers_match_ggml_reference_on_this_isa() {
     let mut rng = Rng(7);
     let mut x = test_data(&mut rng, 4096);
     x[..32].fill(0.0); // an all-zero block
@@ -582,6 +623,10 @@ const MM_ROWS: usize = 7;
 
 #[test]
 fn matmul_equals_vec_dot_bit_for_bit() {
+    on_every_isa(matmul_equals_vec_dot_bit_for_bit_on_this_isa);
+}
+
+fn matmul_equals_vec_dot_bit_for_bit_on_this_isa() {
     let mut rng = Rng(42);
     for t in TensorType::ALL {
         let w = quantize_rows(t, &test_data(&mut rng, MM_N_OUT * MM_N_IN), MM_N_IN);
@@ -609,6 +654,10 @@ fn matmul_equals_vec_dot_bit_for_bit() {
 
 #[test]
 fn matmul_is_batch_invariant() {
+    on_every_isa(matmul_is_batch_invariant_on_this_isa);
+}
+
+fn matmul_is_batch_invariant_on_this_isa() {
     let mut rng = Rng(43);
     for t in TensorType::ALL {
         let w = quantize_rows(t, &test_data(&mut rng, MM_N_OUT * MM_N_IN), MM_N_IN);
@@ -646,6 +695,10 @@ fn matmul_is_batch_invariant() {
 
 #[test]
 fn matmul_handles_empty_shapes() {
+    on_every_isa(matmul_handles_empty_shapes_on_this_isa);
+}
+
+fn matmul_handles_empty_shapes_on_this_isa() {
     let w = quantize_rows(TensorType::Q4_0, &[0.5; 64], 32);
     matmul(TensorType::Q4_0, &w, 32, 2, &[], 0, &mut []);
     matmul(TensorType::Q4_0, &[], 32, 0, &[], 0, &mut []);
@@ -659,6 +712,10 @@ const EL_ERR_SHAPE: i32 = -2;
 
 #[test]
 fn kernels_reject_unknown_types_and_partial_blocks() {
+    on_every_isa(kernels_reject_unknown_types_and_partial_blocks_on_this_isa);
+}
+
+fn kernels_reject_unknown_types_and_partial_blocks_on_this_isa() {
     for id in [4, 5, 16, 29, 31, -1, 1000] {
         assert_eq!(kernel_statuses(id, 256), [EL_ERR_TYPE; 4], "type id {id}");
     }

@@ -8,15 +8,20 @@
 //!   result equals the reference's bit for bit;
 //! - matmul: every element equals the same ISA's vec_dot, and a row's result is the same whatever
 //!   the batch size;
-//! - paged attention: a (token, head) computed alone equals the same item in a batch.
+//! - paged attention: a (token, head) computed alone equals the same item in a batch;
+//! - and so the default model's logits, prefill and decode, are the same on every ISA: greedy
+//!   outputs and perplexity do not depend on the kernels' instruction set.
 //!
 //! The ISA is process-wide, so every test that switches it holds `ISA_LOCK`.
 //! `bench_matmul_gmacs` (ignored; `cargo test --release --test kernels_simd -- --ignored
 //! --nocapture`) prints single-thread matmul throughput per ISA.
 
+mod support;
+
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
+use edge_llm::generate::SequenceRunner;
 use edge_llm::kernels::{
     available_isas, current_isa, glu_inplace, isa_available, kv_write, matmul, paged_attention,
     quantize_rows, rms_norm, rope, set_isa, vec_dot, Activation, AttentionBatch, AttentionShape,
@@ -651,6 +656,41 @@ fn paged_attention_items_are_independent() {
                 bits(&alone) == bits(&full[t * per_token..][..per_token]),
                 "{isa}: token {t} alone differs from the batch"
             );
+        }
+    }
+}
+
+// ---- The whole model -------------------------------------------------------------------------
+
+#[test]
+fn model_logits_are_bit_identical_on_every_isa() {
+    let _guard = lock_isa();
+    let model = support::model();
+    let prompt = model
+        .tokenizer
+        .encode(
+            "The quick brown fox jumps over the lazy dog. In 1905, Albert Einstein published four papers",
+            false,
+            true,
+        )
+        .unwrap();
+    // A chunked prefill with every row's logits, then decode steps of one token.
+    let run = |isa| {
+        on(isa, || {
+            let mut runner = SequenceRunner::new(model, 64, 16);
+            let mut logits = runner.eval(&prompt[..9], true).unwrap();
+            logits.extend(runner.eval(&prompt[9..], true).unwrap());
+            for &t in &[13u32, 297, 1553, 30] {
+                logits.extend(runner.eval(&[t], false).unwrap());
+            }
+            logits
+        })
+    };
+    let want = run(Isa::Scalar);
+    for isa in simd_isas() {
+        let got = run(isa);
+        if let Some(d) = first_difference(&got, &want) {
+            panic!("{isa}: logit {} is {}, the reference's {}", d.0, d.1, d.2);
         }
     }
 }
