@@ -106,13 +106,14 @@ EL_AI int act_is_q8_1(const int type) { return has_min(type) || type == EL_TYPE_
  *     sum += (d_w * d_a) * (float)isum [+ m_w * s_a]
  * block after block, with isum the block's exact integer dot product. */
 EL_AI void tile32(const int type, const int R, const int C, const uint8_t *const *wp,
-                  const uint8_t *const *ap, const int64_t nb, float *sums /* [8] */) {
+                  const uint8_t *const *ap, const int64_t nb, float *sums /* [8] */, const el_prefetch pf) {
     const int wb = block_bytes32(type);
     const int ab = act_is_q8_1(type) ? (int)sizeof(el_block_q8_1) : (int)sizeof(el_block_q8_0);
     const int aq = act_is_q8_1(type) ? 4 : 2; /* offset of the activation quants */
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 sum = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
+        el_prefetch_step(pf, i);
         __m256i acc[8];
         for (int p = R * C; p < 8; p++) acc[p] = _mm256_setzero_si256();
         for (int c = 0; c < C; c++) {
@@ -177,7 +178,7 @@ EL_AI __m256i nib_src(const int R, const int C, const int v) {
 
 /* sums[p] for the R x C outputs of the tile (p = r * C + c, R * C <= 16, R * NCP <= 8). */
 EL_AI void tile_nib(const int type, const int R, const int C, const uint8_t *const *wp,
-                    const uint8_t *const *ap, const int64_t nb, float *sums /* [16] */) {
+                    const uint8_t *const *ap, const int64_t nb, float *sums /* [16] */, const el_prefetch pf) {
     const int NCP = NIB_NCP, K = NIB_K, NV = K > 4 ? 2 : 1;
     const int q4_0 = type == EL_TYPE_Q4_0;
     const int wb = q4_0 ? (int)sizeof(el_block_q4_0) : (int)sizeof(el_block_q4_1);
@@ -187,6 +188,7 @@ EL_AI void tile_nib(const int type, const int R, const int C, const uint8_t *con
     const __m256i ones16 = _mm256_set1_epi16(1), ones8 = _mm256_set1_epi8(1), low4 = _mm256_set1_epi8(0x0F);
     __m256 sum[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t i = 0; i < nb; i++) {
+        el_prefetch_step(pf, i);
         __m256i a8[4];
         if (q4_0) {
             for (int r = 0; r < R; r++) {
@@ -235,9 +237,9 @@ EL_AI void tile_nib(const int type, const int R, const int C, const uint8_t *con
 
 /* out[r][o] for rows [0, n_rows) and columns [o_begin, o_end), tile by tile: R x C tiles with
  * R = 4 (C = c4) while three or more rows are left, then R = 2 (C = c2) or R = 1 (C = c1). Rows and
- * columns past the ends repeat the last one (computed, never stored). For one row (decode) the
- * weights stream from memory once, so the tile after next is prefetched. */
-typedef void (*tile_fn)(const uint8_t *const *wp, const uint8_t *const *ap, int64_t nb, float *sums);
+ * columns past the ends repeat the last one (computed, never stored). */
+typedef void (*tile_fn)(const uint8_t *const *wp, const uint8_t *const *ap, int64_t nb, float *sums,
+                        el_prefetch pf);
 
 typedef struct {
     tile_fn tile4, tile2, tile1;
@@ -258,12 +260,8 @@ static void matmul_tiles(const tile_shapes *sh, const void *w, int64_t w_row_byt
         for (int64_t o0 = o_begin; o0 < o_end; o0 += C) {
             const uint8_t *wp[8];
             for (int c = 0; c < C; c++) wp[c] = w8 + (o0 + c < o_end ? o0 + c : o_end - 1) * w_row_bytes;
-            if (R == 1 && o0 + 2 * C <= o_end) {
-                const uint8_t *p = w8 + (o0 + C) * w_row_bytes, *end = w8 + (o0 + 2 * C) * w_row_bytes;
-                for (; p < end; p += 64) _mm_prefetch((const char *)p + C * w_row_bytes, _MM_HINT_T0);
-            }
             float sums[16];
-            tile(wp, ap, nb, sums);
+            tile(wp, ap, nb, sums, el_prefetch_ahead(R, C, w8, w_row_bytes, o0, o_end, nb));
             for (int r = 0; r < R && r < left; r++) {
                 for (int c = 0; c < C && o0 + c < o_end; c++) out[(r0 + r) * out_stride + o0 + c] = sums[r * C + c];
             }
@@ -275,21 +273,21 @@ static void matmul_tiles(const tile_shapes *sh, const void *w, int64_t w_row_byt
 /* The tiles, vec_dot (a 1x1 tile) and matmul of one type; TILE(type, R, C, ...) the tile code. */
 #define KERNELS32(name, TYPE, TILE, C4)                                                              \
     static void tile_##name##_4(const uint8_t *const *wp, const uint8_t *const *ap, int64_t nb,      \
-                                float *sums) {                                                       \
-        TILE(TYPE, 4, C4, wp, ap, nb, sums);                                                         \
+                                float *sums, el_prefetch pf) {                                       \
+        TILE(TYPE, 4, C4, wp, ap, nb, sums, pf);                                                     \
     }                                                                                                \
     static void tile_##name##_2(const uint8_t *const *wp, const uint8_t *const *ap, int64_t nb,      \
-                                float *sums) {                                                       \
-        TILE(TYPE, 2, 4, wp, ap, nb, sums);                                                          \
+                                float *sums, el_prefetch pf) {                                       \
+        TILE(TYPE, 2, 4, wp, ap, nb, sums, pf);                                                      \
     }                                                                                                \
     static void tile_##name##_1(const uint8_t *const *wp, const uint8_t *const *ap, int64_t nb,      \
-                                float *sums) {                                                       \
-        TILE(TYPE, 1, 8, wp, ap, nb, sums);                                                          \
+                                float *sums, el_prefetch pf) {                                       \
+        TILE(TYPE, 1, 8, wp, ap, nb, sums, pf);                                                      \
     }                                                                                                \
     static float dot_##name(const void *w, const void *a, int64_t nb) {                              \
         const uint8_t *wp[1] = {w}, *ap[1] = {a};                                                    \
         float sums[16];                                                                              \
-        TILE(TYPE, 1, 1, wp, ap, nb, sums);                                                          \
+        TILE(TYPE, 1, 1, wp, ap, nb, sums, el_no_prefetch());                                        \
         return sums[0];                                                                              \
     }                                                                                                \
     static void matmul_##name(const void *w, int64_t w_row_bytes, const void *a, int64_t a_row_bytes, \

@@ -170,11 +170,12 @@ EL_AI __m256i k_run_quants(const int type, const uint8_t *blk, const int b) {
 /* ---- The tile ------------------------------------------------------------------------------- */
 
 EL_AI void tile_k(const int type, const int R, const int C, const uint8_t *const *wp, const uint8_t *const *ap,
-                  const int64_t nb, float *sums /* [8] */) {
+                  const int64_t nb, float *sums /* [8] */, const el_prefetch pf) {
     const int wb = k_block_bytes(type), ab = (int)sizeof(el_block_q8_K);
     const int qs_off = 4, bsums_off = 4 + QK_K; /* in el_block_q8_K */
     __m256 sum = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
+        el_prefetch_step(pf, i);
         __m256i acc[8], macc[8];
         for (int p = 0; p < 8; p++) acc[p] = macc[p] = _mm256_setzero_si256();
         for (int c = 0; c < C; c++) {
@@ -227,9 +228,11 @@ _Static_assert(offsetof(el_block_q3_K, d) == 108, "q3_K d");
 _Static_assert(offsetof(el_block_q6_K, d) == 208, "q6_K d");
 _Static_assert(offsetof(el_block_q8_K, qs) == 4 && offsetof(el_block_q8_K, bsums) == 4 + QK_K, "q8_K");
 
-/* out[r][o], tile by tile: 4x2 for batches, 2x4 for two rows, 1x8 for one; partial tiles repeat
- * their last row or column (computed, never stored). */
-typedef void (*tile_fn)(const uint8_t *const *wp, const uint8_t *const *ap, int64_t nb, float *sums);
+/* out[r][o], tile by tile: 4x2 for batches, 2x4 for two rows, 1x8 for one (prefetching the weights
+ * of the tile after next, as quants_avx2.c); partial tiles repeat their last row or column
+ * (computed, never stored). */
+typedef void (*tile_fn)(const uint8_t *const *wp, const uint8_t *const *ap, int64_t nb, float *sums,
+                        el_prefetch pf);
 
 static void matmul_tiles_k(tile_fn tile_4x2, tile_fn tile_2x4, tile_fn tile_1x8, const void *w, int64_t w_row_bytes,
                            const void *a, int64_t a_row_bytes, float *out, int64_t out_stride, int64_t nb,
@@ -246,7 +249,7 @@ static void matmul_tiles_k(tile_fn tile_4x2, tile_fn tile_2x4, tile_fn tile_1x8,
             const uint8_t *wp[8];
             for (int c = 0; c < C; c++) wp[c] = w8 + (o0 + c < o_end ? o0 + c : o_end - 1) * w_row_bytes;
             float sums[8];
-            tile(wp, ap, nb, sums);
+            tile(wp, ap, nb, sums, el_prefetch_ahead(R, C, w8, w_row_bytes, o0, o_end, nb));
             for (int r = 0; r < R && r < left; r++) {
                 for (int c = 0; c < C && o0 + c < o_end; c++) out[(r0 + r) * out_stride + o0 + c] = sums[r * C + c];
             }
@@ -257,21 +260,21 @@ static void matmul_tiles_k(tile_fn tile_4x2, tile_fn tile_2x4, tile_fn tile_1x8,
 
 #define KERNELS_K(name, TYPE)                                                                        \
     static void tile_##name##_4x2(const uint8_t *const *wp, const uint8_t *const *ap, int64_t nb,    \
-                                  float *sums) {                                                     \
-        tile_k(TYPE, 4, 2, wp, ap, nb, sums);                                                        \
+                                  float *sums, el_prefetch pf) {                                     \
+        tile_k(TYPE, 4, 2, wp, ap, nb, sums, pf);                                                    \
     }                                                                                                \
     static void tile_##name##_2x4(const uint8_t *const *wp, const uint8_t *const *ap, int64_t nb,    \
-                                  float *sums) {                                                     \
-        tile_k(TYPE, 2, 4, wp, ap, nb, sums);                                                        \
+                                  float *sums, el_prefetch pf) {                                     \
+        tile_k(TYPE, 2, 4, wp, ap, nb, sums, pf);                                                    \
     }                                                                                                \
     static void tile_##name##_1x8(const uint8_t *const *wp, const uint8_t *const *ap, int64_t nb,    \
-                                  float *sums) {                                                     \
-        tile_k(TYPE, 1, 8, wp, ap, nb, sums);                                                        \
+                                  float *sums, el_prefetch pf) {                                     \
+        tile_k(TYPE, 1, 8, wp, ap, nb, sums, pf);                                                    \
     }                                                                                                \
     static float dot_##name(const void *w, const void *a, int64_t nb) {                              \
         const uint8_t *wp[1] = {w}, *ap[1] = {a};                                                    \
         float sums[8];                                                                               \
-        tile_k(TYPE, 1, 1, wp, ap, nb, sums);                                                        \
+        tile_k(TYPE, 1, 1, wp, ap, nb, sums, el_no_prefetch());                                      \
         return sums[0];                                                                              \
     }                                                                                                \
     static void matmul_##name(const void *w, int64_t w_row_bytes, const void *a, int64_t a_row_bytes, \

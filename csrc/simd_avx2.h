@@ -151,6 +151,40 @@ EL_AI float el_hsum_ps(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* ---- Prefetch ---------------------------------------------------------------------------------
+ * A one-row product (decode) streams its weights from memory once. Its tiles prefetch the weight
+ * rows of the tile after next, a few cache lines per block iteration (a burst of them at once
+ * stalls on the full miss buffers). */
+
+typedef struct {
+    const uint8_t *at; /* the first line to fetch; NULL: none */
+    int64_t lines;     /* lines per block iteration */
+    int64_t total;     /* lines in all */
+} el_prefetch;
+
+EL_AI el_prefetch el_no_prefetch(void) {
+    el_prefetch pf = {NULL, 0, 0};
+    return pf;
+}
+
+/* For the tile of columns [o0, o0 + C) of a one-row product: the rows of [o0 + 2C, o0 + 3C). */
+EL_AI el_prefetch el_prefetch_ahead(const int R, const int C, const uint8_t *w, int64_t w_row_bytes, int64_t o0,
+                                    int64_t o_end, int64_t nb) {
+    el_prefetch pf = {NULL, 0, 0};
+    if (R != 1 || o0 + 3 * C > o_end || nb <= 0) return pf;
+    pf.at = w + (o0 + 2 * C) * w_row_bytes;
+    pf.total = (C * w_row_bytes + 63) / 64;
+    pf.lines = (pf.total + nb - 1) / nb;
+    return pf;
+}
+
+EL_AI void el_prefetch_step(const el_prefetch pf, int64_t i) {
+    if (pf.at == NULL) return;
+    for (int64_t k = i * pf.lines; k < (i + 1) * pf.lines && k < pf.total; k++) {
+        _mm_prefetch((const char *)pf.at + 64 * k, _MM_HINT_T0);
+    }
+}
+
 /* ---- Conversions ------------------------------------------------------------------------------ */
 
 /* roundf of each lane: nearest, halves away from zero (the activation quantizers' rounding;
