@@ -218,20 +218,20 @@ EL_AI void transpose8(__m256 rows[8]) {
     rows[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
 }
 
-/* Scores of up to KEYS keys k[j] against nh query rows q[h]: s[h][j] = (sum_d q[h][d] k[j][d]) *
- * scale, each sum in the reference's order (from 0, adding the products d = 0, 1, ...). */
-EL_AI void score_keys(const float *const *q, int nh, const uint16_t *const *k, int64_t head_dim, float scale,
+/* Scores of KEYS keys k[j] against NH query rows q[h]: s[h][j] = (sum_d q[h][d] k[j][d]) * scale,
+ * each sum in the reference's order (from 0, adding the products d = 0, 1, ...). NH is a constant
+ * at each call, so the sums stay in registers. */
+EL_AI void score_keys(const int NH, const float *const *q, const uint16_t *const *k, int64_t head_dim, float scale,
                       float s[MAX_HEADS][KEYS]) {
     __m256 acc[MAX_HEADS];
-    for (int h = 0; h < MAX_HEADS; h++) acc[h] = _mm256_setzero_ps();
+    for (int h = 0; h < NH; h++) acc[h] = _mm256_setzero_ps();
     int64_t d0 = 0;
     for (; d0 + 8 <= head_dim; d0 += 8) {
         __m256 kt[8];
         for (int j = 0; j < KEYS; j++) kt[j] = _mm256_cvtph_ps(el_loadu_128(k[j] + d0));
         transpose8(kt); /* kt[d] lane j = k[j][d0 + d] */
-        for (int h = 0; h < MAX_HEADS; h++) {
-            if (h >= nh) break;
-            for (int d = 0; d < 8; d++) {
+        for (int d = 0; d < 8; d++) {
+            for (int h = 0; h < NH; h++) {
                 acc[h] = _mm256_add_ps(acc[h], _mm256_mul_ps(_mm256_broadcast_ss(q[h] + d0 + d), kt[d]));
             }
         }
@@ -240,9 +240,36 @@ EL_AI void score_keys(const float *const *q, int nh, const uint16_t *const *k, i
         float kd[KEYS];
         for (int j = 0; j < KEYS; j++) kd[j] = el_fp16_to_fp32(k[j][d0]);
         const __m256 kv = _mm256_loadu_ps(kd);
-        for (int h = 0; h < nh; h++) acc[h] = _mm256_add_ps(acc[h], _mm256_mul_ps(_mm256_set1_ps(q[h][d0]), kv));
+        for (int h = 0; h < NH; h++) acc[h] = _mm256_add_ps(acc[h], _mm256_mul_ps(_mm256_set1_ps(q[h][d0]), kv));
     }
-    for (int h = 0; h < nh; h++) _mm256_storeu_ps(s[h], _mm256_mul_ps(acc[h], _mm256_set1_ps(scale)));
+    for (int h = 0; h < NH; h++) _mm256_storeu_ps(s[h], _mm256_mul_ps(acc[h], _mm256_set1_ps(scale)));
+}
+
+/* acc[h] = acc[h] * c[h][j] + p[h][j] * v[j], key after key (j < n), over head_dim: the reference's
+ * rescale-then-add per key, with c = 1 (exactly the identity) where the max did not grow. The
+ * sums stay in registers across the keys of one chunk of head_dim. */
+EL_AI void accumulate_values(const int NH, float (*acc)[EL_MAX_HEAD_DIM], const uint16_t *const *v, int n,
+                             int64_t head_dim, const float c[MAX_HEADS][KEYS], const float p[MAX_HEADS][KEYS],
+                             const int rescaled) {
+    int64_t d = 0;
+    for (; d + 8 <= head_dim; d += 8) {
+        __m256 a[MAX_HEADS];
+        for (int h = 0; h < NH; h++) a[h] = _mm256_load_ps(acc[h] + d);
+        for (int j = 0; j < n; j++) {
+            const __m256 vv = _mm256_cvtph_ps(el_loadu_128(v[j] + d));
+            for (int h = 0; h < NH; h++) {
+                if (rescaled) a[h] = _mm256_mul_ps(a[h], _mm256_broadcast_ss(&c[h][j]));
+                a[h] = _mm256_add_ps(a[h], _mm256_mul_ps(_mm256_broadcast_ss(&p[h][j]), vv));
+            }
+        }
+        for (int h = 0; h < NH; h++) _mm256_store_ps(acc[h] + d, a[h]);
+    }
+    for (; d < head_dim; d++) {
+        for (int j = 0; j < n; j++) {
+            const float vv = el_fp16_to_fp32(v[j][d]);
+            for (int h = 0; h < NH; h++) acc[h][d] = acc[h][d] * c[h][j] + p[h][j] * vv;
+        }
+    }
 }
 
 void el_paged_attention_avx2(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
@@ -271,44 +298,56 @@ void el_paged_attention_avx2(float *out, const float *q, const uint16_t *k_cache
         const int32_t *table = block_tables + (int64_t)token_seq[t] * max_blocks_per_seq;
         const int64_t len = context_lens[t];
         const int64_t first = (window > 0 && len > window) ? len - window : 0;
+        int64_t blk = first / block_size, off = first % block_size; /* of key j0, walked without division */
         for (int64_t j0 = first; j0 < len; j0 += KEYS) {
             const int n = (int)(len - j0 < KEYS ? len - j0 : KEYS);
             const uint16_t *kj[KEYS], *vj[KEYS];
-            for (int j = 0; j < KEYS; j++) { /* keys past the end repeat the first (scored, unused) */
-                const int64_t key = j0 + (j < n ? j : 0);
-                const int64_t slot = (int64_t)table[key / block_size] * block_size + key % block_size;
-                kj[j] = k_cache + slot * kv_dim + kvh * head_dim;
-                vj[j] = v_cache + slot * kv_dim + kvh * head_dim;
+            for (int j = 0; j < n; j++) {
+                const int64_t at = ((int64_t)table[blk] * block_size + off) * kv_dim + kvh * head_dim;
+                kj[j] = k_cache + at;
+                vj[j] = v_cache + at;
+                if (++off == block_size) {
+                    off = 0;
+                    blk++;
+                }
             }
-            float s[MAX_HEADS][KEYS];
-            score_keys(qh, nh, kj, head_dim, scale, s);
-            for (int j = 0; j < n; j++) { /* the reference's online softmax, key by key */
-                float p[MAX_HEADS];
-                for (int h = 0; h < nh; h++) {
-                    if (s[h][j] > m[h]) { /* rescale what was accumulated when the running max grows */
-                        const float c = expf(m[h] - s[h][j]);
-                        l[h] *= c;
-                        const __m256 cv = _mm256_set1_ps(c);
-                        int64_t d = 0;
-                        for (; d < hd8; d += 8) _mm256_store_ps(acc[h] + d, _mm256_mul_ps(_mm256_load_ps(acc[h] + d), cv));
-                        for (; d < head_dim; d++) acc[h][d] *= c;
+            for (int j = n; j < KEYS; j++) { /* keys past the end repeat the first (scored, unused) */
+                kj[j] = kj[0];
+                vj[j] = vj[0];
+            }
+            float s[MAX_HEADS][KEYS], c[MAX_HEADS][KEYS], p[MAX_HEADS][KEYS];
+            switch (nh) {
+            case 1: score_keys(1, qh, kj, head_dim, scale, s); break;
+            case 2: score_keys(2, qh, kj, head_dim, scale, s); break;
+            case 3: score_keys(3, qh, kj, head_dim, scale, s); break;
+            default: score_keys(4, qh, kj, head_dim, scale, s); break;
+            }
+            /* The reference's online softmax, key by key: when the running max grows, what was
+             * accumulated is rescaled by c = expf(m_old - m_new) (c = 1 otherwise), then p added. */
+            int rescaled = 0;
+            for (int h = 0; h < nh; h++) {
+                for (int j = 0; j < n; j++) {
+                    c[h][j] = 1.0f;
+                    if (s[h][j] > m[h]) {
+                        rescaled = 1;
+                        c[h][j] = expf(m[h] - s[h][j]);
+                        l[h] *= c[h][j];
                         m[h] = s[h][j];
                     }
-                    p[h] = expf(s[h][j] - m[h]);
-                    l[h] += p[h];
+                    p[h][j] = expf(s[h][j] - m[h]);
+                    l[h] += p[h][j];
                 }
-                int64_t d = 0;
-                for (; d < hd8; d += 8) {
-                    const __m256 v = _mm256_cvtph_ps(el_loadu_128(vj[j] + d));
-                    for (int h = 0; h < nh; h++) {
-                        const __m256 pv = _mm256_mul_ps(_mm256_set1_ps(p[h]), v);
-                        _mm256_store_ps(acc[h] + d, _mm256_add_ps(_mm256_load_ps(acc[h] + d), pv));
-                    }
-                }
-                for (; d < head_dim; d++) {
-                    const float v = el_fp16_to_fp32(vj[j][d]);
-                    for (int h = 0; h < nh; h++) acc[h][d] += p[h] * v;
-                }
+            }
+            /* Most chunks raise no head's max: then c = 1 and the multiply is skipped. */
+            switch (nh * 2 + rescaled) {
+            case 2: accumulate_values(1, acc, vj, n, head_dim, c, p, 0); break;
+            case 3: accumulate_values(1, acc, vj, n, head_dim, c, p, 1); break;
+            case 4: accumulate_values(2, acc, vj, n, head_dim, c, p, 0); break;
+            case 5: accumulate_values(2, acc, vj, n, head_dim, c, p, 1); break;
+            case 6: accumulate_values(3, acc, vj, n, head_dim, c, p, 0); break;
+            case 7: accumulate_values(3, acc, vj, n, head_dim, c, p, 1); break;
+            case 8: accumulate_values(4, acc, vj, n, head_dim, c, p, 0); break;
+            default: accumulate_values(4, acc, vj, n, head_dim, c, p, 1); break;
             }
         }
         for (int h = 0; h < nh; h++) {
