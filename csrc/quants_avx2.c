@@ -106,7 +106,9 @@ EL_AI int act_is_q8_1(const int type) { return has_min(type) || type == EL_TYPE_
  *     sum += (d_w * d_a) * (float)isum [+ m_w * s_a]
  * block after block, with isum the block's exact integer dot product. */
 EL_AI void tile32(const int type, const int R, const int C, const uint8_t *const *wp,
-                  const uint8_t *const *ap, const int64_t nb, float *sums /* [8] */, const el_prefetch pf) {
+                  const uint8_t *const *ap, const int64_t nb, float *sums /* [8] */, const el_prefetch pf,
+                  const __m256 *rowsc /* unused */) {
+    (void)rowsc;
     const int wb = block_bytes32(type);
     const int ab = act_is_q8_1(type) ? (int)sizeof(el_block_q8_1) : (int)sizeof(el_block_q8_0);
     const int aq = act_is_q8_1(type) ? 4 : 2; /* offset of the activation quants */
@@ -176,9 +178,23 @@ EL_AI __m256i nib_src(const int R, const int C, const int v) {
                              NIB_SRC(8 * v + 4), NIB_SRC(8 * v + 5), NIB_SRC(8 * v + 6), NIB_SRC(8 * v + 7));
 }
 
-/* sums[p] for the R x C outputs of the tile (p = r * C + c, R * C <= 16, R * NCP <= 8). */
+/* The activation scales of a tile's rows as its lanes see them, block by block: for block i and
+ * vector v, rowsc[4 i + 2 v] = (d) and rowsc[4 i + 2 v + 1] = (s, for Q8_1). matmul_tiles computes
+ * them once per group of rows and hands them to every column tile of those rows. */
+EL_AI void nib_row_scales(const int type, const int R, const int C, const uint8_t *const *ap, const int64_t nb,
+                          __m256 *rowsc) {
+    const int NV = NIB_K > 4 ? 2 : 1;
+    const int ab = type == EL_TYPE_Q4_0 ? (int)sizeof(el_block_q8_0) : (int)sizeof(el_block_q8_1);
+    for (int64_t i = 0; i < nb; i++) {
+        for (int v = 0; v < NV; v++) el_lane_halves(R, ap, i * ab, nib_rows2(R, C, v), &rowsc[4 * i + 2 * v], &rowsc[4 * i + 2 * v + 1]);
+    }
+}
+
+/* sums[p] for the R x C outputs of the tile (p = r * C + c, R * C <= 16, R * NCP <= 8); rowsc from
+ * nib_row_scales, or NULL to gather the activation scales here. */
 EL_AI void tile_nib(const int type, const int R, const int C, const uint8_t *const *wp,
-                    const uint8_t *const *ap, const int64_t nb, float *sums /* [16] */, const el_prefetch pf) {
+                    const uint8_t *const *ap, const int64_t nb, float *sums /* [16] */, const el_prefetch pf,
+                    const __m256 *rowsc) {
     const int NCP = NIB_NCP, K = NIB_K, NV = K > 4 ? 2 : 1;
     const int q4_0 = type == EL_TYPE_Q4_0;
     const int wb = q4_0 ? (int)sizeof(el_block_q4_0) : (int)sizeof(el_block_q4_1);
@@ -215,6 +231,10 @@ EL_AI void tile_nib(const int type, const int R, const int C, const uint8_t *con
                 acc[r * NCP + cp] = prod;
             }
         }
+        /* The columns' scales: (d, m), or (d, unused). With two vectors (4x4: two column pairs)
+         * both see the same columns in the same lanes. */
+        __m256 dw, mw;
+        el_lane_halves(C, wp, i * wb, nib_cols2(R, C, 0), &dw, &mw);
         for (int v = 0; v < NV; v++) {
             /* Q4_1's 16-bit lanes are at most 4 * 15 * 127 = 7620, so four of them still fit 16
              * bits: two hadd levels there, one widening madd. Q4_0's are 32-bit already. */
@@ -224,9 +244,13 @@ EL_AI void tile_nib(const int type, const int R, const int C, const uint8_t *con
                                                                                _mm256_hadd_epi16(k4[2], k4[3])),
                                                              ones16);
             const __m256 isum = _mm256_cvtepi32_ps(reduced);
-            __m256 dw, mw, da, sa;
-            el_lane_halves(C, wp, i * wb, nib_cols2(R, C, v), &dw, &mw); /* (d, m), or (d, unused) */
-            el_lane_halves(R, ap, i * ab, nib_rows2(R, C, v), &da, &sa); /* (d, s), or (d, unused) */
+            __m256 da, sa; /* (d, s), or (d, unused) */
+            if (rowsc != NULL) {
+                da = rowsc[4 * i + 2 * v];
+                sa = rowsc[4 * i + 2 * v + 1];
+            } else {
+                el_lane_halves(R, ap, i * ab, nib_rows2(R, C, v), &da, &sa);
+            }
             __m256 t = _mm256_mul_ps(_mm256_mul_ps(dw, da), isum);
             if (!q4_0) t = _mm256_add_ps(t, _mm256_mul_ps(mw, sa));
             sum[v] = _mm256_add_ps(sum[v], t);
@@ -239,17 +263,24 @@ EL_AI void tile_nib(const int type, const int R, const int C, const uint8_t *con
  * R = 4 (C = c4) while three or more rows are left, then R = 2 (C = c2) or R = 1 (C = c1). Rows and
  * columns past the ends repeat the last one (computed, never stored). */
 typedef void (*tile_fn)(const uint8_t *const *wp, const uint8_t *const *ap, int64_t nb, float *sums,
-                        el_prefetch pf);
+                        el_prefetch pf, const __m256 *rowsc);
+typedef void (*row_scales_fn)(const uint8_t *const *ap, int64_t nb, __m256 *rowsc);
 
 typedef struct {
     tile_fn tile4, tile2, tile1;
     int c4, c2, c1;
+    row_scales_fn row_scales4; /* the 4-row tile's precomputed activation scales, or NULL */
 } tile_shapes;
+
+/* Blocks per row up to which a 4-row tile's activation scales are precomputed (4 vectors each, on
+ * the stack: 32 KiB); longer rows gather them in the tile. */
+#define ROW_SCALES_MAX_NB 256
 
 static void matmul_tiles(const tile_shapes *sh, const void *w, int64_t w_row_bytes, const void *a,
                          int64_t a_row_bytes, float *out, int64_t out_stride, int64_t nb, int64_t n_rows,
                          int64_t o_begin, int64_t o_end) {
     const uint8_t *w8 = w, *a8 = a;
+    __m256 rowsc[4 * ROW_SCALES_MAX_NB];
     for (int64_t r0 = 0; r0 < n_rows;) {
         const int64_t left = n_rows - r0;
         const int R = left >= 3 ? 4 : (int)left;
@@ -257,13 +288,24 @@ static void matmul_tiles(const tile_shapes *sh, const void *w, int64_t w_row_byt
         const tile_fn tile = R == 4 ? sh->tile4 : R == 2 ? sh->tile2 : sh->tile1;
         const uint8_t *ap[4];
         for (int r = 0; r < R; r++) ap[r] = a8 + (r0 + (r < left ? r : left - 1)) * a_row_bytes;
+        const __m256 *rs = NULL;
+        if (R == 4 && sh->row_scales4 != NULL && nb <= ROW_SCALES_MAX_NB) {
+            sh->row_scales4(ap, nb, rowsc);
+            rs = rowsc;
+        }
         for (int64_t o0 = o_begin; o0 < o_end; o0 += C) {
             const uint8_t *wp[8];
             for (int c = 0; c < C; c++) wp[c] = w8 + (o0 + c < o_end ? o0 + c : o_end - 1) * w_row_bytes;
             float sums[16];
-            tile(wp, ap, nb, sums, el_prefetch_ahead(R, C, w8, w_row_bytes, o0, o_end, nb));
-            for (int r = 0; r < R && r < left; r++) {
-                for (int c = 0; c < C && o0 + c < o_end; c++) out[(r0 + r) * out_stride + o0 + c] = sums[r * C + c];
+            tile(wp, ap, nb, sums, el_prefetch_ahead(R, C, w8, w_row_bytes, o0, o_end, nb), rs);
+            if (o0 + C <= o_end && C % 4 == 0) { /* a whole tile: rows of C outputs */
+                for (int r = 0; r < R && r < left; r++) {
+                    for (int c = 0; c < C; c += 4) _mm_storeu_ps(out + (r0 + r) * out_stride + o0 + c, _mm_loadu_ps(sums + r * C + c));
+                }
+            } else {
+                for (int r = 0; r < R && r < left; r++) {
+                    for (int c = 0; c < C && o0 + c < o_end; c++) out[(r0 + r) * out_stride + o0 + c] = sums[r * C + c];
+                }
             }
         }
         r0 += R;
@@ -271,38 +313,46 @@ static void matmul_tiles(const tile_shapes *sh, const void *w, int64_t w_row_byt
 }
 
 /* The tiles, vec_dot (a 1x1 tile) and matmul of one type; TILE(type, R, C, ...) the tile code. */
-#define KERNELS32(name, TYPE, TILE, C4)                                                              \
+#define KERNELS32(name, TYPE, TILE, C4, ROW_SCALES4)                                                 \
     static void tile_##name##_4(const uint8_t *const *wp, const uint8_t *const *ap, int64_t nb,      \
-                                float *sums, el_prefetch pf) {                                       \
-        TILE(TYPE, 4, C4, wp, ap, nb, sums, pf);                                                     \
+                                float *sums, el_prefetch pf, const __m256 *rowsc) {                  \
+        TILE(TYPE, 4, C4, wp, ap, nb, sums, pf, rowsc);                                              \
     }                                                                                                \
     static void tile_##name##_2(const uint8_t *const *wp, const uint8_t *const *ap, int64_t nb,      \
-                                float *sums, el_prefetch pf) {                                       \
-        TILE(TYPE, 2, 4, wp, ap, nb, sums, pf);                                                      \
+                                float *sums, el_prefetch pf, const __m256 *rowsc) {                  \
+        TILE(TYPE, 2, 4, wp, ap, nb, sums, pf, rowsc);                                               \
     }                                                                                                \
     static void tile_##name##_1(const uint8_t *const *wp, const uint8_t *const *ap, int64_t nb,      \
-                                float *sums, el_prefetch pf) {                                       \
-        TILE(TYPE, 1, 8, wp, ap, nb, sums, pf);                                                      \
+                                float *sums, el_prefetch pf, const __m256 *rowsc) {                  \
+        TILE(TYPE, 1, 8, wp, ap, nb, sums, pf, rowsc);                                               \
     }                                                                                                \
     static float dot_##name(const void *w, const void *a, int64_t nb) {                              \
         const uint8_t *wp[1] = {w}, *ap[1] = {a};                                                    \
         float sums[16];                                                                              \
-        TILE(TYPE, 1, 1, wp, ap, nb, sums, el_no_prefetch());                                        \
+        TILE(TYPE, 1, 1, wp, ap, nb, sums, el_no_prefetch(), NULL);                                  \
         return sums[0];                                                                              \
     }                                                                                                \
     static void matmul_##name(const void *w, int64_t w_row_bytes, const void *a, int64_t a_row_bytes, \
                               float *out, int64_t out_stride, int64_t nb, int64_t n_rows,            \
                               int64_t o_begin, int64_t o_end) {                                      \
-        static const tile_shapes shapes = {tile_##name##_4, tile_##name##_2, tile_##name##_1, C4, 4, 8}; \
+        static const tile_shapes shapes = {tile_##name##_4, tile_##name##_2, tile_##name##_1,        \
+                                           C4, 4, 8, ROW_SCALES4};                                   \
         matmul_tiles(&shapes, w, w_row_bytes, a, a_row_bytes, out, out_stride, nb, n_rows, o_begin, o_end); \
     }
 
-KERNELS32(q4_0, EL_TYPE_Q4_0, tile_nib, 4)
-KERNELS32(q4_1, EL_TYPE_Q4_1, tile_nib, 4)
-KERNELS32(q5_0, EL_TYPE_Q5_0, tile32, 2)
-KERNELS32(q5_1, EL_TYPE_Q5_1, tile32, 2)
-KERNELS32(q8_0, EL_TYPE_Q8_0, tile32, 2)
-KERNELS32(q8_1, EL_TYPE_Q8_1, tile32, 2)
+static void row_scales_q4_0(const uint8_t *const *ap, int64_t nb, __m256 *rowsc) {
+    nib_row_scales(EL_TYPE_Q4_0, 4, 4, ap, nb, rowsc);
+}
+static void row_scales_q4_1(const uint8_t *const *ap, int64_t nb, __m256 *rowsc) {
+    nib_row_scales(EL_TYPE_Q4_1, 4, 4, ap, nb, rowsc);
+}
+
+KERNELS32(q4_0, EL_TYPE_Q4_0, tile_nib, 4, row_scales_q4_0)
+KERNELS32(q4_1, EL_TYPE_Q4_1, tile_nib, 4, row_scales_q4_1)
+KERNELS32(q5_0, EL_TYPE_Q5_0, tile32, 2, NULL)
+KERNELS32(q5_1, EL_TYPE_Q5_1, tile32, 2, NULL)
+KERNELS32(q8_0, EL_TYPE_Q8_0, tile32, 2, NULL)
+KERNELS32(q8_1, EL_TYPE_Q8_1, tile32, 2, NULL)
 
 /* ---- Float types ------------------------------------------------------------------------------
  * The reference multiplies in f32 and accumulates in eight double lanes (element i into lane

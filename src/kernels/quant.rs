@@ -13,9 +13,20 @@ use rayon::prelude::*;
 use super::bindings;
 use crate::tensor_type::TensorType;
 
-/// Output columns per matmul task: small enough that even a 576-wide projection splits into
-/// 18 tasks for the thread pool, large enough that a task's dispatch cost is noise.
-const COLS_PER_TASK: usize = 32;
+/// Output columns per matmul task. One activation row (decode) streams each weight row once:
+/// 32-column tasks (four 8-column tiles) keep both threads streaming to the end. Batches reuse
+/// each 4-row group's prepared activation scales across a task's columns, so their tasks are
+/// wider: about `TASKS_PER_THREAD` per thread (a thread slowed by other work on the machine hands
+/// its share to the rest), whole tiles, at least 32 columns.
+fn cols_per_task(n_out: usize, n_rows: usize) -> usize {
+    const TASKS_PER_THREAD: usize = 4;
+    const MIN_COLS_PER_TASK: usize = 32;
+    if n_rows < 4 {
+        return MIN_COLS_PER_TASK;
+    }
+    let per_task = n_out.div_ceil(TASKS_PER_THREAD * rayon::current_num_threads());
+    per_task.next_multiple_of(8).max(MIN_COLS_PER_TASK)
+}
 
 fn type_id(t: TensorType) -> i32 {
     t.ggml_id() as i32
@@ -213,31 +224,30 @@ pub fn matmul(
     assert_aligned(t, w, "matmul weights");
     assert_aligned(a_type, a, "matmul activations");
     let shared = SharedOut(out.as_mut_ptr());
-    (0..n_out.div_ceil(COLS_PER_TASK))
-        .into_par_iter()
-        .for_each(|chunk| {
-            let o_begin = chunk * COLS_PER_TASK;
-            let o_end = (o_begin + COLS_PER_TASK).min(n_out);
-            // SAFETY: w holds n_out rows of w_rb bytes, a n_rows rows of a_rb bytes and out
-            // n_rows * n_out floats (all checked above); this task writes only columns
-            // [o_begin, o_end), which no other task touches (see SharedOut).
-            let status = unsafe {
-                bindings::el_matmul(
-                    type_id(t),
-                    w.as_ptr().cast(),
-                    w_rb as i64,
-                    a.as_ptr().cast(),
-                    a_rb as i64,
-                    shared.ptr(),
-                    n_out as i64,
-                    n_in as i64,
-                    n_rows as i64,
-                    o_begin as i64,
-                    o_end as i64,
-                )
-            };
-            check_status(status, "el_matmul");
-        });
+    let cols = cols_per_task(n_out, n_rows);
+    (0..n_out.div_ceil(cols)).into_par_iter().for_each(|chunk| {
+        let o_begin = chunk * cols;
+        let o_end = (o_begin + cols).min(n_out);
+        // SAFETY: w holds n_out rows of w_rb bytes, a n_rows rows of a_rb bytes and out
+        // n_rows * n_out floats (all checked above); this task writes only columns
+        // [o_begin, o_end), which no other task touches (see SharedOut).
+        let status = unsafe {
+            bindings::el_matmul(
+                type_id(t),
+                w.as_ptr().cast(),
+                w_rb as i64,
+                a.as_ptr().cast(),
+                a_rb as i64,
+                shared.ptr(),
+                n_out as i64,
+                n_in as i64,
+                n_rows as i64,
+                o_begin as i64,
+                o_end as i64,
+            )
+        };
+        check_status(status, "el_matmul");
+    });
 }
 
 /// The statuses the C kernels return for a raw `type_id` and row length `n`, from dequantize,
