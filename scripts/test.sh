@@ -4,5 +4,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/fetch-model.sh
+# The chat tests drive the REPL through a real terminal in tmux.
+if ! command -v tmux >/dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  ($SUDO apt-get install -y -q tmux || ($SUDO apt-get update -q && $SUDO apt-get install -y -q tmux)) >/dev/null 2>&1 \
+    || echo "warning: could not install tmux; the terminal chat tests will be skipped" >&2
+fi
 cargo build --release --locked
 cargo test --release --locked --no-fail-fast "$@"

@@ -78,7 +78,7 @@ fn read_json(p: PathBuf) -> serde_json::Value {
 }
 
 fn reference(case: &Case) -> serde_json::Value {
-    read_json(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/reference").join(case.reference))
+    read_json(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/reference").join(case.reference))
 }
 
 /// llama.cpp here: one entry per reference prompt, in the same order.

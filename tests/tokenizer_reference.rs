@@ -18,7 +18,7 @@ fn root() -> PathBuf {
 }
 
 fn reference(name: &str) -> Value {
-    let path = root().join("../shared/reference").join(name);
+    let path = root().join("tests/reference").join(name);
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()))

@@ -20,9 +20,9 @@ pub fn model() -> &'static Model {
     MODEL.get_or_init(|| Model::load(&model_path()).expect("the default model loads"))
 }
 
-/// llama.cpp's outputs on the default model (../shared/reference/llamacpp-smollm2.json).
+/// llama.cpp's outputs on the default model (tests/reference/llamacpp-smollm2.json, copied from ../shared/reference).
 pub fn reference() -> serde_json::Value {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/reference/llamacpp-smollm2.json");
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/reference/llamacpp-smollm2.json");
     let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
     serde_json::from_str(&text).expect("reference JSON parses")
 }
