@@ -25,6 +25,20 @@ use crate::tokenizer::Tokenizer;
 /// The GGUF key holding the template.
 pub const TEMPLATE_KEY: &str = "tokenizer.chat_template";
 
+/// Built-in templates for GGUF files that carry none, keyed by the turn marker whose presence
+/// in the vocabulary identifies the format.
+const BUILTIN_TEMPLATES: [(&str, &str, &str); 2] = [
+    ("<start_of_turn>", "Gemma", include_str!("chat_templates/gemma.jinja")),
+    ("<|im_start|>", "ChatML", include_str!("chat_templates/chatml.jinja")),
+];
+
+fn builtin_for(tokenizer: &Tokenizer) -> Option<(&'static str, &'static str)> {
+    BUILTIN_TEMPLATES
+        .iter()
+        .find(|(marker, _, _)| tokenizer.find_token(marker).is_some())
+        .map(|&(_, name, source)| (name, source))
+}
+
 /// One turn of a conversation.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
@@ -58,24 +72,32 @@ impl std::fmt::Debug for ChatTemplate {
 }
 
 impl ChatTemplate {
-    /// The template stored in the model's GGUF, with the model's BOS and EOS texts.
+    /// The template stored in the model's GGUF, with the model's BOS and EOS texts. A file
+    /// without one gets the built-in template its vocabulary's turn markers name (Gemma's
+    /// `<start_of_turn>`, ChatML's `<|im_start|>`), said once on stderr; a vocabulary with
+    /// neither is an error asking for `--chat-template FILE`.
     pub fn from_model(model: &Model) -> Result<ChatTemplate> {
-        if model.file.get(TEMPLATE_KEY).is_none() {
-            anyhow::bail!(
-                "{} has no {TEMPLATE_KEY}; pass a Jinja chat template with --chat-template FILE",
-                model.file.path().display()
-            );
-        }
-        let source = model
-            .file
-            .get_str(TEMPLATE_KEY)
-            .with_context(|| format!("reading {TEMPLATE_KEY}"))?;
-        let template = ChatTemplate::from_source(source).with_context(|| {
-            format!(
-                "compiling {TEMPLATE_KEY} of {}",
-                model.file.path().display()
-            )
-        })?;
+        let path = model.file.path().display();
+        let (source, what) = match model.file.get(TEMPLATE_KEY) {
+            Some(_) => {
+                let source = model
+                    .file
+                    .get_str(TEMPLATE_KEY)
+                    .with_context(|| format!("reading {TEMPLATE_KEY}"))?;
+                (source, TEMPLATE_KEY.to_string())
+            }
+            None => {
+                let Some((name, source)) = builtin_for(&model.tokenizer) else {
+                    anyhow::bail!(
+                        "{path} has no {TEMPLATE_KEY}; pass a Jinja chat template with --chat-template FILE"
+                    );
+                };
+                eprintln!("{path} has no {TEMPLATE_KEY}; using the built-in {name} template");
+                (source, format!("the built-in {name} template"))
+            }
+        };
+        let template = ChatTemplate::from_source(source)
+            .with_context(|| format!("compiling {what} of {path}"))?;
         Ok(template.with_tokens_of(&model.tokenizer))
     }
 

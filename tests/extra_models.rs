@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use edge_llm::chat_template::{ChatMessage, ChatTemplate};
 use edge_llm::engine::{EngineConfig, EngineHandle, Event, Request};
 use edge_llm::generate::SequenceRunner;
 use edge_llm::model::Model;
@@ -393,4 +394,55 @@ fn gemma3_prefix_cache_past_the_window() {
     let (tokens, cached) = run(&second);
     assert_eq!(cached, 608, "the shared prefix comes from the cache");
     assert_eq!(tokens, expected, "cached prefix past the window: {:?} vs {:?}", tok.decode(&tokens), tok.decode(&expected));
+}
+
+/// qwen2's GGUF carries its own template (ChatML with Qwen's default system prompt); it renders
+/// through the same Jinja path as the default model's, and its turn markers are single tokens.
+#[test]
+fn qwen2_chat_template_renders() {
+    let Some(model) = load(&QWEN2) else { return };
+    let t = ChatTemplate::from_model(&model).unwrap();
+    let text = t.render(&[ChatMessage::new("user", "Hi")], true).unwrap();
+    assert_eq!(
+        text,
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n\
+         <|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    );
+    let ids = t.encode(&model.tokenizer, &[ChatMessage::new("user", "Hi")], true).unwrap();
+    let im_start = model.tokenizer.find_token("<|im_start|>").unwrap();
+    let im_end = model.tokenizer.find_token("<|im_end|>").unwrap();
+    assert_eq!(ids.iter().filter(|&&id| id == im_start).count(), 3);
+    assert_eq!(ids.iter().filter(|&&id| id == im_end).count(), 2);
+    assert!(model.tokenizer.is_eog(im_end), "<|im_end|> ends a reply");
+}
+
+/// gemma3's GGUF has no template: the built-in Gemma one is chosen from its vocabulary's
+/// `<start_of_turn>`, folds a system message into the first user turn, starts with one BOS,
+/// and `<end_of_turn>` ends a reply.
+#[test]
+fn gemma3_builtin_chat_template_renders() {
+    let Some(model) = load(&GEMMA3) else { return };
+    let t = ChatTemplate::from_model(&model).unwrap();
+    let messages = [
+        ChatMessage::new("system", "Be brief."),
+        ChatMessage::new("user", "Hi "),
+        ChatMessage::new("assistant", "Hello!"),
+        ChatMessage::new("user", "Name a colour."),
+    ];
+    let text = t.render(&messages, true).unwrap();
+    assert_eq!(
+        text,
+        "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello!<end_of_turn>\n\
+         <start_of_turn>user\nName a colour.<end_of_turn>\n<start_of_turn>model\n"
+    );
+    let ids = t.encode(&model.tokenizer, &messages, true).unwrap();
+    let bos = model.tokenizer.bos_id().unwrap();
+    assert_eq!(ids[0], bos);
+    assert_eq!(ids.iter().filter(|&&id| id == bos).count(), 1, "BOS is not doubled");
+    let sot = model.tokenizer.find_token("<start_of_turn>").unwrap();
+    let eot = model.tokenizer.find_token("<end_of_turn>").unwrap();
+    assert_eq!(ids.iter().filter(|&&id| id == sot).count(), 4);
+    assert!(model.tokenizer.is_eog(eot), "<end_of_turn> ends a reply");
+    let err = t.render(&[ChatMessage::new("assistant", "first")], true).unwrap_err();
+    assert!(format!("{err:#}").contains("must alternate"), "{err:#}");
 }

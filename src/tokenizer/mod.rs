@@ -227,6 +227,11 @@ impl Tokenizer {
         String::from_utf8_lossy(&bytes).into_owned()
     }
 
+    /// The id of the token whose text is exactly `text`, if the vocabulary has one.
+    pub fn find_token(&self, text: &str) -> Option<u32> {
+        (0..self.vocab_size() as u32).find(|&id| self.token_text(id) == text)
+    }
+
     /// The vocabulary string of `id` (`""` outside the vocabulary).
     pub fn token_text(&self, id: u32) -> &str {
         self.vocab
