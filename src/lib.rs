@@ -5,6 +5,8 @@
 
 pub mod chat_template;
 pub mod cli;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod engine;
 pub mod generate;
 pub mod gguf;

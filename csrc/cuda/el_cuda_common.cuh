@@ -1,0 +1,135 @@
+/*
+ * el_cuda_common.cuh: what the CUDA kernels share: sized integer types, exact half/bfloat16
+ * conversions, the quantized block layouts as byte offsets (the same layouts as csrc/el_blocks.h,
+ * bit-compatible with llama.cpp's ggml-common.h), and warp reductions.
+ *
+ * The kernels include no CUDA header (not even cuda_fp16.h), so NVRTC compiles them at start-up
+ * on any machine that has libnvrtc, with no include path. They are compiled with --fmad=false,
+ * the GPU's counterpart of the C kernels' -ffp-contract=off: every a * b + c rounds twice, as the
+ * scalar references in csrc/ do, which keeps the quantizers byte-identical to them.
+ *
+ * Included by el_quants.cu and el_ops.cu; src/cuda/nvrtc.rs inlines it for NVRTC.
+ */
+#ifndef EL_CUDA_COMMON_CUH
+#define EL_CUDA_COMMON_CUH
+
+typedef signed char int8_t;
+typedef unsigned char uint8_t;
+typedef short int16_t;
+typedef unsigned short uint16_t;
+typedef int int32_t;
+typedef unsigned int uint32_t;
+typedef long long int64_t;
+typedef unsigned long long uint64_t;
+
+#define EL_WARP 32
+#define EL_QK 32    /* elements per block of the 32-element types */
+#define EL_QK_K 256 /* elements per K-quant super-block */
+#define EL_MAX_HEAD_DIM 512
+#define EL_INF __int_as_float(0x7f800000) /* +infinity (no math.h) */
+
+/* Tensor types, ggml numbering (as enum el_type in csrc/edge_kernels.h). */
+#define EL_TYPE_F32 0
+#define EL_TYPE_F16 1
+#define EL_TYPE_Q4_0 2
+#define EL_TYPE_Q4_1 3
+#define EL_TYPE_Q5_0 6
+#define EL_TYPE_Q5_1 7
+#define EL_TYPE_Q8_0 8
+#define EL_TYPE_Q8_1 9
+#define EL_TYPE_Q2_K 10
+#define EL_TYPE_Q3_K 11
+#define EL_TYPE_Q4_K 12
+#define EL_TYPE_Q5_K 13
+#define EL_TYPE_Q6_K 14
+#define EL_TYPE_Q8_K 15
+#define EL_TYPE_BF16 30
+
+/* ---- Half and bfloat16 ------------------------------------------------------------------------
+ * cvt.rn is IEEE round-to-nearest-even, as el_fp32_to_fp16 in csrc/el_internal.h; half -> float
+ * is exact. */
+
+__device__ __forceinline__ float el_h2f(uint16_t h) {
+    float f;
+    asm("{ .reg .b16 t; mov.b16 t, %1; cvt.f32.f16 %0, t; }" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ uint16_t el_f2h(float f) {
+    uint16_t h;
+    asm("{ .reg .b16 t; cvt.rn.f16.f32 t, %1; mov.b16 %0, t; }" : "=h"(h) : "f"(f));
+    return h;
+}
+
+__device__ __forceinline__ float el_bf2f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+
+/* float -> bfloat16, round to nearest even; NaN stays a quiet NaN (el_fp32_to_bf16). */
+__device__ __forceinline__ uint16_t el_f2bf(float f) {
+    const uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 64);
+    return (uint16_t)((u + (0x7fffu + ((u >> 16) & 1u))) >> 16);
+}
+
+/* Little-endian loads from byte pointers that are only 2-byte aligned (GGUF blocks are). */
+__device__ __forceinline__ uint16_t el_ld16(const uint8_t *p) { return *(const uint16_t *)p; }
+__device__ __forceinline__ float el_ldh(const uint8_t *p) { return el_h2f(el_ld16(p)); }
+__device__ __forceinline__ int32_t el_ld32_a2(const uint8_t *p) {
+    return (int32_t)((uint32_t)el_ld16(p) | ((uint32_t)el_ld16(p + 2) << 16));
+}
+
+/* Four bytes packed little-endian into one int, the operand order __dp4a reads. */
+__device__ __forceinline__ int32_t el_pack4(int a, int b, int c, int d) {
+    return (int32_t)((uint32_t)(a & 0xff) | ((uint32_t)(b & 0xff) << 8) | ((uint32_t)(c & 0xff) << 16) |
+                     ((uint32_t)(d & 0xff) << 24));
+}
+
+/* ---- Block layouts (bytes) ------------------------------------------------------------------ */
+
+#define EL_Q4_0_BYTES 18  /* d f16 @0, qs[16] @2 */
+#define EL_Q4_1_BYTES 20  /* d @0, m @2, qs[16] @4 */
+#define EL_Q5_0_BYTES 22  /* d @0, qh[4] @2, qs[16] @6 */
+#define EL_Q5_1_BYTES 24  /* d @0, m @2, qh[4] @4, qs[16] @8 */
+#define EL_Q8_0_BYTES 34  /* d @0, qs[32] @2 */
+#define EL_Q8_1_BYTES 36  /* d @0, s @2, qs[32] @4 */
+#define EL_Q2_K_BYTES 84  /* scales[16] @0, qs[64] @16, d @80, dmin @82 */
+#define EL_Q3_K_BYTES 110 /* hmask[32] @0, qs[64] @32, scales[12] @96, d @108 */
+#define EL_Q4_K_BYTES 144 /* d @0, dmin @2, scales[12] @4, qs[128] @16 */
+#define EL_Q5_K_BYTES 176 /* d @0, dmin @2, scales[12] @4, qh[32] @16, qs[128] @48 */
+#define EL_Q6_K_BYTES 210 /* ql[128] @0, qh[64] @128, scales[16] int8 @192, d @208 */
+#define EL_Q8_K_BYTES 292 /* d f32 @0, qs[256] @4, bsums[16] int16 @260 */
+
+/* ---- Warp and block reductions ----------------------------------------------------------------- */
+
+__device__ __forceinline__ float el_warp_sum(float v) {
+#pragma unroll
+    for (int o = EL_WARP / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ double el_warp_sum_d(double v) {
+#pragma unroll
+    for (int o = EL_WARP / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float el_warp_max(float v) {
+#pragma unroll
+    for (int o = EL_WARP / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+__device__ __forceinline__ int el_warp_sum_i(int v) {
+#pragma unroll
+    for (int o = EL_WARP / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* exp, tanh, sin and cos as float results of the double functions: within about half an ulp of
+ * the exact value, so they agree with glibc's expf/tanhf/sinf/cosf (the C references' libm) far
+ * more often than CUDA's float versions (2 ulp) would. */
+__device__ __forceinline__ float el_expf(float x) { return (float)exp((double)x); }
+__device__ __forceinline__ float el_tanhf(float x) { return (float)tanh((double)x); }
+__device__ __forceinline__ float el_cosf(float x) { return (float)cos((double)x); }
+__device__ __forceinline__ float el_sinf(float x) { return (float)sin((double)x); }
+
+#endif /* EL_CUDA_COMMON_CUH */

@@ -1,0 +1,204 @@
+/*
+ * el_ops.cu: the row operations of a forward step on the GPU: RMSNorm, RoPE, SwiGLU/GeGLU, the
+ * paged KV write, paged attention, and the small glue (bias and residual adds, logit soft-cap,
+ * gathering the rows that want logits, copying a KV block). Same names and argument shapes as
+ * csrc/edge_kernels.h where the C kernel exists, with an el_cuda_ prefix; csrc/ops.c is the
+ * truth they are tested against (tests/cuda_kernels.rs). Launched only from src/cuda/kernels.rs.
+ */
+#include "el_cuda_common.cuh"
+
+/* y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, one block per row; the sum of squares in double as
+ * in the reference. x and y may alias. */
+extern "C" __global__ void el_cuda_rms_norm(const float *x /* [n_rows][n] */, const float *w /* [n] */,
+                                            float *y /* [n_rows][n] */, int64_t n_rows, int64_t n, float eps) {
+    __shared__ double partial[32];
+    const int64_t r = blockIdx.x;
+    if (r >= n_rows) return;
+    const float *xr = x + r * n;
+    float *yr = y + r * n;
+    double sum = 0.0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += (double)xr[i] * (double)xr[i];
+    sum = el_warp_sum_d(sum);
+    const int warp = threadIdx.x / EL_WARP, lane = threadIdx.x % EL_WARP;
+    if (lane == 0) partial[warp] = sum;
+    __syncthreads();
+    if (warp == 0) {
+        const int n_warps = (blockDim.x + EL_WARP - 1) / EL_WARP;
+        double s = lane < n_warps ? partial[lane] : 0.0;
+        s = el_warp_sum_d(s);
+        if (lane == 0) partial[0] = s;
+    }
+    __syncthreads();
+    const float scale = 1.0f / sqrtf((float)(partial[0] / (double)n) + eps);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * scale * w[i];
+}
+
+/* Rotary position embedding in place, one thread per (token, head, pair). theta_i =
+ * pos * freq_scale * theta_scale^i, advanced by i multiplications as the reference does, with
+ * theta_scale = freq_base^(-2 / rope_dim) computed by the caller (host libm powf, as the
+ * reference). neox = 0 rotates (x[2i], x[2i+1]), neox = 1 rotates (x[i], x[i + rope_dim/2]). */
+extern "C" __global__ void el_cuda_rope(float *x /* [n_tokens][n_heads][head_dim] */, const int32_t *pos /* [n_tokens] */,
+                                        int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t rope_dim,
+                                        float freq_scale, float theta_scale, int32_t neox) {
+    const int64_t half = rope_dim / 2;
+    const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= n_tokens * n_heads * half) return;
+    const int64_t i = idx % half;
+    const int64_t th = idx / half; /* token * n_heads + head */
+    const int64_t t = th / n_heads;
+    float theta = (float)pos[t] * freq_scale;
+    for (int64_t k = 0; k < i; k++) theta *= theta_scale;
+    const float c = el_cosf(theta), s = el_sinf(theta);
+    float *xh = x + th * head_dim;
+    const int64_t a = neox ? i : 2 * i;
+    const int64_t b = neox ? i + half : 2 * i + 1;
+    const float x0 = xh[a], x1 = xh[b];
+    xh[a] = x0 * c - x1 * s;
+    xh[b] = x0 * s + x1 * c;
+}
+
+/* y[i] = silu(gate[i]) * up[i]. y may alias gate or up. */
+extern "C" __global__ void el_cuda_swiglu(const float *gate /* [n] */, const float *up /* [n] */, float *y /* [n] */,
+                                          int64_t n) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float g = gate[i];
+    y[i] = g / (1.0f + el_expf(-g)) * up[i];
+}
+
+/* y[i] = gelu_tanh(gate[i]) * up[i]. y may alias gate or up. */
+extern "C" __global__ void el_cuda_geglu(const float *gate /* [n] */, const float *up /* [n] */, float *y /* [n] */,
+                                         int64_t n) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float sqrt_2_over_pi = 0.79788456080286535587989211986876f;
+    const float g = gate[i];
+    const float gelu = 0.5f * g * (1.0f + el_tanhf(sqrt_2_over_pi * g * (1.0f + 0.044715f * g * g)));
+    y[i] = gelu * up[i];
+}
+
+/* Each token's key and value rows into the f16 cache slots its slot_mapping entry names
+ * (slot = block_id * block_size + offset); slots < 0 are skipped. Block t, threads over kv_dim. */
+extern "C" __global__ void el_cuda_kv_write(const float *k /* [n_tokens][kv_dim] */, const float *v /* [n_tokens][kv_dim] */,
+                                            uint16_t *k_cache /* [num_slots][kv_dim] */, uint16_t *v_cache /* [num_slots][kv_dim] */,
+                                            const int64_t *slot_mapping /* [n_tokens] */, int64_t n_tokens, int64_t kv_dim) {
+    const int64_t t = blockIdx.x;
+    if (t >= n_tokens) return;
+    const int64_t slot = slot_mapping[t];
+    if (slot < 0) return;
+    for (int64_t i = threadIdx.x; i < kv_dim; i += blockDim.x) {
+        k_cache[slot * kv_dim + i] = el_f2h(k[t * kv_dim + i]);
+        v_cache[slot * kv_dim + i] = el_f2h(v[t * kv_dim + i]);
+    }
+}
+
+/* Paged attention, as el_paged_attention in csrc/edge_kernels.h: item t * n_heads + h (token t,
+ * query head h reading KV head h / (n_heads / n_kv_heads)) sees the keys at positions
+ * [max(0, L - window), L), L = context_lens[t] (all of [0, L) when window <= 0), key j of its
+ * sequence in slot block_tables[token_seq[t]][j / block_size] * block_size + j % block_size.
+ *
+ * One warp per item, EL_ATTN_WARPS items per block. Keys go 32 at a time, one per lane: each lane
+ * scores its key with the reference's arithmetic (a float sum over head_dim in order, then times
+ * scale), then the chunk joins an online softmax (running max, rescaled sum) and the values are
+ * accumulated with lane l holding dims l, l + 32, ... The reference folds keys in one at a time,
+ * so results agree to rounding, not bit for bit. */
+#define EL_ATTN_WARPS 4
+#define EL_ATTN_DIMS_PER_LANE (EL_MAX_HEAD_DIM / EL_WARP)
+extern "C" __global__ void __launch_bounds__(EL_ATTN_WARPS * EL_WARP)
+    el_cuda_paged_attention(float *out /* [n_tokens][n_heads][head_dim] */, const float *q /* [n_tokens][n_heads][head_dim] */,
+                            const uint16_t *k_cache /* [num_blocks][block_size][n_kv_heads][head_dim] f16 */,
+                            const uint16_t *v_cache /* [num_blocks][block_size][n_kv_heads][head_dim] f16 */,
+                            const int32_t *block_tables /* [n_seqs][max_blocks_per_seq] */,
+                            const int32_t *token_seq /* [n_tokens] */, const int32_t *context_lens /* [n_tokens] */,
+                            int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t block_size,
+                            int64_t max_blocks_per_seq, float scale, int32_t window, int64_t item_begin,
+                            int64_t item_end) {
+    __shared__ float sq[EL_ATTN_WARPS][EL_MAX_HEAD_DIM];
+    const int warp = threadIdx.x / EL_WARP, lane = threadIdx.x % EL_WARP;
+    const int64_t item = item_begin + (int64_t)blockIdx.x * EL_ATTN_WARPS + warp;
+    if (item >= item_end) return;
+    const int64_t t = item / n_heads, h = item % n_heads;
+    const int64_t kvh = h / (n_heads / n_kv_heads);
+    const int64_t kv_dim = n_kv_heads * head_dim;
+    float *qs = sq[warp];
+    for (int64_t d = lane; d < head_dim; d += EL_WARP) qs[d] = q[item * head_dim + d];
+    __syncwarp();
+    const int32_t *table = block_tables + (int64_t)token_seq[t] * max_blocks_per_seq;
+    const int64_t len = context_lens[t];
+    const int64_t first = (window > 0 && len > window) ? len - window : 0;
+    float m = -EL_INF, l = 0.0f;
+    float acc[EL_ATTN_DIMS_PER_LANE];
+#pragma unroll
+    for (int i = 0; i < EL_ATTN_DIMS_PER_LANE; i++) acc[i] = 0.0f;
+    for (int64_t j0 = first; j0 < len; j0 += EL_WARP) {
+        const int64_t j = j0 + lane;
+        float s = -EL_INF;
+        int64_t slot = 0;
+        if (j < len) {
+            slot = (int64_t)table[j / block_size] * block_size + j % block_size;
+            const uint16_t *kj = k_cache + slot * kv_dim + kvh * head_dim;
+            float dot = 0.0f;
+            for (int64_t d = 0; d < head_dim; d++) dot += qs[d] * el_h2f(kj[d]);
+            s = dot * scale;
+        }
+        const float m_new = fmaxf(m, el_warp_max(s)); /* finite: lane 0's key is always in range */
+        const float c = el_expf(m - m_new);
+        const float p = j < len ? el_expf(s - m_new) : 0.0f;
+        l = l * c + el_warp_sum(p);
+#pragma unroll
+        for (int i = 0; i < EL_ATTN_DIMS_PER_LANE; i++) acc[i] *= c;
+        const int64_t n_keys = len - j0 < EL_WARP ? len - j0 : EL_WARP;
+        for (int kk = 0; kk < n_keys; kk++) {
+            const float pk = __shfl_sync(0xffffffffu, p, kk);
+            const int64_t slot_k = __shfl_sync(0xffffffffu, slot, kk);
+            const uint16_t *vj = v_cache + slot_k * kv_dim + kvh * head_dim;
+#pragma unroll
+            for (int i = 0; i < EL_ATTN_DIMS_PER_LANE; i++) {
+                const int64_t d = lane + (int64_t)EL_WARP * i;
+                if (d < head_dim) acc[i] += pk * el_h2f(vj[d]);
+            }
+        }
+        m = m_new;
+    }
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+#pragma unroll
+    for (int i = 0; i < EL_ATTN_DIMS_PER_LANE; i++) {
+        const int64_t d = lane + (int64_t)EL_WARP * i;
+        if (d < head_dim) out[item * head_dim + d] = acc[i] * inv;
+    }
+}
+
+/* x[i] += y[i]: the residual add. */
+extern "C" __global__ void el_cuda_add(float *x /* [n] */, const float *y /* [n] */, int64_t n) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += y[i];
+}
+
+/* x[r][i] += bias[i]: a linear layer's bias. */
+extern "C" __global__ void el_cuda_add_bias(float *x /* [n_rows][n] */, const float *bias /* [n] */, int64_t n_rows,
+                                            int64_t n) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n_rows * n) x[i] += bias[i % n];
+}
+
+/* x[i] = cap * tanh(x[i] / cap): the final logit soft-cap. */
+extern "C" __global__ void el_cuda_softcap(float *x /* [n] */, int64_t n, float cap) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = cap * el_tanhf(x[i] / cap);
+}
+
+/* out[i] = x[rows[i]]: the rows of the residual stream that want logits. Block i. */
+extern "C" __global__ void el_cuda_gather_rows(const float *x /* [*][n] */, const int32_t *rows /* [n_rows] */,
+                                               float *out /* [n_rows][n] */, int64_t n_rows, int64_t n) {
+    const int64_t r = blockIdx.x;
+    if (r >= n_rows) return;
+    const float *src = x + (int64_t)rows[r] * n;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) out[r * n + i] = src[i];
+}
+
+/* cache[dst * n .. + n) = cache[src * n .. + n): copy-on-write of one KV block (n = block_size *
+ * kv_dim halves) in one layer's keys or values. src != dst. */
+extern "C" __global__ void el_cuda_copy_block(uint16_t *cache /* [num_blocks][n] */, int64_t src, int64_t dst, int64_t n) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) cache[dst * n + i] = cache[src * n + i];
+}
