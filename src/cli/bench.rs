@@ -105,7 +105,10 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         writeln!(out, "|---|---|---|---|")?;
         let name = engine.model.file.path().file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         writeln!(out, "| {name} | {threads} | pp{} | {pp:.1} |", args.n_prompt)?;
-        writeln!(out, "| {name} | {threads} | tg{} | {tg:.1} |", args.n_gen)?;
+        // tg needs at least two generated tokens (the first one ends the prefill).
+        if let Some(tg) = tg {
+            writeln!(out, "| {name} | {threads} | tg{} | {tg:.1} |", args.n_gen)?;
+        }
         if args.json {
             let j = serde_json::json!({
                 "threads": threads, "n_prompt": args.n_prompt, "n_gen": args.n_gen,
@@ -136,7 +139,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
 
 /// Medians of prompt tokens/s (prefill: submission to first token) and generated tokens/s
 /// (first to last token), each repetition with a fresh random prompt so nothing is cached.
-fn single(engine: &EngineHandle, rng: &mut Rng, vocab: usize, args: &BenchArgs) -> Result<(f64, f64)> {
+fn single(engine: &EngineHandle, rng: &mut Rng, vocab: usize, args: &BenchArgs) -> Result<(f64, Option<f64>)> {
     let (mut pp, mut tg) = (Vec::new(), Vec::new());
     // One warm-up run, not counted.
     drain(&mut engine.submit(request(random_tokens(rng, 16, vocab), 4))?)?;
@@ -149,7 +152,7 @@ fn single(engine: &EngineHandle, rng: &mut Rng, vocab: usize, args: &BenchArgs) 
             tg.push((n - 1) as f64 / (last - first).as_secs_f64());
         }
     }
-    Ok((median(pp), median(tg)))
+    Ok((median(pp), (!tg.is_empty()).then(|| median(tg))))
 }
 
 /// Medians over repetitions of (aggregate generated tokens/s, median TTFT in ms, hit rate).

@@ -63,6 +63,9 @@ pub struct ModelArgs {
     /// GGUF model file [default: models/SmolLM2-135M-Instruct.Q4_1.gguf]
     #[arg(short = 'm', long = "model")]
     pub model: Option<PathBuf>,
+    /// Lock the model's weights in RAM (mlock), so the OS never pages them out
+    #[arg(long = "mlock")]
+    pub mlock: bool,
 }
 
 /// Sizes of the engine: the KV pool and the step budget.
@@ -175,7 +178,18 @@ impl ModelArgs {
                 Err(_) => s.finish_and_clear(),
             }
         }
-        model
+        let model = model?;
+        if self.mlock {
+            // As llama.cpp does: a failed lock is a warning, the model still runs (paged).
+            match model.file.lock_in_memory() {
+                Ok(()) => eprintln!("locked {} MB of weights in RAM", model.file.file_bytes() / 1_000_000),
+                Err(e) => eprintln!(
+                    "warning: --mlock: could not lock {} MB in RAM ({e}); raise the limit with `ulimit -l` (RLIMIT_MEMLOCK) or run without --mlock",
+                    model.file.file_bytes() / 1_000_000
+                ),
+            }
+        }
+        Ok(model)
     }
 }
 

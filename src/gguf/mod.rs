@@ -96,6 +96,12 @@ impl GgufFile {
         &self.metadata
     }
 
+    /// Locks the whole mapping in RAM (`mlock`): its pages are faulted in now and never paged
+    /// out. Fails where RLIMIT_MEMLOCK is below the file's size.
+    pub fn lock_in_memory(&self) -> std::io::Result<()> {
+        self.mmap.lock()
+    }
+
     pub fn get(&self, key: &str) -> Option<&MetaValue> {
         self.metadata_index.get(key).map(|&i| &self.metadata[i].1)
     }
