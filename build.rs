@@ -2,6 +2,11 @@
 //! with the `regen-bindings` feature, regenerates `src/kernels/bindings.rs` from
 //! `csrc/edge_kernels.h` with bindgen. The checked-in bindings carry a hash of the header they
 //! were made from; `tests/bindings_drift.rs` fails when the header changes without them.
+//!
+//! With the `cuda` feature and `nvcc` on PATH (or in EDGE_LLM_NVCC), it also compiles the CUDA
+//! kernels in `csrc/cuda/` to PTX for compute_80 and sets `cfg(edge_llm_prebuilt_ptx)`; without
+//! nvcc the binary compiles the embedded sources with NVRTC at start-up instead. Without the
+//! feature nothing CUDA is built or linked.
 
 use std::path::Path;
 
@@ -45,9 +50,47 @@ fn main() {
         .warnings(true);
     build.compile("edge_kernels");
 
+    cuda_ptx();
+
     #[cfg(feature = "regen-bindings")]
     regen_bindings();
     let _ = Path::new(BINDINGS);
+}
+
+/// PTX of every `csrc/cuda/*.cu` into OUT_DIR with nvcc, when the `cuda` feature is on and nvcc
+/// runs. The options match src/cuda/nvrtc.rs (OPTIONS): no fused multiply-add, C++17.
+fn cuda_ptx() {
+    println!("cargo::rustc-check-cfg=cfg(edge_llm_prebuilt_ptx)");
+    println!("cargo:rerun-if-env-changed=EDGE_LLM_NVCC");
+    if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
+        return;
+    }
+    let nvcc = std::env::var("EDGE_LLM_NVCC").unwrap_or_else(|_| "nvcc".into());
+    let found = std::process::Command::new(&nvcc).arg("--version").output().is_ok_and(|o| o.status.success());
+    if !found {
+        return; // NVRTC at start-up
+    }
+    let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
+    let mut programs: Vec<_> = std::fs::read_dir("csrc/cuda")
+        .expect("csrc/cuda exists")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "cu"))
+        .collect();
+    programs.sort();
+    for src in &programs {
+        let stem = src.file_stem().expect("file name").to_string_lossy().into_owned();
+        let ptx = out_dir.join(format!("{stem}.ptx"));
+        let out = std::process::Command::new(&nvcc)
+            .args(["--ptx", "-arch=compute_80", "--fmad=false", "-std=c++17", "-O3", "-Icsrc/cuda", "-o"])
+            .arg(&ptx)
+            .arg(src)
+            .output()
+            .expect("run nvcc");
+        if !out.status.success() {
+            panic!("nvcc failed on {}:\n{}", src.display(), String::from_utf8_lossy(&out.stderr));
+        }
+    }
+    println!("cargo:rustc-cfg=edge_llm_prebuilt_ptx");
 }
 
 #[cfg(feature = "regen-bindings")]

@@ -4,7 +4,8 @@
 
 use anyhow::{bail, Result};
 
-use crate::kv_cache::{BlockAllocator, KvCache};
+use crate::device::{Device, Executor};
+use crate::kv_cache::BlockAllocator;
 use crate::model::{Batch, Model};
 use crate::sampler::{Sampler, SamplingParams};
 
@@ -15,7 +16,8 @@ pub const DEFAULT_BATCH_TOKENS: usize = 512;
 
 pub struct SequenceRunner<'m> {
     model: &'m Model,
-    kv: KvCache,
+    /// The KV pool and the device the forward pass runs on.
+    exec: Executor,
     allocator: BlockAllocator,
     /// This sequence's block table.
     block_table: Vec<u32>,
@@ -26,12 +28,23 @@ pub struct SequenceRunner<'m> {
 }
 
 impl<'m> SequenceRunner<'m> {
-    /// A runner with room for `n_ctx` tokens in blocks of `block_size`.
+    /// A runner on the CPU with room for `n_ctx` tokens in blocks of `block_size`.
     pub fn new(model: &'m Model, n_ctx: usize, block_size: usize) -> Self {
         let num_blocks = n_ctx.div_ceil(block_size).max(1);
+        Self::with_executor(model, n_ctx, Executor::cpu(model, block_size, num_blocks))
+    }
+
+    /// A runner on `device` (resolved as `--device` is) with room for `n_ctx` tokens.
+    pub fn on(model: &'m Model, n_ctx: usize, block_size: usize, device: Device) -> Result<Self> {
+        let num_blocks = n_ctx.div_ceil(block_size.max(1)).max(1);
+        Ok(Self::with_executor(model, n_ctx, Executor::new(model, device, block_size, num_blocks)?))
+    }
+
+    fn with_executor(model: &'m Model, n_ctx: usize, exec: Executor) -> Self {
+        let num_blocks = n_ctx.div_ceil(exec.block_size()).max(1);
         SequenceRunner {
             model,
-            kv: KvCache::new(&model.config, block_size, num_blocks),
+            exec,
             allocator: BlockAllocator::new(num_blocks),
             block_table: Vec::new(),
             num_computed: 0,
@@ -71,7 +84,7 @@ impl<'m> SequenceRunner<'m> {
                 self.n_ctx
             );
         }
-        let bs = self.kv.block_size;
+        let bs = self.exec.block_size();
         let mut logits = Vec::new();
         for (ci, chunk) in tokens.chunks(self.batch_tokens.max(1)).enumerate() {
             let is_last_chunk = (ci + 1) * self.batch_tokens.max(1) >= tokens.len();
@@ -88,7 +101,7 @@ impl<'m> SequenceRunner<'m> {
                 let want = all_logits || (is_last_chunk && i + 1 == chunk.len());
                 batch.push_token(tok, pos, slot, seq, want);
             }
-            logits.extend(self.model.forward(&batch, &mut self.kv)?);
+            logits.extend(self.exec.forward(self.model, &batch)?);
             self.num_computed = end;
         }
         Ok(logits)

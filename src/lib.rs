@@ -7,6 +7,7 @@ pub mod chat_template;
 pub mod cli;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod device;
 pub mod engine;
 pub mod generate;
 pub mod gguf;

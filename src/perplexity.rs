@@ -5,6 +5,7 @@
 
 use anyhow::{bail, Result};
 
+use crate::device::Device;
 use crate::generate::SequenceRunner;
 use crate::model::Model;
 use crate::sampler::log_softmax_at;
@@ -44,6 +45,18 @@ pub fn perplexity(
     text: &str,
     n_ctx: usize,
     max_chunks: Option<usize>,
+    on_chunk: impl FnMut(&PerplexityStats),
+) -> Result<PerplexityStats> {
+    perplexity_on(model, Device::Cpu, text, n_ctx, max_chunks, on_chunk)
+}
+
+/// [`perplexity`] with the forward pass on `device`.
+pub fn perplexity_on(
+    model: &Model,
+    device: Device,
+    text: &str,
+    n_ctx: usize,
+    max_chunks: Option<usize>,
     mut on_chunk: impl FnMut(&PerplexityStats),
 ) -> Result<PerplexityStats> {
     if n_ctx < 8 {
@@ -61,7 +74,7 @@ pub fn perplexity(
     }
     let first = n_ctx / 2;
     let vocab = model.config.vocab_size;
-    let mut runner = SequenceRunner::new(model, n_ctx, crate::generate::DEFAULT_BLOCK_SIZE);
+    let mut runner = SequenceRunner::on(model, n_ctx, crate::generate::DEFAULT_BLOCK_SIZE, device)?;
     let mut stats = PerplexityStats::default();
     for chunk in 0..num_chunks {
         let mut input = tokens[chunk * n_ctx..(chunk + 1) * n_ctx].to_vec();

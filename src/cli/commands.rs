@@ -8,6 +8,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 
 use super::{EngineArgs, ModelArgs, ThreadArgs};
+use crate::device::Device;
 use crate::engine::{Event, FinishReason, Request};
 use crate::gguf::GgufFile;
 use crate::sampler::SamplingParams;
@@ -188,15 +189,20 @@ pub struct PerplexityArgs {
     /// Score at most this many chunks.
     #[arg(long = "chunks")]
     pub chunks: Option<usize>,
+    /// Where the model runs: cuda when built with it and a GPU is usable (auto), or cpu, or cuda.
+    #[arg(long = "device", value_enum, default_value_t = Device::Auto)]
+    pub device: Device,
 }
 
 pub fn perplexity(args: &PerplexityArgs) -> Result<()> {
     args.threads.init()?;
+    // Before the file is read and tokenized, so a bad --device fails at once.
+    let device = args.device.resolve()?;
     let text = std::fs::read(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
     let text = String::from_utf8_lossy(&text);
     let model = args.model.load()?;
     let started = std::time::Instant::now();
-    let stats = crate::perplexity::perplexity(&model, &text, args.ctx_size, args.chunks, |s| {
+    let stats = crate::perplexity::perplexity_on(&model, device, &text, args.ctx_size, args.chunks, |s| {
         eprint!("[{}]{:.4},", s.num_chunks, s.ppl());
     })?;
     eprintln!();

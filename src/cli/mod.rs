@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 
+use crate::device::{Device, Executor};
 use crate::engine::{EngineConfig, EngineHandle};
 use crate::model::Model;
 
@@ -89,6 +90,9 @@ pub struct EngineArgs {
     /// Most requests queued or running; more are refused.
     #[arg(long = "max-queue", default_value_t = 256)]
     pub max_queue: usize,
+    /// Where the model runs: cuda when built with it and a GPU is usable (auto), or cpu, or cuda.
+    #[arg(long = "device", value_enum, default_value_t = Device::Auto)]
+    pub device: Device,
 }
 
 impl EngineArgs {
@@ -110,13 +114,15 @@ impl EngineArgs {
         Ok(config)
     }
 
-    /// Starts the engine thread on `model`, logging the KV pool's size on a terminal
-    /// (`verbose` logs it anywhere).
+    /// Starts the engine thread on `model` and `--device`, logging the KV pool's size on a
+    /// terminal (`verbose` logs it anywhere).
     pub fn start(&self, model: Model, verbose: bool) -> Result<EngineHandle> {
         let config = self.config(&model)?;
+        let exec = Executor::new(&model, self.device, config.block_size, config.num_blocks)?;
         if verbose || std::io::stderr().is_terminal() {
             eprintln!(
-                "KV cache: {} blocks of {} tokens ({} tokens, {:.1} MiB); max {} tokens per sequence, {} per step",
+                "KV cache on {}: {} blocks of {} tokens ({} tokens, {:.1} MiB); max {} tokens per sequence, {} per step",
+                exec.describe(),
                 config.num_blocks,
                 config.block_size,
                 config.num_blocks * config.block_size,
@@ -125,7 +131,7 @@ impl EngineArgs {
                 config.max_batched_tokens
             );
         }
-        EngineHandle::start(std::sync::Arc::new(model), config)
+        EngineHandle::start_with(std::sync::Arc::new(model), config, exec)
     }
 }
 

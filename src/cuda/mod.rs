@@ -4,7 +4,16 @@
 //! starts anywhere; [`probe`] says whether a GPU can be used before anything touches the driver.
 //!
 //! - `nvrtc`: the embedded kernel sources (`csrc/cuda/`) and their compilation.
+//! - `device`: finding a GPU without a panic, the context, the stream, launching.
+//! - `kernels`: launch wrappers that check every buffer against the kernel's shapes.
+//! - `forward`: [`CudaModel`], the weights and KV pool on the GPU and the forward pass.
 //!
 //! [`Batch`]: crate::model::Batch
 
+pub mod device;
+pub mod forward;
+pub mod kernels;
 pub mod nvrtc;
+
+pub use device::{probe, Gpu};
+pub use forward::CudaModel;

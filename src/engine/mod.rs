@@ -23,6 +23,7 @@ use tokio::sync::mpsc as events;
 
 pub use metrics::Metrics;
 
+use crate::device::Executor;
 use crate::kv_cache::KvCache;
 use crate::model::Model;
 use crate::sampler::SamplingParams;
@@ -243,13 +244,23 @@ impl Drop for RequestStream {
 }
 
 impl EngineHandle {
-    /// Starts the engine thread, which owns `model`'s KV pool and scheduler from now on.
+    /// Starts the engine thread on the CPU; it owns `model`'s KV pool and scheduler from now on.
     pub fn start(model: Arc<Model>, config: EngineConfig) -> Result<EngineHandle> {
+        let exec = Executor::cpu(&model, config.block_size, config.num_blocks);
+        Self::start_with(model, config, exec)
+    }
+
+    /// Starts the engine thread with `exec` (made for `config`'s pool: see [`Executor::new`])
+    /// running its forward passes.
+    pub fn start_with(model: Arc<Model>, config: EngineConfig, exec: Executor) -> Result<EngineHandle> {
+        if exec.block_size() != config.block_size {
+            bail!("the executor's KV blocks hold {} tokens, the engine's {}", exec.block_size(), config.block_size);
+        }
         let (tx, rx) = mpsc::channel();
         let in_flight = Arc::new(AtomicU64::new(0));
         let config = Arc::new(config);
         let metrics = Arc::new(Mutex::new(Metrics::default()));
-        let worker = worker::Worker::new(model.clone(), (*config).clone(), in_flight.clone(), metrics.clone());
+        let worker = worker::Worker::new(model.clone(), (*config).clone(), exec, in_flight.clone(), metrics.clone());
         std::thread::Builder::new().name("edge-llm-engine".into()).spawn(move || worker.run(rx))?;
         Ok(EngineHandle { tx, next_id: Arc::new(AtomicU64::new(1)), in_flight, metrics, config, model })
     }

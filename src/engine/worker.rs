@@ -14,7 +14,7 @@ use super::batch_builder::build_batch;
 use super::block_manager::BlockManager;
 use super::scheduler::{Scheduler, SchedulerConfig};
 use super::{Command, EngineConfig, Event, FinishReason, Metrics, Request, TokenLogprobs, Usage};
-use crate::kv_cache::KvCache;
+use crate::device::Executor;
 use crate::model::Model;
 use crate::sampler::Sampler;
 use crate::tokenizer::StreamDecoder;
@@ -39,7 +39,8 @@ struct SeqState {
 pub(super) struct Worker {
     model: Arc<Model>,
     config: EngineConfig,
-    kv: KvCache,
+    /// The KV pool and the device the forward pass runs on.
+    exec: Executor,
     sched: Scheduler,
     seqs: HashMap<u64, SeqState>,
     /// Live sequences of each request.
@@ -52,8 +53,7 @@ pub(super) struct Worker {
 }
 
 impl Worker {
-    pub(super) fn new(model: Arc<Model>, config: EngineConfig, in_flight: Arc<AtomicU64>, published: Arc<Mutex<Metrics>>) -> Self {
-        let kv = KvCache::new(&model.config, config.block_size, config.num_blocks);
+    pub(super) fn new(model: Arc<Model>, config: EngineConfig, exec: Executor, in_flight: Arc<AtomicU64>, published: Arc<Mutex<Metrics>>) -> Self {
         // The salt names what the cached keys and values depend on besides the tokens.
         let salt = {
             use std::hash::{DefaultHasher, Hash, Hasher};
@@ -69,7 +69,7 @@ impl Worker {
         Worker {
             model,
             config,
-            kv,
+            exec,
             sched,
             seqs: HashMap::new(),
             requests: HashMap::new(),
@@ -179,11 +179,9 @@ impl Worker {
             }
             return;
         }
-        for c in &out.copies {
-            self.kv.copy_block(c.src, c.dst);
-        }
+        let copied = out.copies.iter().try_for_each(|c| self.exec.copy_block(c.src, c.dst));
         let batch = build_batch(&self.sched, &out);
-        let logits = match self.model.forward(&batch, &mut self.kv) {
+        let logits = match copied.and_then(|()| self.exec.forward(&self.model, &batch)) {
             Ok(l) => l,
             Err(e) => {
                 for &(id, _) in &out.scheduled {

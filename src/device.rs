@@ -1,0 +1,162 @@
+//! Where the forward pass runs. [`Device`] is what `--device` asks for; [`Executor`] is what one
+//! device needs to run steps: on the CPU the paged [`KvCache`] (the forward pass reads the
+//! weights from the mmap), on a GPU the uploaded weights and the KV pool in device memory
+//! (`crate::cuda`, feature `cuda`). The engine thread and [`SequenceRunner`] hold an executor and
+//! call [`Executor::forward`] with the same [`Batch`] either way; the scheduler and block manager
+//! never know which.
+//!
+//! [`SequenceRunner`]: crate::generate::SequenceRunner
+
+use std::io::IsTerminal;
+
+use anyhow::{bail, Result};
+
+use crate::kv_cache::KvCache;
+use crate::model::{Batch, Model};
+
+/// The `--device` choice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Device {
+    /// CUDA when this binary has it and a GPU is usable, else the CPU.
+    #[default]
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+impl Device {
+    /// The device to run on: `Cpu` or `Cuda`. `Cuda` fails with the reason when it cannot be
+    /// used; `Auto` falls back to the CPU, saying why in one line on a terminal's stderr when
+    /// this binary has CUDA (in a pipe it stays quiet, as every log does; `serve` and `bench`
+    /// name the device in their KV cache line).
+    pub fn resolve(self) -> Result<Device> {
+        match self {
+            Device::Cpu => Ok(Device::Cpu),
+            Device::Cuda => {
+                cuda_probe()?;
+                Ok(Device::Cuda)
+            }
+            Device::Auto => {
+                if !cfg!(feature = "cuda") {
+                    return Ok(Device::Cpu);
+                }
+                match cuda_probe() {
+                    Ok(()) => Ok(Device::Cuda),
+                    Err(e) => {
+                        if std::io::stderr().is_terminal() {
+                            eprintln!("{e:#}; running on the CPU");
+                        }
+                        Ok(Device::Cpu)
+                    }
+                }
+            }
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Device::Auto => "auto",
+            Device::Cpu => "cpu",
+            Device::Cuda => "cuda",
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_probe() -> Result<()> {
+    crate::cuda::probe().map(|_| ())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_probe() -> Result<()> {
+    bail!("--device cuda: built without CUDA support (rebuild with --features cuda)")
+}
+
+/// The state that runs forward steps on one device.
+pub enum Executor {
+    Cpu(KvCache),
+    #[cfg(feature = "cuda")]
+    Cuda(Box<crate::cuda::CudaModel>),
+}
+
+impl Executor {
+    /// A CPU executor: a KV pool of `num_blocks` blocks of `block_size` tokens.
+    pub fn cpu(model: &Model, block_size: usize, num_blocks: usize) -> Executor {
+        Executor::Cpu(KvCache::new(&model.config, block_size, num_blocks))
+    }
+
+    /// An executor on `device` (resolved first) with a KV pool of `num_blocks` blocks of
+    /// `block_size` tokens; on a GPU this uploads the weights.
+    pub fn new(model: &Model, device: Device, block_size: usize, num_blocks: usize) -> Result<Executor> {
+        if block_size == 0 || num_blocks == 0 {
+            bail!("the KV pool needs at least one block of at least one token");
+        }
+        match device.resolve()? {
+            Device::Cuda => Self::cuda(model, block_size, num_blocks),
+            _ => Ok(Self::cpu(model, block_size, num_blocks)),
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda(model: &Model, block_size: usize, num_blocks: usize) -> Result<Executor> {
+        use anyhow::Context;
+        let gpu = crate::cuda::Gpu::new()?;
+        let name = gpu.name.clone();
+        let m = crate::cuda::CudaModel::new(gpu, model, block_size, num_blocks).with_context(|| format!("loading the model onto {name}"))?;
+        Ok(Executor::Cuda(Box::new(m)))
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn cuda(_: &Model, _: usize, _: usize) -> Result<Executor> {
+        cuda_probe()?;
+        bail!("CUDA support is not built in")
+    }
+
+    /// Which device this executor runs on (`Cpu` or `Cuda`).
+    pub fn device(&self) -> Device {
+        match self {
+            Executor::Cpu(_) => Device::Cpu,
+            #[cfg(feature = "cuda")]
+            Executor::Cuda(_) => Device::Cuda,
+        }
+    }
+
+    /// A line for logs: the device and, on a GPU, its name and how its kernels were loaded.
+    pub fn describe(&self) -> String {
+        match self {
+            Executor::Cpu(_) => "cpu".into(),
+            #[cfg(feature = "cuda")]
+            Executor::Cuda(m) => format!("cuda: {} (compute {}.{}, kernels: {})", m.gpu().name, m.gpu().compute_capability.0, m.gpu().compute_capability.1, m.gpu().kernels_from),
+        }
+    }
+
+    pub fn block_size(&self) -> usize {
+        match self {
+            Executor::Cpu(kv) => kv.block_size,
+            #[cfg(feature = "cuda")]
+            Executor::Cuda(m) => m.block_size(),
+        }
+    }
+
+    /// Runs one step of `model` over `batch`; returns the logits of `batch.logits_rows`,
+    /// [logits_rows.len()][vocab_size].
+    pub fn forward(&mut self, model: &Model, batch: &Batch) -> Result<Vec<f32>> {
+        match self {
+            Executor::Cpu(kv) => model.forward(batch, kv),
+            #[cfg(feature = "cuda")]
+            Executor::Cuda(m) => m.forward(model, batch),
+        }
+    }
+
+    /// Copies KV block `src` onto `dst` in every layer (copy-on-write of a shared block).
+    pub fn copy_block(&mut self, src: u32, dst: u32) -> Result<()> {
+        match self {
+            Executor::Cpu(kv) => {
+                kv.copy_block(src, dst);
+                Ok(())
+            }
+            #[cfg(feature = "cuda")]
+            Executor::Cuda(m) => m.copy_block(src, dst),
+        }
+    }
+}
