@@ -184,7 +184,7 @@ EL_AI __m256i nib_src(const int R, const int C, const int v) {
 EL_AI void nib_row_scales(const int type, const int R, const int C, const uint8_t *const *ap, const int64_t nb,
                           __m256 *rowsc) {
     const int NV = NIB_K > 4 ? 2 : 1;
-    const int ab = type == EL_TYPE_Q4_0 ? (int)sizeof(el_block_q8_0) : (int)sizeof(el_block_q8_1);
+    const int ab = type == EL_TYPE_Q4_1 ? (int)sizeof(el_block_q8_1) : (int)sizeof(el_block_q8_0);
     for (int64_t i = 0; i < nb; i++) {
         for (int v = 0; v < NV; v++) el_lane_halves(R, ap, i * ab, nib_rows2(R, C, v), &rowsc[4 * i + 2 * v], &rowsc[4 * i + 2 * v + 1]);
     }
@@ -196,38 +196,52 @@ EL_AI void tile_nib(const int type, const int R, const int C, const uint8_t *con
                     const uint8_t *const *ap, const int64_t nb, float *sums /* [16] */, const el_prefetch pf,
                     const __m256 *rowsc) {
     const int NCP = NIB_NCP, K = NIB_K, NV = K > 4 ? 2 : 1;
-    const int q4_0 = type == EL_TYPE_Q4_0;
-    const int wb = q4_0 ? (int)sizeof(el_block_q4_0) : (int)sizeof(el_block_q4_1);
-    const int wq = q4_0 ? 2 : 4; /* offset of the weight nibbles */
-    const int ab = q4_0 ? (int)sizeof(el_block_q8_0) : (int)sizeof(el_block_q8_1);
-    const int aq = q4_0 ? 2 : 4; /* offset of the activation quants */
+    /* Q4_0 and Q5_0 are symmetric (q - 8, q - 16: the offset comes in through the activation's
+     * pair sums and the reduction is 32-bit); Q4_1 has a min. */
+    const int sym = type != EL_TYPE_Q4_1, q5 = type == EL_TYPE_Q5_0;
+    const int wb = type == EL_TYPE_Q4_0 ? (int)sizeof(el_block_q4_0)
+                 : q5                   ? (int)sizeof(el_block_q5_0)
+                                        : (int)sizeof(el_block_q4_1);
+    const int wq = type == EL_TYPE_Q4_0 ? 2 : q5 ? 6 : 4; /* offset of the weight nibbles */
+    const int ab = sym ? (int)sizeof(el_block_q8_0) : (int)sizeof(el_block_q8_1);
+    const int aq = sym ? 2 : 4; /* offset of the activation quants */
     const __m256i ones16 = _mm256_set1_epi16(1), ones8 = _mm256_set1_epi8(1), low4 = _mm256_set1_epi8(0x0F);
+    /* Q5_0's fifth bits: byte j of a half takes bit j (low nibbles) or 16 + j (high) of its row's qh. */
+    const __m256i qh_lo = _mm256_setr_epi64x(0, 0x0101010101010101, 0, 0x0101010101010101);
+    const __m256i qh_hi = _mm256_setr_epi64x(0x0202020202020202, 0x0303030303030303, 0x0202020202020202, 0x0303030303030303);
+    const __m256i qh_bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL), b4 = _mm256_set1_epi8(0x10);
     __m256 sum[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t i = 0; i < nb; i++) {
         el_prefetch_step(pf, i);
         __m256i a8[4];
-        if (q4_0) {
+        if (sym) {
             for (int r = 0; r < R; r++) {
                 const uint8_t *a = ap[r] + i * ab + aq;
                 const __m256i alo = _mm256_broadcastsi128_si256(el_loadu_128(a));
                 const __m256i ahi = _mm256_broadcastsi128_si256(el_loadu_128(a + 16));
-                a8[r] = _mm256_slli_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(ones8, alo), _mm256_maddubs_epi16(ones8, ahi)), 3);
+                a8[r] = _mm256_slli_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(ones8, alo), _mm256_maddubs_epi16(ones8, ahi)), q5 ? 4 : 3);
             }
         }
         __m256i acc[8];
         for (int k = K; k < 4 * NV; k++) acc[k] = _mm256_setzero_si256();
         for (int cp = 0; cp < NCP; cp++) {
-            const uint8_t *w0 = wp[cp] + i * wb + wq;
-            const uint8_t *w1 = wp[C == 1 ? 0 : cp + NCP] + i * wb + wq;
-            const __m256i w = _mm256_inserti128_si256(_mm256_castsi128_si256(el_loadu_128(w0)), el_loadu_128(w1), 1);
-            const __m256i lo = _mm256_and_si256(w, low4);
-            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
+            const uint8_t *b0 = wp[cp] + i * wb, *b1 = wp[C == 1 ? 0 : cp + NCP] + i * wb;
+            const __m256i w = _mm256_inserti128_si256(_mm256_castsi128_si256(el_loadu_128(b0 + wq)), el_loadu_128(b1 + wq), 1);
+            __m256i lo = _mm256_and_si256(w, low4);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
+            if (q5) { /* q = nibble + 16 * bit, 0..31 */
+                const __m256i h = _mm256_setr_epi32((int)el_load_u32(b0 + 2), 0, 0, 0, (int)el_load_u32(b1 + 2), 0, 0, 0);
+                const __m256i blo = _mm256_and_si256(_mm256_shuffle_epi8(h, qh_lo), qh_bit);
+                const __m256i bhi = _mm256_and_si256(_mm256_shuffle_epi8(h, qh_hi), qh_bit);
+                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(blo, qh_bit), b4));
+                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(bhi, qh_bit), b4));
+            }
             for (int r = 0; r < R; r++) {
                 const uint8_t *a = ap[r] + i * ab + aq;
                 const __m256i alo = _mm256_broadcastsi128_si256(el_loadu_128(a));
                 const __m256i ahi = _mm256_broadcastsi128_si256(el_loadu_128(a + 16));
                 __m256i prod = _mm256_add_epi16(_mm256_maddubs_epi16(lo, alo), _mm256_maddubs_epi16(hi, ahi));
-                if (q4_0) prod = _mm256_madd_epi16(_mm256_sub_epi16(prod, a8[r]), ones16);
+                if (sym) prod = _mm256_madd_epi16(_mm256_sub_epi16(prod, a8[r]), ones16);
                 acc[r * NCP + cp] = prod;
             }
         }
@@ -239,7 +253,7 @@ EL_AI void tile_nib(const int type, const int R, const int C, const uint8_t *con
             /* Q4_1's 16-bit lanes are at most 4 * 15 * 127 = 7620, so four of them still fit 16
              * bits: two hadd levels there, one widening madd. Q4_0's are 32-bit already. */
             const __m256i *k4 = acc + 4 * v;
-            const __m256i reduced = q4_0 ? el_reduce4x2_epi32(k4)
+            const __m256i reduced = sym ? el_reduce4x2_epi32(k4)
                                          : _mm256_madd_epi16(_mm256_hadd_epi16(_mm256_hadd_epi16(k4[0], k4[1]),
                                                                                _mm256_hadd_epi16(k4[2], k4[3])),
                                                              ones16);
@@ -252,7 +266,7 @@ EL_AI void tile_nib(const int type, const int R, const int C, const uint8_t *con
                 el_lane_halves(R, ap, i * ab, nib_rows2(R, C, v), &da, &sa);
             }
             __m256 t = _mm256_mul_ps(_mm256_mul_ps(dw, da), isum);
-            if (!q4_0) t = _mm256_add_ps(t, _mm256_mul_ps(mw, sa));
+            if (!sym) t = _mm256_add_ps(t, _mm256_mul_ps(mw, sa));
             sum[v] = _mm256_add_ps(sum[v], t);
         }
     }
@@ -346,10 +360,13 @@ static void row_scales_q4_0(const uint8_t *const *ap, int64_t nb, __m256 *rowsc)
 static void row_scales_q4_1(const uint8_t *const *ap, int64_t nb, __m256 *rowsc) {
     nib_row_scales(EL_TYPE_Q4_1, 4, 4, ap, nb, rowsc);
 }
+static void row_scales_q5_0(const uint8_t *const *ap, int64_t nb, __m256 *rowsc) {
+    nib_row_scales(EL_TYPE_Q5_0, 4, 4, ap, nb, rowsc);
+}
 
 KERNELS32(q4_0, EL_TYPE_Q4_0, tile_nib, 4, row_scales_q4_0)
 KERNELS32(q4_1, EL_TYPE_Q4_1, tile_nib, 4, row_scales_q4_1)
-KERNELS32(q5_0, EL_TYPE_Q5_0, tile32, 2, NULL)
+KERNELS32(q5_0, EL_TYPE_Q5_0, tile_nib, 4, row_scales_q5_0)
 KERNELS32(q5_1, EL_TYPE_Q5_1, tile32, 2, NULL)
 KERNELS32(q8_0, EL_TYPE_Q8_0, tile32, 2, NULL)
 KERNELS32(q8_1, EL_TYPE_Q8_1, tile32, 2, NULL)
