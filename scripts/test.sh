@@ -11,5 +11,16 @@ if ! command -v tmux >/dev/null 2>&1; then
   ($SUDO apt-get install -y -q tmux || ($SUDO apt-get update -q && $SUDO apt-get install -y -q tmux)) >/dev/null 2>&1 \
     || echo "warning: could not install tmux; the terminal chat tests will be skipped" >&2
 fi
+# CUDA without a GPU: NVRTC from its PyPI wheel (libnvrtc only: the kernels include no CUDA
+# header), so tests/cuda_nvrtc.rs compiles every CUDA kernel for sm_80/sm_90 here.
+NVRTC_WHEEL="nvidia-cuda-nvrtc-cu12==12.9.86"
+NVRTC_LIB="$PWD/.cuda-wheels/nvidia/cuda_nvrtc/lib"
+if [ ! -e "$NVRTC_LIB/libnvrtc.so.12" ]; then
+  python3 -m pip install -q --disable-pip-version-check --no-deps --target .cuda-wheels "$NVRTC_WHEEL"
+fi
+export LD_LIBRARY_PATH="$NVRTC_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# The default build (no CUDA) must compile; the suite then runs once on the build with the cuda
+# feature, so every test also drives a CUDA-enabled binary on this GPU-less machine.
 cargo build --release --locked
-cargo test --release --locked --no-fail-fast "$@"
+cargo build --release --locked --features cuda
+cargo test --release --locked --no-fail-fast --features cuda "$@"
