@@ -4,7 +4,7 @@
  * bit-compatible with llama.cpp's ggml-common.h), and warp reductions.
  *
  * The kernels include no CUDA header (not even cuda_fp16.h), so NVRTC compiles them at start-up
- * on any machine that has libnvrtc, with no include path. They are compiled with --fmad=false,
+ * on any machine that has libnvrtc, with no include path (under nvcc, only <stdint.h>). They are compiled with --fmad=false,
  * the GPU's counterpart of the C kernels' -ffp-contract=off: every a * b + c rounds twice, as the
  * scalar references in csrc/ do, which keeps the quantizers byte-identical to them.
  *
@@ -13,6 +13,8 @@
 #ifndef EL_CUDA_COMMON_CUH
 #define EL_CUDA_COMMON_CUH
 
+#ifdef __CUDACC_RTC__
+/* NVRTC: no system headers, so the sized integers are spelled out (LP64 sizes). */
 typedef signed char int8_t;
 typedef unsigned char uint8_t;
 typedef short int16_t;
@@ -21,6 +23,10 @@ typedef int int32_t;
 typedef unsigned int uint32_t;
 typedef long long int64_t;
 typedef unsigned long long uint64_t;
+#else
+/* nvcc (build.rs): the host's own. */
+#include <stdint.h>
+#endif
 
 #define EL_WARP 32
 #define EL_QK 32    /* elements per block of the 32-element types */
