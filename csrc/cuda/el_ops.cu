@@ -98,10 +98,10 @@ extern "C" __global__ void el_cuda_kv_write(const float *k /* [n_tokens][kv_dim]
  * sequence in slot block_tables[token_seq[t]][j / block_size] * block_size + j % block_size.
  *
  * One warp per item, EL_ATTN_WARPS items per block. Keys go 32 at a time, one per lane: each lane
- * scores its key with the reference's arithmetic (a float sum over head_dim in order, then times
- * scale), then the chunk joins an online softmax (running max, rescaled sum) and the values are
- * accumulated with lane l holding dims l, l + 32, ... The reference folds keys in one at a time,
- * so results agree to rounding, not bit for bit. */
+ * scores its key (a float sum over head_dim, then times scale), then the chunk joins an online
+ * softmax (running max, rescaled sum) and the values are accumulated with lane l holding dims
+ * l, l + 32, ... The reference orders its sums and exps differently, so results agree to
+ * rounding (tests/cuda_kernels.rs: ATTENTION_BUDGET), not bit for bit. */
 #define EL_ATTN_WARPS 4
 #define EL_ATTN_DIMS_PER_LANE (EL_MAX_HEAD_DIM / EL_WARP)
 extern "C" __global__ void __launch_bounds__(EL_ATTN_WARPS * EL_WARP)
