@@ -55,4 +55,30 @@ static inline uint16_t el_fp32_to_bf16(float f) {
     return (uint16_t)((u + (0x7fff + ((u >> 16) & 1))) >> 16);
 }
 
+/* ---- Attention's arithmetic, shared by ops.c's reference and its SIMD versions -------------------
+ * Keys are taken EL_ATTN_CHUNK at a time, from the first key the window lets in; a SIMD version
+ * holds a chunk's scores in its lanes and computes, bit for bit, what the reference does. */
+#define EL_ATTN_CHUNK 8
+
+/* ((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7)): how q.k's eight partial sums (partial d % 8)
+ * and the softmax normaliser's eight lanes are added up (two hadds and a cross-lane add). */
+static inline float el_tree8(const float p[8]) {
+    return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
+}
+
+/* exp(x) for x <= 0, the softmax's only exp: Cephes' expf (x = n ln2 + r, |r| <= ln2 / 2, a
+ * degree-7 polynomial for e^r, times 2^n through the exponent bits) with fmaf at each step, so
+ * an FMA vector unit computes the same bits; 0 below EL_EXP_MIN (and for -inf and NaN).
+ * Relative error about 2e-7. */
+#define EL_EXP_MIN (-87.0f)
+#define EL_EXP_LOG2E 1.44269504088896341f
+#define EL_EXP_C1 0.693359375f
+#define EL_EXP_C2 (-2.12194440e-4f)
+#define EL_EXP_P0 1.9875691500e-4f
+#define EL_EXP_P1 1.3981999507e-3f
+#define EL_EXP_P2 8.3334519073e-3f
+#define EL_EXP_P3 4.1665795894e-2f
+#define EL_EXP_P4 1.6666665459e-1f
+#define EL_EXP_P5 5.0000001201e-1f
+
 #endif /* EL_INTERNAL_H */

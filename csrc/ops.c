@@ -73,6 +73,32 @@ static void kv_write_ref(const float *k, const float *v, uint16_t *k_cache, uint
     }
 }
 
+/* exp(x) for x <= 0 (el_internal.h). */
+static float exp_nonpos(float x) {
+    if (!(x >= EL_EXP_MIN)) return 0.0f;
+    const float n = rintf(x * EL_EXP_LOG2E);
+    float r = fmaf(n, -EL_EXP_C1, x);
+    r = fmaf(n, -EL_EXP_C2, r);
+    float y = EL_EXP_P0;
+    y = fmaf(y, r, EL_EXP_P1);
+    y = fmaf(y, r, EL_EXP_P2);
+    y = fmaf(y, r, EL_EXP_P3);
+    y = fmaf(y, r, EL_EXP_P4);
+    y = fmaf(y, r, EL_EXP_P5);
+    y = fmaf(y, r * r, r);
+    y = y + 1.0f;
+    return y * el_bits_to_f32((uint32_t)((int32_t)n + 127) << 23);
+}
+
+/* Paged attention, one (token, head) item at a time, keys in chunks of EL_ATTN_CHUNK from the
+ * first key in the window:
+ * - each score is q.k in eight partial sums (partial d % 8, fmaf in order of d) added by
+ *   el_tree8, times scale;
+ * - one online-softmax step per chunk: if the chunk's largest score m_c exceeds the running max m,
+ *   what was accumulated is rescaled by exp(m - m_c) and m = m_c; then each key's weight is
+ *   p = exp(s - m), added to lane k (its place in the chunk) of the normaliser and, by fmaf, p v
+ *   to the output, key after key;
+ * - the normaliser's eight lanes are added by el_tree8 at the end. */
 static void paged_attention_ref(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
                         const int32_t *block_tables, const int32_t *token_seq, const int32_t *context_lens,
                         int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t block_size,
@@ -88,26 +114,35 @@ static void paged_attention_ref(float *out, const float *q, const uint16_t *k_ca
         const int32_t *table = block_tables + (int64_t)token_seq[t] * max_blocks_per_seq;
         const int64_t len = context_lens[t];
         const int64_t first = (window > 0 && len > window) ? len - window : 0;
-        float m = -INFINITY, l = 0.0f;
+        float m = -INFINITY, lanes[EL_ATTN_CHUNK] = {0};
         for (int64_t d = 0; d < head_dim; d++) acc[d] = 0.0f;
-        for (int64_t j = first; j < len; j++) {
-            const int64_t slot = (int64_t)table[j / block_size] * block_size + j % block_size;
-            const uint16_t *kj = k_cache + slot * kv_dim + kvh * head_dim;
-            const uint16_t *vj = v_cache + slot * kv_dim + kvh * head_dim;
-            float s = 0.0f;
-            for (int64_t d = 0; d < head_dim; d++) s += qh[d] * el_fp16_to_fp32(kj[d]);
-            s *= scale;
-            /* Online softmax: rescale what was accumulated when the running max grows. */
-            if (s > m) {
-                const float c = expf(m - s);
-                l *= c;
-                for (int64_t d = 0; d < head_dim; d++) acc[d] *= c;
-                m = s;
+        for (int64_t j0 = first; j0 < len; j0 += EL_ATTN_CHUNK) {
+            const int n = (int)(len - j0 < EL_ATTN_CHUNK ? len - j0 : EL_ATTN_CHUNK);
+            const uint16_t *vj[EL_ATTN_CHUNK];
+            float s[EL_ATTN_CHUNK], m_c = -INFINITY;
+            for (int k = 0; k < n; k++) {
+                const int64_t j = j0 + k;
+                const int64_t slot = (int64_t)table[j / block_size] * block_size + j % block_size;
+                const uint16_t *kj = k_cache + slot * kv_dim + kvh * head_dim;
+                vj[k] = v_cache + slot * kv_dim + kvh * head_dim;
+                float part[8] = {0};
+                for (int64_t d = 0; d < head_dim; d++) part[d % 8] = fmaf(qh[d], el_fp16_to_fp32(kj[d]), part[d % 8]);
+                s[k] = el_tree8(part) * scale;
+                if (s[k] > m_c) m_c = s[k];
             }
-            const float p = expf(s - m);
-            l += p;
-            for (int64_t d = 0; d < head_dim; d++) acc[d] += p * el_fp16_to_fp32(vj[d]);
+            if (m_c > m) {
+                const float c = exp_nonpos(m - m_c);
+                for (int k = 0; k < EL_ATTN_CHUNK; k++) lanes[k] *= c;
+                for (int64_t d = 0; d < head_dim; d++) acc[d] *= c;
+                m = m_c;
+            }
+            for (int k = 0; k < n; k++) {
+                const float p = exp_nonpos(s[k] - m);
+                lanes[k] += p;
+                for (int64_t d = 0; d < head_dim; d++) acc[d] = fmaf(p, el_fp16_to_fp32(vj[k][d]), acc[d]);
+            }
         }
+        const float l = el_tree8(lanes);
         float *oh = out + item * head_dim;
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
         for (int64_t d = 0; d < head_dim; d++) oh[d] = acc[d] * inv;
@@ -153,9 +188,11 @@ void el_paged_attention(float *out, const float *q, const uint16_t *k_cache, con
                         int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t block_size,
                         int64_t max_blocks_per_seq, float scale, int32_t window, int64_t item_begin,
                         int64_t item_end) {
-    EL_DISPATCH_AVX2(el_paged_attention_avx2(out, q, k_cache, v_cache, block_tables, token_seq, context_lens,
-                                             n_heads, n_kv_heads, head_dim, block_size, max_blocks_per_seq,
-                                             scale, window, item_begin, item_end))
+    if (head_dim % 8 == 0) { /* the SIMD version holds head_dim in whole vectors */
+        EL_DISPATCH_AVX2(el_paged_attention_avx2(out, q, k_cache, v_cache, block_tables, token_seq, context_lens,
+                                                 n_heads, n_kv_heads, head_dim, block_size, max_blocks_per_seq,
+                                                 scale, window, item_begin, item_end))
+    }
     paged_attention_ref(out, q, k_cache, v_cache, block_tables, token_seq, context_lens, n_heads, n_kv_heads,
                         head_dim, block_size, max_blocks_per_seq, scale, window, item_begin, item_end);
 }

@@ -9,17 +9,16 @@
  * crosses a rounding boundary moves an activation by a whole quantization step, which shows in
  * the logits (about 0.3 on the default model) and flips near-tied greedy tokens. So:
  * - float sums keep the reference's order: RMSNorm's double sum runs four rows in four lanes;
- *   attention's q.k runs eight keys in eight lanes (K transposed in 8x8 tiles), each lane adding
- *   its products in the reference's order over head_dim;
- * - exp is the reference's expf (libm), called per element; attention's online softmax is the
- *   reference's, key by key;
- * - no FMA where the reference multiplies then adds;
+ *   attention's reference is itself written for eight lanes (el_internal.h: q.k in eight partial
+ *   sums added by a fixed tree, one softmax step per chunk of eight keys, its own exp, fmaf where
+ *   it multiplies and adds), so its vector form here has the same bits;
+ * - SwiGLU's exp is the reference's expf (libm), called per element;
+ * - no FMA where the reference multiplies then adds (attention's reference uses fmaf throughout);
  * - kv_write converts with F16C (round to nearest even, as el_fp32_to_fp16; NaNs mapped to its
  *   quiet NaN); RoPE computes each token's cos/sin once instead of once per head, with the same
  *   calls, and rotates eight lanes at a time.
- * Each (token, head) of attention is computed alone, in key order (heads that share a KV head
- * share the loads and conversions of K and V, not arithmetic), so results never depend on what
- * else is in the batch.
+ * Each (token, head) of attention is computed alone, in key order, so results never depend on
+ * what else is in the batch.
  */
 #if defined(__x86_64__)
 
@@ -195,81 +194,111 @@ void el_kv_write_avx2(const float *k, const float *v, uint16_t *k_cache, uint16_
 
 /* ---- Paged attention --------------------------------------------------------------------------- */
 
-#define KEYS 8      /* keys scored together, one per lane */
-#define MAX_HEADS 4 /* query heads of one KV head run together */
+#define CHUNK EL_ATTN_CHUNK /* keys scored together, one per lane */
 
-/* rows[k] lane j = element k of rows[j] (an 8x8 transpose). */
-EL_AI void transpose8(__m256 rows[8]) {
-    const __m256 t0 = _mm256_unpacklo_ps(rows[0], rows[1]), t1 = _mm256_unpackhi_ps(rows[0], rows[1]);
-    const __m256 t2 = _mm256_unpacklo_ps(rows[2], rows[3]), t3 = _mm256_unpackhi_ps(rows[2], rows[3]);
-    const __m256 t4 = _mm256_unpacklo_ps(rows[4], rows[5]), t5 = _mm256_unpackhi_ps(rows[4], rows[5]);
-    const __m256 t6 = _mm256_unpacklo_ps(rows[6], rows[7]), t7 = _mm256_unpackhi_ps(rows[6], rows[7]);
-    const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-    const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-    const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-    const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-    rows[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
-    rows[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
-    rows[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
-    rows[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
-    rows[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
-    rows[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
-    rows[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
-    rows[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+/* exp(x) for x <= 0, lane by lane exactly ops.c's exp_nonpos (el_internal.h). */
+EL_AI __m256 exp_nonpos8(const __m256 x) {
+    const __m256 valid = _mm256_cmp_ps(x, _mm256_set1_ps(EL_EXP_MIN), _CMP_GE_OQ);
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(EL_EXP_LOG2E)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-EL_EXP_C1), x);
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(-EL_EXP_C2), r);
+    __m256 y = _mm256_set1_ps(EL_EXP_P0);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(EL_EXP_P1));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(EL_EXP_P2));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(EL_EXP_P3));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(EL_EXP_P4));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(EL_EXP_P5));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), r);
+    y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(valid, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
 }
 
-/* Scores of KEYS keys k[j] against NH query rows q[h]: s[h][j] = (sum_d q[h][d] k[j][d]) * scale,
- * each sum in the reference's order (from 0, adding the products d = 0, 1, ...). NH is a constant
- * at each call, so the sums stay in registers. */
-EL_AI void score_keys(const int NH, const float *const *q, const uint16_t *const *k, int64_t head_dim, float scale,
-                      float s[MAX_HEADS][KEYS]) {
-    __m256 acc[MAX_HEADS];
-    for (int h = 0; h < NH; h++) acc[h] = _mm256_setzero_ps();
-    int64_t d0 = 0;
-    for (; d0 + 8 <= head_dim; d0 += 8) {
-        __m256 kt[8];
-        for (int j = 0; j < KEYS; j++) kt[j] = _mm256_cvtph_ps(el_loadu_128(k[j] + d0));
-        transpose8(kt); /* kt[d] lane j = k[j][d0 + d] */
-        for (int d = 0; d < 8; d++) {
-            for (int h = 0; h < NH; h++) {
-                acc[h] = _mm256_add_ps(acc[h], _mm256_mul_ps(_mm256_broadcast_ss(q[h] + d0 + d), kt[d]));
+/* Lane k = el_tree8 of the lanes of p[k]: two hadds, then the halves added. */
+EL_AI __m256 tree8_lanes(const __m256 p[8]) {
+    const __m256 ab = _mm256_hadd_ps(p[0], p[1]), cd = _mm256_hadd_ps(p[2], p[3]);
+    const __m256 ef = _mm256_hadd_ps(p[4], p[5]), gh = _mm256_hadd_ps(p[6], p[7]);
+    const __m256 abcd = _mm256_hadd_ps(ab, cd), efgh = _mm256_hadd_ps(ef, gh);
+    return _mm256_add_ps(_mm256_permute2f128_ps(abcd, efgh, 0x20), _mm256_permute2f128_ps(abcd, efgh, 0x31));
+}
+
+EL_AI float hmax8(const __m256 x) {
+    __m256 m = _mm256_max_ps(x, _mm256_permute2f128_ps(x, x, 1));
+    m = _mm256_max_ps(m, _mm256_permute_ps(m, 0x4E));
+    m = _mm256_max_ps(m, _mm256_permute_ps(m, 0xB1));
+    return _mm256_cvtss_f32(m);
+}
+
+/* One (token, head) item: ops.c's paged_attention_ref with a chunk's eight keys in eight lanes:
+ * the scores' partial sums (lane d % 8 of each key's vector) by FMA in order of d, the chunk's
+ * max, one vector exp, and the values added key after key by FMA. HD: head_dim, a multiple of 8
+ * (a constant for the common sizes, so the output stays in registers). */
+EL_AI void attend_item(const int64_t HD, float *out, const float *qh, const uint16_t *k_cache, const uint16_t *v_cache,
+                       const int32_t *table, const int64_t block_size, const int64_t kv_off, const int64_t kv_dim,
+                       const int64_t first, const int64_t len, const float scale) {
+    float acc[EL_MAX_HEAD_DIM] __attribute__((aligned(32)));
+    for (int64_t d = 0; d < HD; d += 8) _mm256_store_ps(acc + d, _mm256_setzero_ps());
+    float m = -INFINITY;
+    __m256 lanes = _mm256_setzero_ps();
+    const __m256 vscale = _mm256_set1_ps(scale);
+    int64_t blk = first / block_size, off = first % block_size; /* of key j0, walked without division */
+    for (int64_t j0 = first; j0 < len; j0 += CHUNK) {
+        const int n = (int)(len - j0 < CHUNK ? len - j0 : CHUNK);
+        const uint16_t *kj[CHUNK], *vj[CHUNK];
+        for (int k = 0; k < n; k++) {
+            const int64_t at = ((int64_t)table[blk] * block_size + off) * kv_dim + kv_off;
+            kj[k] = k_cache + at;
+            vj[k] = v_cache + at;
+            if (++off == block_size) {
+                off = 0;
+                blk++;
+            }
+        }
+        for (int k = n; k < CHUNK; k++) kj[k] = kj[0]; /* scored, then masked out */
+        __m256 part[CHUNK];
+        for (int k = 0; k < CHUNK; k++) part[k] = _mm256_setzero_ps();
+        for (int64_t d = 0; d < HD; d += 8) {
+            const __m256 qv = _mm256_loadu_ps(qh + d);
+            for (int k = 0; k < CHUNK; k++) part[k] = _mm256_fmadd_ps(qv, _mm256_cvtph_ps(el_loadu_128(kj[k] + d)), part[k]);
+        }
+        __m256 s = _mm256_mul_ps(tree8_lanes(part), vscale);
+        if (n < CHUNK) {
+            const __m256 live = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+            s = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), s, live);
+        }
+        const float m_c = hmax8(s);
+        if (m_c > m) {
+            const __m256 c = _mm256_permute_ps(exp_nonpos8(_mm256_set1_ps(m - m_c)), 0); /* lane 0 everywhere */
+            lanes = _mm256_mul_ps(lanes, c);
+            for (int64_t d = 0; d < HD; d += 8) _mm256_store_ps(acc + d, _mm256_mul_ps(_mm256_load_ps(acc + d), c));
+            m = m_c;
+        }
+        const __m256 p = exp_nonpos8(_mm256_sub_ps(s, _mm256_set1_ps(m))); /* 0 in masked lanes */
+        lanes = _mm256_add_ps(lanes, p);
+        float pk[CHUNK] __attribute__((aligned(32)));
+        _mm256_store_ps(pk, p);
+        if (n == CHUNK) { /* a whole chunk: the key loop unrolled */
+            __m256 pb[CHUNK];
+            for (int k = 0; k < CHUNK; k++) pb[k] = _mm256_set1_ps(pk[k]);
+            for (int64_t d = 0; d < HD; d += 8) {
+                __m256 a = _mm256_load_ps(acc + d);
+                for (int k = 0; k < CHUNK; k++) a = _mm256_fmadd_ps(pb[k], _mm256_cvtph_ps(el_loadu_128(vj[k] + d)), a);
+                _mm256_store_ps(acc + d, a);
+            }
+        } else {
+            for (int64_t d = 0; d < HD; d += 8) {
+                __m256 a = _mm256_load_ps(acc + d);
+                for (int k = 0; k < n; k++) a = _mm256_fmadd_ps(_mm256_set1_ps(pk[k]), _mm256_cvtph_ps(el_loadu_128(vj[k] + d)), a);
+                _mm256_store_ps(acc + d, a);
             }
         }
     }
-    for (; d0 < head_dim; d0++) { /* head_dim not a multiple of 8 */
-        float kd[KEYS];
-        for (int j = 0; j < KEYS; j++) kd[j] = el_fp16_to_fp32(k[j][d0]);
-        const __m256 kv = _mm256_loadu_ps(kd);
-        for (int h = 0; h < NH; h++) acc[h] = _mm256_add_ps(acc[h], _mm256_mul_ps(_mm256_set1_ps(q[h][d0]), kv));
-    }
-    for (int h = 0; h < NH; h++) _mm256_storeu_ps(s[h], _mm256_mul_ps(acc[h], _mm256_set1_ps(scale)));
-}
-
-/* acc[h] = acc[h] * c[h][j] + p[h][j] * v[j], key after key (j < n), over head_dim: the reference's
- * rescale-then-add per key, with c = 1 (exactly the identity) where the max did not grow. The
- * sums stay in registers across the keys of one chunk of head_dim. */
-EL_AI void accumulate_values(const int NH, float (*acc)[EL_MAX_HEAD_DIM], const uint16_t *const *v, int n,
-                             int64_t head_dim, const float c[MAX_HEADS][KEYS], const float p[MAX_HEADS][KEYS],
-                             const int rescaled) {
-    int64_t d = 0;
-    for (; d + 8 <= head_dim; d += 8) {
-        __m256 a[MAX_HEADS];
-        for (int h = 0; h < NH; h++) a[h] = _mm256_load_ps(acc[h] + d);
-        for (int j = 0; j < n; j++) {
-            const __m256 vv = _mm256_cvtph_ps(el_loadu_128(v[j] + d));
-            for (int h = 0; h < NH; h++) {
-                if (rescaled) a[h] = _mm256_mul_ps(a[h], _mm256_broadcast_ss(&c[h][j]));
-                a[h] = _mm256_add_ps(a[h], _mm256_mul_ps(_mm256_broadcast_ss(&p[h][j]), vv));
-            }
-        }
-        for (int h = 0; h < NH; h++) _mm256_store_ps(acc[h] + d, a[h]);
-    }
-    for (; d < head_dim; d++) {
-        for (int j = 0; j < n; j++) {
-            const float vv = el_fp16_to_fp32(v[j][d]);
-            for (int h = 0; h < NH; h++) acc[h][d] = acc[h][d] * c[h][j] + p[h][j] * vv;
-        }
-    }
+    float lane[CHUNK];
+    _mm256_storeu_ps(lane, lanes);
+    const float l = el_tree8(lane);
+    const __m256 inv = _mm256_set1_ps(l > 0.0f ? 1.0f / l : 0.0f);
+    for (int64_t d = 0; d < HD; d += 8) _mm256_storeu_ps(out + d, _mm256_mul_ps(_mm256_load_ps(acc + d), inv));
 }
 
 void el_paged_attention_avx2(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
@@ -279,86 +308,20 @@ void el_paged_attention_avx2(float *out, const float *q, const uint16_t *k_cache
                              int32_t window, int64_t item_begin, int64_t item_end) {
     const int64_t group = n_heads / n_kv_heads;
     const int64_t kv_dim = n_kv_heads * head_dim;
-    const int64_t hd8 = head_dim & ~(int64_t)7;
-    float acc[MAX_HEADS][EL_MAX_HEAD_DIM] __attribute__((aligned(32)));
-    for (int64_t item = item_begin; item < item_end;) {
-        /* The query heads of this token that read the same KV head, at most MAX_HEADS. */
-        const int64_t t = item / n_heads, h0 = item % n_heads, kvh = h0 / group;
-        int64_t nh64 = (kvh + 1) * group - h0;
-        if (nh64 > item_end - item) nh64 = item_end - item;
-        const int nh = (int)(nh64 < MAX_HEADS ? nh64 : MAX_HEADS);
-        const float *qh[MAX_HEADS];
-        float m[MAX_HEADS], l[MAX_HEADS];
-        for (int h = 0; h < nh; h++) {
-            qh[h] = q + (item + h) * head_dim;
-            m[h] = -INFINITY;
-            l[h] = 0.0f;
-            memset(acc[h], 0, (size_t)head_dim * sizeof(float));
-        }
+    for (int64_t item = item_begin; item < item_end; item++) {
+        const int64_t t = item / n_heads, h = item % n_heads;
         const int32_t *table = block_tables + (int64_t)token_seq[t] * max_blocks_per_seq;
         const int64_t len = context_lens[t];
         const int64_t first = (window > 0 && len > window) ? len - window : 0;
-        int64_t blk = first / block_size, off = first % block_size; /* of key j0, walked without division */
-        for (int64_t j0 = first; j0 < len; j0 += KEYS) {
-            const int n = (int)(len - j0 < KEYS ? len - j0 : KEYS);
-            const uint16_t *kj[KEYS], *vj[KEYS];
-            for (int j = 0; j < n; j++) {
-                const int64_t at = ((int64_t)table[blk] * block_size + off) * kv_dim + kvh * head_dim;
-                kj[j] = k_cache + at;
-                vj[j] = v_cache + at;
-                if (++off == block_size) {
-                    off = 0;
-                    blk++;
-                }
-            }
-            for (int j = n; j < KEYS; j++) { /* keys past the end repeat the first (scored, unused) */
-                kj[j] = kj[0];
-                vj[j] = vj[0];
-            }
-            float s[MAX_HEADS][KEYS], c[MAX_HEADS][KEYS], p[MAX_HEADS][KEYS];
-            switch (nh) {
-            case 1: score_keys(1, qh, kj, head_dim, scale, s); break;
-            case 2: score_keys(2, qh, kj, head_dim, scale, s); break;
-            case 3: score_keys(3, qh, kj, head_dim, scale, s); break;
-            default: score_keys(4, qh, kj, head_dim, scale, s); break;
-            }
-            /* The reference's online softmax, key by key: when the running max grows, what was
-             * accumulated is rescaled by c = expf(m_old - m_new) (c = 1 otherwise), then p added. */
-            int rescaled = 0;
-            for (int h = 0; h < nh; h++) {
-                for (int j = 0; j < n; j++) {
-                    c[h][j] = 1.0f;
-                    if (s[h][j] > m[h]) {
-                        rescaled = 1;
-                        c[h][j] = expf(m[h] - s[h][j]);
-                        l[h] *= c[h][j];
-                        m[h] = s[h][j];
-                    }
-                    p[h][j] = expf(s[h][j] - m[h]);
-                    l[h] += p[h][j];
-                }
-            }
-            /* Most chunks raise no head's max: then c = 1 and the multiply is skipped. */
-            switch (nh * 2 + rescaled) {
-            case 2: accumulate_values(1, acc, vj, n, head_dim, c, p, 0); break;
-            case 3: accumulate_values(1, acc, vj, n, head_dim, c, p, 1); break;
-            case 4: accumulate_values(2, acc, vj, n, head_dim, c, p, 0); break;
-            case 5: accumulate_values(2, acc, vj, n, head_dim, c, p, 1); break;
-            case 6: accumulate_values(3, acc, vj, n, head_dim, c, p, 0); break;
-            case 7: accumulate_values(3, acc, vj, n, head_dim, c, p, 1); break;
-            case 8: accumulate_values(4, acc, vj, n, head_dim, c, p, 0); break;
-            default: accumulate_values(4, acc, vj, n, head_dim, c, p, 1); break;
-            }
+        float *o = out + item * head_dim;
+        const float *qh = q + item * head_dim;
+        const int64_t kv_off = (h / group) * head_dim;
+        switch (head_dim) {
+        case 64: attend_item(64, o, qh, k_cache, v_cache, table, block_size, kv_off, kv_dim, first, len, scale); break;
+        case 128: attend_item(128, o, qh, k_cache, v_cache, table, block_size, kv_off, kv_dim, first, len, scale); break;
+        case 256: attend_item(256, o, qh, k_cache, v_cache, table, block_size, kv_off, kv_dim, first, len, scale); break;
+        default: attend_item(head_dim, o, qh, k_cache, v_cache, table, block_size, kv_off, kv_dim, first, len, scale); break;
         }
-        for (int h = 0; h < nh; h++) {
-            float *oh = out + (item + h) * head_dim;
-            const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
-            const __m256 iv = _mm256_set1_ps(inv);
-            int64_t d = 0;
-            for (; d < hd8; d += 8) _mm256_storeu_ps(oh + d, _mm256_mul_ps(_mm256_load_ps(acc[h] + d), iv));
-            for (; d < head_dim; d++) oh[d] = acc[h][d] * inv;
-        }
-        item += nh;
     }
 }
 

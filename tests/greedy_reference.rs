@@ -11,7 +11,8 @@ fn greedy(block_size: usize, batch_tokens: usize, prompt: &[u32], n: usize) -> V
     let model = support::model();
     let mut runner = SequenceRunner::new(model, 256, block_size);
     runner.batch_tokens = batch_tokens;
-    let opts = GenerateOptions { n_predict: n, ignore_eos: false, sampling: SamplingParams::greedy() };
+    // EOS is a token like any other here: where we would stop, llama.cpp went on (a divergence).
+    let opts = GenerateOptions { n_predict: n, ignore_eos: true, sampling: SamplingParams::greedy() };
     let mut out = Vec::new();
     let reason = generate(&mut runner, prompt, &opts, |t| {
         out.push(t);
@@ -24,31 +25,50 @@ fn greedy(block_size: usize, batch_tokens: usize, prompt: &[u32], n: usize) -> V
     out
 }
 
-/// Largest gap between the top two logits (about 2% of their size) at which a divergence from
-/// llama.cpp is accepted as a numerical tie. llama.cpp's own output on this model changes with
-/// the machine's SIMD path: built for AVX2 on this machine it leaves the reference texts of
-/// "Once upon a time..." and "def fibonacci(n):" earlier than edge-llm does (the reference was
-/// made on an AVX-512 machine), and its perplexity differs from the reference by 1.4% at chunk 1.
+/// Largest gap between our top logit and llama.cpp's token (about 1% of their size) at which a
+/// difference is accepted as a numerical tie. llama.cpp's own output on this model changes with
+/// the machine's SIMD path and its flash-attention switch: built for AVX2 on this machine, its
+/// default (`-fa on`) gives "... approximately 321 million" for "The capital of France is" where
+/// the reference (an AVX-512 machine) and `-fa off` give "311" (a 0.033 gap here), and it leaves
+/// the reference texts of "Once upon a time..." and "def fibonacci(n):" earlier than edge-llm.
 const TIE_MARGIN: f32 = 0.25;
 
-/// Logits after `prompt` followed by `prefix`.
-fn logits_after(prompt: &[u32], prefix: &[u32]) -> Vec<f32> {
+/// Logits of every position of `prompt` followed by `continuation`.
+fn logits_along(prompt: &[u32], continuation: &[u32]) -> Vec<f32> {
     let mut runner = SequenceRunner::new(support::model(), 256, 16);
-    let mut all = prompt.to_vec();
-    all.extend_from_slice(prefix);
-    runner.eval(&all, false).unwrap()
+    let all = [prompt, continuation].concat();
+    runner.eval(&all, true).unwrap()
 }
 
+/// Teacher-forced along llama.cpp's reference continuations: at every one of the 5 x 48 steps,
+/// llama.cpp's token is our top one or within TIE_MARGIN of it. Free-running, the continuations
+/// equal llama.cpp's exactly, or leave them only at such a tie (llama.cpp's token our runner-up).
 #[test]
 fn greedy_matches_llama_cpp() {
     let model = support::model();
+    let vocab = model.config.vocab_size;
     let reference = support::reference();
-    let mut exact = 0;
+    let (mut exact, mut not_top, mut worst) = (0, 0, 0.0f32);
     for case in reference["greedy"].as_array().unwrap() {
         let prompt = case["prompt"].as_str().unwrap();
         let prompt_ids = model.tokenizer.encode(prompt, false, true).unwrap();
         assert_eq!(prompt_ids, support::ids(&case["prompt_ids"]), "prompt ids of {prompt:?}");
         let expected = support::ids(&case["ids"]);
+        let logits = logits_along(&prompt_ids, &expected);
+        let gap_at = |k: usize| {
+            let row = &logits[(prompt_ids.len() - 1 + k) * vocab..][..vocab];
+            let top = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            (top - row[expected[k] as usize], row)
+        };
+        for k in 0..expected.len() {
+            let (gap, _) = gap_at(k);
+            if gap > 0.0 {
+                not_top += 1;
+                eprintln!("{prompt:?} step {k}: llama.cpp's {} is {gap:.4} below our top", expected[k]);
+            }
+            worst = worst.max(gap);
+            assert!(gap < TIE_MARGIN, "{prompt:?} step {k}: llama.cpp's token {} is {gap} below our top", expected[k]);
+        }
         let got = greedy(16, 512, &prompt_ids, expected.len());
         match got.iter().zip(&expected).position(|(a, b)| a != b) {
             None => {
@@ -56,23 +76,18 @@ fn greedy_matches_llama_cpp() {
                 exact += 1;
             }
             Some(first) => {
-                // Accept only a late divergence at a near-tie: llama.cpp's token is our runner-up
-                // by less than TIE_MARGIN.
-                let logits = logits_after(&prompt_ids, &expected[..first]);
-                let (ours, theirs) = (logits[got[first] as usize], logits[expected[first] as usize]);
-                let better = logits.iter().filter(|&&l| l > theirs).count();
+                let (gap, row) = gap_at(first);
+                let better = row.iter().filter(|&&l| l > row[expected[first] as usize]).count();
                 eprintln!(
-                    "{prompt:?}: diverges at token {first}: ours {} ({ours:.4}) vs llama.cpp {} ({theirs:.4}), gap {:.4}",
-                    got[first],
-                    expected[first],
-                    ours - theirs
+                    "{prompt:?}: leaves llama.cpp's text at token {first}: ours {} vs llama.cpp {}, gap {gap:.4}",
+                    got[first], expected[first]
                 );
-                assert!(first >= 20, "{prompt:?}: diverges from llama.cpp at token {first}");
-                assert!(better == 1 && ours - theirs < TIE_MARGIN, "{prompt:?}: token {first} is no tie: gap {}", ours - theirs);
+                assert!(better == 1, "{prompt:?}: token {first}: llama.cpp's token is our number {}", better + 1);
             }
         }
     }
-    assert!(exact >= 3, "only {exact} of 5 continuations match llama.cpp exactly");
+    eprintln!("llama.cpp's token is not our top at {not_top} of 240 steps (worst gap {worst:.4}); {exact} of 5 continuations exact");
+    assert!(exact >= 2, "only {exact} of 5 continuations match llama.cpp exactly");
 }
 
 #[test]
