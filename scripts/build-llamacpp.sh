@@ -106,6 +106,11 @@ sha_ok() { [ -f "$1" ] && echo "$SDIST_SHA256  $1" | sha256sum -c --status; }
 if ! sha_ok "$DEST/dl/$SDIST"; then
   rm -f "$DEST/dl/$SDIST"
   log "downloading $SDIST from PyPI"
+  # pip reads the sdist's metadata through its build backend even for a download, and
+  # --no-build-isolation makes it look for that backend here: install it first.
+  python3 -c 'import scikit_build_core' 2>/dev/null \
+    || timeout 300 python3 -m pip install --quiet --disable-pip-version-check scikit-build-core \
+    || log "could not install scikit-build-core"
   # --no-build-isolation: pip only has to read the sdist's metadata, it does
   # not set up a build environment (a plain --no-binary download once hung
   # there). timeout in case it hangs anyway.
