@@ -311,7 +311,7 @@ static void matmul_tiles(const tile_shapes *sh, const void *w, int64_t w_row_byt
             const uint8_t *wp[8];
             for (int c = 0; c < C; c++) wp[c] = w8 + (o0 + c < o_end ? o0 + c : o_end - 1) * w_row_bytes;
             float sums[16];
-            tile(wp, ap, nb, sums, el_prefetch_ahead(R, C, w8, w_row_bytes, o0, o_end, nb), rs);
+            tile(wp, ap, nb, sums, el_prefetch_ahead(R, C, w8, w_row_bytes, o0, out_stride /* n_out */, nb), rs);
             if (o0 + C <= o_end && C % 4 == 0) { /* a whole tile: rows of C outputs */
                 for (int r = 0; r < R && r < left; r++) {
                     for (int c = 0; c < C; c += 4) _mm_storeu_ps(out + (r0 + r) * out_stride + o0 + c, _mm_loadu_ps(sums + r * C + c));

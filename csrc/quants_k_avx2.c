@@ -249,7 +249,7 @@ static void matmul_tiles_k(tile_fn tile_4x2, tile_fn tile_2x4, tile_fn tile_1x8,
             const uint8_t *wp[8];
             for (int c = 0; c < C; c++) wp[c] = w8 + (o0 + c < o_end ? o0 + c : o_end - 1) * w_row_bytes;
             float sums[8];
-            tile(wp, ap, nb, sums, el_prefetch_ahead(R, C, w8, w_row_bytes, o0, o_end, nb));
+            tile(wp, ap, nb, sums, el_prefetch_ahead(R, C, w8, w_row_bytes, o0, out_stride /* n_out */, nb));
             for (int r = 0; r < R && r < left; r++) {
                 for (int c = 0; c < C && o0 + c < o_end; c++) out[(r0 + r) * out_stride + o0 + c] = sums[r * C + c];
             }
