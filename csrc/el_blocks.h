@@ -29,6 +29,18 @@ typedef struct {
 } el_block_q4_1;
 _Static_assert(sizeof(el_block_q4_1) == 20, "block_q4_1 layout");
 
+/* Block i of eight Q4_1 rows interleaved (el_repack_q4_1x8), for one-row products: the rows'
+ * scales and mins side by side (one load each), then their quants in the row order 0 4 1 5 2 6 3
+ * 7, so one 32-byte load holds rows c and c + 4. */
+typedef struct {
+    uint16_t d[8], m[8];
+    uint8_t qs[8][QK / 2];
+} el_block_q4_1x8;
+_Static_assert(sizeof(el_block_q4_1x8) == 8 * sizeof(el_block_q4_1), "block_q4_1x8 layout");
+
+/* The slot of row c (0..7) in el_block_q4_1x8.qs. */
+#define EL_Q4_1X8_SLOT(c) ((c) < 4 ? 2 * (c) : 2 * ((c) - 4) + 1)
+
 /* x[i] = d * (q[i] - 16), q 5 bits: nibble from qs as q4_0, fifth bit i of qh (little-endian). */
 typedef struct {
     uint16_t d;

@@ -537,3 +537,58 @@ int32_t el_matmul(int32_t type, const void *w, int64_t w_row_bytes, const void *
     }
     return EL_OK;
 }
+
+/* ---- Q4_1 rows interleaved in eights ---------------------------------------------------------- */
+
+int32_t el_repack_q4_1x8(const void *w, int64_t n_out, int64_t nb, void *dst) {
+    if (n_out < 0 || n_out % 8 != 0 || nb <= 0) return EL_ERR_SHAPE;
+    const el_block_q4_1 *x = w;
+    el_block_q4_1x8 *y = dst;
+    for (int64_t g = 0; g < n_out / 8; g++) {
+        for (int64_t i = 0; i < nb; i++) {
+            el_block_q4_1x8 *b = &y[g * nb + i];
+            for (int c = 0; c < 8; c++) {
+                const el_block_q4_1 *r = &x[(g * 8 + c) * nb + i];
+                b->d[c] = r->d;
+                b->m[c] = r->m;
+                memcpy(b->qs[EL_Q4_1X8_SLOT(c)], r->qs, QK / 2);
+            }
+        }
+    }
+    return EL_OK;
+}
+
+/* dot_q4_1_q8_1 of each of a group's eight rows, reading them from the interleaved blocks. */
+static void matvec_q4_1x8_ref(const void *w8, const void *va, float *out, int64_t nb, int64_t g_begin,
+                              int64_t g_end) {
+    const el_block_q4_1x8 *w = w8;
+    const el_block_q8_1 *a = va;
+    int8_t q[QK];
+    for (int64_t g = g_begin; g < g_end; g++) {
+        for (int c = 0; c < 8; c++) {
+            float sum = 0.0f;
+            for (int64_t i = 0; i < nb; i++) {
+                const el_block_q4_1x8 *b = &w[g * nb + i];
+                unpack_nibbles(b->qs[EL_Q4_1X8_SLOT(c)], q);
+                const int32_t isum = dot_i8(q, a[i].qs);
+                sum += (el_fp16_to_fp32(b->d[c]) * el_fp16_to_fp32(a[i].d)) * (float)isum +
+                       el_fp16_to_fp32(b->m[c]) * el_fp16_to_fp32(a[i].s);
+            }
+            out[g * 8 + c] = sum;
+        }
+    }
+}
+
+int32_t el_matvec_q4_1x8(const void *w8, const void *a, float *out, int64_t n_in, int64_t o_begin, int64_t o_end) {
+    if (n_in <= 0 || n_in % QK != 0 || o_begin < 0 || o_end < o_begin || o_begin % 8 != 0 || o_end % 8 != 0) {
+        return EL_ERR_SHAPE;
+    }
+#if defined(__x86_64__)
+    if (el_isa_get() == EL_ISA_AVX2) {
+        el_matvec_q4_1x8_avx2(w8, a, out, n_in / QK, o_begin / 8, o_end / 8);
+        return EL_OK;
+    }
+#endif
+    matvec_q4_1x8_ref(w8, a, out, n_in / QK, o_begin / 8, o_end / 8);
+    return EL_OK;
+}

@@ -273,6 +273,47 @@ EL_AI void tile_nib(const int type, const int R, const int C, const uint8_t *con
     for (int v = 0; v < NV; v++) _mm256_storeu_ps(sums + 8 * v, _mm256_permutevar8x32_ps(sum[v], nib_src(R, C, v)));
 }
 
+/* ---- Q4_1 rows interleaved in eights (one-row products) ---------------------------------------
+ * The 1x8 tile of tile_nib over el_block_q4_1x8 blocks: one 32-byte load holds rows c and c + 4,
+ * so the four registers reduce (two hadds, one madd) to the rows in lane order, and the rows'
+ * scales and mins are one load each. Same lane arithmetic as tile_nib, so bit-identical to
+ * dot_q4_1_q8_1. One stream, prefetched 16 blocks (2.5 KiB) ahead: 1.5x the row-major 1x8 tile
+ * from memory and 2x from L2 (one thread, 576 x 131072 and 576 x 1536). */
+void el_matvec_q4_1x8_avx2(const void *w8, const void *a, float *out, int64_t nb, int64_t g_begin, int64_t g_end) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F), ones16 = _mm256_set1_epi16(1);
+    const el_block_q8_1 *act = a;
+    for (int64_t g = g_begin; g < g_end; g++) {
+        const el_block_q4_1x8 *b = (const el_block_q4_1x8 *)w8 + g * nb;
+        __m256 sum = _mm256_setzero_ps();
+        for (int64_t i = 0; i < nb; i++) {
+            const char *ahead = (const char *)(b + i) + 16 * sizeof(el_block_q4_1x8);
+            _mm_prefetch(ahead, _MM_HINT_T0);
+            _mm_prefetch(ahead + 64, _MM_HINT_T0);
+            _mm_prefetch(ahead + 128, _MM_HINT_T0);
+            const __m256i alo = _mm256_broadcastsi128_si256(el_loadu_128(act[i].qs));
+            const __m256i ahi = _mm256_broadcastsi128_si256(el_loadu_128(act[i].qs + 16));
+            __m256i k[4];
+            for (int cp = 0; cp < 4; cp++) { /* rows cp (low half) and cp + 4 (high half) */
+                const __m256i w = el_loadu_256(b[i].qs[2 * cp]);
+                const __m256i lo = _mm256_and_si256(w, low4);
+                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
+                k[cp] = _mm256_add_epi16(_mm256_maddubs_epi16(lo, alo), _mm256_maddubs_epi16(hi, ahi));
+            }
+            /* 16-bit lanes of at most 4 * 15 * 127, four of them summed by the hadds: exact */
+            const __m256 isum = _mm256_cvtepi32_ps(
+                _mm256_madd_epi16(_mm256_hadd_epi16(_mm256_hadd_epi16(k[0], k[1]), _mm256_hadd_epi16(k[2], k[3])), ones16));
+            const __m256 dw = _mm256_cvtph_ps(el_loadu_128(b[i].d));
+            const __m256 mw = _mm256_cvtph_ps(el_loadu_128(b[i].m));
+            const __m128 ds = _mm_cvtph_ps(_mm_cvtsi32_si128((int)el_load_u32((const uint8_t *)&act[i]))); /* d, s */
+            const __m256 da = _mm256_broadcastss_ps(ds), sa = _mm256_broadcastss_ps(_mm_movehdup_ps(ds));
+            __m256 t = _mm256_mul_ps(_mm256_mul_ps(dw, da), isum);
+            t = _mm256_add_ps(t, _mm256_mul_ps(mw, sa));
+            sum = _mm256_add_ps(sum, t);
+        }
+        _mm256_storeu_ps(out + 8 * g, sum);
+    }
+}
+
 /* out[r][o] for rows [0, n_rows) and columns [o_begin, o_end), tile by tile: R x C tiles with
  * R = 4 (C = c4) while three or more rows are left, then R = 2 (C = c2) or R = 1 (C = c1). Rows and
  * columns past the ends repeat the last one (computed, never stored). */

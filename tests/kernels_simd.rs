@@ -23,9 +23,9 @@ use std::time::Instant;
 
 use edge_llm::generate::SequenceRunner;
 use edge_llm::kernels::{
-    available_isas, current_isa, glu_inplace, isa_available, kv_write, matmul, paged_attention,
-    quantize_rows, rms_norm, rope, set_isa, vec_dot, Activation, AttentionBatch, AttentionShape,
-    Isa, Rope, RopeStyle,
+    available_isas, current_isa, glu_inplace, isa_available, kv_write, matmul, matvec_q4_1x8,
+    paged_attention, quantize_rows, repack_q4_1x8, rms_norm, rope, set_isa, vec_dot, Activation,
+    AttentionBatch, AttentionShape, Isa, Rope, RopeStyle,
 };
 use edge_llm::tensor_type::TensorType;
 
@@ -311,6 +311,32 @@ fn matmul_equals_vec_dot_on_every_isa() {
                         );
                     }
                 }
+            }
+        }
+    }
+}
+
+#[test]
+fn interleaved_q4_1_matvec_equals_vec_dot_on_every_isa() {
+    // The decode path for Q4_1: rows repacked in eights and streamed as one; every output equals
+    // the same ISA's vec_dot on the row as stored (and so the reference's), bit for bit, for
+    // lengths of one block to many and for one group of rows to several tasks' worth.
+    let _guard = lock_isa();
+    let mut rng = Rng(21);
+    let t = TensorType::Q4_1;
+    for (n_in, n_out) in [(32, 8), (576, 1536), (1536, 72), (96, 40)] {
+        let w = quantize_rows(t, &test_data(&mut rng, n_out * n_in), n_in);
+        let w8 = repack_q4_1x8(&w, n_in, n_out);
+        assert_eq!(w8.len(), w.len(), "the interleaved copy holds the same bytes");
+        let a = quantize_rows(t.vec_dot_type(), &activation_data(&mut rng, n_in), n_in);
+        let w_rb = w.len() / n_out;
+        for isa in available_isas() {
+            set_isa(isa).unwrap();
+            let mut out = vec![f32::NAN; n_out];
+            matvec_q4_1x8(&w8, n_in, n_out, &a, &mut out);
+            for (o, got) in out.iter().enumerate() {
+                let want = vec_dot(t, n_in, &w[o * w_rb..][..w_rb], &a);
+                assert_eq!(got.to_bits(), want.to_bits(), "{isa} [{n_out}][{n_in}] output {o}: {got} vs vec_dot {want}");
             }
         }
     }

@@ -44,7 +44,11 @@ impl<'a> Quantized<'a> {
         };
         let n_rows = self.x.len() / self.n_in;
         out.resize(n_rows * m.n_out, 0.0);
-        kernels::matmul(m.ttype, m.bytes(g), m.n_in, m.n_out, &self.cache[idx].1, n_rows, out);
+        // One row (decode) streams a Q4_1 matrix's interleaved copy: the same results, bit for bit.
+        match m.interleaved(g) {
+            Some(w8) if n_rows == 1 => kernels::matvec_q4_1x8(w8, m.n_in, m.n_out, &self.cache[idx].1, out),
+            _ => kernels::matmul(m.ttype, m.bytes(g), m.n_in, m.n_out, &self.cache[idx].1, n_rows, out),
+        }
     }
 
     /// `out = x @ l.weight^T + l.bias`: [n_rows][n_out].
