@@ -66,7 +66,10 @@ fn cuda_ptx() {
         return;
     }
     let nvcc = std::env::var("EDGE_LLM_NVCC").unwrap_or_else(|_| "nvcc".into());
-    let found = std::process::Command::new(&nvcc).arg("--version").output().is_ok_and(|o| o.status.success());
+    let found = std::process::Command::new(&nvcc)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
     if !found {
         return; // NVRTC at start-up
     }
@@ -78,16 +81,32 @@ fn cuda_ptx() {
         .collect();
     programs.sort();
     for src in &programs {
-        let stem = src.file_stem().expect("file name").to_string_lossy().into_owned();
+        let stem = src
+            .file_stem()
+            .expect("file name")
+            .to_string_lossy()
+            .into_owned();
         let ptx = out_dir.join(format!("{stem}.ptx"));
         let out = std::process::Command::new(&nvcc)
-            .args(["--ptx", "-arch=compute_80", "--fmad=false", "-std=c++17", "-O3", "-Icsrc/cuda", "-o"])
+            .args([
+                "--ptx",
+                "-arch=compute_80",
+                "--fmad=false",
+                "-std=c++17",
+                "-O3",
+                "-Icsrc/cuda",
+                "-o",
+            ])
             .arg(&ptx)
             .arg(src)
             .output()
             .expect("run nvcc");
         if !out.status.success() {
-            panic!("nvcc failed on {}:\n{}", src.display(), String::from_utf8_lossy(&out.stderr));
+            panic!(
+                "nvcc failed on {}:\n{}",
+                src.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
     }
     println!("cargo:rustc-cfg=edge_llm_prebuilt_ptx");

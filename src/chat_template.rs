@@ -28,8 +28,16 @@ pub const TEMPLATE_KEY: &str = "tokenizer.chat_template";
 /// Built-in templates for GGUF files that carry none, keyed by the turn marker whose presence
 /// in the vocabulary identifies the format.
 const BUILTIN_TEMPLATES: [(&str, &str, &str); 2] = [
-    ("<start_of_turn>", "Gemma", include_str!("chat_templates/gemma.jinja")),
-    ("<|im_start|>", "ChatML", include_str!("chat_templates/chatml.jinja")),
+    (
+        "<start_of_turn>",
+        "Gemma",
+        include_str!("chat_templates/gemma.jinja"),
+    ),
+    (
+        "<|im_start|>",
+        "ChatML",
+        include_str!("chat_templates/chatml.jinja"),
+    ),
 ];
 
 fn builtin_for(tokenizer: &Tokenizer) -> Option<(&'static str, &'static str)> {

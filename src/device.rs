@@ -87,7 +87,12 @@ impl Executor {
 
     /// An executor on `device` (resolved first) with a KV pool of `num_blocks` blocks of
     /// `block_size` tokens; on a GPU this uploads the weights.
-    pub fn new(model: &Model, device: Device, block_size: usize, num_blocks: usize) -> Result<Executor> {
+    pub fn new(
+        model: &Model,
+        device: Device,
+        block_size: usize,
+        num_blocks: usize,
+    ) -> Result<Executor> {
         if block_size == 0 || num_blocks == 0 {
             bail!("the KV pool needs at least one block of at least one token");
         }
@@ -102,7 +107,8 @@ impl Executor {
         use anyhow::Context;
         let gpu = crate::cuda::Gpu::new()?;
         let name = gpu.name.clone();
-        let m = crate::cuda::CudaModel::new(gpu, model, block_size, num_blocks).with_context(|| format!("loading the model onto {name}"))?;
+        let m = crate::cuda::CudaModel::new(gpu, model, block_size, num_blocks)
+            .with_context(|| format!("loading the model onto {name}"))?;
         Ok(Executor::Cuda(Box::new(m)))
     }
 
@@ -126,7 +132,13 @@ impl Executor {
         match self {
             Executor::Cpu(_) => "cpu".into(),
             #[cfg(feature = "cuda")]
-            Executor::Cuda(m) => format!("cuda: {} (compute {}.{}, kernels: {})", m.gpu().name, m.gpu().compute_capability.0, m.gpu().compute_capability.1, m.gpu().kernels_from),
+            Executor::Cuda(m) => format!(
+                "cuda: {} (compute {}.{}, kernels: {})",
+                m.gpu().name,
+                m.gpu().compute_capability.0,
+                m.gpu().compute_capability.1,
+                m.gpu().kernels_from
+            ),
         }
     }
 

@@ -37,7 +37,11 @@ impl<'m> SequenceRunner<'m> {
     /// A runner on `device` (resolved as `--device` is) with room for `n_ctx` tokens.
     pub fn on(model: &'m Model, n_ctx: usize, block_size: usize, device: Device) -> Result<Self> {
         let num_blocks = n_ctx.div_ceil(block_size.max(1)).max(1);
-        Ok(Self::with_executor(model, n_ctx, Executor::new(model, device, block_size, num_blocks)?))
+        Ok(Self::with_executor(
+            model,
+            n_ctx,
+            Executor::new(model, device, block_size, num_blocks)?,
+        ))
     }
 
     fn with_executor(model: &'m Model, n_ctx: usize, exec: Executor) -> Self {
@@ -90,10 +94,16 @@ impl<'m> SequenceRunner<'m> {
             let is_last_chunk = (ci + 1) * self.batch_tokens.max(1) >= tokens.len();
             let end = self.num_computed + chunk.len();
             while self.block_table.len() * bs < end {
-                let b = self.allocator.allocate().expect("runner sized its pool for n_ctx");
+                let b = self
+                    .allocator
+                    .allocate()
+                    .expect("runner sized its pool for n_ctx");
                 self.block_table.push(b);
             }
-            let mut batch = Batch { max_blocks_per_seq: self.block_table.len(), ..Default::default() };
+            let mut batch = Batch {
+                max_blocks_per_seq: self.block_table.len(),
+                ..Default::default()
+            };
             let seq = batch.push_block_table(&self.block_table);
             for (i, &tok) in chunk.iter().enumerate() {
                 let pos = self.num_computed + i;
@@ -139,7 +149,11 @@ pub fn generate(
         bail!("the prompt is empty");
     }
     if prompt.len() >= runner.n_ctx() {
-        bail!("the prompt has {} tokens, but the context holds {}", prompt.len(), runner.n_ctx());
+        bail!(
+            "the prompt has {} tokens, but the context holds {}",
+            prompt.len(),
+            runner.n_ctx()
+        );
     }
     let tokenizer = &runner.model.tokenizer;
     let mut sampler = Sampler::new(opts.sampling.clone());

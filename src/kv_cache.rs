@@ -69,7 +69,9 @@ pub struct BlockAllocator {
 
 impl BlockAllocator {
     pub fn new(num_blocks: usize) -> Self {
-        BlockAllocator { free: (0..num_blocks as u32).rev().collect() }
+        BlockAllocator {
+            free: (0..num_blocks as u32).rev().collect(),
+        }
     }
 
     pub fn allocate(&mut self) -> Option<u32> {

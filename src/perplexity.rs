@@ -66,7 +66,11 @@ pub fn perplexity_on(
     let add_bos = tok.add_bos_default();
     let tokens = tok.encode(text, add_bos, false)?;
     if tokens.len() < 2 * n_ctx {
-        bail!("the text has {} tokens; perplexity with context {n_ctx} needs at least {}", tokens.len(), 2 * n_ctx);
+        bail!(
+            "the text has {} tokens; perplexity with context {n_ctx} needs at least {}",
+            tokens.len(),
+            2 * n_ctx
+        );
     }
     let mut num_chunks = tokens.len() / n_ctx;
     if let Some(m) = max_chunks {

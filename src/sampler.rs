@@ -40,12 +40,18 @@ impl Default for SamplingParams {
 
 impl SamplingParams {
     pub fn greedy() -> Self {
-        SamplingParams { temperature: 0.0, ..Default::default() }
+        SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        }
     }
 
     pub fn validate(&self) -> Result<(), String> {
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
-            return Err(format!("temperature must be >= 0, got {}", self.temperature));
+            return Err(format!(
+                "temperature must be >= 0, got {}",
+                self.temperature
+            ));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return Err(format!("top_p must be in (0, 1], got {}", self.top_p));
@@ -54,9 +60,15 @@ impl SamplingParams {
             return Err(format!("min_p must be in [0, 1], got {}", self.min_p));
         }
         if !(self.repeat_penalty > 0.0 && self.repeat_penalty.is_finite()) {
-            return Err(format!("repeat_penalty must be > 0, got {}", self.repeat_penalty));
+            return Err(format!(
+                "repeat_penalty must be > 0, got {}",
+                self.repeat_penalty
+            ));
         }
-        for (name, v) in [("presence_penalty", self.presence_penalty), ("frequency_penalty", self.frequency_penalty)] {
+        for (name, v) in [
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+        ] {
             if !(-2.0..=2.0).contains(&v) {
                 return Err(format!("{name} must be in [-2, 2], got {v}"));
             }
@@ -122,8 +134,16 @@ impl Sampler {
             return argmax(&logits);
         }
         // Candidates sorted by logit, best first.
-        let mut cand: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
-        let k = if p.top_k == 0 { cand.len() } else { p.top_k.min(cand.len()) };
+        let mut cand: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as u32, l))
+            .collect();
+        let k = if p.top_k == 0 {
+            cand.len()
+        } else {
+            p.top_k.min(cand.len())
+        };
         if k < cand.len() {
             cand.select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
             cand.truncate(k);
@@ -145,7 +165,13 @@ impl Sampler {
         // min-p: drop tokens less likely than min_p times the best.
         if p.min_p > 0.0 {
             let threshold = probs[0] * p.min_p;
-            keep = keep.min(probs.iter().take_while(|&&pr| pr >= threshold).count().max(1));
+            keep = keep.min(
+                probs
+                    .iter()
+                    .take_while(|&&pr| pr >= threshold)
+                    .count()
+                    .max(1),
+            );
         }
         cand.truncate(keep);
         let scaled: Vec<f32> = cand.iter().map(|c| c.1 / p.temperature).collect();
@@ -170,7 +196,11 @@ impl Sampler {
             for &t in all.skip(total.saturating_sub(p.repeat_last_n)) {
                 if seen.insert(t) {
                     if let Some(l) = logits.get_mut(t as usize) {
-                        *l = if *l > 0.0 { *l / p.repeat_penalty } else { *l * p.repeat_penalty };
+                        *l = if *l > 0.0 {
+                            *l / p.repeat_penalty
+                        } else {
+                            *l * p.repeat_penalty
+                        };
                     }
                 }
             }
@@ -217,19 +247,39 @@ mod tests {
     #[test]
     fn same_seed_same_draws() {
         let logits: Vec<f32> = (0..100).map(|i| ((i * 37) % 11) as f32 * 0.3).collect();
-        let params = SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 42, ..Default::default() };
+        let params = SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: 42,
+            ..Default::default()
+        };
         let draw = |p: &SamplingParams| {
             let mut s = Sampler::new(p.clone());
-            (0..50).map(|_| s.sample(&logits, &[], &[])).collect::<Vec<_>>()
+            (0..50)
+                .map(|_| s.sample(&logits, &[], &[]))
+                .collect::<Vec<_>>()
         };
         assert_eq!(draw(&params), draw(&params));
-        assert_ne!(draw(&params), draw(&SamplingParams { seed: 43, ..params.clone() }));
+        assert_ne!(
+            draw(&params),
+            draw(&SamplingParams {
+                seed: 43,
+                ..params.clone()
+            })
+        );
     }
 
     #[test]
     fn top_k_one_is_greedy() {
         let logits = [0.5, 2.0, 1.9, -3.0];
-        let mut s = Sampler::new(SamplingParams { temperature: 5.0, top_k: 1, seed: 7, ..Default::default() });
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 5.0,
+            top_k: 1,
+            seed: 7,
+            ..Default::default()
+        });
         for _ in 0..20 {
             assert_eq!(s.sample(&logits, &[], &[]), 1);
         }
@@ -239,11 +289,25 @@ mod tests {
     fn min_p_and_top_p_cut_the_tail() {
         // One dominant token: min_p 0.5 leaves only it.
         let logits = [10.0, 0.0, 0.0, 0.0];
-        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.5, seed: 1, ..Default::default() });
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.5,
+            seed: 1,
+            ..Default::default()
+        });
         for _ in 0..20 {
             assert_eq!(s.sample(&logits, &[], &[]), 0);
         }
-        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 0, top_p: 0.5, min_p: 0.0, seed: 1, ..Default::default() });
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 0.5,
+            min_p: 0.0,
+            seed: 1,
+            ..Default::default()
+        });
         for _ in 0..20 {
             assert_eq!(s.sample(&logits, &[], &[]), 0);
         }
@@ -251,15 +315,29 @@ mod tests {
 
     #[test]
     fn repeat_penalty_discourages_seen_tokens() {
-        let mut s = Sampler::new(SamplingParams { temperature: 0.0, repeat_penalty: 2.0, ..Default::default() });
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 0.0,
+            repeat_penalty: 2.0,
+            ..Default::default()
+        });
         // Token 0 leads, but has been seen: 2.0 / 2 = 1.0 < 1.5.
         assert_eq!(s.sample(&[2.0, 1.5], &[0], &[]), 1);
     }
 
     #[test]
     fn validate_rejects_bad_values() {
-        assert!(SamplingParams { temperature: -1.0, ..Default::default() }.validate().is_err());
-        assert!(SamplingParams { top_p: 0.0, ..Default::default() }.validate().is_err());
+        assert!(SamplingParams {
+            temperature: -1.0,
+            ..Default::default()
+        }
+        .validate()
+        .is_err());
+        assert!(SamplingParams {
+            top_p: 0.0,
+            ..Default::default()
+        }
+        .validate()
+        .is_err());
         assert!(SamplingParams::default().validate().is_ok());
     }
 }

@@ -334,9 +334,8 @@ fn terminal_two_sessions_generate_at_once_and_ctrl_c_stops_a_reply() {
     let screen = t.wait_for("both replies", |s| {
         s.lines().any(|l| {
             l.starts_with("[session 1: reply finished, ") && l.ends_with("; /switch 1 shows it]")
-        })
-            && (s.contains("[session 2: reply finished")
-                || output_after(s, "[2]> Write a poem").len() >= 2)
+        }) && (s.contains("[session 2: reply finished")
+            || output_after(s, "[2]> Write a poem").len() >= 2)
             && last_line(s) == "[2]>"
     });
     let asked = screen.find("[2]> Write a poem about the moon.").unwrap();

@@ -41,7 +41,11 @@ fn tokenize_prints_reference_ids_as_json() {
         args.push("--");
         args.push(text);
         let out = edge_llm(&args, None);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let ids: Vec<u32> = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(ids, support::ids(&case["ids"]), "{text:?}");
     }
@@ -58,7 +62,11 @@ fn run_prints_only_the_completion_from_flag_and_pipe() {
     let expected: String = {
         let model = support::model();
         let mut runner = SequenceRunner::new(model, 256, 16);
-        let opts = GenerateOptions { n_predict: 16, ignore_eos: false, sampling: SamplingParams::greedy() };
+        let opts = GenerateOptions {
+            n_predict: 16,
+            ignore_eos: false,
+            sampling: SamplingParams::greedy(),
+        };
         let mut ids = Vec::new();
         let prompt_ids = support::ids(&case["prompt_ids"]);
         generate(&mut runner, &prompt_ids, &opts, |t| {
@@ -66,22 +74,56 @@ fn run_prints_only_the_completion_from_flag_and_pipe() {
             true
         })
         .unwrap();
-        assert_eq!(ids[..13], support::ids(&case["ids"])[..13], "llama.cpp's first 13 tokens");
+        assert_eq!(
+            ids[..13],
+            support::ids(&case["ids"])[..13],
+            "llama.cpp's first 13 tokens"
+        );
         model.tokenizer.decode(&ids)
     };
-    let out = edge_llm(&["run", "-m", &m, "-p", prompt, "-n", "16", "--temp", "0"], None);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = edge_llm(
+        &["run", "-m", &m, "-p", prompt, "-n", "16", "--temp", "0"],
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(String::from_utf8(out.stdout).unwrap(), expected);
-    let out = edge_llm(&["run", "-m", &m, "-n", "16", "--temp", "0", "-t", "1"], Some(prompt));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = edge_llm(
+        &["run", "-m", &m, "-n", "16", "--temp", "0", "-t", "1"],
+        Some(prompt),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(String::from_utf8(out.stdout).unwrap(), expected);
-    assert!(out.stderr.is_empty(), "quiet in a pipe: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.stderr.is_empty(),
+        "quiet in a pipe: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
 fn seeded_sampling_is_reproducible() {
     let m = model_arg();
-    let args = ["run", "-m", &m, "-p", "Once upon a time", "-n", "24", "--temp", "0.9", "--seed", "7"];
+    let args = [
+        "run",
+        "-m",
+        &m,
+        "-p",
+        "Once upon a time",
+        "-n",
+        "24",
+        "--temp",
+        "0.9",
+        "--seed",
+        "7",
+    ];
     let a = edge_llm(&args, None);
     let b = edge_llm(&args, None);
     assert!(a.status.success());
@@ -93,7 +135,14 @@ fn info_prints_metadata_and_tensors() {
     let out = edge_llm(&["info", "-m", &model_arg()], None);
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
-    for needle in ["general.architecture", "llama.block_count", "token_embd.weight", "Q8_0", "blk.29.ffn_down.weight", "Q4_1"] {
+    for needle in [
+        "general.architecture",
+        "llama.block_count",
+        "token_embd.weight",
+        "Q8_0",
+        "blk.29.ffn_down.weight",
+        "Q4_1",
+    ] {
         assert!(text.contains(needle), "info output lacks {needle}");
     }
 }
@@ -108,21 +157,83 @@ fn bad_inputs_give_one_line_errors() {
     let head = std::fs::read(support::model_path()).unwrap()[..100_000].to_vec();
     std::fs::write(&truncated, head).unwrap();
     let cases: Vec<(Vec<String>, &str)> = vec![
-        (vec!["run".into(), "-m".into(), "/nonexistent/model.gguf".into(), "-p".into(), "hi".into()], "/nonexistent/model.gguf"),
-        (vec!["run".into(), "-m".into(), not_gguf.to_string_lossy().into(), "-p".into(), "hi".into()], "magic"),
+        (
+            vec![
+                "run".into(),
+                "-m".into(),
+                "/nonexistent/model.gguf".into(),
+                "-p".into(),
+                "hi".into(),
+            ],
+            "/nonexistent/model.gguf",
+        ),
+        (
+            vec![
+                "run".into(),
+                "-m".into(),
+                not_gguf.to_string_lossy().into(),
+                "-p".into(),
+                "hi".into(),
+            ],
+            "magic",
+        ),
         // Cut inside the vocabulary: the error names the metadata key it was reading.
-        (vec!["info".into(), "-m".into(), truncated.to_string_lossy().into()], "tokenizer.ggml.tokens"),
-        (vec!["run".into(), "-m".into(), model_arg(), "-p".into(), "hi".into(), "--top-p".into(), "0".into()], "top_p"),
-        (vec!["run".into(), "-m".into(), model_arg(), "-p".into(), "hello ".repeat(40), "-c".into(), "16".into()], "context"),
-        (vec!["perplexity".into(), "-m".into(), model_arg(), "-f".into(), "/nonexistent.txt".into()], "/nonexistent.txt"),
+        (
+            vec![
+                "info".into(),
+                "-m".into(),
+                truncated.to_string_lossy().into(),
+            ],
+            "tokenizer.ggml.tokens",
+        ),
+        (
+            vec![
+                "run".into(),
+                "-m".into(),
+                model_arg(),
+                "-p".into(),
+                "hi".into(),
+                "--top-p".into(),
+                "0".into(),
+            ],
+            "top_p",
+        ),
+        (
+            vec![
+                "run".into(),
+                "-m".into(),
+                model_arg(),
+                "-p".into(),
+                "hello ".repeat(40),
+                "-c".into(),
+                "16".into(),
+            ],
+            "context",
+        ),
+        (
+            vec![
+                "perplexity".into(),
+                "-m".into(),
+                model_arg(),
+                "-f".into(),
+                "/nonexistent.txt".into(),
+            ],
+            "/nonexistent.txt",
+        ),
     ];
     for (args, needle) in cases {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let out = edge_llm(&args, None);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{args:?} should fail");
-        assert!(err.starts_with("error: ") && err.trim_end().lines().count() == 1, "{args:?}: one-line error, got {err:?}");
-        assert!(err.to_lowercase().contains(&needle.to_lowercase()), "{args:?}: {err:?} should mention {needle:?}");
+        assert!(
+            err.starts_with("error: ") && err.trim_end().lines().count() == 1,
+            "{args:?}: one-line error, got {err:?}"
+        );
+        assert!(
+            err.to_lowercase().contains(&needle.to_lowercase()),
+            "{args:?}: {err:?} should mention {needle:?}"
+        );
         assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
     }
 }
@@ -130,12 +241,27 @@ fn bad_inputs_give_one_line_errors() {
 #[test]
 fn closed_stdout_pipe_exits_quietly() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_edge-llm"))
-        .args(["run", "-m", &model_arg(), "-p", "Once upon a time", "-n", "64", "--temp", "0"])
+        .args([
+            "run",
+            "-m",
+            &model_arg(),
+            "-p",
+            "Once upon a time",
+            "-n",
+            "64",
+            "--temp",
+            "0",
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     drop(child.stdout.take()); // the reader goes away at once
     let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "exit status {:?}: {}", out.status, String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "exit status {:?}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

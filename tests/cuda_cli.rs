@@ -9,7 +9,11 @@ mod support;
 use std::process::{Command, Output};
 
 fn edge_llm(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_edge-llm")).args(args).env("RUST_BACKTRACE", "1").output().expect("binary starts")
+    Command::new(env!("CARGO_BIN_EXE_edge-llm"))
+        .args(args)
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .expect("binary starts")
 }
 
 fn model_arg() -> String {
@@ -30,23 +34,48 @@ fn device_cuda_without_a_gpu_is_one_clean_error() {
         eprintln!("a GPU is usable here: nothing to check");
         return;
     }
-    let expected = if cfg!(feature = "cuda") { "no CUDA GPU found (libcuda not loadable)" } else { "built without CUDA support (rebuild with --features cuda)" };
+    let expected = if cfg!(feature = "cuda") {
+        "no CUDA GPU found (libcuda not loadable)"
+    } else {
+        "built without CUDA support (rebuild with --features cuda)"
+    };
     let m = model_arg();
     let text = std::env::temp_dir().join(format!("edge-llm-cuda-cli-{}.txt", std::process::id()));
-    std::fs::write(&text, "one two three four five six seven eight nine ten ".repeat(200)).unwrap();
+    std::fs::write(
+        &text,
+        "one two three four five six seven eight nine ten ".repeat(200),
+    )
+    .unwrap();
     let file = text.to_string_lossy().into_owned();
     for args in [
-        vec!["run", "-m", &m, "-p", "Hello", "-n", "4", "--device", "cuda"],
-        vec!["bench", "-m", &m, "-p", "8", "-n", "2", "-r", "1", "--device", "cuda"],
+        vec![
+            "run", "-m", &m, "-p", "Hello", "-n", "4", "--device", "cuda",
+        ],
+        vec![
+            "bench", "-m", &m, "-p", "8", "-n", "2", "-r", "1", "--device", "cuda",
+        ],
         vec!["perplexity", "-m", &m, "-f", &file, "--device", "cuda"],
     ] {
         let out = edge_llm(&args);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{args:?} should fail without a GPU");
-        assert!(err.starts_with("error: ") && err.trim_end().lines().count() == 1, "{args:?}: one-line error, got {err:?}");
-        assert!(err.contains(expected), "{args:?}: {err:?} should say {expected:?}");
-        assert!(!err.contains("panicked") && !err.contains("backtrace"), "{args:?}: {err}");
-        assert!(out.stdout.is_empty(), "{args:?} printed {:?}", String::from_utf8_lossy(&out.stdout));
+        assert!(
+            err.starts_with("error: ") && err.trim_end().lines().count() == 1,
+            "{args:?}: one-line error, got {err:?}"
+        );
+        assert!(
+            err.contains(expected),
+            "{args:?}: {err:?} should say {expected:?}"
+        );
+        assert!(
+            !err.contains("panicked") && !err.contains("backtrace"),
+            "{args:?}: {err}"
+        );
+        assert!(
+            out.stdout.is_empty(),
+            "{args:?} printed {:?}",
+            String::from_utf8_lossy(&out.stdout)
+        );
     }
     let _ = std::fs::remove_file(&text);
 }
@@ -58,7 +87,21 @@ fn device_auto_runs_on_the_cpu_without_a_gpu() {
         return;
     }
     let m = model_arg();
-    let args = |device: &'static str| vec!["run".to_string(), "-m".into(), m.clone(), "-p".into(), "The capital of France is".into(), "-n".into(), "12".into(), "--temp".into(), "0".into(), "--device".into(), device.into()];
+    let args = |device: &'static str| {
+        vec![
+            "run".to_string(),
+            "-m".into(),
+            m.clone(),
+            "-p".into(),
+            "The capital of France is".into(),
+            "-n".into(),
+            "12".into(),
+            "--temp".into(),
+            "0".into(),
+            "--device".into(),
+            device.into(),
+        ]
+    };
     let run = |device: &'static str| {
         let a = args(device);
         let a: Vec<&str> = a.iter().map(String::as_str).collect();
@@ -66,12 +109,24 @@ fn device_auto_runs_on_the_cpu_without_a_gpu() {
     };
     let cpu = run("cpu");
     let auto = run("auto");
-    assert!(cpu.status.success(), "{}", String::from_utf8_lossy(&cpu.stderr));
-    assert!(auto.status.success(), "{}", String::from_utf8_lossy(&auto.stderr));
+    assert!(
+        cpu.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cpu.stderr)
+    );
+    assert!(
+        auto.status.success(),
+        "{}",
+        String::from_utf8_lossy(&auto.stderr)
+    );
     assert!(!cpu.stdout.is_empty());
     assert_eq!(auto.stdout, cpu.stdout, "auto and cpu differ");
     // Quiet in a pipe, as every log: the fallback line goes only to a terminal.
-    assert!(auto.stderr.is_empty(), "{}", String::from_utf8_lossy(&auto.stderr));
+    assert!(
+        auto.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&auto.stderr)
+    );
 }
 
 #[test]

@@ -82,15 +82,29 @@ impl Rng {
 
     /// `n` values ~N(0, 1), one in 64 scaled by 8 (outliers, as real rows have).
     fn data(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| if self.next_u64() % 64 == 0 { 8.0 * self.normal() } else { self.normal() }).collect()
+        (0..n)
+            .map(|_| {
+                if self.next_u64() % 64 == 0 {
+                    8.0 * self.normal()
+                } else {
+                    self.normal()
+                }
+            })
+            .collect()
     }
 }
 
 /// max |got - want| / max |want|.
 fn rel_err(got: &[f32], want: &[f32]) -> f64 {
     assert_eq!(got.len(), want.len());
-    let scale = want.iter().fold(0f64, |m, &w| m.max(w.abs() as f64)).max(1e-30);
-    got.iter().zip(want).fold(0f64, |m, (&g, &w)| m.max((g as f64 - w as f64).abs())) / scale
+    let scale = want
+        .iter()
+        .fold(0f64, |m, &w| m.max(w.abs() as f64))
+        .max(1e-30);
+    got.iter()
+        .zip(want)
+        .fold(0f64, |m, (&g, &w)| m.max((g as f64 - w as f64).abs()))
+        / scale
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {
@@ -122,7 +136,18 @@ fn embedding_rows_dequantize_bit_identically() {
         let ids: Vec<i32> = vec![3, 0, 6, 6, 1];
         for scale in [1.0f32, 2.5] {
             let (dw, di, dout) = (up(&w), up(&ids), zeros_f32(ids.len() * n_in));
-            ck::get_rows(g, t, g.ptr(&dw), n_rows, n_in, g.ptr(&di), ids.len(), g.ptr(&dout), scale).unwrap();
+            ck::get_rows(
+                g,
+                t,
+                g.ptr(&dw),
+                n_rows,
+                n_in,
+                g.ptr(&di),
+                ids.len(),
+                g.ptr(&dout),
+                scale,
+            )
+            .unwrap();
             let got = down(&dout, ids.len() * n_in);
             let mut want = vec![0f32; ids.len() * n_in];
             for (i, &id) in ids.iter().enumerate() {
@@ -141,10 +166,18 @@ fn activation_quantizers_are_byte_identical() {
     let g = gpu();
     let mut rng = Rng(2);
     let n_in = 512;
-    for vdt in [TensorType::Q8_0, TensorType::Q8_1, TensorType::Q8_K, TensorType::F16, TensorType::BF16] {
+    for vdt in [
+        TensorType::Q8_0,
+        TensorType::Q8_1,
+        TensorType::Q8_K,
+        TensorType::F16,
+        TensorType::BF16,
+    ] {
         let mut x = rng.data(n_in * 6);
         x[n_in..2 * n_in].iter_mut().for_each(|v| *v = 0.0); // an all-zero row
-        x[2 * n_in + 5] = -x[2 * n_in..3 * n_in].iter().fold(0f32, |m, v| m.max(v.abs())); // a tie for the largest magnitude
+        x[2 * n_in + 5] = -x[2 * n_in..3 * n_in]
+            .iter()
+            .fold(0f32, |m, v| m.max(v.abs())); // a tie for the largest magnitude
         let want = kernels::quantize_rows(vdt, &x, n_in);
         let (dx, dy) = (up(&x), g.zeros::<u8>(want.len()).unwrap());
         ck::quantize(g, vdt, g.ptr(&dx), 6, n_in, g.ptr(&dy)).unwrap();
@@ -173,13 +206,31 @@ fn matmul_matches_the_c_reference_and_both_kernels_agree() {
             let mut outs = Vec::new();
             for kernel in [MatmulKernel::Auto, MatmulKernel::Mmv, MatmulKernel::Tiled] {
                 let dout = zeros_f32(n_rows * n_out);
-                ck::matmul(g, t, g.ptr(&dw), g.ptr(&da), n_in, n_out, n_rows, g.ptr(&dout), kernel).unwrap();
+                ck::matmul(
+                    g,
+                    t,
+                    g.ptr(&dw),
+                    g.ptr(&da),
+                    n_in,
+                    n_out,
+                    n_rows,
+                    g.ptr(&dout),
+                    kernel,
+                )
+                .unwrap();
                 outs.push(down(&dout, n_rows * n_out));
             }
             let err = rel_err(&outs[0], &want);
             report.push(format!("{t:>5} rows {n_rows:>2}: {err:.2e}"));
-            assert!(err <= MATMUL_BUDGET, "{t} with {n_rows} rows: {err:.3e} > {MATMUL_BUDGET:e}");
-            assert_eq!(bits(&outs[1]), bits(&outs[2]), "{t} with {n_rows} rows: mmv and tiled differ");
+            assert!(
+                err <= MATMUL_BUDGET,
+                "{t} with {n_rows} rows: {err:.3e} > {MATMUL_BUDGET:e}"
+            );
+            assert_eq!(
+                bits(&outs[1]),
+                bits(&outs[2]),
+                "{t} with {n_rows} rows: mmv and tiled differ"
+            );
         }
     }
     eprintln!("{}", report.join("\n"));
@@ -201,9 +252,19 @@ fn row_operations_match_the_c_reference() {
         assert!(err <= RMS_NORM_BUDGET, "rms_norm n={n}: {err:.3e}");
     }
     // RoPE, both styles, a partial rotary dimension, large positions.
-    for (style, rope_dim, freq_scale) in [(RopeStyle::Normal, 64, 1.0f32), (RopeStyle::Neox, 64, 0.25), (RopeStyle::Neox, 32, 1.0)] {
+    for (style, rope_dim, freq_scale) in [
+        (RopeStyle::Normal, 64, 1.0f32),
+        (RopeStyle::Neox, 64, 0.25),
+        (RopeStyle::Neox, 32, 1.0),
+    ] {
         let (n_tokens, n_heads, head_dim) = (9, 3, 64);
-        let r = Rope { head_dim, rope_dim, freq_base: 10000.0, freq_scale, style };
+        let r = Rope {
+            head_dim,
+            rope_dim,
+            freq_base: 10000.0,
+            freq_scale,
+            style,
+        };
         let pos: Vec<i32> = (0..n_tokens as i32).map(|i| i * 517 + 3).collect();
         let mut want = rng.data(n_tokens * n_heads * head_dim);
         let dx = up(&want);
@@ -211,7 +272,10 @@ fn row_operations_match_the_c_reference() {
         let dp = up(&pos);
         ck::rope(g, g.ptr(&dx), g.ptr(&dp), n_tokens, n_heads, &r).unwrap();
         let err = rel_err(&down(&dx, want.len()), &want);
-        assert!(err <= ROPE_BUDGET, "rope {style:?} dim {rope_dim}: {err:.3e}");
+        assert!(
+            err <= ROPE_BUDGET,
+            "rope {style:?} dim {rope_dim}: {err:.3e}"
+        );
     }
     // SwiGLU and GeGLU.
     for act in [Activation::SwiGlu, Activation::GeGlu] {
@@ -242,7 +306,9 @@ fn kv_write_and_paged_attention_match_the_c_reference() {
         block_tables.extend(t.iter().copied());
         block_tables.extend(std::iter::repeat_n(-1, max_blocks - t.len()));
     }
-    let slot = |seq: usize, pos: usize| tables[seq][pos / block_size] as i64 * block_size as i64 + (pos % block_size) as i64;
+    let slot = |seq: usize, pos: usize| {
+        tables[seq][pos / block_size] as i64 * block_size as i64 + (pos % block_size) as i64
+    };
     // Fill every position of every sequence through kv_write (checked bit for bit).
     let mut all_slots = Vec::new();
     for (s, t) in tables.iter().enumerate() {
@@ -252,11 +318,28 @@ fn kv_write_and_paged_attention_match_the_c_reference() {
     }
     let n_all = all_slots.len();
     let (k, v) = (rng.data(n_all * kv_dim), rng.data(n_all * kv_dim));
-    let (mut kc, mut vc) = (vec![0u16; num_slots * kv_dim], vec![0u16; num_slots * kv_dim]);
+    let (mut kc, mut vc) = (
+        vec![0u16; num_slots * kv_dim],
+        vec![0u16; num_slots * kv_dim],
+    );
     kernels::kv_write(&k, &v, &mut kc, &mut vc, &all_slots, kv_dim);
     let (dk, dv, ds) = (up(&k), up(&v), up(&all_slots));
-    let (dkc, dvc) = (g.zeros::<u16>(num_slots * kv_dim).unwrap(), g.zeros::<u16>(num_slots * kv_dim).unwrap());
-    ck::kv_write(g, g.ptr(&dk), g.ptr(&dv), g.ptr(&dkc), g.ptr(&dvc), g.ptr(&ds), n_all, kv_dim, num_slots).unwrap();
+    let (dkc, dvc) = (
+        g.zeros::<u16>(num_slots * kv_dim).unwrap(),
+        g.zeros::<u16>(num_slots * kv_dim).unwrap(),
+    );
+    ck::kv_write(
+        g,
+        g.ptr(&dk),
+        g.ptr(&dv),
+        g.ptr(&dkc),
+        g.ptr(&dvc),
+        g.ptr(&ds),
+        n_all,
+        kv_dim,
+        num_slots,
+    )
+    .unwrap();
     assert_eq!(g.download(&dkc, kc.len()).unwrap(), kc, "kv_write keys");
     assert_eq!(g.download(&dvc, vc.len()).unwrap(), vc, "kv_write values");
 
@@ -276,17 +359,49 @@ fn kv_write_and_paged_attention_match_the_c_reference() {
     }
     let n_tokens = token_seq.len();
     let q = rng.data(n_tokens * n_heads * head_dim);
-    let shape = AttentionShape { n_heads, n_kv_heads, head_dim, block_size, num_blocks };
+    let shape = AttentionShape {
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        block_size,
+        num_blocks,
+    };
     let (dq, dt, dts, dl) = (up(&q), up(&block_tables), up(&token_seq), up(&lens));
-    let db = DevAttentionBatch { block_tables: g.ptr(&dt), max_blocks_per_seq: max_blocks, n_seqs: tables.len(), token_seq: g.ptr(&dts), context_lens: g.ptr(&dl) };
+    let db = DevAttentionBatch {
+        block_tables: g.ptr(&dt),
+        max_blocks_per_seq: max_blocks,
+        n_seqs: tables.len(),
+        token_seq: g.ptr(&dts),
+        context_lens: g.ptr(&dl),
+    };
     for window in [None, Some(7), Some(33)] {
         let mut want = vec![0f32; q.len()];
-        let b = AttentionBatch { block_tables: &block_tables, max_blocks_per_seq: max_blocks, token_seq: &token_seq, context_lens: &lens };
+        let b = AttentionBatch {
+            block_tables: &block_tables,
+            max_blocks_per_seq: max_blocks,
+            token_seq: &token_seq,
+            context_lens: &lens,
+        };
         kernels::paged_attention(&mut want, &q, &kc, &vc, &shape, &b, 0.125, window);
         let dout = zeros_f32(q.len());
-        ck::paged_attention(g, g.ptr(&dout), g.ptr(&dq), g.ptr(&dkc), g.ptr(&dvc), &shape, &db, n_tokens, 0.125, window).unwrap();
+        ck::paged_attention(
+            g,
+            g.ptr(&dout),
+            g.ptr(&dq),
+            g.ptr(&dkc),
+            g.ptr(&dvc),
+            &shape,
+            &db,
+            n_tokens,
+            0.125,
+            window,
+        )
+        .unwrap();
         let err = rel_err(&down(&dout, q.len()), &want);
-        assert!(err <= ATTENTION_BUDGET, "attention window {window:?}: {err:.3e}");
+        assert!(
+            err <= ATTENTION_BUDGET,
+            "attention window {window:?}: {err:.3e}"
+        );
     }
 }
 
@@ -294,17 +409,28 @@ fn kv_write_and_paged_attention_match_the_c_reference() {
 fn one_sequence(tokens: &[u32], start: usize, block_size: usize, all_logits: bool) -> Batch {
     let end = start + tokens.len();
     let table: Vec<u32> = (0..end.div_ceil(block_size) as u32).collect();
-    let mut b = Batch { max_blocks_per_seq: table.len(), ..Default::default() };
+    let mut b = Batch {
+        max_blocks_per_seq: table.len(),
+        ..Default::default()
+    };
     let seq = b.push_block_table(&table);
     for (i, &t) in tokens.iter().enumerate() {
         let p = start + i;
-        b.push_token(t, p, table[p / block_size] as usize * block_size + p % block_size, seq, all_logits || i + 1 == tokens.len());
+        b.push_token(
+            t,
+            p,
+            table[p / block_size] as usize * block_size + p % block_size,
+            seq,
+            all_logits || i + 1 == tokens.len(),
+        );
     }
     b
 }
 
 fn argmax(v: &[f32]) -> usize {
-    v.iter().enumerate().fold(0, |best, (i, &x)| if x > v[best] { i } else { best })
+    v.iter()
+        .enumerate()
+        .fold(0, |best, (i, &x)| if x > v[best] { i } else { best })
 }
 
 #[test]
@@ -314,23 +440,47 @@ fn forward_pass_matches_the_cpu_and_copy_on_write_copies_blocks() {
     let vocab = model.config.vocab_size;
     let bs = 16;
     let mut cpu = Executor::cpu(model, bs, 16);
-    let mut gpu_exec = Executor::new(model, Device::Cuda, bs, 16).expect("the model loads onto the GPU");
+    let mut gpu_exec =
+        Executor::new(model, Device::Cuda, bs, 16).expect("the model loads onto the GPU");
     assert_eq!(gpu_exec.device(), Device::Cuda);
-    let prompt = model.tokenizer.encode("The capital of France is Paris, and the capital of Germany is", false, true).unwrap();
+    let prompt = model
+        .tokenizer
+        .encode(
+            "The capital of France is Paris, and the capital of Germany is",
+            false,
+            true,
+        )
+        .unwrap();
     // Prefill with every row's logits, then greedy decode step by step.
     let b = one_sequence(&prompt, 0, bs, true);
-    let (lc, lg) = (cpu.forward(model, &b).unwrap(), gpu_exec.forward(model, &b).unwrap());
+    let (lc, lg) = (
+        cpu.forward(model, &b).unwrap(),
+        gpu_exec.forward(model, &b).unwrap(),
+    );
     let err = rel_err(&lg, &lc);
     eprintln!("prefill logits: {err:.3e}");
-    assert!(err <= FORWARD_LOGITS_BUDGET, "prefill logits {err:.3e} > {FORWARD_LOGITS_BUDGET:e}");
+    assert!(
+        err <= FORWARD_LOGITS_BUDGET,
+        "prefill logits {err:.3e} > {FORWARD_LOGITS_BUDGET:e}"
+    );
     let mut pos = prompt.len();
     let mut tok = argmax(&lc[(prompt.len() - 1) * vocab..]) as u32;
-    assert_eq!(argmax(&lg[(prompt.len() - 1) * vocab..]) as u32, tok, "first greedy token");
+    assert_eq!(
+        argmax(&lg[(prompt.len() - 1) * vocab..]) as u32,
+        tok,
+        "first greedy token"
+    );
     for step in 0..24 {
         let b = one_sequence(&[tok], pos, bs, false);
-        let (lc, lg) = (cpu.forward(model, &b).unwrap(), gpu_exec.forward(model, &b).unwrap());
+        let (lc, lg) = (
+            cpu.forward(model, &b).unwrap(),
+            gpu_exec.forward(model, &b).unwrap(),
+        );
         let err = rel_err(&lg, &lc);
-        assert!(err <= FORWARD_LOGITS_BUDGET, "decode step {step}: {err:.3e}");
+        assert!(
+            err <= FORWARD_LOGITS_BUDGET,
+            "decode step {step}: {err:.3e}"
+        );
         let (tc, tg) = (argmax(&lc), argmax(&lg));
         assert_eq!(tg, tc, "greedy token at decode step {step}");
         tok = tc as u32;
@@ -340,10 +490,16 @@ fn forward_pass_matches_the_cpu_and_copy_on_write_copies_blocks() {
     // reads the copy: same logits as reading block 0.
     cpu.copy_block(0, 9).unwrap();
     gpu_exec.copy_block(0, 9).unwrap();
-    let mut b = Batch { max_blocks_per_seq: 2, ..Default::default() };
+    let mut b = Batch {
+        max_blocks_per_seq: 2,
+        ..Default::default()
+    };
     let seq = b.push_block_table(&[9, 10]);
     b.push_token(prompt[bs % prompt.len()], bs, 10 * bs, seq, true);
-    let (lc, lg) = (cpu.forward(model, &b).unwrap(), gpu_exec.forward(model, &b).unwrap());
+    let (lc, lg) = (
+        cpu.forward(model, &b).unwrap(),
+        gpu_exec.forward(model, &b).unwrap(),
+    );
     let err = rel_err(&lg, &lc);
     assert!(err <= FORWARD_LOGITS_BUDGET, "after copy_block: {err:.3e}");
 }

@@ -23,7 +23,11 @@ fn nvrtc_or_skip() -> bool {
 /// The PTX entry points (`.entry name(`) of a module.
 fn ptx_entries(ptx: &str) -> Vec<String> {
     ptx.lines()
-        .filter_map(|l| l.trim_start().strip_prefix(".visible .entry ").or_else(|| l.trim_start().strip_prefix(".entry ")))
+        .filter_map(|l| {
+            l.trim_start()
+                .strip_prefix(".visible .entry ")
+                .or_else(|| l.trim_start().strip_prefix(".entry "))
+        })
         .map(|rest| rest.split('(').next().unwrap_or("").trim().to_string())
         .collect()
 }
@@ -51,10 +55,16 @@ fn every_kernel_compiles_for_every_target_without_warnings() {
                     let entries = ptx_entries(&c.ptx);
                     for name in nvrtc::entry_points(program) {
                         if !entries.contains(&name) {
-                            failures.push(format!("{program} ({arch}): entry point {name} missing from the PTX"));
+                            failures.push(format!(
+                                "{program} ({arch}): entry point {name} missing from the PTX"
+                            ));
                         }
                     }
-                    eprintln!("{program} {arch}: {} entry points, {} bytes of PTX", entries.len(), c.ptx.len());
+                    eprintln!(
+                        "{program} {arch}: {} entry points, {} bytes of PTX",
+                        entries.len(),
+                        c.ptx.len()
+                    );
                 }
             }
         }
@@ -67,14 +77,20 @@ fn every_source_file_is_compiled_and_every_kernel_listed() {
     // Every .cu in csrc/cuda is a program, every .cuh is embedded, and the PTX holds no entry
     // point the backend does not know (a kernel nobody launches is dead or forgotten).
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("csrc/cuda");
-    let mut on_disk: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
     on_disk.sort();
     let mut embedded: Vec<String> = nvrtc::SOURCES.iter().map(|(n, _)| n.to_string()).collect();
     embedded.sort();
     assert_eq!(on_disk, embedded, "csrc/cuda and nvrtc::SOURCES differ");
     for name in &on_disk {
         if name.ends_with(".cu") {
-            assert!(nvrtc::PROGRAMS.contains(&name.as_str()), "{name} is not in nvrtc::PROGRAMS");
+            assert!(
+                nvrtc::PROGRAMS.contains(&name.as_str()),
+                "{name} is not in nvrtc::PROGRAMS"
+            );
         }
     }
     if !nvrtc_or_skip() {
@@ -86,7 +102,10 @@ fn every_source_file_is_compiled_and_every_kernel_listed() {
         entries.sort();
         let mut listed = nvrtc::entry_points(program);
         listed.sort();
-        assert_eq!(entries, listed, "{program}: PTX entry points and nvrtc::entry_points differ");
+        assert_eq!(
+            entries, listed,
+            "{program}: PTX entry points and nvrtc::entry_points differ"
+        );
     }
 }
 

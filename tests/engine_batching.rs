@@ -15,7 +15,9 @@ const GEN: usize = 12;
 
 fn shared_model() -> Arc<Model> {
     static MODEL: std::sync::OnceLock<Arc<Model>> = std::sync::OnceLock::new();
-    MODEL.get_or_init(|| Arc::new(Model::load(&support::model_path()).unwrap())).clone()
+    MODEL
+        .get_or_init(|| Arc::new(Model::load(&support::model_path()).unwrap()))
+        .clone()
 }
 
 fn engine(num_blocks: usize) -> EngineHandle {
@@ -39,7 +41,16 @@ fn prompts() -> Vec<Vec<u32>> {
     (0..8)
         .map(|i| {
             let mut p = system.clone();
-            p.extend(model.tokenizer.encode(&format!("\nQuestion {i}: what does section {} say?\nAnswer:", i + 2), false, false).unwrap());
+            p.extend(
+                model
+                    .tokenizer
+                    .encode(
+                        &format!("\nQuestion {i}: what does section {} say?\nAnswer:", i + 2),
+                        false,
+                        false,
+                    )
+                    .unwrap(),
+            );
             p
         })
         .collect()
@@ -66,7 +77,11 @@ fn wait_idle(e: &EngineHandle) -> edge_llm::engine::Metrics {
         let m = e.metrics().unwrap();
         // Every submitted request accounted for: a snapshot taken before the last step is stale.
         let ended = m.requests_finished + m.requests_aborted + m.requests_failed;
-        if m.num_running == 0 && m.num_waiting == 0 && ended == m.requests_submitted && m.requests_submitted > 0 {
+        if m.num_running == 0
+            && m.num_waiting == 0
+            && ended == m.requests_submitted
+            && m.requests_submitted > 0
+        {
             return m;
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
@@ -91,18 +106,27 @@ fn batched_equals_one_at_a_time_and_the_prompt_is_computed_once() {
     drop(alone);
 
     let e = engine(512);
-    let mut streams: Vec<_> = prompts.iter().map(|p| e.submit(greedy(p)).unwrap()).collect();
+    let mut streams: Vec<_> = prompts
+        .iter()
+        .map(|p| e.submit(greedy(p)).unwrap())
+        .collect();
     let results: Vec<_> = streams.iter_mut().map(collect).collect();
     for (i, ((tokens, reason, _), want)) in results.iter().zip(&expected).enumerate() {
         assert_eq!(reason, &FinishReason::Length);
-        assert_eq!(tokens, want, "sequence {i}: batched output differs from one-at-a-time");
+        assert_eq!(
+            tokens, want,
+            "sequence {i}: batched output differs from one-at-a-time"
+        );
     }
     let m = wait_idle(&e);
     // The 400-token prefix (25 blocks) was computed once and hit 7 times.
     assert_eq!(m.prefix_cache.hit_blocks, 7 * 25, "{m:?}");
     let suffixes: u64 = prompts.iter().map(|p| (p.len() - 400) as u64).sum();
     assert_eq!(m.tokens_prefilled, 400 + suffixes, "prompt tokens computed");
-    assert!(results[1..].iter().all(|r| r.2 == 400), "cached_tokens reported");
+    assert!(
+        results[1..].iter().all(|r| r.2 == 400),
+        "cached_tokens reported"
+    );
     assert_eq!(m.blocks_used, 0, "every block comes back");
     assert_eq!(m.blocks_free, 512);
 }
@@ -115,13 +139,18 @@ fn a_pool_too_small_preempts_and_gives_the_same_outputs() {
     let model = shared_model();
     let text = std::fs::read_to_string("/usr/share/common-licenses/GPL-3").unwrap();
     let tokens = model.tokenizer.encode(&text, false, false).unwrap();
-    let prompts: Vec<Vec<u32>> = (0..4).map(|i| tokens[i * 300..i * 300 + 100].to_vec()).collect();
+    let prompts: Vec<Vec<u32>> = (0..4)
+        .map(|i| tokens[i * 300..i * 300 + 100].to_vec())
+        .collect();
     let long = |p: &Vec<u32>| {
         let mut r = Request::new(p.clone(), SamplingParams::greedy(), 100);
         r.ignore_eos = true;
         r
     };
-    let expected: Vec<Vec<u32>> = prompts.iter().map(|p| collect(&mut engine(64).submit(long(p)).unwrap()).0).collect();
+    let expected: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| collect(&mut engine(64).submit(long(p)).unwrap()).0)
+        .collect();
     let e = engine(36);
     let mut streams: Vec<_> = prompts.iter().map(|p| e.submit(long(p)).unwrap()).collect();
     let results: Vec<_> = streams.iter_mut().map(collect).collect();
@@ -136,8 +165,19 @@ fn a_pool_too_small_preempts_and_gives_the_same_outputs() {
 #[test]
 fn n_completions_fork_and_abort_frees_blocks() {
     let e = engine(128);
-    let prompt = shared_model().tokenizer.encode("Once upon a time, there was a little", false, true).unwrap();
-    let mut req = Request::new(prompt.clone(), SamplingParams { temperature: 1.0, seed: 5, ..Default::default() }, 8);
+    let prompt = shared_model()
+        .tokenizer
+        .encode("Once upon a time, there was a little", false, true)
+        .unwrap();
+    let mut req = Request::new(
+        prompt.clone(),
+        SamplingParams {
+            temperature: 1.0,
+            seed: 5,
+            ..Default::default()
+        },
+        8,
+    );
     req.n = 3;
     let mut stream = e.submit(req).unwrap();
     let mut per_index = vec![Vec::new(); 3];
@@ -155,7 +195,11 @@ fn n_completions_fork_and_abort_frees_blocks() {
     assert_eq!(finished, 3);
     assert!(per_index.iter().all(|t| t.len() == 8));
     let m = wait_idle(&e);
-    assert_eq!(m.tokens_prefilled as usize, prompt.len(), "the prompt is computed once for n = 3");
+    assert_eq!(
+        m.tokens_prefilled as usize,
+        prompt.len(),
+        "the prompt is computed once for n = 3"
+    );
     assert_eq!(m.blocks_used, 0);
 
     // Abort mid-generation: blocks come back at once.

@@ -80,7 +80,13 @@ fn fork_shares_blocks_and_copies_the_partial_one_on_write() {
     assert_eq!(m.ref_count(parent[1]), 2);
     // The parent writes token 6 into the shared partial block: it gets a private copy.
     let copy = m.allocate(&mut parent, 6, 7).unwrap();
-    assert_eq!(copy, Some(BlockCopy { src: child[1], dst: parent[1] }));
+    assert_eq!(
+        copy,
+        Some(BlockCopy {
+            src: child[1],
+            dst: parent[1]
+        })
+    );
     assert_ne!(parent[1], child[1]);
     assert_eq!(m.ref_count(child[1]), 1);
     // The child now owns its block alone: no copy.
@@ -88,7 +94,8 @@ fn fork_shares_blocks_and_copies_the_partial_one_on_write() {
     // The full first block stays shared.
     assert_eq!(parent[0], child[0]);
     assert_eq!(m.ref_count(parent[0]), 2);
-    m.check_invariants([parent.as_slice(), child.as_slice()]).unwrap();
+    m.check_invariants([parent.as_slice(), child.as_slice()])
+        .unwrap();
     m.free(&mut parent);
     m.free(&mut child);
     assert_eq!(m.num_free(), 8);
@@ -105,7 +112,13 @@ fn allocation_fails_cleanly_when_blocks_run_out() {
 }
 
 fn scheduler(num_blocks: usize, block_size: usize, budget: usize) -> Scheduler {
-    Scheduler::new(SchedulerConfig { max_batched_tokens: budget, max_seqs: 64 }, BlockManager::new(num_blocks, block_size, 0))
+    Scheduler::new(
+        SchedulerConfig {
+            max_batched_tokens: budget,
+            max_seqs: 64,
+        },
+        BlockManager::new(num_blocks, block_size, 0),
+    )
 }
 
 /// Runs `sched` to completion like the engine would, appending `token(seq, i)` after each
@@ -146,11 +159,18 @@ fn a_shared_prompt_is_computed_once() {
     s.step_done(&out);
     // Later arrivals with the same 40-token prefix reuse its 10 blocks.
     for id in 2..=4u64 {
-        s.add(id, system.iter().copied().chain([900 + id as u32]).collect());
+        s.add(
+            id,
+            system.iter().copied().chain([900 + id as u32]).collect(),
+        );
     }
     let out = s.schedule();
     let prefill: Vec<_> = out.scheduled.iter().filter(|x| x.0 != 1).collect();
-    assert_eq!(prefill, vec![&(2, 1), &(3, 1), &(4, 1)], "only the new token of each prompt is computed");
+    assert_eq!(
+        prefill,
+        vec![&(2, 1), &(3, 1), &(4, 1)],
+        "only the new token of each prompt is computed"
+    );
     assert_eq!(s.blocks.stats.hit_blocks, 30);
     s.check_invariants().unwrap();
 }
@@ -160,7 +180,10 @@ fn simultaneous_arrivals_wait_for_a_prefix_in_flight() {
     let mut s = scheduler(64, 4, 256);
     let system: Vec<u32> = (0..40).collect();
     for id in 1..=4u64 {
-        s.add(id, system.iter().copied().chain([900 + id as u32]).collect());
+        s.add(
+            id,
+            system.iter().copied().chain([900 + id as u32]).collect(),
+        );
     }
     // Only the first computes the shared prefix; the others wait one step for it.
     let out = s.schedule();
@@ -203,12 +226,19 @@ fn preemption_takes_the_latest_arrival_and_everything_completes() {
         s.add(id, vec![id as u32; 4]);
     }
     let done = drain(&mut s, 8);
-    assert!(s.num_preemptions > 0, "the pool was too small for all three");
+    assert!(
+        s.num_preemptions > 0,
+        "the pool was too small for all three"
+    );
     assert_eq!(done.len(), 3);
     for (id, tokens) in &done {
         assert_eq!(tokens.len(), 12);
         let expected: Vec<u32> = (0..8).map(|n| (id * 1000 + n) as u32).collect();
-        assert_eq!(&tokens[4..], &expected[..], "sequence {id} kept its tokens through preemption");
+        assert_eq!(
+            &tokens[4..],
+            &expected[..],
+            "sequence {id} kept its tokens through preemption"
+        );
     }
     assert_eq!(s.blocks.num_free(), 6);
     s.check_invariants().unwrap();
@@ -221,7 +251,9 @@ fn random_operations_keep_the_invariants() {
         let block_size = 1 + rng.below(5) as usize;
         let num_blocks = 8 + rng.below(40) as usize;
         let mut s = scheduler(num_blocks, block_size, 4 + rng.below(40) as usize);
-        let prefixes: Vec<Vec<u32>> = (0..3).map(|p| (0..rng.below(20) as u32).map(|t| p * 100 + t).collect()).collect();
+        let prefixes: Vec<Vec<u32>> = (0..3)
+            .map(|p| (0..rng.below(20) as u32).map(|t| p * 100 + t).collect())
+            .collect();
         let mut next_id = 1u64;
         let mut live: Vec<u64> = Vec::new();
         for _ in 0..400 {
@@ -242,7 +274,9 @@ fn random_operations_keep_the_invariants() {
                 4 if !live.is_empty() => {
                     let id = live[rng.below(live.len() as u64) as usize];
                     let seq = s.get(id).unwrap();
-                    if seq.status == edge_llm::engine::sequence::SeqStatus::Running && seq.num_uncomputed() == 0 {
+                    if seq.status == edge_llm::engine::sequence::SeqStatus::Running
+                        && seq.num_uncomputed() == 0
+                    {
                         s.fork(id, next_id);
                         live.push(next_id);
                         next_id += 1;
@@ -262,12 +296,17 @@ fn random_operations_keep_the_invariants() {
                     }
                 }
             }
-            s.check_invariants().unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+            s.check_invariants()
+                .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
         }
         for id in live {
             s.finish(id).unwrap();
         }
         s.check_invariants().unwrap();
-        assert_eq!(s.blocks.num_free(), num_blocks, "seed {seed}: every block comes back");
+        assert_eq!(
+            s.blocks.num_free(),
+            num_blocks,
+            "seed {seed}: every block comes back"
+        );
     }
 }

@@ -65,9 +65,14 @@ const GEMMA3_PPL_CTX_1024: f64 = 15.9178;
 const MIN_DIVERGENCE: usize = 10;
 
 fn load(case: &Case) -> Option<Model> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models").join(case.file);
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("models")
+        .join(case.file);
     if !path.is_file() {
-        eprintln!("skipped: model not fetched (scripts/fetch-extra-models.sh {})", case.name);
+        eprintln!(
+            "skipped: model not fetched (scripts/fetch-extra-models.sh {})",
+            case.name
+        );
         return None;
     }
     Some(Model::load(&path).unwrap_or_else(|e| panic!("{}: {e:#}", path.display())))
@@ -79,17 +84,29 @@ fn read_json(p: PathBuf) -> serde_json::Value {
 }
 
 fn reference(case: &Case) -> serde_json::Value {
-    read_json(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/reference").join(case.reference))
+    read_json(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/reference")
+            .join(case.reference),
+    )
 }
 
 /// llama.cpp here: one entry per reference prompt, in the same order.
 fn here(case: &Case) -> Vec<serde_json::Value> {
-    let v = read_json(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/extra_models").join(case.here));
+    let v = read_json(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/extra_models")
+            .join(case.here),
+    );
     v["greedy"].as_array().unwrap().clone()
 }
 
 fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 /// llama.cpp-here's margin between its top two at `step` of its continuation:
@@ -124,7 +141,14 @@ struct Divergence {
 
 /// The token llama.cpp most likely took at a step where ours is `ours`: the one we rank
 /// highest among those, other than ours, whose text continues `rest` and passes `keep`.
-fn their_token(model: &Model, before: &[u32], logits: &[f32], ours: u32, rest: &[u8], keep: impl Fn(&[u8]) -> bool) -> Option<Divergence> {
+fn their_token(
+    model: &Model,
+    before: &[u32],
+    logits: &[f32],
+    ours: u32,
+    rest: &[u8],
+    keep: impl Fn(&[u8]) -> bool,
+) -> Option<Divergence> {
     let tok = &model.tokenizer;
     let theirs = (0..logits.len() as u32)
         .filter(|&t| t != ours)
@@ -135,7 +159,14 @@ fn their_token(model: &Model, before: &[u32], logits: &[f32], ours: u32, rest: &
         .max_by(|&a, &b| logits[a as usize].total_cmp(&logits[b as usize]))?;
     let l = logits[theirs as usize];
     let rank = logits.iter().filter(|&&x| x > l).count();
-    Some(Divergence { token: before.len(), before: before.to_vec(), ours, theirs, gap: logits[ours as usize] - l, rank })
+    Some(Divergence {
+        token: before.len(),
+        before: before.to_vec(),
+        ours,
+        theirs,
+        gap: logits[ours as usize] - l,
+        rank,
+    })
 }
 
 /// Greedy decoding of `n` tokens after `prompt`, compared byte for byte with `expected`, the
@@ -143,7 +174,12 @@ fn their_token(model: &Model, before: &[u32], logits: &[f32], ours: u32, rest: &
 /// does not say how llama.cpp split it into tokens: where our token leaves it, llama.cpp
 /// either took another token there, or took a longer one than ours at an earlier step (".C"
 /// where we took "." then " C"); the divergence reported is the likelier (smaller gap).
-fn greedy_against(model: &Model, prompt: &[u32], n: usize, expected: &[u8]) -> Result<Vec<u32>, Divergence> {
+fn greedy_against(
+    model: &Model,
+    prompt: &[u32],
+    n: usize,
+    expected: &[u8],
+) -> Result<Vec<u32>, Divergence> {
     let tok = &model.tokenizer;
     let mut runner = SequenceRunner::new(model, prompt.len() + n, 16);
     let mut logits = runner.eval(prompt, false).expect("prompt runs");
@@ -160,7 +196,9 @@ fn greedy_against(model: &Model, prompt: &[u32], n: usize, expected: &[u8]) -> R
             let here = their_token(model, &out, &logits, ours, &expected[at..], |_| true);
             let earlier = steps.iter().enumerate().rev().find_map(|(j, (l, start))| {
                 let ours_len = tok.token_bytes(out[j]).len();
-                their_token(model, &out[..j], l, out[j], &expected[*start..], |b| b.len() > ours_len)
+                their_token(model, &out[..j], l, out[j], &expected[*start..], |b| {
+                    b.len() > ours_len
+                })
             });
             return Err([here, earlier]
                 .into_iter()
@@ -183,13 +221,21 @@ fn greedy_matches_llama_cpp(case: &Case) {
     let Some(model) = load(case) else { return };
     let tok = &model.tokenizer;
     let mut exact = 0;
-    for (c, h) in reference(case)["greedy"].as_array().unwrap().iter().zip(here(case)) {
+    for (c, h) in reference(case)["greedy"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(here(case))
+    {
         let prompt = c["prompt"].as_str().unwrap();
         assert_eq!(h["prompt"], c["prompt"]);
         let n = c["n_predict"].as_u64().unwrap() as usize;
         let prompt_ids = tok.encode(prompt, tok.add_bos_default(), true).unwrap();
         let mut texts = vec![("reference", c["text"].as_str().unwrap())];
-        for (tool, key) in [("llama-simple here", "simple_text"), ("llama-server here", "server_text")] {
+        for (tool, key) in [
+            ("llama-simple here", "simple_text"),
+            ("llama-server here", "server_text"),
+        ] {
             let t = h[key].as_str().unwrap();
             if texts.iter().all(|&(_, u)| u != t) {
                 texts.push((tool, t));
@@ -201,13 +247,17 @@ fn greedy_matches_llama_cpp(case: &Case) {
             match greedy_against(&model, &prompt_ids, n, text.as_bytes()) {
                 Ok(got) => {
                     assert_eq!(tok.decode(&got), text, "{}: text of {prompt:?}", case.name);
-                    eprintln!("{}: {prompt:?}: all {n} tokens match the {source} text", case.name);
+                    eprintln!(
+                        "{}: {prompt:?}: all {n} tokens match the {source} text",
+                        case.name
+                    );
                     verdict = Ok(true);
                     break;
                 }
                 Err(d) => {
                     // llama.cpp's own margin, where its server run had the same context.
-                    let theirs = (server_ids.get(..d.token) == Some(&d.before[..])).then(|| their_margin(&h, d.token));
+                    let theirs = (server_ids.get(..d.token) == Some(&d.before[..]))
+                        .then(|| their_margin(&h, d.token));
                     eprintln!(
                         "{}: {prompt:?}: leaves the {source} text at token {}: ours {} {:?} vs llama.cpp {} {:?}, gap {:.4}, rank {}{}",
                         case.name,
@@ -221,7 +271,10 @@ fn greedy_matches_llama_cpp(case: &Case) {
                         theirs.map(|m| format!(" (llama.cpp's own top-two margin there: {m:.4})")).unwrap_or_default()
                     );
                     let tie = d.rank == 1 && d.gap < case.tie_margin;
-                    if tie && (d.token >= MIN_DIVERGENCE || theirs.is_some_and(|m| m < case.tie_margin)) {
+                    if tie
+                        && (d.token >= MIN_DIVERGENCE
+                            || theirs.is_some_and(|m| m < case.tie_margin))
+                    {
                         verdict = verdict.or(Ok(false));
                     } else if let Err(why) = &mut verdict {
                         why.push_str(&format!(
@@ -237,12 +290,19 @@ fn greedy_matches_llama_cpp(case: &Case) {
         match verdict {
             Ok(true) => exact += 1,
             Ok(false) => {}
-            Err(why) => panic!("{}: {prompt:?} diverges from llama.cpp at no tie:{why}", case.name),
+            Err(why) => panic!(
+                "{}: {prompt:?} diverges from llama.cpp at no tie:{why}",
+                case.name
+            ),
         }
     }
     // gemma3 passes ties narrower than 0.002 in llama.cpp itself; two exact of five is what
     // stays true whichever way such ties fall.
-    assert!(exact >= 2, "{}: only {exact} of 5 continuations match llama.cpp exactly", case.name);
+    assert!(
+        exact >= 2,
+        "{}: only {exact} of 5 continuations match llama.cpp exactly",
+        case.name
+    );
 }
 
 /// Teacher-forced: along llama.cpp's own greedy tokens (llama-server here), every token it took
@@ -274,7 +334,11 @@ fn logits_follow_llama_cpp(case: &Case) {
                 );
             }
             worst_gap = worst_gap.max(gap);
-            assert!(gap < case.tie_margin, "{}: {prompt:?} step {k}: llama.cpp's token {t} is {gap} below our top", case.name);
+            assert!(
+                gap < case.tie_margin,
+                "{}: {prompt:?} step {k}: llama.cpp's token {t} is {gap} below our top",
+                case.name
+            );
             for e in h["server_top2"][k].as_array().unwrap() {
                 let ours = edge_llm::sampler::log_softmax_at(row, e[0].as_u64().unwrap() as usize);
                 sum_dlp += (ours - e[1].as_f64().unwrap()).abs();
@@ -289,25 +353,47 @@ fn logits_follow_llama_cpp(case: &Case) {
     );
     // Measured: qwen2 0.035, gemma3 0.07; llama.cpp's own flash-attention switch moves these
     // log-probabilities by 0.040 and 0.073 on average.
-    assert!(mean_dlp < 0.15, "{}: mean |log-prob difference| {mean_dlp}", case.name);
+    assert!(
+        mean_dlp < 0.15,
+        "{}: mean |log-prob difference| {mean_dlp}",
+        case.name
+    );
 }
 
 fn perplexity_matches_llama_cpp(case: &Case) {
     let Some(model) = load(case) else { return };
-    let text = std::fs::read_to_string("/usr/share/common-licenses/GPL-3").expect("GPL-3 text (Debian base-files)");
+    let text = std::fs::read_to_string("/usr/share/common-licenses/GPL-3")
+        .expect("GPL-3 text (Debian base-files)");
     let mut seen = Vec::new();
-    edge_llm::perplexity::perplexity(&model, &text, 512, Some(case.ppl_running.len()), |s| seen.push(s.ppl())).unwrap();
+    edge_llm::perplexity::perplexity(&model, &text, 512, Some(case.ppl_running.len()), |s| {
+        seen.push(s.ppl())
+    })
+    .unwrap();
     assert_eq!(seen.len(), case.ppl_running.len());
     for (i, (&got, &want)) in seen.iter().zip(&case.ppl_running).enumerate() {
         let rel = (got - want).abs() / want;
-        eprintln!("{}: chunk {}: PPL {got:.4} vs llama.cpp {want:.4} ({:.2}% off)", case.name, i + 1, rel * 100.0);
-        assert!(rel < 0.01, "{}: chunk {}: PPL {got:.4} vs llama.cpp {want:.4}", case.name, i + 1);
+        eprintln!(
+            "{}: chunk {}: PPL {got:.4} vs llama.cpp {want:.4} ({:.2}% off)",
+            case.name,
+            i + 1,
+            rel * 100.0
+        );
+        assert!(
+            rel < 0.01,
+            "{}: chunk {}: PPL {got:.4} vs llama.cpp {want:.4}",
+            case.name,
+            i + 1
+        );
     }
 }
 
 fn text_tokens(model: &Model) -> Vec<u32> {
-    let text = std::fs::read_to_string("/usr/share/common-licenses/GPL-3").expect("GPL-3 text (Debian base-files)");
-    model.tokenizer.encode(&text, model.tokenizer.add_bos_default(), false).unwrap()
+    let text = std::fs::read_to_string("/usr/share/common-licenses/GPL-3")
+        .expect("GPL-3 text (Debian base-files)");
+    model
+        .tokenizer
+        .encode(&text, model.tokenizer.add_bos_default(), false)
+        .unwrap()
 }
 
 /// Greedy tokens after `prompt`, one sequence straight through the paged KV cache.
@@ -355,13 +441,22 @@ fn gemma3_perplexity_within_one_percent_of_llama_cpp() {
 #[test]
 fn gemma3_sliding_window_perplexity_at_context_1024() {
     let Some(model) = load(&GEMMA3) else { return };
-    let text = std::fs::read_to_string("/usr/share/common-licenses/GPL-3").expect("GPL-3 text (Debian base-files)");
+    let text = std::fs::read_to_string("/usr/share/common-licenses/GPL-3")
+        .expect("GPL-3 text (Debian base-files)");
     let stats = edge_llm::perplexity::perplexity(&model, &text, 1024, Some(1), |_| {}).unwrap();
     let rel = (stats.ppl() - GEMMA3_PPL_CTX_1024).abs() / GEMMA3_PPL_CTX_1024;
-    eprintln!("gemma3: ctx 1024, chunk 1: PPL {:.4} vs llama.cpp {GEMMA3_PPL_CTX_1024} ({:.2}% off)", stats.ppl(), rel * 100.0);
+    eprintln!(
+        "gemma3: ctx 1024, chunk 1: PPL {:.4} vs llama.cpp {GEMMA3_PPL_CTX_1024} ({:.2}% off)",
+        stats.ppl(),
+        rel * 100.0
+    );
     // 2%: llama.cpp's own flash-attention switch moves this value by 0.24%, and gemma3's
     // chunk values move by about 1% with any f16 rounding; a wrong window moves it 15-fold.
-    assert!(rel < 0.02, "gemma3: ctx 1024: PPL {:.4} vs llama.cpp {GEMMA3_PPL_CTX_1024}", stats.ppl());
+    assert!(
+        rel < 0.02,
+        "gemma3: ctx 1024: PPL {:.4} vs llama.cpp {GEMMA3_PPL_CTX_1024}",
+        stats.ppl()
+    );
 }
 
 /// A prompt sharing 608 tokens with one run before (past the 512-token window of gemma3's
@@ -373,13 +468,25 @@ fn gemma3_prefix_cache_past_the_window() {
     let tok = &model.tokenizer;
     let prefix = &text_tokens(&model)[..608];
     let prompt = |suffix: &str| [prefix, &tok.encode(suffix, false, false).unwrap()].concat();
-    let (first, second) = (prompt("\nQuestion: what is this text?\nAnswer:"), prompt("\nIn short, this license"));
+    let (first, second) = (
+        prompt("\nQuestion: what is this text?\nAnswer:"),
+        prompt("\nIn short, this license"),
+    );
     let expected = greedy(&model, &second, 8);
 
-    let config = EngineConfig { block_size: 16, num_blocks: 96, max_seq_len: 1024, max_batched_tokens: 512, max_seqs: 4, max_queue: 4 };
+    let config = EngineConfig {
+        block_size: 16,
+        num_blocks: 96,
+        max_seq_len: 1024,
+        max_batched_tokens: 512,
+        max_seqs: 4,
+        max_queue: 4,
+    };
     let engine = EngineHandle::start(model.clone(), config).unwrap();
     let run = |p: &[u32]| {
-        let mut stream = engine.submit(Request::new(p.to_vec(), SamplingParams::greedy(), 8)).unwrap();
+        let mut stream = engine
+            .submit(Request::new(p.to_vec(), SamplingParams::greedy(), 8))
+            .unwrap();
         let mut tokens = Vec::new();
         while let Some(e) = stream.next_blocking() {
             match e {
@@ -393,7 +500,13 @@ fn gemma3_prefix_cache_past_the_window() {
     run(&first);
     let (tokens, cached) = run(&second);
     assert_eq!(cached, 608, "the shared prefix comes from the cache");
-    assert_eq!(tokens, expected, "cached prefix past the window: {:?} vs {:?}", tok.decode(&tokens), tok.decode(&expected));
+    assert_eq!(
+        tokens,
+        expected,
+        "cached prefix past the window: {:?} vs {:?}",
+        tok.decode(&tokens),
+        tok.decode(&expected)
+    );
 }
 
 /// qwen2's GGUF carries its own template (ChatML with Qwen's default system prompt); it renders
@@ -408,7 +521,9 @@ fn qwen2_chat_template_renders() {
         "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n\
          <|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
     );
-    let ids = t.encode(&model.tokenizer, &[ChatMessage::new("user", "Hi")], true).unwrap();
+    let ids = t
+        .encode(&model.tokenizer, &[ChatMessage::new("user", "Hi")], true)
+        .unwrap();
     let im_start = model.tokenizer.find_token("<|im_start|>").unwrap();
     let im_end = model.tokenizer.find_token("<|im_end|>").unwrap();
     assert_eq!(ids.iter().filter(|&&id| id == im_start).count(), 3);
@@ -438,11 +553,17 @@ fn gemma3_builtin_chat_template_renders() {
     let ids = t.encode(&model.tokenizer, &messages, true).unwrap();
     let bos = model.tokenizer.bos_id().unwrap();
     assert_eq!(ids[0], bos);
-    assert_eq!(ids.iter().filter(|&&id| id == bos).count(), 1, "BOS is not doubled");
+    assert_eq!(
+        ids.iter().filter(|&&id| id == bos).count(),
+        1,
+        "BOS is not doubled"
+    );
     let sot = model.tokenizer.find_token("<start_of_turn>").unwrap();
     let eot = model.tokenizer.find_token("<end_of_turn>").unwrap();
     assert_eq!(ids.iter().filter(|&&id| id == sot).count(), 4);
     assert!(model.tokenizer.is_eog(eot), "<end_of_turn> ends a reply");
-    let err = t.render(&[ChatMessage::new("assistant", "first")], true).unwrap_err();
+    let err = t
+        .render(&[ChatMessage::new("assistant", "first")], true)
+        .unwrap_err();
     assert!(format!("{err:#}").contains("must alternate"), "{err:#}");
 }

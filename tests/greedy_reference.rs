@@ -12,7 +12,11 @@ fn greedy(block_size: usize, batch_tokens: usize, prompt: &[u32], n: usize) -> V
     let mut runner = SequenceRunner::new(model, 256, block_size);
     runner.batch_tokens = batch_tokens;
     // EOS is a token like any other here: where we would stop, llama.cpp went on (a divergence).
-    let opts = GenerateOptions { n_predict: n, ignore_eos: true, sampling: SamplingParams::greedy() };
+    let opts = GenerateOptions {
+        n_predict: n,
+        ignore_eos: true,
+        sampling: SamplingParams::greedy(),
+    };
     let mut out = Vec::new();
     let reason = generate(&mut runner, prompt, &opts, |t| {
         out.push(t);
@@ -21,7 +25,11 @@ fn greedy(block_size: usize, batch_tokens: usize, prompt: &[u32], n: usize) -> V
     .expect("generation runs");
     assert_eq!(reason, FinishReason::Length);
     runner.reset();
-    assert_eq!(runner.num_free_blocks(), 256usize.div_ceil(block_size), "every block comes back");
+    assert_eq!(
+        runner.num_free_blocks(),
+        256usize.div_ceil(block_size),
+        "every block comes back"
+    );
     out
 }
 
@@ -52,7 +60,11 @@ fn greedy_matches_llama_cpp() {
     for case in reference["greedy"].as_array().unwrap() {
         let prompt = case["prompt"].as_str().unwrap();
         let prompt_ids = model.tokenizer.encode(prompt, false, true).unwrap();
-        assert_eq!(prompt_ids, support::ids(&case["prompt_ids"]), "prompt ids of {prompt:?}");
+        assert_eq!(
+            prompt_ids,
+            support::ids(&case["prompt_ids"]),
+            "prompt ids of {prompt:?}"
+        );
         let expected = support::ids(&case["ids"]);
         let logits = logits_along(&prompt_ids, &expected);
         let gap_at = |k: usize| {
@@ -64,40 +76,68 @@ fn greedy_matches_llama_cpp() {
             let (gap, _) = gap_at(k);
             if gap > 0.0 {
                 not_top += 1;
-                eprintln!("{prompt:?} step {k}: llama.cpp's {} is {gap:.4} below our top", expected[k]);
+                eprintln!(
+                    "{prompt:?} step {k}: llama.cpp's {} is {gap:.4} below our top",
+                    expected[k]
+                );
             }
             worst = worst.max(gap);
-            assert!(gap < TIE_MARGIN, "{prompt:?} step {k}: llama.cpp's token {} is {gap} below our top", expected[k]);
+            assert!(
+                gap < TIE_MARGIN,
+                "{prompt:?} step {k}: llama.cpp's token {} is {gap} below our top",
+                expected[k]
+            );
         }
         let got = greedy(16, 512, &prompt_ids, expected.len());
         match got.iter().zip(&expected).position(|(a, b)| a != b) {
             None => {
-                assert_eq!(model.tokenizer.decode(&got), case["text"].as_str().unwrap(), "text of {prompt:?}");
+                assert_eq!(
+                    model.tokenizer.decode(&got),
+                    case["text"].as_str().unwrap(),
+                    "text of {prompt:?}"
+                );
                 exact += 1;
             }
             Some(first) => {
                 let (gap, row) = gap_at(first);
-                let better = row.iter().filter(|&&l| l > row[expected[first] as usize]).count();
+                let better = row
+                    .iter()
+                    .filter(|&&l| l > row[expected[first] as usize])
+                    .count();
                 eprintln!(
                     "{prompt:?}: leaves llama.cpp's text at token {first}: ours {} vs llama.cpp {}, gap {gap:.4}",
                     got[first], expected[first]
                 );
-                assert!(better == 1, "{prompt:?}: token {first}: llama.cpp's token is our number {}", better + 1);
+                assert!(
+                    better == 1,
+                    "{prompt:?}: token {first}: llama.cpp's token is our number {}",
+                    better + 1
+                );
             }
         }
     }
     eprintln!("llama.cpp's token is not our top at {not_top} of 240 steps (worst gap {worst:.4}); {exact} of 5 continuations exact");
-    assert!(exact >= 2, "only {exact} of 5 continuations match llama.cpp exactly");
+    assert!(
+        exact >= 2,
+        "only {exact} of 5 continuations match llama.cpp exactly"
+    );
 }
 
 #[test]
 fn paged_kv_is_independent_of_block_size_and_chunking() {
     let model = support::model();
-    let prompt = model.tokenizer.encode("Once upon a time, there was a little", false, true).unwrap();
+    let prompt = model
+        .tokenizer
+        .encode("Once upon a time, there was a little", false, true)
+        .unwrap();
     let baseline = greedy(16, 512, &prompt, 24);
     // Blocks of 3 tokens: the 9-token prompt spans 3 blocks and generation walks 8 more.
     assert_eq!(greedy(3, 512, &prompt, 24), baseline, "block size 3");
     // Prompt fed 2 tokens per step: attention reads earlier chunks from the cache.
     assert_eq!(greedy(3, 2, &prompt, 24), baseline, "chunked prefill");
-    assert_eq!(greedy(1, 1, &prompt, 24), baseline, "one token per block and per step");
+    assert_eq!(
+        greedy(1, 1, &prompt, 24),
+        baseline,
+        "one token per block and per step"
+    );
 }

@@ -327,7 +327,11 @@ fn interleaved_q4_1_matvec_equals_vec_dot_on_every_isa() {
     for (n_in, n_out) in [(32, 8), (576, 1536), (1536, 72), (96, 40)] {
         let w = quantize_rows(t, &test_data(&mut rng, n_out * n_in), n_in);
         let w8 = repack_q4_1x8(&w, n_in, n_out);
-        assert_eq!(w8.len(), w.len(), "the interleaved copy holds the same bytes");
+        assert_eq!(
+            w8.len(),
+            w.len(),
+            "the interleaved copy holds the same bytes"
+        );
         let a = quantize_rows(t.vec_dot_type(), &activation_data(&mut rng, n_in), n_in);
         let w_rb = w.len() / n_out;
         for isa in available_isas() {
@@ -336,7 +340,11 @@ fn interleaved_q4_1_matvec_equals_vec_dot_on_every_isa() {
             matvec_q4_1x8(&w8, n_in, n_out, &a, &mut out);
             for (o, got) in out.iter().enumerate() {
                 let want = vec_dot(t, n_in, &w[o * w_rb..][..w_rb], &a);
-                assert_eq!(got.to_bits(), want.to_bits(), "{isa} [{n_out}][{n_in}] output {o}: {got} vs vec_dot {want}");
+                assert_eq!(
+                    got.to_bits(),
+                    want.to_bits(),
+                    "{isa} [{n_out}][{n_in}] output {o}: {got} vs vec_dot {want}"
+                );
             }
         }
     }
@@ -788,7 +796,11 @@ fn bench_matmul_gmacs() {
 /// (q . k) * scale, weights times values; K and V read from the f16 cache.
 fn naive_attention(c: &AttentionCase, window: Option<usize>, scale: f64) -> Vec<f64> {
     let s = &c.shape;
-    let (hd, kv_dim, group) = (s.head_dim, s.n_kv_heads * s.head_dim, s.n_heads / s.n_kv_heads);
+    let (hd, kv_dim, group) = (
+        s.head_dim,
+        s.n_kv_heads * s.head_dim,
+        s.n_heads / s.n_kv_heads,
+    );
     let f = |bits: u16| half::f16::from_bits(bits).to_f64();
     let mut out = vec![0.0; c.q.len()];
     for (t, (&seq, &len)) in c.token_seq.iter().zip(&c.context_lens).enumerate() {
@@ -797,9 +809,17 @@ fn naive_attention(c: &AttentionCase, window: Option<usize>, scale: f64) -> Vec<
         let table = &c.block_tables[seq as usize * c.max_blocks_per_seq..];
         for h in 0..s.n_heads {
             let q = &c.q[(t * s.n_heads + h) * hd..][..hd];
-            let at = |j: usize| (table[j / s.block_size] as usize * s.block_size + j % s.block_size) * kv_dim + (h / group) * hd;
+            let at = |j: usize| {
+                (table[j / s.block_size] as usize * s.block_size + j % s.block_size) * kv_dim
+                    + (h / group) * hd
+            };
             let scores: Vec<f64> = (first..len)
-                .map(|j| (0..hd).map(|d| q[d] as f64 * f(c.k_cache[at(j) + d])).sum::<f64>() * scale)
+                .map(|j| {
+                    (0..hd)
+                        .map(|d| q[d] as f64 * f(c.k_cache[at(j) + d]))
+                        .sum::<f64>()
+                        * scale
+                })
                 .collect();
             let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let weights: Vec<f64> = scores.iter().map(|x| (x - max).exp()).collect();
@@ -823,12 +843,18 @@ fn paged_attention_matches_the_definition() {
     let _guard = lock_isa();
     let mut rng = Rng(13);
     for isa in available_isas() {
-        for (n_heads, n_kv_heads, head_dim, block_size) in [(9, 3, 64, 16), (8, 1, 256, 16), (3, 3, 6, 1)] {
+        for (n_heads, n_kv_heads, head_dim, block_size) in
+            [(9, 3, 64, 16), (8, 1, 256, 16), (3, 3, 6, 1)]
+        {
             let c = attention_case(&mut rng, n_heads, n_kv_heads, head_dim, block_size);
             for window in [None, Some(5)] {
                 let got = on(isa, || run_attention(&c, window));
                 let want = naive_attention(&c, window, 1.0 / (head_dim as f64).sqrt());
-                let worst = got.iter().zip(&want).map(|(&g, &w)| (g as f64 - w).abs()).fold(0.0, f64::max);
+                let worst = got
+                    .iter()
+                    .zip(&want)
+                    .map(|(&g, &w)| (g as f64 - w).abs())
+                    .fold(0.0, f64::max);
                 // Outputs are averages of N(0, 1) values: about 1 in size.
                 assert!(worst < 1e-5, "{isa} attention {n_heads}/{n_kv_heads} heads of {head_dim}, window {window:?}: worst error {worst:e}");
             }

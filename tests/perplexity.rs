@@ -11,17 +11,35 @@ fn perplexity_within_one_percent_of_llama_cpp() {
     let model = support::model();
     let reference = support::reference();
     let r = &reference["perplexity_gpl3_c512"];
-    let running: Vec<f64> = r["per_chunk_running"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
-    let text = std::fs::read_to_string(r["file"].as_str().unwrap()).expect("GPL-3 text (Debian base-files)");
+    let running: Vec<f64> = r["per_chunk_running"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    let text = std::fs::read_to_string(r["file"].as_str().unwrap())
+        .expect("GPL-3 text (Debian base-files)");
     let mut seen = Vec::new();
-    let stats = edge_llm::perplexity::perplexity(model, &text, 512, None, |s| seen.push(s.ppl())).unwrap();
+    let stats =
+        edge_llm::perplexity::perplexity(model, &text, 512, None, |s| seen.push(s.ppl())).unwrap();
     assert_eq!(stats.num_chunks, r["chunks"].as_u64().unwrap() as usize);
     for (i, (&got, &want)) in seen.iter().zip(&running).enumerate() {
         let rel = (got - want).abs() / want;
-        assert!(rel < 0.02, "chunk {}: PPL {got:.4} vs llama.cpp {want:.4} ({:.2}% off)", i + 1, rel * 100.0);
+        assert!(
+            rel < 0.02,
+            "chunk {}: PPL {got:.4} vs llama.cpp {want:.4} ({:.2}% off)",
+            i + 1,
+            rel * 100.0
+        );
     }
     let want = r["ppl"].as_f64().unwrap();
-    eprintln!("PPL = {:.4} +/- {:.5} (llama.cpp {want})", stats.ppl(), stats.ppl_error());
+    eprintln!(
+        "PPL = {:.4} +/- {:.5} (llama.cpp {want})",
+        stats.ppl(),
+        stats.ppl_error()
+    );
     assert!((stats.ppl() - want).abs() / want < 0.01);
-    assert!((stats.ppl_error() - r["pm"].as_f64().unwrap()).abs() / r["pm"].as_f64().unwrap() < 0.05);
+    assert!(
+        (stats.ppl_error() - r["pm"].as_f64().unwrap()).abs() / r["pm"].as_f64().unwrap() < 0.05
+    );
 }

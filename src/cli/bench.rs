@@ -52,7 +52,9 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// Random token ids from the ordinary part of the vocabulary, as llama-bench uses.
 fn random_tokens(rng: &mut Rng, n: usize, vocab: usize) -> Vec<u32> {
-    (0..n).map(|_| 100 + (rng.next_u64() % (vocab as u64 - 100)) as u32).collect()
+    (0..n)
+        .map(|_| 100 + (rng.next_u64() % (vocab as u64 - 100)) as u32)
+        .collect()
 }
 
 /// Drains a stream; returns (time of the first token, time of the last, tokens generated).
@@ -103,8 +105,18 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         let (pp, tg) = single(&engine, &mut rng, vocab, args)?;
         writeln!(out, "| model | threads | test | tokens/s |")?;
         writeln!(out, "|---|---|---|---|")?;
-        let name = engine.model.file.path().file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        writeln!(out, "| {name} | {threads} | pp{} | {pp:.1} |", args.n_prompt)?;
+        let name = engine
+            .model
+            .file
+            .path()
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        writeln!(
+            out,
+            "| {name} | {threads} | pp{} | {pp:.1} |",
+            args.n_prompt
+        )?;
         // tg needs at least two generated tokens (the first one ends the prefill).
         if let Some(tg) = tg {
             writeln!(out, "| {name} | {threads} | tg{} | {tg:.1} |", args.n_gen)?;
@@ -139,13 +151,21 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
 
 /// Medians of prompt tokens/s (prefill: submission to first token) and generated tokens/s
 /// (first to last token), each repetition with a fresh random prompt so nothing is cached.
-fn single(engine: &EngineHandle, rng: &mut Rng, vocab: usize, args: &BenchArgs) -> Result<(f64, Option<f64>)> {
+fn single(
+    engine: &EngineHandle,
+    rng: &mut Rng,
+    vocab: usize,
+    args: &BenchArgs,
+) -> Result<(f64, Option<f64>)> {
     let (mut pp, mut tg) = (Vec::new(), Vec::new());
     // One warm-up run, not counted.
     drain(&mut engine.submit(request(random_tokens(rng, 16, vocab), 4))?)?;
     for _ in 0..args.repetitions {
         let started = Instant::now();
-        let mut s = engine.submit(request(random_tokens(rng, args.n_prompt, vocab), args.n_gen))?;
+        let mut s = engine.submit(request(
+            random_tokens(rng, args.n_prompt, vocab),
+            args.n_gen,
+        ))?;
         let (first, last, n) = drain(&mut s)?;
         pp.push(args.n_prompt as f64 / (first - started).as_secs_f64());
         if n > 1 {
@@ -157,7 +177,12 @@ fn single(engine: &EngineHandle, rng: &mut Rng, vocab: usize, args: &BenchArgs) 
 
 /// Medians over repetitions of (aggregate generated tokens/s, median TTFT in ms, hit rate).
 /// Each repetition uses a fresh shared prefix, so its first session computes it.
-fn sessions(engine: &EngineHandle, rng: &mut Rng, vocab: usize, args: &BenchArgs) -> Result<(f64, f64, f64)> {
+fn sessions(
+    engine: &EngineHandle,
+    rng: &mut Rng,
+    vocab: usize,
+    args: &BenchArgs,
+) -> Result<(f64, f64, f64)> {
     let (mut agg, mut ttft, mut hit) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..args.repetitions {
         let before = engine.metrics().unwrap_or_default().prefix_cache;

@@ -26,7 +26,8 @@ pub fn info(args: &ModelArgs) -> Result<()> {
 pub fn tokenize(args: &ModelArgs, no_bos: bool, no_special: bool, text: &str) -> Result<()> {
     let path = args.path()?;
     let file = GgufFile::open(&path).with_context(|| format!("reading {}", path.display()))?;
-    let tokenizer = Tokenizer::from_gguf(&file).with_context(|| format!("building the tokenizer of {}", path.display()))?;
+    let tokenizer = Tokenizer::from_gguf(&file)
+        .with_context(|| format!("building the tokenizer of {}", path.display()))?;
     let ids = tokenizer.encode(text, tokenizer.add_bos_default() && !no_bos, !no_special)?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "{}", serde_json::to_string(&ids)?)?;
@@ -77,7 +78,10 @@ impl SamplingArgs {
 
 /// A seed from the clock, for runs that did not ask for one.
 pub fn clock_seed() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
 }
 
 /// Flags of `run`.
@@ -124,7 +128,9 @@ pub fn run(args: &RunArgs) -> Result<()> {
         Some(p) => p.clone(),
         None => {
             let mut s = String::new();
-            std::io::stdin().read_to_string(&mut s).context("reading the prompt from stdin")?;
+            std::io::stdin()
+                .read_to_string(&mut s)
+                .context("reading the prompt from stdin")?;
             s
         }
     };
@@ -150,7 +156,9 @@ pub fn run(args: &RunArgs) -> Result<()> {
                 n_generated += 1;
                 out.write_all(text.as_bytes()).and_then(|_| out.flush())?;
             }
-            Event::Finished { text, reason: r, .. } => {
+            Event::Finished {
+                text, reason: r, ..
+            } => {
                 out.write_all(text.as_bytes())?;
                 reason = r;
             }
@@ -198,13 +206,15 @@ pub fn perplexity(args: &PerplexityArgs) -> Result<()> {
     args.threads.init()?;
     // Before the file is read and tokenized, so a bad --device fails at once.
     let device = args.device.resolve()?;
-    let text = std::fs::read(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
+    let text =
+        std::fs::read(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
     let text = String::from_utf8_lossy(&text);
     let model = args.model.load()?;
     let started = std::time::Instant::now();
-    let stats = crate::perplexity::perplexity_on(&model, device, &text, args.ctx_size, args.chunks, |s| {
-        eprint!("[{}]{:.4},", s.num_chunks, s.ppl());
-    })?;
+    let stats =
+        crate::perplexity::perplexity_on(&model, device, &text, args.ctx_size, args.chunks, |s| {
+            eprint!("[{}]{:.4},", s.num_chunks, s.ppl());
+        })?;
     eprintln!();
     eprintln!(
         "{} chunks of {} tokens in {:.1} s ({:.1} tokens/s)",
@@ -214,6 +224,11 @@ pub fn perplexity(args: &PerplexityArgs) -> Result<()> {
         (stats.num_chunks * args.ctx_size) as f64 / started.elapsed().as_secs_f64()
     );
     let mut out = std::io::stdout().lock();
-    writeln!(out, "Final estimate: PPL = {:.4} +/- {:.5}", stats.ppl(), stats.ppl_error())?;
+    writeln!(
+        out,
+        "Final estimate: PPL = {:.4} +/- {:.5}",
+        stats.ppl(),
+        stats.ppl_error()
+    )?;
     Ok(())
 }

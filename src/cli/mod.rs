@@ -20,7 +20,11 @@ use crate::model::Model;
 pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
 #[derive(Parser, Debug)]
-#[command(name = "edge-llm", version, about = "Run GGUF language models on edge machines")]
+#[command(
+    name = "edge-llm",
+    version,
+    about = "Run GGUF language models on edge machines"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -102,7 +106,8 @@ impl EngineArgs {
             Some(c) => c,
             None => model.config.n_ctx_train.min(4096),
         };
-        let mut config = EngineConfig::sized(model, self.block_size, self.kv_mem, ctx, self.parallel)?;
+        let mut config =
+            EngineConfig::sized(model, self.block_size, self.kv_mem, ctx, self.parallel)?;
         if self.max_batched_tokens == 0 {
             anyhow::bail!("--max-batched-tokens must be at least 1");
         }
@@ -151,7 +156,9 @@ impl ModelArgs {
         }
         let candidates = [
             PathBuf::from("models").join(DEFAULT_MODEL_FILE),
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models").join(DEFAULT_MODEL_FILE),
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("models")
+                .join(DEFAULT_MODEL_FILE),
         ];
         candidates
             .iter()
@@ -207,14 +214,21 @@ impl ThreadArgs {
             Some(n) => n,
             None => physical_cores(),
         };
-        rayon::ThreadPoolBuilder::new().num_threads(n).build_global().context("starting the compute threads")
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()
+            .context("starting the compute threads")
     }
 }
 
 /// Physical cores (distinct core ids in /proc/cpuinfo), else the available parallelism.
 pub fn physical_cores() -> usize {
-    let logical = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else { return logical };
+    let logical = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else {
+        return logical;
+    };
     let mut cores = std::collections::HashSet::new();
     let mut physical = "";
     for line in info.lines() {
@@ -227,14 +241,23 @@ pub fn physical_cores() -> usize {
             _ => {}
         }
     }
-    if cores.is_empty() { logical } else { cores.len().min(logical) }
+    if cores.is_empty() {
+        logical
+    } else {
+        cores.len().min(logical)
+    }
 }
 
 /// Runs the parsed command line.
 pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Info { model } => commands::info(&model),
-        Command::Tokenize { model, no_bos, no_special, text } => commands::tokenize(&model, no_bos, no_special, &text),
+        Command::Tokenize {
+            model,
+            no_bos,
+            no_special,
+            text,
+        } => commands::tokenize(&model, no_bos, no_special, &text),
         Command::Run(args) => commands::run(&args),
         Command::Perplexity(args) => commands::perplexity(&args),
         Command::Bench(args) => bench::bench(&args),

@@ -7,7 +7,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use cudarc::driver::{result as drv, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits};
+use cudarc::driver::{
+    result as drv, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
+    LaunchConfig, PushKernelArg, ValidAsZeroBits,
+};
 use cudarc::nvrtc::Ptx;
 
 use super::nvrtc;
@@ -15,8 +18,14 @@ use super::nvrtc;
 /// PTX compiled by build.rs with `nvcc` for compute_80 when the build machine had it.
 #[cfg(edge_llm_prebuilt_ptx)]
 const PREBUILT_PTX: &[(&str, &str)] = &[
-    ("el_quants.cu", include_str!(concat!(env!("OUT_DIR"), "/el_quants.ptx"))),
-    ("el_ops.cu", include_str!(concat!(env!("OUT_DIR"), "/el_ops.ptx"))),
+    (
+        "el_quants.cu",
+        include_str!(concat!(env!("OUT_DIR"), "/el_quants.ptx")),
+    ),
+    (
+        "el_ops.cu",
+        include_str!(concat!(env!("OUT_DIR"), "/el_ops.ptx")),
+    ),
 ];
 #[cfg(not(edge_llm_prebuilt_ptx))]
 const PREBUILT_PTX: &[(&str, &str)] = &[];
@@ -31,7 +40,11 @@ fn no_panic<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     match r {
         Ok(r) => r,
         Err(p) => {
-            let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default();
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
             bail!("{what}: {msg}")
         }
     }
@@ -46,11 +59,13 @@ pub fn probe() -> Result<String> {
     }
     let name = no_panic("no CUDA GPU found (the CUDA driver is unusable)", || {
         drv::init().map_err(|e| anyhow::anyhow!("no CUDA GPU found (cuInit: {e:?})"))?;
-        let n = drv::device::get_count().map_err(|e| anyhow::anyhow!("no CUDA GPU found (cuDeviceGetCount: {e:?})"))?;
+        let n = drv::device::get_count()
+            .map_err(|e| anyhow::anyhow!("no CUDA GPU found (cuDeviceGetCount: {e:?})"))?;
         if n < 1 {
             bail!("no CUDA GPU found (the driver reports no device)");
         }
-        let dev = drv::device::get(0).map_err(|e| anyhow::anyhow!("no CUDA GPU found (cuDeviceGet: {e:?})"))?;
+        let dev = drv::device::get(0)
+            .map_err(|e| anyhow::anyhow!("no CUDA GPU found (cuDeviceGet: {e:?})"))?;
         drv::device::get_name(dev).map_err(|e| anyhow::anyhow!("cuDeviceGetName: {e:?}"))
     })?;
     if PREBUILT_PTX.is_empty() && !nvrtc::available() {
@@ -82,15 +97,24 @@ impl DevPtr {
     /// The part of the buffer from `offset` bytes on.
     pub fn offset(self, offset: usize) -> Result<DevPtr> {
         if offset > self.bytes {
-            bail!("device buffer offset {offset} past its {} bytes", self.bytes);
+            bail!(
+                "device buffer offset {offset} past its {} bytes",
+                self.bytes
+            );
         }
-        Ok(DevPtr { addr: self.addr + offset as u64, bytes: self.bytes - offset })
+        Ok(DevPtr {
+            addr: self.addr + offset as u64,
+            bytes: self.bytes - offset,
+        })
     }
 
     /// Fails unless at least `bytes` bytes are there.
     pub fn need(self, bytes: usize, what: &str) -> Result<u64> {
         if bytes > self.bytes {
-            bail!("{what}: needs {bytes} bytes of a {}-byte device buffer", self.bytes);
+            bail!(
+                "{what}: needs {bytes} bytes of a {}-byte device buffer",
+                self.bytes
+            );
         }
         Ok(self.addr)
     }
@@ -116,19 +140,29 @@ impl Gpu {
     }
 
     fn open(name: String) -> Result<Gpu> {
-        let ctx = CudaContext::new(0).map_err(|e| anyhow::anyhow!("creating a CUDA context on {name}: {e:?}"))?;
+        let ctx = CudaContext::new(0)
+            .map_err(|e| anyhow::anyhow!("creating a CUDA context on {name}: {e:?}"))?;
         // One stream does all the work, so cudarc's per-buffer event tracking only costs.
         // SAFETY: no buffer exists yet, and everything runs on the one stream.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.default_stream();
-        let cc = ctx.compute_capability().map_err(|e| anyhow::anyhow!("compute capability: {e:?}"))?;
+        let cc = ctx
+            .compute_capability()
+            .map_err(|e| anyhow::anyhow!("compute capability: {e:?}"))?;
         if cc < (6, 1) {
-            bail!("{name} has compute capability {}.{}; the kernels need 6.1 or newer (__dp4a)", cc.0, cc.1);
+            bail!(
+                "{name} has compute capability {}.{}; the kernels need 6.1 or newer (__dp4a)",
+                cc.0,
+                cc.1
+            );
         }
         let mut functions = HashMap::new();
         let mut kernels_from = String::new();
         for program in nvrtc::PROGRAMS {
-            let prebuilt = PREBUILT_PTX.iter().find(|(p, _)| p == program).map(|(_, ptx)| *ptx);
+            let prebuilt = PREBUILT_PTX
+                .iter()
+                .find(|(p, _)| p == program)
+                .map(|(_, ptx)| *ptx);
             let module = match prebuilt.map(|ptx| ctx.load_module(Ptx::from_src(ptx))) {
                 Some(Ok(m)) => {
                     kernels_from = "PTX from nvcc (compute_80)".into();
@@ -140,26 +174,47 @@ impl Gpu {
                     }
                     let (ptx, arch) = compile_for(program, cc)?;
                     kernels_from = format!("NVRTC {arch}");
-                    ctx.load_module(Ptx::from_src(ptx)).map_err(|e| anyhow::anyhow!("loading {program} ({arch}): {e:?}"))?
+                    ctx.load_module(Ptx::from_src(ptx))
+                        .map_err(|e| anyhow::anyhow!("loading {program} ({arch}): {e:?}"))?
                 }
             };
             for entry in nvrtc::entry_points(program) {
-                let f = module.load_function(&entry).map_err(|e| anyhow::anyhow!("kernel {entry}: {e:?}"))?;
+                let f = module
+                    .load_function(&entry)
+                    .map_err(|e| anyhow::anyhow!("kernel {entry}: {e:?}"))?;
                 functions.insert(entry, f);
             }
         }
-        Ok(Gpu { ctx, stream, name, compute_capability: cc, functions, kernels_from })
+        Ok(Gpu {
+            ctx,
+            stream,
+            name,
+            compute_capability: cc,
+            functions,
+            kernels_from,
+        })
     }
 
     /// Makes this GPU's context current on the calling thread (the engine thread is not the
     /// one that created it).
     pub fn bind(&self) -> Result<()> {
-        self.ctx.bind_to_thread().map_err(|e| anyhow::anyhow!("binding the CUDA context: {e:?}"))
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| anyhow::anyhow!("binding the CUDA context: {e:?}"))
     }
 
     /// Launches kernel `name` on the stream: `grid` blocks of `block` threads.
-    pub fn launch(&self, name: &str, grid: (u32, u32, u32), block: u32, args: &[Arg]) -> Result<()> {
-        let f = self.functions.get(name).with_context(|| format!("kernel {name} is not loaded"))?;
+    pub fn launch(
+        &self,
+        name: &str,
+        grid: (u32, u32, u32),
+        block: u32,
+        args: &[Arg],
+    ) -> Result<()> {
+        let f = self
+            .functions
+            .get(name)
+            .with_context(|| format!("kernel {name} is not loaded"))?;
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Ok(());
         }
@@ -175,7 +230,11 @@ impl Gpu {
                 Arg::F32(v) => b.arg(v),
             };
         }
-        let cfg = LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: grid,
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: 0,
+        };
         // SAFETY: the wrappers in kernels.rs check every buffer against the shapes the kernel
         // reads and writes before they launch it; argument types follow the kernel signatures.
         unsafe { b.launch(cfg) }.map_err(|e| anyhow::anyhow!("launching {name}: {e:?}"))?;
@@ -184,7 +243,12 @@ impl Gpu {
 
     /// A zeroed device buffer of `len` elements.
     pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<CudaSlice<T>> {
-        self.stream.alloc_zeros(len.max(1)).map_err(|e| anyhow::anyhow!("allocating {} bytes on the GPU: {e:?}", len * std::mem::size_of::<T>()))
+        self.stream.alloc_zeros(len.max(1)).map_err(|e| {
+            anyhow::anyhow!(
+                "allocating {} bytes on the GPU: {e:?}",
+                len * std::mem::size_of::<T>()
+            )
+        })
     }
 
     /// A device copy of `host`.
@@ -192,31 +256,52 @@ impl Gpu {
         if host.is_empty() {
             return Err(anyhow::anyhow!("uploading an empty buffer"));
         }
-        self.stream.clone_htod(host).map_err(|e| anyhow::anyhow!("copying {} bytes to the GPU: {e:?}", std::mem::size_of_val(host)))
+        self.stream.clone_htod(host).map_err(|e| {
+            anyhow::anyhow!(
+                "copying {} bytes to the GPU: {e:?}",
+                std::mem::size_of_val(host)
+            )
+        })
     }
 
     /// The first `len` elements of `buf`, after everything queued before has run.
-    pub fn download<T: DeviceRepr + Default + Clone>(&self, buf: &CudaSlice<T>, len: usize) -> Result<Vec<T>> {
+    pub fn download<T: DeviceRepr + Default + Clone>(
+        &self,
+        buf: &CudaSlice<T>,
+        len: usize,
+    ) -> Result<Vec<T>> {
         if len > buf.len() {
-            bail!("downloading {len} elements of a {}-element buffer", buf.len());
+            bail!(
+                "downloading {len} elements of a {}-element buffer",
+                buf.len()
+            );
         }
         let mut host = vec![T::default(); len];
         if len > 0 {
-            self.stream.memcpy_dtoh(&buf.slice(0..len), &mut host[..]).map_err(|e| anyhow::anyhow!("copying from the GPU: {e:?}"))?;
+            self.stream
+                .memcpy_dtoh(&buf.slice(0..len), &mut host[..])
+                .map_err(|e| anyhow::anyhow!("copying from the GPU: {e:?}"))?;
         }
-        self.stream.synchronize().map_err(|e| anyhow::anyhow!("waiting for the GPU: {e:?}"))?;
+        self.stream
+            .synchronize()
+            .map_err(|e| anyhow::anyhow!("waiting for the GPU: {e:?}"))?;
         Ok(host)
     }
 
     /// The address and size of `buf`.
     pub fn ptr<T>(&self, buf: &CudaSlice<T>) -> DevPtr {
         let (addr, _sync) = buf.device_ptr(&self.stream);
-        DevPtr { addr, bytes: buf.len() * std::mem::size_of::<T>() }
+        DevPtr {
+            addr,
+            bytes: buf.len() * std::mem::size_of::<T>(),
+        }
     }
 
     /// Free and total device memory in bytes.
     pub fn mem_info(&self) -> Result<(usize, usize)> {
-        self.ctx.mem_get_info().map_err(|e| anyhow::anyhow!("cuMemGetInfo: {e:?}"))
+        self.ctx
+            .mem_get_info()
+            .map_err(|e| anyhow::anyhow!("cuMemGetInfo: {e:?}"))
     }
 }
 
@@ -227,7 +312,8 @@ fn compile_for(program: &str, cc: (i32, i32)) -> Result<(String, String)> {
     match nvrtc::compile(program, &own, &[]) {
         Ok(c) => Ok((c.ptx, own)),
         Err(e) if cc >= (8, 0) => {
-            let c = nvrtc::compile(program, "compute_80", &[]).with_context(|| format!("after {own} failed: {e:#}"))?;
+            let c = nvrtc::compile(program, "compute_80", &[])
+                .with_context(|| format!("after {own} failed: {e:#}"))?;
             Ok((c.ptx, "compute_80".into()))
         }
         Err(e) => Err(e),

@@ -83,12 +83,22 @@ pub struct CudaModel {
 }
 
 fn upload_matrix(gpu: &Gpu, g: &GgufFile, m: &Matrix) -> Result<DevMatrix> {
-    let data = gpu.upload(m.bytes(g)).with_context(|| format!("uploading tensor '{}'", m.info.name))?;
-    Ok(DevMatrix { ttype: m.ttype, n_in: m.n_in, n_out: m.n_out, data })
+    let data = gpu
+        .upload(m.bytes(g))
+        .with_context(|| format!("uploading tensor '{}'", m.info.name))?;
+    Ok(DevMatrix {
+        ttype: m.ttype,
+        n_in: m.n_in,
+        n_out: m.n_out,
+        data,
+    })
 }
 
 fn upload_linear(gpu: &Gpu, g: &GgufFile, l: &Linear) -> Result<DevLinear> {
-    Ok(DevLinear { weight: upload_matrix(gpu, g, &l.weight)?, bias: l.bias.as_ref().map(|b| gpu.upload(b)).transpose()? })
+    Ok(DevLinear {
+        weight: upload_matrix(gpu, g, &l.weight)?,
+        bias: l.bias.as_ref().map(|b| gpu.upload(b)).transpose()?,
+    })
 }
 
 fn upload_opt(gpu: &Gpu, v: &Option<Vec<f32>>) -> Result<Option<CudaSlice<f32>>> {
@@ -142,12 +152,31 @@ impl CudaModel {
             .collect::<Result<Vec<_>>>()?;
         let tied = w.output.weight.info.name == w.token_embd.info.name;
         // Tied (the CPU path's `Linear { weight: token_embd, bias: None }`): no second copy.
-        let output = if tied { None } else { Some(upload_linear(&gpu, g, &w.output)?) };
+        let output = if tied {
+            None
+        } else {
+            Some(upload_linear(&gpu, g, &w.output)?)
+        };
         let output_norm = gpu.upload(&w.output_norm)?;
         let cache_len = num_blocks * block_size * c.kv_dim();
-        let k_cache = (0..c.num_layers).map(|_| gpu.zeros::<u16>(cache_len)).collect::<Result<Vec<_>>>()?;
-        let v_cache = (0..c.num_layers).map(|_| gpu.zeros::<u16>(cache_len)).collect::<Result<Vec<_>>>()?;
-        Ok(CudaModel { gpu, token_embd, layers, output_norm, output, k_cache, v_cache, block_size, num_blocks, scratch: None })
+        let k_cache = (0..c.num_layers)
+            .map(|_| gpu.zeros::<u16>(cache_len))
+            .collect::<Result<Vec<_>>>()?;
+        let v_cache = (0..c.num_layers)
+            .map(|_| gpu.zeros::<u16>(cache_len))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(CudaModel {
+            gpu,
+            token_embd,
+            layers,
+            output_norm,
+            output,
+            k_cache,
+            v_cache,
+            block_size,
+            num_blocks,
+            scratch: None,
+        })
     }
 
     pub fn gpu(&self) -> &Gpu {
@@ -163,7 +192,14 @@ impl CudaModel {
         self.gpu.bind()?;
         let kv_dim = self.k_cache[0].len() / (self.num_blocks * self.block_size);
         for cache in self.k_cache.iter().chain(self.v_cache.iter()) {
-            k::copy_block(&self.gpu, self.gpu.ptr(cache), self.num_blocks, self.block_size * kv_dim, src as usize, dst as usize)?;
+            k::copy_block(
+                &self.gpu,
+                self.gpu.ptr(cache),
+                self.num_blocks,
+                self.block_size * kv_dim,
+                src as usize,
+                dst as usize,
+            )?;
         }
         Ok(())
     }
@@ -200,11 +236,15 @@ impl CudaModel {
     fn check_batch(&self, model: &Model, batch: &Batch) -> Result<usize> {
         let c = &model.config;
         if let Some(&bad) = batch.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-            bail!("token id {bad} is outside the vocabulary of {} tokens", c.vocab_size);
+            bail!(
+                "token id {bad} is outside the vocabulary of {} tokens",
+                c.vocab_size
+            );
         }
         let n = batch.n_tokens();
         let num_slots = (self.num_blocks * self.block_size) as i64;
-        if batch.positions.len() != n || batch.slot_mapping.len() != n || batch.token_seq.len() != n {
+        if batch.positions.len() != n || batch.slot_mapping.len() != n || batch.token_seq.len() != n
+        {
             bail!("batch vectors of different lengths");
         }
         if let Some(&s) = batch.slot_mapping.iter().find(|&&s| s >= num_slots) {
@@ -213,7 +253,10 @@ impl CudaModel {
         let mb = batch.max_blocks_per_seq;
         let n_seqs = batch.block_tables.len() / mb.max(1);
         if batch.block_tables.len() != n_seqs * mb {
-            bail!("block tables of {} entries for {mb} per sequence", batch.block_tables.len());
+            bail!(
+                "block tables of {} entries for {mb} per sequence",
+                batch.block_tables.len()
+            );
         }
         for t in 0..n {
             let (seq, len) = (batch.token_seq[t], batch.positions[t] as i64 + 1);
@@ -221,7 +264,10 @@ impl CudaModel {
                 bail!("token {t}: sequence row {seq} or context length {len} out of range");
             }
             let table = &batch.block_tables[seq as usize * mb..][..mb];
-            if !table[..(len as usize).div_ceil(self.block_size)].iter().all(|&b| b >= 0 && (b as usize) < self.num_blocks) {
+            if !table[..(len as usize).div_ceil(self.block_size)]
+                .iter()
+                .all(|&b| b >= 0 && (b as usize) < self.num_blocks)
+            {
                 bail!("token {t}: block id out of range");
             }
         }
@@ -242,7 +288,8 @@ impl CudaModel {
         self.gpu.bind()?;
         self.ensure_scratch(model, n)?;
         let c = &model.config;
-        let (n_embd, q_dim, kv_dim, n_ff, eps) = (c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff, c.rms_eps);
+        let (n_embd, q_dim, kv_dim, n_ff, eps) =
+            (c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff, c.rms_eps);
         let gpu = &self.gpu;
         let s = self.scratch.as_mut().expect("ensured above");
 
@@ -250,7 +297,11 @@ impl CudaModel {
         let tokens: Vec<i32> = batch.tokens.iter().map(|&t| t as i32).collect();
         let context_lens = batch.context_lens();
         let rows: Vec<i32> = batch.logits_rows.iter().map(|&r| r as i32).collect();
-        let tables = if batch.block_tables.is_empty() { vec![0] } else { batch.block_tables.clone() };
+        let tables = if batch.block_tables.is_empty() {
+            vec![0]
+        } else {
+            batch.block_tables.clone()
+        };
         let d_tokens = gpu.upload(&tokens)?;
         let d_pos = gpu.upload(&batch.positions)?;
         let d_slots = gpu.upload(&batch.slot_mapping)?;
@@ -264,14 +315,44 @@ impl CudaModel {
             token_seq: gpu.ptr(&d_seq),
             context_lens: gpu.ptr(&d_lens),
         };
-        let shape = AttentionShape { n_heads: c.n_heads, n_kv_heads: c.n_kv_heads, head_dim: c.head_dim, block_size: self.block_size, num_blocks: self.num_blocks };
-        let (x, h, q, kk, v, attn, proj, gate, up) =
-            (gpu.ptr(&s.x), gpu.ptr(&s.h), gpu.ptr(&s.q), gpu.ptr(&s.k), gpu.ptr(&s.v), gpu.ptr(&s.attn), gpu.ptr(&s.proj), gpu.ptr(&s.gate), gpu.ptr(&s.up));
-        let mut acts = Acts { bufs: &mut s.acts, cap: s.cap, widths: [n_embd, q_dim, n_ff], valid: Vec::new() };
+        let shape = AttentionShape {
+            n_heads: c.n_heads,
+            n_kv_heads: c.n_kv_heads,
+            head_dim: c.head_dim,
+            block_size: self.block_size,
+            num_blocks: self.num_blocks,
+        };
+        let (x, h, q, kk, v, attn, proj, gate, up) = (
+            gpu.ptr(&s.x),
+            gpu.ptr(&s.h),
+            gpu.ptr(&s.q),
+            gpu.ptr(&s.k),
+            gpu.ptr(&s.v),
+            gpu.ptr(&s.attn),
+            gpu.ptr(&s.proj),
+            gpu.ptr(&s.gate),
+            gpu.ptr(&s.up),
+        );
+        let mut acts = Acts {
+            bufs: &mut s.acts,
+            cap: s.cap,
+            widths: [n_embd, q_dim, n_ff],
+            valid: Vec::new(),
+        };
 
         // x: [n][n_embd], the residual stream, from the (scaled) token embeddings.
         let te = &self.token_embd;
-        k::get_rows(gpu, te.ttype, gpu.ptr(&te.data), te.n_out, te.n_in, gpu.ptr(&d_tokens), n, x, c.embd_scale)?;
+        k::get_rows(
+            gpu,
+            te.ttype,
+            gpu.ptr(&te.data),
+            te.n_out,
+            te.n_in,
+            gpu.ptr(&d_tokens),
+            n,
+            x,
+            c.embd_scale,
+        )?;
 
         for (l, (lw, lo)) in self.layers.iter().zip(&c.layers).enumerate() {
             // Attention block.
@@ -289,8 +370,29 @@ impl CudaModel {
             k::rope(gpu, q, gpu.ptr(&d_pos), n, c.n_heads, &lo.rope)?;
             k::rope(gpu, kk, gpu.ptr(&d_pos), n, c.n_kv_heads, &lo.rope)?;
             let (kc, vc) = (gpu.ptr(&self.k_cache[l]), gpu.ptr(&self.v_cache[l]));
-            k::kv_write(gpu, kk, v, kc, vc, gpu.ptr(&d_slots), n, kv_dim, self.num_blocks * self.block_size)?;
-            k::paged_attention(gpu, attn, q, kc, vc, &shape, &attn_batch, n, c.attn_scale, lo.window)?;
+            k::kv_write(
+                gpu,
+                kk,
+                v,
+                kc,
+                vc,
+                gpu.ptr(&d_slots),
+                n,
+                kv_dim,
+                self.num_blocks * self.block_size,
+            )?;
+            k::paged_attention(
+                gpu,
+                attn,
+                q,
+                kc,
+                vc,
+                &shape,
+                &attn_batch,
+                n,
+                c.attn_scale,
+                lo.window,
+            )?;
             acts.invalidate();
             linear(gpu, &mut acts, attn, n, &lw.wo, proj)?;
             if let Some(wn) = &lw.attn_post_norm {
@@ -315,13 +417,23 @@ impl CudaModel {
         // Final norm and logits, only for the rows that want them.
         let n_out = rows.len();
         if n_out == 0 {
-            gpu.stream.synchronize().map_err(|e| anyhow::anyhow!("waiting for the GPU: {e:?}"))?;
+            gpu.stream
+                .synchronize()
+                .map_err(|e| anyhow::anyhow!("waiting for the GPU: {e:?}"))?;
             return Ok(Vec::new());
         }
         let d_rows = gpu.upload(&rows)?;
         let last = gpu.ptr(&s.last);
         k::gather_rows(gpu, x, n, gpu.ptr(&d_rows), n_out, last, n_embd)?;
-        k::rms_norm(gpu, last, gpu.ptr(&self.output_norm), last, n_out, n_embd, eps)?;
+        k::rms_norm(
+            gpu,
+            last,
+            gpu.ptr(&self.output_norm),
+            last,
+            n_out,
+            n_embd,
+            eps,
+        )?;
         let logits = gpu.ptr(&s.logits);
         acts.invalidate();
         match &self.output {
@@ -352,14 +464,27 @@ impl Acts<'_> {
 
     /// `x` ([n_rows][n_in] f32) in type `vdt`, quantizing it unless that was done since the
     /// last `invalidate`. F32 weights read `x` itself.
-    fn get(&mut self, gpu: &Gpu, vdt: TensorType, x: DevPtr, n_rows: usize, n_in: usize) -> Result<DevPtr> {
+    fn get(
+        &mut self,
+        gpu: &Gpu,
+        vdt: TensorType,
+        x: DevPtr,
+        n_rows: usize,
+        n_in: usize,
+    ) -> Result<DevPtr> {
         if vdt == TensorType::F32 {
             return Ok(x);
         }
         let i = match self.bufs.iter().position(|(t, _)| *t == vdt) {
             Some(i) => i,
             None => {
-                let width = self.widths.iter().filter_map(|&w| vdt.row_bytes(w)).max().unwrap_or(0).max(vdt.row_bytes(n_in).unwrap_or(0));
+                let width = self
+                    .widths
+                    .iter()
+                    .filter_map(|&w| vdt.row_bytes(w))
+                    .max()
+                    .unwrap_or(0)
+                    .max(vdt.row_bytes(n_in).unwrap_or(0));
                 self.bufs.push((vdt, gpu.zeros::<u8>(self.cap * width)?));
                 self.bufs.len() - 1
             }
@@ -374,13 +499,37 @@ impl Acts<'_> {
 }
 
 /// `out = x @ m^T`: [n_rows][m.n_out].
-fn matmul(gpu: &Gpu, acts: &mut Acts, x: DevPtr, n_rows: usize, m: &DevMatrix, out: DevPtr) -> Result<()> {
+fn matmul(
+    gpu: &Gpu,
+    acts: &mut Acts,
+    x: DevPtr,
+    n_rows: usize,
+    m: &DevMatrix,
+    out: DevPtr,
+) -> Result<()> {
     let a = acts.get(gpu, m.ttype.vec_dot_type(), x, n_rows, m.n_in)?;
-    k::matmul(gpu, m.ttype, gpu.ptr(&m.data), a, m.n_in, m.n_out, n_rows, out, MatmulKernel::Auto)
+    k::matmul(
+        gpu,
+        m.ttype,
+        gpu.ptr(&m.data),
+        a,
+        m.n_in,
+        m.n_out,
+        n_rows,
+        out,
+        MatmulKernel::Auto,
+    )
 }
 
 /// `out = x @ l.weight^T + l.bias`: [n_rows][n_out].
-fn linear(gpu: &Gpu, acts: &mut Acts, x: DevPtr, n_rows: usize, l: &DevLinear, out: DevPtr) -> Result<()> {
+fn linear(
+    gpu: &Gpu,
+    acts: &mut Acts,
+    x: DevPtr,
+    n_rows: usize,
+    l: &DevLinear,
+    out: DevPtr,
+) -> Result<()> {
     matmul(gpu, acts, x, n_rows, &l.weight, out)?;
     if let Some(b) = &l.bias {
         k::add_bias(gpu, out, gpu.ptr(b), n_rows, l.weight.n_out)?;

@@ -45,7 +45,17 @@ fn row_bytes(t: TensorType, n: usize) -> Result<usize> {
 /// Rows of `w` (a [*][n_in] matrix of type `t`) picked by `ids` (int32 device array of `n_ids`,
 /// each < n_rows_w), dequantized and times `scale`, into `out` ([n_ids][n_in] f32).
 #[allow(clippy::too_many_arguments)]
-pub fn get_rows(gpu: &Gpu, t: TensorType, w: DevPtr, n_rows_w: usize, n_in: usize, ids: DevPtr, n_ids: usize, out: DevPtr, scale: f32) -> Result<()> {
+pub fn get_rows(
+    gpu: &Gpu,
+    t: TensorType,
+    w: DevPtr,
+    n_rows_w: usize,
+    n_in: usize,
+    ids: DevPtr,
+    n_ids: usize,
+    out: DevPtr,
+    scale: f32,
+) -> Result<()> {
     let rb = row_bytes(t, n_in)?;
     let name = format!("el_cuda_get_rows_{}", type_name(t)?);
     let args = [
@@ -70,24 +80,54 @@ pub fn get_rows(gpu: &Gpu, t: TensorType, w: DevPtr, n_rows_w: usize, n_in: usiz
 
 /// `y` = the rows of `x` ([n_rows][n_in] f32) quantized to the activation type `vdt` (Q8_0,
 /// Q8_1, Q8_K, F16 or BF16), byte for byte as `crate::kernels::quantize_rows` makes them.
-pub fn quantize(gpu: &Gpu, vdt: TensorType, x: DevPtr, n_rows: usize, n_in: usize, y: DevPtr) -> Result<()> {
+pub fn quantize(
+    gpu: &Gpu,
+    vdt: TensorType,
+    x: DevPtr,
+    n_rows: usize,
+    n_in: usize,
+    y: DevPtr,
+) -> Result<()> {
     let n = n_rows * n_in;
     let out_bytes = n_rows * row_bytes(vdt, n_in)?;
     let xp = x.need(n * F32, "quantize input")?;
     let yp = y.need(out_bytes, "quantize output")?;
     match vdt {
         TensorType::Q8_0 | TensorType::Q8_1 => {
-            let name = if vdt == TensorType::Q8_0 { "el_cuda_quantize_q8_0" } else { "el_cuda_quantize_q8_1" };
+            let name = if vdt == TensorType::Q8_0 {
+                "el_cuda_quantize_q8_0"
+            } else {
+                "el_cuda_quantize_q8_1"
+            };
             let nb = n / 32;
-            gpu.launch(name, (blocks(nb * 32, 256), 1, 1), 256, &[Arg::Ptr(xp), Arg::Ptr(yp), Arg::I64(nb as i64)])
+            gpu.launch(
+                name,
+                (blocks(nb * 32, 256), 1, 1),
+                256,
+                &[Arg::Ptr(xp), Arg::Ptr(yp), Arg::I64(nb as i64)],
+            )
         }
         TensorType::Q8_K => {
             let nb = n / 256;
-            gpu.launch("el_cuda_quantize_q8_K", (blocks(nb * 32, 256), 1, 1), 256, &[Arg::Ptr(xp), Arg::Ptr(yp), Arg::I64(nb as i64)])
+            gpu.launch(
+                "el_cuda_quantize_q8_K",
+                (blocks(nb * 32, 256), 1, 1),
+                256,
+                &[Arg::Ptr(xp), Arg::Ptr(yp), Arg::I64(nb as i64)],
+            )
         }
         TensorType::F16 | TensorType::BF16 => {
-            let name = if vdt == TensorType::F16 { "el_cuda_quantize_f16" } else { "el_cuda_quantize_bf16" };
-            gpu.launch(name, (blocks(n, 256), 1, 1), 256, &[Arg::Ptr(xp), Arg::Ptr(yp), Arg::I64(n as i64)])
+            let name = if vdt == TensorType::F16 {
+                "el_cuda_quantize_f16"
+            } else {
+                "el_cuda_quantize_bf16"
+            };
+            gpu.launch(
+                name,
+                (blocks(n, 256), 1, 1),
+                256,
+                &[Arg::Ptr(xp), Arg::Ptr(yp), Arg::I64(n as i64)],
+            )
         }
         t => bail!("{t} is not an activation type"),
     }
@@ -105,7 +145,17 @@ pub enum MatmulKernel {
 /// `out[r][o] = dot(w row o, a row r)`: `w` [n_out][n_in] of type `t`, `a` [n_rows][n_in] in
 /// `t.vec_dot_type()` (F32 weights take the f32 rows themselves), `out` [n_rows][n_out] f32.
 #[allow(clippy::too_many_arguments)]
-pub fn matmul(gpu: &Gpu, t: TensorType, w: DevPtr, a: DevPtr, n_in: usize, n_out: usize, n_rows: usize, out: DevPtr, kernel: MatmulKernel) -> Result<()> {
+pub fn matmul(
+    gpu: &Gpu,
+    t: TensorType,
+    w: DevPtr,
+    a: DevPtr,
+    n_in: usize,
+    n_out: usize,
+    n_rows: usize,
+    out: DevPtr,
+    kernel: MatmulKernel,
+) -> Result<()> {
     let wrb = row_bytes(t, n_in)?;
     let arb = row_bytes(t.vec_dot_type(), n_in)?;
     let tn = type_name(t)?;
@@ -121,7 +171,11 @@ pub fn matmul(gpu: &Gpu, t: TensorType, w: DevPtr, a: DevPtr, n_in: usize, n_out
             MatmulKernel::Mmv => false,
             MatmulKernel::Tiled => true,
         };
-        if tiled { (format!("el_cuda_mm_{tn}"), 16) } else { (format!("el_cuda_mmv_{tn}"), 8) }
+        if tiled {
+            (format!("el_cuda_mm_{tn}"), 16)
+        } else {
+            (format!("el_cuda_mmv_{tn}"), 8)
+        }
     };
     let args = [
         Arg::Ptr(w.need(n_out * wrb, &name)?),
@@ -134,18 +188,45 @@ pub fn matmul(gpu: &Gpu, t: TensorType, w: DevPtr, a: DevPtr, n_in: usize, n_out
         Arg::I64(n_rows as i64),
         Arg::I64(n_out as i64),
     ];
-    gpu.launch(&name, (blocks(n_out, 8), blocks(n_rows, rows_per_block), 1), 256, &args)
+    gpu.launch(
+        &name,
+        (blocks(n_out, 8), blocks(n_rows, rows_per_block), 1),
+        256,
+        &args,
+    )
 }
 
 /// RMSNorm of `n_rows` rows of `n` from `x` into `y` (which may be `x`), weight `w` [n].
-pub fn rms_norm(gpu: &Gpu, x: DevPtr, w: DevPtr, y: DevPtr, n_rows: usize, n: usize, eps: f32) -> Result<()> {
+pub fn rms_norm(
+    gpu: &Gpu,
+    x: DevPtr,
+    w: DevPtr,
+    y: DevPtr,
+    n_rows: usize,
+    n: usize,
+    eps: f32,
+) -> Result<()> {
     let bytes = n_rows * n * F32;
-    let args = [Arg::Ptr(x.need(bytes, "rms_norm x")?), Arg::Ptr(w.need(n * F32, "rms_norm w")?), Arg::Ptr(y.need(bytes, "rms_norm y")?), Arg::I64(n_rows as i64), Arg::I64(n as i64), Arg::F32(eps)];
+    let args = [
+        Arg::Ptr(x.need(bytes, "rms_norm x")?),
+        Arg::Ptr(w.need(n * F32, "rms_norm w")?),
+        Arg::Ptr(y.need(bytes, "rms_norm y")?),
+        Arg::I64(n_rows as i64),
+        Arg::I64(n as i64),
+        Arg::F32(eps),
+    ];
     gpu.launch("el_cuda_rms_norm", (n_rows as u32, 1, 1), 256, &args)
 }
 
 /// RoPE in place on `x` ([n_tokens][n_heads][head_dim]) at the positions `pos` (int32 [n_tokens]).
-pub fn rope(gpu: &Gpu, x: DevPtr, pos: DevPtr, n_tokens: usize, n_heads: usize, r: &Rope) -> Result<()> {
+pub fn rope(
+    gpu: &Gpu,
+    x: DevPtr,
+    pos: DevPtr,
+    n_tokens: usize,
+    n_heads: usize,
+    r: &Rope,
+) -> Result<()> {
     if r.rope_dim > r.head_dim || r.rope_dim % 2 != 0 {
         bail!("rope dims {} of head {}", r.rope_dim, r.head_dim);
     }
@@ -173,13 +254,33 @@ pub fn glu(gpu: &Gpu, gate: DevPtr, up: DevPtr, n: usize, act: Activation) -> Re
         Activation::GeGlu => "el_cuda_geglu",
     };
     let g = gate.need(n * F32, name)?;
-    gpu.launch(name, (blocks(n, 256), 1, 1), 256, &[Arg::Ptr(g), Arg::Ptr(up.need(n * F32, name)?), Arg::Ptr(g), Arg::I64(n as i64)])
+    gpu.launch(
+        name,
+        (blocks(n, 256), 1, 1),
+        256,
+        &[
+            Arg::Ptr(g),
+            Arg::Ptr(up.need(n * F32, name)?),
+            Arg::Ptr(g),
+            Arg::I64(n as i64),
+        ],
+    )
 }
 
 /// Keys and values ([n_tokens][kv_dim] f32) into the f16 caches ([num_slots][kv_dim]) at
 /// `slots` (int64 [n_tokens]; the caller checked each is < num_slots).
 #[allow(clippy::too_many_arguments)]
-pub fn kv_write(gpu: &Gpu, k: DevPtr, v: DevPtr, k_cache: DevPtr, v_cache: DevPtr, slots: DevPtr, n_tokens: usize, kv_dim: usize, num_slots: usize) -> Result<()> {
+pub fn kv_write(
+    gpu: &Gpu,
+    k: DevPtr,
+    v: DevPtr,
+    k_cache: DevPtr,
+    v_cache: DevPtr,
+    slots: DevPtr,
+    n_tokens: usize,
+    kv_dim: usize,
+    num_slots: usize,
+) -> Result<()> {
     let cache = num_slots * kv_dim * 2;
     let args = [
         Arg::Ptr(k.need(n_tokens * kv_dim * F32, "kv_write k")?),
@@ -205,7 +306,18 @@ pub struct DevAttentionBatch {
 
 /// Paged attention of every (token, head); `q` and `out` [n_tokens][n_heads][head_dim].
 #[allow(clippy::too_many_arguments)]
-pub fn paged_attention(gpu: &Gpu, out: DevPtr, q: DevPtr, k_cache: DevPtr, v_cache: DevPtr, s: &AttentionShape, b: &DevAttentionBatch, n_tokens: usize, scale: f32, window: Option<usize>) -> Result<()> {
+pub fn paged_attention(
+    gpu: &Gpu,
+    out: DevPtr,
+    q: DevPtr,
+    k_cache: DevPtr,
+    v_cache: DevPtr,
+    s: &AttentionShape,
+    b: &DevAttentionBatch,
+    n_tokens: usize,
+    scale: f32,
+    window: Option<usize>,
+) -> Result<()> {
     if s.head_dim > 512 || s.n_kv_heads == 0 || s.n_heads % s.n_kv_heads != 0 {
         bail!("attention shape {s:?}");
     }
@@ -218,9 +330,15 @@ pub fn paged_attention(gpu: &Gpu, out: DevPtr, q: DevPtr, k_cache: DevPtr, v_cac
         Arg::Ptr(q.need(qo, "attention q")?),
         Arg::Ptr(k_cache.need(cache, "attention k cache")?),
         Arg::Ptr(v_cache.need(cache, "attention v cache")?),
-        Arg::Ptr(b.block_tables.need(b.n_seqs * b.max_blocks_per_seq * 4, "attention block tables")?),
+        Arg::Ptr(b.block_tables.need(
+            b.n_seqs * b.max_blocks_per_seq * 4,
+            "attention block tables",
+        )?),
         Arg::Ptr(b.token_seq.need(n_tokens * 4, "attention token_seq")?),
-        Arg::Ptr(b.context_lens.need(n_tokens * 4, "attention context_lens")?),
+        Arg::Ptr(
+            b.context_lens
+                .need(n_tokens * 4, "attention context_lens")?,
+        ),
         Arg::I64(s.n_heads as i64),
         Arg::I64(s.n_kv_heads as i64),
         Arg::I64(s.head_dim as i64),
@@ -231,36 +349,100 @@ pub fn paged_attention(gpu: &Gpu, out: DevPtr, q: DevPtr, k_cache: DevPtr, v_cac
         Arg::I64(0),
         Arg::I64(n_items as i64),
     ];
-    gpu.launch("el_cuda_paged_attention", (blocks(n_items, 4), 1, 1), 128, &args)
+    gpu.launch(
+        "el_cuda_paged_attention",
+        (blocks(n_items, 4), 1, 1),
+        128,
+        &args,
+    )
 }
 
 /// `x[i] += y[i]` over `n`.
 pub fn add(gpu: &Gpu, x: DevPtr, y: DevPtr, n: usize) -> Result<()> {
-    gpu.launch("el_cuda_add", (blocks(n, 256), 1, 1), 256, &[Arg::Ptr(x.need(n * F32, "add x")?), Arg::Ptr(y.need(n * F32, "add y")?), Arg::I64(n as i64)])
+    gpu.launch(
+        "el_cuda_add",
+        (blocks(n, 256), 1, 1),
+        256,
+        &[
+            Arg::Ptr(x.need(n * F32, "add x")?),
+            Arg::Ptr(y.need(n * F32, "add y")?),
+            Arg::I64(n as i64),
+        ],
+    )
 }
 
 /// `x[r][i] += bias[i]` for `n_rows` rows of `n`.
 pub fn add_bias(gpu: &Gpu, x: DevPtr, bias: DevPtr, n_rows: usize, n: usize) -> Result<()> {
-    let args = [Arg::Ptr(x.need(n_rows * n * F32, "bias x")?), Arg::Ptr(bias.need(n * F32, "bias")?), Arg::I64(n_rows as i64), Arg::I64(n as i64)];
-    gpu.launch("el_cuda_add_bias", (blocks(n_rows * n, 256), 1, 1), 256, &args)
+    let args = [
+        Arg::Ptr(x.need(n_rows * n * F32, "bias x")?),
+        Arg::Ptr(bias.need(n * F32, "bias")?),
+        Arg::I64(n_rows as i64),
+        Arg::I64(n as i64),
+    ];
+    gpu.launch(
+        "el_cuda_add_bias",
+        (blocks(n_rows * n, 256), 1, 1),
+        256,
+        &args,
+    )
 }
 
 /// `x = cap * tanh(x / cap)` over `n`.
 pub fn softcap(gpu: &Gpu, x: DevPtr, n: usize, cap: f32) -> Result<()> {
-    gpu.launch("el_cuda_softcap", (blocks(n, 256), 1, 1), 256, &[Arg::Ptr(x.need(n * F32, "softcap")?), Arg::I64(n as i64), Arg::F32(cap)])
+    gpu.launch(
+        "el_cuda_softcap",
+        (blocks(n, 256), 1, 1),
+        256,
+        &[
+            Arg::Ptr(x.need(n * F32, "softcap")?),
+            Arg::I64(n as i64),
+            Arg::F32(cap),
+        ],
+    )
 }
 
 /// `out[i] = x[rows[i]]` for rows of `n` (`rows`: int32 [n_rows], each < x_rows).
-pub fn gather_rows(gpu: &Gpu, x: DevPtr, x_rows: usize, rows: DevPtr, n_rows: usize, out: DevPtr, n: usize) -> Result<()> {
-    let args = [Arg::Ptr(x.need(x_rows * n * F32, "gather x")?), Arg::Ptr(rows.need(n_rows * 4, "gather rows")?), Arg::Ptr(out.need(n_rows * n * F32, "gather out")?), Arg::I64(n_rows as i64), Arg::I64(n as i64)];
+pub fn gather_rows(
+    gpu: &Gpu,
+    x: DevPtr,
+    x_rows: usize,
+    rows: DevPtr,
+    n_rows: usize,
+    out: DevPtr,
+    n: usize,
+) -> Result<()> {
+    let args = [
+        Arg::Ptr(x.need(x_rows * n * F32, "gather x")?),
+        Arg::Ptr(rows.need(n_rows * 4, "gather rows")?),
+        Arg::Ptr(out.need(n_rows * n * F32, "gather out")?),
+        Arg::I64(n_rows as i64),
+        Arg::I64(n as i64),
+    ];
     gpu.launch("el_cuda_gather_rows", (n_rows as u32, 1, 1), 256, &args)
 }
 
 /// Block `src` onto block `dst` of one layer's keys or values ([num_blocks][block_elems] f16).
-pub fn copy_block(gpu: &Gpu, cache: DevPtr, num_blocks: usize, block_elems: usize, src: usize, dst: usize) -> Result<()> {
+pub fn copy_block(
+    gpu: &Gpu,
+    cache: DevPtr,
+    num_blocks: usize,
+    block_elems: usize,
+    src: usize,
+    dst: usize,
+) -> Result<()> {
     if src >= num_blocks || dst >= num_blocks || src == dst {
         bail!("copy of KV block {src} onto {dst} in a pool of {num_blocks}");
     }
-    let args = [Arg::Ptr(cache.need(num_blocks * block_elems * 2, "copy_block")?), Arg::I64(src as i64), Arg::I64(dst as i64), Arg::I64(block_elems as i64)];
-    gpu.launch("el_cuda_copy_block", (blocks(block_elems, 256), 1, 1), 256, &args)
+    let args = [
+        Arg::Ptr(cache.need(num_blocks * block_elems * 2, "copy_block")?),
+        Arg::I64(src as i64),
+        Arg::I64(dst as i64),
+        Arg::I64(block_elems as i64),
+    ];
+    gpu.launch(
+        "el_cuda_copy_block",
+        (blocks(block_elems, 256), 1, 1),
+        256,
+        &args,
+    )
 }

@@ -11,7 +11,10 @@ use std::ffi::{CStr, CString};
 
 /// Every kernel source file, by name, as embedded at build time.
 pub const SOURCES: &[(&str, &str)] = &[
-    ("el_cuda_common.cuh", include_str!("../../csrc/cuda/el_cuda_common.cuh")),
+    (
+        "el_cuda_common.cuh",
+        include_str!("../../csrc/cuda/el_cuda_common.cuh"),
+    ),
     ("el_quants.cu", include_str!("../../csrc/cuda/el_quants.cu")),
     ("el_ops.cu", include_str!("../../csrc/cuda/el_ops.cu")),
 ];
@@ -26,11 +29,16 @@ pub const OPTIONS: &[&str] = &["--fmad=false", "--std=c++17"];
 /// Kernel entry points of each program, all loaded at start-up; the NVRTC test checks that each
 /// appears in the PTX.
 pub fn entry_points(program: &str) -> Vec<String> {
-    const QUANT: &[&str] = &["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K"];
+    const QUANT: &[&str] = &[
+        "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K",
+    ];
     const FLOAT: &[&str] = &["f32", "f16", "bf16"];
     match program {
         "el_quants.cu" => {
-            let mut v: Vec<String> = ["q8_0", "q8_1", "q8_K", "f16", "bf16"].iter().map(|t| format!("el_cuda_quantize_{t}")).collect();
+            let mut v: Vec<String> = ["q8_0", "q8_1", "q8_K", "f16", "bf16"]
+                .iter()
+                .map(|t| format!("el_cuda_quantize_{t}"))
+                .collect();
             for t in QUANT {
                 v.push(format!("el_cuda_mmv_{t}"));
                 v.push(format!("el_cuda_mm_{t}"));
@@ -72,7 +80,10 @@ pub fn available() -> bool {
 /// file once: they carry include guards, but NVRTC never sees a file name to guard against).
 pub fn translation_unit(program: &str) -> Result<String> {
     fn splice(name: &str, out: &mut String, seen: &mut Vec<String>) -> Result<()> {
-        let (_, text) = SOURCES.iter().find(|(n, _)| *n == name).with_context(|| format!("no embedded kernel source {name}"))?;
+        let (_, text) = SOURCES
+            .iter()
+            .find(|(n, _)| *n == name)
+            .with_context(|| format!("no embedded kernel source {name}"))?;
         if seen.iter().any(|s| s == name) {
             return Ok(());
         }
@@ -118,25 +129,37 @@ pub fn compile(program: &str, arch: &str, extra: &[&str]) -> Result<Compiled> {
     if !available() {
         bail!("libnvrtc is not loadable (install the CUDA toolkit, or the PyPI wheel nvidia-cuda-nvrtc-cu12 and put its lib/ on LD_LIBRARY_PATH)");
     }
-    let src = CString::new(translation_unit(program)?).context("kernel source contains a NUL byte")?;
+    let src =
+        CString::new(translation_unit(program)?).context("kernel source contains a NUL byte")?;
     let name = CString::new(program).expect("program names have no NUL");
-    let prog = result::create_program(&src, Some(&name)).map_err(|e| anyhow::anyhow!("nvrtcCreateProgram({program}): {e:?}"))?;
+    let prog = result::create_program(&src, Some(&name))
+        .map_err(|e| anyhow::anyhow!("nvrtcCreateProgram({program}): {e:?}"))?;
     let mut options: Vec<String> = vec![format!("--gpu-architecture={arch}")];
     options.extend(OPTIONS.iter().map(|s| s.to_string()));
     options.extend(extra.iter().map(|s| s.to_string()));
     // SAFETY: prog was created above and is destroyed once, at the end.
     let out = unsafe {
         let status = result::compile_program(prog, &options);
-        let log = result::get_program_log(prog).map(|l| c_text(&l)).unwrap_or_default();
+        let log = result::get_program_log(prog)
+            .map(|l| c_text(&l))
+            .unwrap_or_default();
         let out = match status {
-            Err(e) => Err(anyhow::anyhow!("NVRTC failed on {program} for {arch} ({e:?}), options {options:?}:\n{log}")),
+            Err(e) => Err(anyhow::anyhow!(
+                "NVRTC failed on {program} for {arch} ({e:?}), options {options:?}:\n{log}"
+            )),
             Ok(()) => {
-                let ptx = result::get_ptx(prog).map(|p| c_text(&p)).map_err(|e| anyhow::anyhow!("nvrtcGetPTX: {e:?}"));
+                let ptx = result::get_ptx(prog)
+                    .map(|p| c_text(&p))
+                    .map_err(|e| anyhow::anyhow!("nvrtcGetPTX: {e:?}"));
                 let cubin = if arch.starts_with("sm_") {
                     let mut size = 0usize;
                     let r = sys::nvrtcGetCUBINSize(prog, &mut size);
                     let mut bin = vec![0u8; size];
-                    let r2 = if r == sys::nvrtcResult::NVRTC_SUCCESS { sys::nvrtcGetCUBIN(prog, bin.as_mut_ptr() as *mut _) } else { r };
+                    let r2 = if r == sys::nvrtcResult::NVRTC_SUCCESS {
+                        sys::nvrtcGetCUBIN(prog, bin.as_mut_ptr() as *mut _)
+                    } else {
+                        r
+                    };
                     if r2 != sys::nvrtcResult::NVRTC_SUCCESS {
                         Err(anyhow::anyhow!("nvrtcGetCUBIN({program}, {arch}): {r2:?}"))
                     } else {

@@ -11,10 +11,19 @@ pub fn build_batch(sched: &Scheduler, out: &SchedulerOutput) -> Batch {
     let max_blocks = out
         .scheduled
         .iter()
-        .map(|&(id, _)| sched.get(id).expect("scheduled sequences are live").block_table.len())
+        .map(|&(id, _)| {
+            sched
+                .get(id)
+                .expect("scheduled sequences are live")
+                .block_table
+                .len()
+        })
         .max()
         .unwrap_or(0);
-    let mut batch = Batch { max_blocks_per_seq: max_blocks, ..Default::default() };
+    let mut batch = Batch {
+        max_blocks_per_seq: max_blocks,
+        ..Default::default()
+    };
     for &(id, n) in &out.scheduled {
         let seq = sched.get(id).expect("scheduled sequences are live");
         let row = batch.push_block_table(&seq.block_table);

@@ -98,7 +98,10 @@ impl BlockManager {
 
     /// Free blocks that still hold a registered prefix.
     pub fn num_cached_free(&self) -> usize {
-        self.free_queue.values().filter(|&&b| self.blocks[b as usize].hash.is_some()).count()
+        self.free_queue
+            .values()
+            .filter(|&&b| self.blocks[b as usize].hash.is_some())
+            .count()
     }
 
     pub fn num_used(&self) -> usize {
@@ -222,7 +225,12 @@ impl BlockManager {
     /// Grows `table` so it holds `num_tokens` tokens, where `num_computed` are already written.
     /// A shared block the new tokens would write into is replaced by a private copy, returned
     /// for the caller to copy. `None` (and nothing changed) when there are not enough free blocks.
-    pub fn allocate(&mut self, table: &mut Vec<u32>, num_computed: usize, num_tokens: usize) -> Option<Option<BlockCopy>> {
+    pub fn allocate(
+        &mut self,
+        table: &mut Vec<u32>,
+        num_computed: usize,
+        num_tokens: usize,
+    ) -> Option<Option<BlockCopy>> {
         if self.blocks_needed(table, num_computed, num_tokens) > self.num_free() {
             return None;
         }
@@ -267,7 +275,10 @@ impl BlockManager {
     /// A fork shares every block of `table`.
     pub fn fork(&mut self, table: &[u32]) -> Vec<u32> {
         for &id in table {
-            assert!(self.blocks[id as usize].ref_count > 0, "forking a free block {id}");
+            assert!(
+                self.blocks[id as usize].ref_count > 0,
+                "forking a free block {id}"
+            );
             self.blocks[id as usize].ref_count += 1;
         }
         table.to_vec()
@@ -285,20 +296,32 @@ impl BlockManager {
     /// Checks the invariants against the block tables of every live sequence: reference counts
     /// equal the number of tables holding each block; a block is free exactly when nobody holds
     /// it; the prefix cache maps only to registered blocks with that hash.
-    pub fn check_invariants<'a>(&self, tables: impl IntoIterator<Item = &'a [u32]>) -> Result<(), String> {
+    pub fn check_invariants<'a>(
+        &self,
+        tables: impl IntoIterator<Item = &'a [u32]>,
+    ) -> Result<(), String> {
         let mut counts = vec![0u32; self.blocks.len()];
         for table in tables {
             for &id in table {
-                *counts.get_mut(id as usize).ok_or(format!("block id {id} out of range"))? += 1;
+                *counts
+                    .get_mut(id as usize)
+                    .ok_or(format!("block id {id} out of range"))? += 1;
             }
         }
         for (id, (b, &n)) in self.blocks.iter().zip(&counts).enumerate() {
             if b.ref_count != n {
-                return Err(format!("block {id}: ref_count {} but held by {n} tables", b.ref_count));
+                return Err(format!(
+                    "block {id}: ref_count {} but held by {n} tables",
+                    b.ref_count
+                ));
             }
-            let in_queue = b.free_stamp.is_some_and(|s| self.free_queue.get(&s) == Some(&(id as u32)));
+            let in_queue = b
+                .free_stamp
+                .is_some_and(|s| self.free_queue.get(&s) == Some(&(id as u32)));
             if (n == 0) != in_queue || (n == 0) != b.free_stamp.is_some() {
-                return Err(format!("block {id}: held by {n} tables, free-queue membership {in_queue}"));
+                return Err(format!(
+                    "block {id}: held by {n} tables, free-queue membership {in_queue}"
+                ));
             }
         }
         if self.free_queue.len() != counts.iter().filter(|&&n| n == 0).count() {
@@ -306,7 +329,9 @@ impl BlockManager {
         }
         for (&h, &id) in &self.cached {
             if self.blocks[id as usize].hash != Some(h) {
-                return Err(format!("cache entry {h:x} points at block {id} that does not hold it"));
+                return Err(format!(
+                    "cache entry {h:x} points at block {id} that does not hold it"
+                ));
             }
         }
         Ok(())

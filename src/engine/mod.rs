@@ -47,7 +47,13 @@ pub struct EngineConfig {
 
 impl EngineConfig {
     /// A pool sized from a memory budget in MiB, or else from `ctx_size * parallel` tokens.
-    pub fn sized(model: &Model, block_size: usize, kv_mem_mib: Option<usize>, ctx_size: usize, parallel: usize) -> Result<Self> {
+    pub fn sized(
+        model: &Model,
+        block_size: usize,
+        kv_mem_mib: Option<usize>,
+        ctx_size: usize,
+        parallel: usize,
+    ) -> Result<Self> {
         if block_size == 0 || block_size > 1024 {
             bail!("--block-size must be between 1 and 1024, got {block_size}");
         }
@@ -96,7 +102,15 @@ pub struct Request {
 
 impl Request {
     pub fn new(prompt: Vec<u32>, sampling: SamplingParams, max_tokens: usize) -> Self {
-        Request { prompt, sampling, max_tokens, n: 1, stop: Vec::new(), ignore_eos: false, logprobs: None }
+        Request {
+            prompt,
+            sampling,
+            max_tokens,
+            n: 1,
+            stop: Vec::new(),
+            ignore_eos: false,
+            logprobs: None,
+        }
     }
 }
 
@@ -145,9 +159,19 @@ pub struct Usage {
 pub enum Event {
     /// A sampled token and the text it completes (may be empty while UTF-8 or a possible
     /// stop string is incomplete).
-    Token { index: usize, token: u32, text: String, logprobs: Option<TokenLogprobs> },
+    Token {
+        index: usize,
+        token: u32,
+        text: String,
+        logprobs: Option<TokenLogprobs>,
+    },
     /// Completion `index` ended; its last text is flushed in `text`.
-    Finished { index: usize, reason: FinishReason, text: String, usage: Usage },
+    Finished {
+        index: usize,
+        reason: FinishReason,
+        text: String,
+        usage: Usage,
+    },
     /// The request failed; no more events follow.
     Error(String),
 }
@@ -168,7 +192,11 @@ pub enum SubmitError {
 }
 
 enum Command {
-    Submit { id: u64, request: Request, events: events::UnboundedSender<Event> },
+    Submit {
+        id: u64,
+        request: Request,
+        events: events::UnboundedSender<Event>,
+    },
     Abort(u64),
 }
 
@@ -252,17 +280,40 @@ impl EngineHandle {
 
     /// Starts the engine thread with `exec` (made for `config`'s pool: see [`Executor::new`])
     /// running its forward passes.
-    pub fn start_with(model: Arc<Model>, config: EngineConfig, exec: Executor) -> Result<EngineHandle> {
+    pub fn start_with(
+        model: Arc<Model>,
+        config: EngineConfig,
+        exec: Executor,
+    ) -> Result<EngineHandle> {
         if exec.block_size() != config.block_size {
-            bail!("the executor's KV blocks hold {} tokens, the engine's {}", exec.block_size(), config.block_size);
+            bail!(
+                "the executor's KV blocks hold {} tokens, the engine's {}",
+                exec.block_size(),
+                config.block_size
+            );
         }
         let (tx, rx) = mpsc::channel();
         let in_flight = Arc::new(AtomicU64::new(0));
         let config = Arc::new(config);
         let metrics = Arc::new(Mutex::new(Metrics::default()));
-        let worker = worker::Worker::new(model.clone(), (*config).clone(), exec, in_flight.clone(), metrics.clone());
-        std::thread::Builder::new().name("edge-llm-engine".into()).spawn(move || worker.run(rx))?;
-        Ok(EngineHandle { tx, next_id: Arc::new(AtomicU64::new(1)), in_flight, metrics, config, model })
+        let worker = worker::Worker::new(
+            model.clone(),
+            (*config).clone(),
+            exec,
+            in_flight.clone(),
+            metrics.clone(),
+        );
+        std::thread::Builder::new()
+            .name("edge-llm-engine".into())
+            .spawn(move || worker.run(rx))?;
+        Ok(EngineHandle {
+            tx,
+            next_id: Arc::new(AtomicU64::new(1)),
+            in_flight,
+            metrics,
+            config,
+            model,
+        })
     }
 
     /// Checks and queues a request; its events arrive on the returned stream.
@@ -271,16 +322,30 @@ impl EngineHandle {
             return Err(SubmitError::EmptyPrompt);
         }
         if request.prompt.len() >= self.config.max_seq_len {
-            return Err(SubmitError::PromptTooLong { prompt: request.prompt.len(), max: self.config.max_seq_len });
+            return Err(SubmitError::PromptTooLong {
+                prompt: request.prompt.len(),
+                max: self.config.max_seq_len,
+            });
         }
-        if let Some(&bad) = request.prompt.iter().find(|&&t| t as usize >= self.model.config.vocab_size) {
-            return Err(SubmitError::Invalid(format!("token id {bad} is outside the vocabulary")));
+        if let Some(&bad) = request
+            .prompt
+            .iter()
+            .find(|&&t| t as usize >= self.model.config.vocab_size)
+        {
+            return Err(SubmitError::Invalid(format!(
+                "token id {bad} is outside the vocabulary"
+            )));
         }
         if request.n == 0 || request.n > 16 {
-            return Err(SubmitError::Invalid(format!("n must be between 1 and 16, got {}", request.n)));
+            return Err(SubmitError::Invalid(format!(
+                "n must be between 1 and 16, got {}",
+                request.n
+            )));
         }
         if request.logprobs.is_some_and(|k| k > 20) {
-            return Err(SubmitError::Invalid("top_logprobs must be at most 20".into()));
+            return Err(SubmitError::Invalid(
+                "top_logprobs must be at most 20".into(),
+            ));
         }
         request.sampling.validate().map_err(SubmitError::Invalid)?;
         let queued = self.in_flight.fetch_add(1, Ordering::SeqCst);
@@ -291,11 +356,24 @@ impl EngineHandle {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (etx, erx) = events::unbounded_channel();
         let n = request.n;
-        if self.tx.send(Command::Submit { id, request, events: etx }).is_err() {
+        if self
+            .tx
+            .send(Command::Submit {
+                id,
+                request,
+                events: etx,
+            })
+            .is_err()
+        {
             self.in_flight.fetch_sub(1, Ordering::SeqCst);
             return Err(SubmitError::Stopped);
         }
-        Ok(RequestStream { id, rx: erx, remaining: n, handle: self.clone() })
+        Ok(RequestStream {
+            id,
+            rx: erx,
+            remaining: n,
+            handle: self.clone(),
+        })
     }
 
     /// Aborts a request: its sequences end and their blocks are freed at once.

@@ -56,12 +56,24 @@ pub struct Scheduler {
 impl Scheduler {
     pub fn new(config: SchedulerConfig, blocks: BlockManager) -> Self {
         assert!(config.max_batched_tokens > 0 && config.max_seqs > 0);
-        Scheduler { config, blocks, seqs: HashMap::new(), waiting: VecDeque::new(), running: Vec::new(), next_arrival: 0, num_preemptions: 0, in_flight: HashMap::new() }
+        Scheduler {
+            config,
+            blocks,
+            seqs: HashMap::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            next_arrival: 0,
+            num_preemptions: 0,
+            in_flight: HashMap::new(),
+        }
     }
 
     /// Adds a new sequence at the back of the waiting queue.
     pub fn add(&mut self, seq_id: u64, prompt: Vec<u32>) {
-        assert!(!prompt.is_empty(), "empty prompts are rejected before the scheduler");
+        assert!(
+            !prompt.is_empty(),
+            "empty prompts are rejected before the scheduler"
+        );
         let seq = Sequence::new(seq_id, self.next_arrival, prompt);
         self.next_arrival += 1;
         self.seqs.insert(seq_id, seq);
@@ -115,7 +127,10 @@ impl Scheduler {
             loop {
                 let seq = self.seqs.get_mut(&id).expect("running ids are live");
                 let target = seq.num_computed + n;
-                if let Some(copy) = self.blocks.allocate(&mut seq.block_table, seq.num_computed, target) {
+                if let Some(copy) =
+                    self.blocks
+                        .allocate(&mut seq.block_table, seq.num_computed, target)
+                {
                     out.copies.extend(copy);
                     out.scheduled.push((id, n));
                     budget -= n;
@@ -138,13 +153,20 @@ impl Scheduler {
         // Then waiting sequences, in order, unless this step already had to preempt. One whose
         // next prompt block another sequence is computing now waits a step and reuses it.
         let mut w = 0;
-        while out.preempted.is_empty() && budget > 0 && self.running.len() < self.config.max_seqs && w < self.waiting.len() {
+        while out.preempted.is_empty()
+            && budget > 0
+            && self.running.len() < self.config.max_seqs
+            && w < self.waiting.len()
+        {
             let id = self.waiting[w];
             let seq = self.seqs.get_mut(&id).expect("waiting ids are live");
             let hashes = self.blocks.prompt_block_hashes(&seq.tokens);
             seq.block_table = self.blocks.match_prefix(&seq.tokens);
             let matched = seq.block_table.len();
-            if hashes.get(matched).is_some_and(|h| self.in_flight.get(h).is_some_and(|&owner| owner != id)) {
+            if hashes
+                .get(matched)
+                .is_some_and(|h| self.in_flight.get(h).is_some_and(|&owner| owner != id))
+            {
                 self.blocks.free(&mut seq.block_table);
                 w += 1;
                 continue;
@@ -153,7 +175,10 @@ impl Scheduler {
             seq.num_cached = seq.num_computed;
             let n = seq.num_uncomputed().min(budget);
             let target = seq.num_computed + n;
-            match self.blocks.allocate(&mut seq.block_table, seq.num_computed, target) {
+            match self
+                .blocks
+                .allocate(&mut seq.block_table, seq.num_computed, target)
+            {
                 Some(copy) => {
                     out.copies.extend(copy);
                     out.scheduled.push((id, n));
@@ -181,7 +206,9 @@ impl Scheduler {
 
     /// Forgets the in-flight prompt blocks of `seq_id` from block `from` on (all: 0).
     fn clear_in_flight(&mut self, seq_id: u64, from_block: usize) {
-        let Some(seq) = self.seqs.get_mut(&seq_id) else { return };
+        let Some(seq) = self.seqs.get_mut(&seq_id) else {
+            return;
+        };
         let in_flight = &mut self.in_flight;
         seq.pending_hashes.retain(|&(i, h)| {
             let done = i < from_block;
@@ -204,7 +231,11 @@ impl Scheduler {
         self.running.retain(|&r| r != seq_id);
         // At the head of the queue, in arrival order among other preempted sequences.
         let arrival = seq.arrival;
-        let pos = self.waiting.iter().position(|w| self.seqs[w].arrival > arrival).unwrap_or(self.waiting.len());
+        let pos = self
+            .waiting
+            .iter()
+            .position(|w| self.seqs[w].arrival > arrival)
+            .unwrap_or(self.waiting.len());
         self.waiting.insert(pos, seq_id);
     }
 
@@ -213,9 +244,12 @@ impl Scheduler {
     pub fn step_done(&mut self, out: &SchedulerOutput) -> Vec<u64> {
         let mut ready = Vec::new();
         for &(id, n) in &out.scheduled {
-            let Some(seq) = self.seqs.get_mut(&id) else { continue };
+            let Some(seq) = self.seqs.get_mut(&id) else {
+                continue;
+            };
             seq.num_computed += n;
-            self.blocks.register_full_blocks(&seq.block_table, &seq.tokens, seq.num_computed);
+            self.blocks
+                .register_full_blocks(&seq.block_table, &seq.tokens, seq.num_computed);
             let full = seq.num_computed / self.blocks.block_size;
             self.clear_in_flight(id, full);
             let seq = &self.seqs[&id];
@@ -242,7 +276,12 @@ impl Scheduler {
         seq.seq_id = child;
         seq.pending_hashes.clear();
         seq.block_table = self.blocks.fork(&p.block_table);
-        let pos = self.running.iter().position(|&r| r == parent).expect("parent runs") + 1;
+        let pos = self
+            .running
+            .iter()
+            .position(|&r| r == parent)
+            .expect("parent runs")
+            + 1;
         self.running.insert(pos, child);
         self.seqs.insert(child, seq);
     }
@@ -262,29 +301,45 @@ impl Scheduler {
     /// Checks the block manager's invariants against every live sequence's block table, and
     /// that the queues hold each live sequence exactly once.
     pub fn check_invariants(&self) -> Result<(), String> {
-        self.blocks.check_invariants(self.seqs.values().map(|s| s.block_table.as_slice()))?;
+        self.blocks
+            .check_invariants(self.seqs.values().map(|s| s.block_table.as_slice()))?;
         let mut all: Vec<u64> = self.waiting.iter().chain(&self.running).copied().collect();
         all.sort_unstable();
         let mut live: Vec<u64> = self.seqs.keys().copied().collect();
         live.sort_unstable();
         if all != live {
-            return Err(format!("queues {all:?} differ from live sequences {live:?}"));
+            return Err(format!(
+                "queues {all:?} differ from live sequences {live:?}"
+            ));
         }
         for id in &self.waiting {
             if self.seqs[id].status != SeqStatus::Waiting {
-                return Err(format!("sequence {id} waits with status {:?}", self.seqs[id].status));
+                return Err(format!(
+                    "sequence {id} waits with status {:?}",
+                    self.seqs[id].status
+                ));
             }
         }
         for (h, owner) in &self.in_flight {
-            let ok = self.seqs.get(owner).is_some_and(|s| s.status == SeqStatus::Running && s.pending_hashes.iter().any(|p| p.1 == *h));
+            let ok = self.seqs.get(owner).is_some_and(|s| {
+                s.status == SeqStatus::Running && s.pending_hashes.iter().any(|p| p.1 == *h)
+            });
             if !ok {
-                return Err(format!("in-flight block {h:x} owned by {owner}, which is not computing it"));
+                return Err(format!(
+                    "in-flight block {h:x} owned by {owner}, which is not computing it"
+                ));
             }
         }
         for s in self.seqs.values() {
             let cap = s.block_table.len() * self.blocks.block_size;
             if s.num_computed > cap || s.num_computed > s.tokens.len() {
-                return Err(format!("sequence {}: {} computed, {} slots, {} tokens", s.seq_id, s.num_computed, cap, s.tokens.len()));
+                return Err(format!(
+                    "sequence {}: {} computed, {} slots, {} tokens",
+                    s.seq_id,
+                    s.num_computed,
+                    cap,
+                    s.tokens.len()
+                ));
             }
         }
         Ok(())

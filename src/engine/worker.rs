@@ -53,17 +53,31 @@ pub(super) struct Worker {
 }
 
 impl Worker {
-    pub(super) fn new(model: Arc<Model>, config: EngineConfig, exec: Executor, in_flight: Arc<AtomicU64>, published: Arc<Mutex<Metrics>>) -> Self {
+    pub(super) fn new(
+        model: Arc<Model>,
+        config: EngineConfig,
+        exec: Executor,
+        in_flight: Arc<AtomicU64>,
+        published: Arc<Mutex<Metrics>>,
+    ) -> Self {
         // The salt names what the cached keys and values depend on besides the tokens.
         let salt = {
             use std::hash::{DefaultHasher, Hash, Hasher};
             let mut h = DefaultHasher::new();
-            (model.file.path(), model.file.file_bytes(), config.block_size).hash(&mut h);
+            (
+                model.file.path(),
+                model.file.file_bytes(),
+                config.block_size,
+            )
+                .hash(&mut h);
             h.finish()
         };
         let blocks = BlockManager::new(config.num_blocks, config.block_size, salt);
         let sched = Scheduler::new(
-            SchedulerConfig { max_batched_tokens: config.max_batched_tokens, max_seqs: config.max_seqs },
+            SchedulerConfig {
+                max_batched_tokens: config.max_batched_tokens,
+                max_seqs: config.max_seqs,
+            },
             blocks,
         );
         Worker {
@@ -109,7 +123,11 @@ impl Worker {
 
     fn handle(&mut self, cmd: Command) {
         match cmd {
-            Command::Submit { id, request, events } => {
+            Command::Submit {
+                id,
+                request,
+                events,
+            } => {
                 self.metrics.requests_submitted += 1;
                 let seq_id = self.new_seq_id();
                 self.sched.add(seq_id, request.prompt.clone());
@@ -179,7 +197,10 @@ impl Worker {
             }
             return;
         }
-        let copied = out.copies.iter().try_for_each(|c| self.exec.copy_block(c.src, c.dst));
+        let copied = out
+            .copies
+            .iter()
+            .try_for_each(|c| self.exec.copy_block(c.src, c.dst));
         let batch = build_batch(&self.sched, &out);
         let logits = match copied.and_then(|()| self.exec.forward(&self.model, &batch)) {
             Ok(l) => l,
@@ -194,7 +215,9 @@ impl Worker {
         for &(id, n) in &out.scheduled {
             if let Some(seq) = self.sched.get(id) {
                 // Tokens before the prompt's end are prefill; the rest recompute or decode.
-                let prefill = (seq.num_computed + n).min(seq.prompt_len).saturating_sub(seq.num_computed);
+                let prefill = (seq.num_computed + n)
+                    .min(seq.prompt_len)
+                    .saturating_sub(seq.num_computed);
                 self.metrics.tokens_prefilled += prefill as u64;
             }
         }
@@ -207,11 +230,16 @@ impl Worker {
 
     /// Samples the next token of `seq_id` from its logits and tells the client.
     fn sample(&mut self, seq_id: u64, logits: &[f32]) {
-        let Some(seq) = self.sched.get(seq_id) else { return };
+        let Some(seq) = self.sched.get(seq_id) else {
+            return;
+        };
         let first = seq.generated().is_empty();
         if first {
             let num_cached = seq.num_cached;
-            let st = self.seqs.get_mut(&seq_id).expect("state of a live sequence");
+            let st = self
+                .seqs
+                .get_mut(&seq_id)
+                .expect("state of a live sequence");
             st.num_cached = num_cached;
             // n > 1: the other completions fork here, sharing every block of the prompt.
             let forks = std::mem::take(&mut st.forks_pending);
@@ -236,14 +264,24 @@ impl Worker {
                 };
                 let request_id = state.request_id;
                 self.seqs.insert(child, state);
-                self.requests.get_mut(&request_id).expect("request is live").push(child);
+                self.requests
+                    .get_mut(&request_id)
+                    .expect("request is live")
+                    .push(child);
                 self.sample(child, logits);
             }
         }
-        let Some(seq) = self.sched.get(seq_id) else { return };
+        let Some(seq) = self.sched.get(seq_id) else {
+            return;
+        };
         let tokenizer = &self.model.tokenizer;
-        let st = self.seqs.get_mut(&seq_id).expect("state of a live sequence");
-        let token = st.sampler.sample(logits, &seq.tokens[..seq.prompt_len], seq.generated());
+        let st = self
+            .seqs
+            .get_mut(&seq_id)
+            .expect("state of a live sequence");
+        let token = st
+            .sampler
+            .sample(logits, &seq.tokens[..seq.prompt_len], seq.generated());
         if st.ttft_ms.is_none() {
             let ms = st.submitted.elapsed().as_millis() as u64;
             st.ttft_ms = Some(ms);
@@ -253,13 +291,21 @@ impl Worker {
             self.finish(seq_id, FinishReason::Stop);
             return;
         }
-        let logprobs = st.request.logprobs.map(|k| token_logprobs(logits, token, k));
+        let logprobs = st
+            .request
+            .logprobs
+            .map(|k| token_logprobs(logits, token, k));
         self.sched.append_token(seq_id, token);
         self.metrics.tokens_generated += 1;
         let piece = st.decoder.push(tokenizer, token);
         st.pending.push_str(&piece);
         let (text, stopped) = take_emittable(&mut st.pending, &st.request.stop);
-        let sent = st.events.send(Event::Token { index: st.index, token, text, logprobs });
+        let sent = st.events.send(Event::Token {
+            index: st.index,
+            token,
+            text,
+            logprobs,
+        });
         let seq = self.sched.get(seq_id).expect("live");
         let st = &self.seqs[&seq_id];
         if sent.is_err() {
@@ -267,17 +313,29 @@ impl Worker {
             self.handle(Command::Abort(request_id));
         } else if stopped {
             self.finish(seq_id, FinishReason::Stop);
-        } else if seq.generated().len() >= st.request.max_tokens || seq.len() >= self.config.max_seq_len {
+        } else if seq.generated().len() >= st.request.max_tokens
+            || seq.len() >= self.config.max_seq_len
+        {
             self.finish(seq_id, FinishReason::Length);
         }
     }
 
     /// Ends a sequence: the client hears why, its blocks go back at once.
     fn finish(&mut self, seq_id: u64, reason: FinishReason) {
-        let Some(seq) = self.sched.finish(seq_id) else { return };
-        let Some(mut st) = self.seqs.remove(&seq_id) else { return };
+        let Some(seq) = self.sched.finish(seq_id) else {
+            return;
+        };
+        let Some(mut st) = self.seqs.remove(&seq_id) else {
+            return;
+        };
         let mut text = std::mem::take(&mut st.pending);
-        if reason != FinishReason::Stop || !st.request.stop.iter().any(|s| !s.is_empty() && text.contains(s.as_str())) {
+        if reason != FinishReason::Stop
+            || !st
+                .request
+                .stop
+                .iter()
+                .any(|s| !s.is_empty() && text.contains(s.as_str()))
+        {
             text.push_str(&st.decoder.finish());
         }
         let usage = Usage {
@@ -288,7 +346,12 @@ impl Worker {
         };
         // Counted out of the queue before the client hears, so it may submit again at once.
         self.close_seq(st.request_id, seq_id, reason == FinishReason::Abort);
-        let _ = st.events.send(Event::Finished { index: st.index, reason, text, usage });
+        let _ = st.events.send(Event::Finished {
+            index: st.index,
+            reason,
+            text,
+            usage,
+        });
     }
 
     fn fail(&mut self, seq_id: u64, message: String) {
@@ -296,7 +359,12 @@ impl Worker {
         if let Some(st) = self.seqs.remove(&seq_id) {
             self.metrics.requests_failed += 1;
             // The other completions of the request go too: the client stops listening.
-            for other in self.requests.get(&st.request_id).cloned().unwrap_or_default() {
+            for other in self
+                .requests
+                .get(&st.request_id)
+                .cloned()
+                .unwrap_or_default()
+            {
                 if other != seq_id {
                     self.sched.finish(other);
                     self.seqs.remove(&other);
@@ -310,7 +378,9 @@ impl Worker {
     }
 
     fn close_seq(&mut self, request_id: u64, seq_id: u64, aborted: bool) {
-        let Some(seqs) = self.requests.get_mut(&request_id) else { return };
+        let Some(seqs) = self.requests.get_mut(&request_id) else {
+            return;
+        };
         seqs.retain(|&s| s != seq_id);
         if seqs.is_empty() {
             self.requests.remove(&request_id);
@@ -327,17 +397,34 @@ impl Worker {
 /// Log-probability of `token` and the `k` most likely tokens.
 fn token_logprobs(logits: &[f32], token: u32, k: usize) -> TokenLogprobs {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let log_sum = logits.iter().map(|&l| (l as f64 - max).exp()).sum::<f64>().ln() + max;
+    let log_sum = logits
+        .iter()
+        .map(|&l| (l as f64 - max).exp())
+        .sum::<f64>()
+        .ln()
+        + max;
     let mut top: Vec<(u32, f32)> = Vec::with_capacity(k);
     if k > 0 {
         let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
         let k = k.min(idx.len());
-        idx.select_nth_unstable_by(k - 1, |&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
+        idx.select_nth_unstable_by(k - 1, |&a, &b| {
+            logits[b as usize].total_cmp(&logits[a as usize])
+        });
         idx.truncate(k);
-        idx.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
-        top = idx.into_iter().map(|t| (t, (logits[t as usize] as f64 - log_sum) as f32)).collect();
+        idx.sort_by(|&a, &b| {
+            logits[b as usize]
+                .total_cmp(&logits[a as usize])
+                .then(a.cmp(&b))
+        });
+        top = idx
+            .into_iter()
+            .map(|t| (t, (logits[t as usize] as f64 - log_sum) as f32))
+            .collect();
     }
-    TokenLogprobs { logprob: (logits[token as usize] as f64 - log_sum) as f32, top }
+    TokenLogprobs {
+        logprob: (logits[token as usize] as f64 - log_sum) as f32,
+        top,
+    }
 }
 
 /// Splits off the text of `pending` that can be shown now: everything before a stop string

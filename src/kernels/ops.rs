@@ -9,10 +9,20 @@ use super::bindings as ffi;
 /// [`rms_norm_inplace`].
 pub fn rms_norm(x: &[f32], w: &[f32], y: &mut [f32], eps: f32) {
     let n = w.len();
-    assert!(n > 0 && x.len() % n == 0 && y.len() == x.len(), "rms_norm shapes");
+    assert!(
+        n > 0 && x.len() % n == 0 && y.len() == x.len(),
+        "rms_norm shapes"
+    );
     // SAFETY: x and y hold n_rows * n floats and w holds n, as checked above.
     unsafe {
-        ffi::el_rms_norm(x.as_ptr(), w.as_ptr(), y.as_mut_ptr(), (x.len() / n) as i64, n as i64, eps)
+        ffi::el_rms_norm(
+            x.as_ptr(),
+            w.as_ptr(),
+            y.as_mut_ptr(),
+            (x.len() / n) as i64,
+            n as i64,
+            eps,
+        )
     }
 }
 
@@ -90,12 +100,25 @@ pub fn glu_inplace(gate: &mut [f32], up: &[f32], act: Activation) {
 
 /// Writes the rows of `k` and `v` ([n_tokens][kv_dim]) into the f16 caches at the slots of
 /// `slot_mapping` (negative slots are skipped).
-pub fn kv_write(k: &[f32], v: &[f32], k_cache: &mut [u16], v_cache: &mut [u16], slot_mapping: &[i64], kv_dim: usize) {
+pub fn kv_write(
+    k: &[f32],
+    v: &[f32],
+    k_cache: &mut [u16],
+    v_cache: &mut [u16],
+    slot_mapping: &[i64],
+    kv_dim: usize,
+) {
     let n_tokens = slot_mapping.len();
-    assert!(k.len() == n_tokens * kv_dim && v.len() == k.len(), "kv_write shapes");
+    assert!(
+        k.len() == n_tokens * kv_dim && v.len() == k.len(),
+        "kv_write shapes"
+    );
     assert_eq!(k_cache.len(), v_cache.len(), "kv_write cache shapes");
     let num_slots = (k_cache.len() / kv_dim) as i64;
-    assert!(slot_mapping.iter().all(|&s| s < num_slots), "slot out of range");
+    assert!(
+        slot_mapping.iter().all(|&s| s < num_slots),
+        "slot out of range"
+    );
     // SAFETY: every slot used is < num_slots, so each write of kv_dim halves stays in the caches.
     unsafe {
         ffi::el_kv_write(
@@ -145,52 +168,72 @@ pub fn paged_attention(
     let s = shape;
     let n_tokens = batch.token_seq.len();
     assert!(s.head_dim <= EL_MAX_HEAD_DIM && s.n_kv_heads > 0 && s.n_heads % s.n_kv_heads == 0);
-    assert!(q.len() == n_tokens * s.n_heads * s.head_dim && out.len() == q.len(), "attention q/out shapes");
+    assert!(
+        q.len() == n_tokens * s.n_heads * s.head_dim && out.len() == q.len(),
+        "attention q/out shapes"
+    );
     let cache_len = s.num_blocks * s.block_size * s.n_kv_heads * s.head_dim;
-    assert!(k_cache.len() == cache_len && v_cache.len() == cache_len, "attention cache shapes");
+    assert!(
+        k_cache.len() == cache_len && v_cache.len() == cache_len,
+        "attention cache shapes"
+    );
     assert_eq!(batch.context_lens.len(), n_tokens);
     let n_seqs = batch.block_tables.len() / batch.max_blocks_per_seq.max(1);
     assert_eq!(batch.block_tables.len(), n_seqs * batch.max_blocks_per_seq);
     for t in 0..n_tokens {
         let seq = batch.token_seq[t];
         let len = batch.context_lens[t];
-        assert!(seq >= 0 && (seq as usize) < n_seqs && len >= 1, "attention token {t} addressing");
-        assert!(len as usize <= batch.max_blocks_per_seq * s.block_size, "context past block table");
-        let table = &batch.block_tables[seq as usize * batch.max_blocks_per_seq..][..batch.max_blocks_per_seq];
+        assert!(
+            seq >= 0 && (seq as usize) < n_seqs && len >= 1,
+            "attention token {t} addressing"
+        );
+        assert!(
+            len as usize <= batch.max_blocks_per_seq * s.block_size,
+            "context past block table"
+        );
+        let table = &batch.block_tables[seq as usize * batch.max_blocks_per_seq..]
+            [..batch.max_blocks_per_seq];
         let used = (len as usize).div_ceil(s.block_size);
-        assert!(table[..used].iter().all(|&b| b >= 0 && (b as usize) < s.num_blocks), "block id out of range");
+        assert!(
+            table[..used]
+                .iter()
+                .all(|&b| b >= 0 && (b as usize) < s.num_blocks),
+            "block id out of range"
+        );
     }
     let window = window.map(|w| w.min(i32::MAX as usize) as i32).unwrap_or(0);
     let n_items = n_tokens * s.n_heads;
     let chunk_items = (n_items / (4 * rayon::current_num_threads())).clamp(1, 64);
     let out_ptr = SendPtr(out.as_mut_ptr());
-    (0..n_items.div_ceil(chunk_items)).into_par_iter().for_each(|c| {
-        let begin = c * chunk_items;
-        let end = (begin + chunk_items).min(n_items);
-        let out_ptr = &out_ptr;
-        // SAFETY: all shapes and block ids were checked above; each task writes only the
-        // disjoint items [begin, end) of `out`.
-        unsafe {
-            ffi::el_paged_attention(
-                out_ptr.0,
-                q.as_ptr(),
-                k_cache.as_ptr(),
-                v_cache.as_ptr(),
-                batch.block_tables.as_ptr(),
-                batch.token_seq.as_ptr(),
-                batch.context_lens.as_ptr(),
-                s.n_heads as i64,
-                s.n_kv_heads as i64,
-                s.head_dim as i64,
-                s.block_size as i64,
-                batch.max_blocks_per_seq as i64,
-                scale,
-                window,
-                begin as i64,
-                end as i64,
-            )
-        }
-    });
+    (0..n_items.div_ceil(chunk_items))
+        .into_par_iter()
+        .for_each(|c| {
+            let begin = c * chunk_items;
+            let end = (begin + chunk_items).min(n_items);
+            let out_ptr = &out_ptr;
+            // SAFETY: all shapes and block ids were checked above; each task writes only the
+            // disjoint items [begin, end) of `out`.
+            unsafe {
+                ffi::el_paged_attention(
+                    out_ptr.0,
+                    q.as_ptr(),
+                    k_cache.as_ptr(),
+                    v_cache.as_ptr(),
+                    batch.block_tables.as_ptr(),
+                    batch.token_seq.as_ptr(),
+                    batch.context_lens.as_ptr(),
+                    s.n_heads as i64,
+                    s.n_kv_heads as i64,
+                    s.head_dim as i64,
+                    s.block_size as i64,
+                    batch.max_blocks_per_seq as i64,
+                    scale,
+                    window,
+                    begin as i64,
+                    end as i64,
+                )
+            }
+        });
 }
 
 use super::EL_MAX_HEAD_DIM as EL_MAX_HEAD_DIM_U32;

@@ -255,14 +255,26 @@ pub fn matmul(
 /// [`matvec_q4_1x8`] streams: the same number of bytes.
 pub fn repack_q4_1x8(w: &[u8], n_in: usize, n_out: usize) -> Vec<u8> {
     let rb = row_bytes(TensorType::Q4_1, n_in);
-    assert!(n_out.is_multiple_of(8), "repack_q4_1x8: {n_out} rows are not groups of 8");
-    assert_eq!(w.len(), n_out * rb, "repack_q4_1x8: Q4_1 weights for [{n_out}][{n_in}]");
+    assert!(
+        n_out.is_multiple_of(8),
+        "repack_q4_1x8: {n_out} rows are not groups of 8"
+    );
+    assert_eq!(
+        w.len(),
+        n_out * rb,
+        "repack_q4_1x8: Q4_1 weights for [{n_out}][{n_in}]"
+    );
     assert_aligned(TensorType::Q4_1, w, "repack_q4_1x8 weights");
     let mut out = vec![0u8; w.len()];
     // SAFETY: w holds n_out rows of n_in / 32 blocks and out as many bytes (checked above); the
     // kernel writes exactly n_out / 8 * nb interleaved blocks of 8 * 20 bytes.
     let status = unsafe {
-        bindings::el_repack_q4_1x8(w.as_ptr().cast(), n_out as i64, (n_in / 32) as i64, out.as_mut_ptr().cast())
+        bindings::el_repack_q4_1x8(
+            w.as_ptr().cast(),
+            n_out as i64,
+            (n_in / 32) as i64,
+            out.as_mut_ptr().cast(),
+        )
     };
     check_status(status, "el_repack_q4_1x8");
     out
@@ -272,13 +284,20 @@ pub fn repack_q4_1x8(w: &[u8], n_in: usize, n_out: usize) -> Vec<u8> {
 /// `w8` (from [`repack_q4_1x8`]); bit-identical to [`matmul`] with one row. Chunks of 32
 /// columns run in parallel, as `matmul`'s decode tasks.
 pub fn matvec_q4_1x8(w8: &[u8], n_in: usize, n_out: usize, a: &[u8], out: &mut [f32]) {
-    assert!(n_out.is_multiple_of(8), "matvec_q4_1x8: {n_out} rows are not groups of 8");
+    assert!(
+        n_out.is_multiple_of(8),
+        "matvec_q4_1x8: {n_out} rows are not groups of 8"
+    );
     assert_eq!(
         w8.len(),
         n_out * row_bytes(TensorType::Q4_1, n_in),
         "matvec_q4_1x8: interleaved weights for [{n_out}][{n_in}]"
     );
-    assert_eq!(a.len(), row_bytes(TensorType::Q8_1, n_in), "matvec_q4_1x8: one Q8_1 row of {n_in}");
+    assert_eq!(
+        a.len(),
+        row_bytes(TensorType::Q8_1, n_in),
+        "matvec_q4_1x8: one Q8_1 row of {n_in}"
+    );
     assert_eq!(out.len(), n_out, "matvec_q4_1x8: output for [{n_out}]");
     assert_aligned(TensorType::Q4_1, w8, "matvec_q4_1x8 weights");
     assert_aligned(TensorType::Q8_1, a, "matvec_q4_1x8 activations");

@@ -33,15 +33,28 @@ impl Batch {
     /// Adds a sequence's block table; returns its row index for `push_token`.
     /// `max_blocks_per_seq` must be set first and cover `table`.
     pub fn push_block_table(&mut self, table: &[u32]) -> i32 {
-        assert!(table.len() <= self.max_blocks_per_seq, "block table longer than max_blocks_per_seq");
+        assert!(
+            table.len() <= self.max_blocks_per_seq,
+            "block table longer than max_blocks_per_seq"
+        );
         let row = (self.block_tables.len() / self.max_blocks_per_seq.max(1)) as i32;
         self.block_tables.extend(table.iter().map(|&b| b as i32));
-        self.block_tables.extend(std::iter::repeat_n(-1, self.max_blocks_per_seq - table.len()));
+        self.block_tables.extend(std::iter::repeat_n(
+            -1,
+            self.max_blocks_per_seq - table.len(),
+        ));
         row
     }
 
     /// Adds one token of the sequence whose block table is row `seq`.
-    pub fn push_token(&mut self, token: u32, position: usize, slot: usize, seq: i32, want_logits: bool) {
+    pub fn push_token(
+        &mut self,
+        token: u32,
+        position: usize,
+        slot: usize,
+        seq: i32,
+        want_logits: bool,
+    ) {
         if want_logits {
             self.logits_rows.push(self.tokens.len());
         }

@@ -100,13 +100,19 @@ impl ModelConfig {
     pub fn from_gguf(g: &GgufFile) -> Result<ModelConfig> {
         let arch = g.architecture()?.to_string();
         let Some(family) = FAMILIES.iter().find(|f| f.architecture == arch) else {
-            bail!("unsupported architecture '{arch}' (general.architecture); edge-llm runs: {}", SUPPORTED_ARCHITECTURES.join(", "));
+            bail!(
+                "unsupported architecture '{arch}' (general.architecture); edge-llm runs: {}",
+                SUPPORTED_ARCHITECTURES.join(", ")
+            );
         };
         let key = |k: &str| format!("{arch}.{k}");
         let has = |k: &str| g.get(&key(k)).is_some();
         let usize_key = |k: &str| -> Result<usize> {
             let v = g.get_u64(&key(k))?;
-            usize::try_from(v).ok().filter(|&v| v > 0 && v < (1 << 24)).with_context(|| format!("{} = {v} is out of range", key(k)))
+            usize::try_from(v)
+                .ok()
+                .filter(|&v| v > 0 && v < (1 << 24))
+                .with_context(|| format!("{} = {v} is out of range", key(k)))
         };
         let f32_key = |k: &str| -> Result<f32> {
             let v = g.get_f32(&key(k))?;
@@ -120,31 +126,63 @@ impl ModelConfig {
         let num_layers = usize_key("block_count")?;
         let n_ff = usize_key("feed_forward_length")?;
         let n_heads = usize_key("attention.head_count")?;
-        let n_kv_heads = if has("attention.head_count_kv") { usize_key("attention.head_count_kv")? } else { n_heads };
+        let n_kv_heads = if has("attention.head_count_kv") {
+            usize_key("attention.head_count_kv")?
+        } else {
+            n_heads
+        };
         if n_heads % n_kv_heads != 0 {
-            bail!("{} = {n_heads} is not a multiple of {} = {n_kv_heads}", key("attention.head_count"), key("attention.head_count_kv"));
+            bail!(
+                "{} = {n_heads} is not a multiple of {} = {n_kv_heads}",
+                key("attention.head_count"),
+                key("attention.head_count_kv")
+            );
         }
         let head_dim = if has("attention.key_length") {
             usize_key("attention.key_length")?
         } else {
             if n_embd % n_heads != 0 {
-                bail!("{} = {n_embd} is not a multiple of the head count {n_heads}", key("embedding_length"));
+                bail!(
+                    "{} = {n_embd} is not a multiple of the head count {n_heads}",
+                    key("embedding_length")
+                );
             }
             n_embd / n_heads
         };
         if has("attention.value_length") && usize_key("attention.value_length")? != head_dim {
-            bail!("{} differs from the key length {head_dim}: not supported", key("attention.value_length"));
+            bail!(
+                "{} differs from the key length {head_dim}: not supported",
+                key("attention.value_length")
+            );
         }
         if head_dim > crate::kernels::EL_MAX_HEAD_DIM as usize || head_dim % 2 != 0 {
-            bail!("head size {head_dim} is not supported (even, at most {})", crate::kernels::EL_MAX_HEAD_DIM);
+            bail!(
+                "head size {head_dim} is not supported (even, at most {})",
+                crate::kernels::EL_MAX_HEAD_DIM
+            );
         }
-        let rope_dim = if has("rope.dimension_count") { usize_key("rope.dimension_count")? } else { head_dim };
+        let rope_dim = if has("rope.dimension_count") {
+            usize_key("rope.dimension_count")?
+        } else {
+            head_dim
+        };
         if rope_dim > head_dim || rope_dim % 2 != 0 {
-            bail!("{} = {rope_dim} does not fit the head size {head_dim}", key("rope.dimension_count"));
+            bail!(
+                "{} = {rope_dim} does not fit the head size {head_dim}",
+                key("rope.dimension_count")
+            );
         }
-        let freq_base = if has("rope.freq_base") { f32_key("rope.freq_base")? } else { 10000.0 };
+        let freq_base = if has("rope.freq_base") {
+            f32_key("rope.freq_base")?
+        } else {
+            10000.0
+        };
         // llama.cpp: the scaling type defaults to linear, and its factor applies to global layers.
-        let freq_scale = match g.get(&key("rope.scaling.type")).map(|_| g.get_str(&key("rope.scaling.type"))).transpose()? {
+        let freq_scale = match g
+            .get(&key("rope.scaling.type"))
+            .map(|_| g.get_str(&key("rope.scaling.type")))
+            .transpose()?
+        {
             Some("none") => 1.0,
             None | Some("linear") => {
                 if has("rope.scaling.factor") {
@@ -153,37 +191,81 @@ impl ModelConfig {
                     1.0
                 }
             }
-            Some(other) => bail!("rope scaling '{other}' ({}) is not supported", key("rope.scaling.type")),
+            Some(other) => bail!(
+                "rope scaling '{other}' ({}) is not supported",
+                key("rope.scaling.type")
+            ),
         };
         let rms_eps = g.get_f32(&key("attention.layer_norm_rms_epsilon"))?;
         let n_ctx_train = usize_key("context_length")?;
         let embd = g.tensor("token_embd.weight")?;
-        let vocab_size = if has("vocab_size") { usize_key("vocab_size")? } else { embd.n_rows() };
+        let vocab_size = if has("vocab_size") {
+            usize_key("vocab_size")?
+        } else {
+            embd.n_rows()
+        };
 
         // Sliding-window attention: which layers are local, their window and rope.
-        let global_rope = Rope { head_dim, rope_dim, freq_base, freq_scale, style: family.rope_style };
+        let global_rope = Rope {
+            head_dim,
+            rope_dim,
+            freq_base,
+            freq_scale,
+            style: family.rope_style,
+        };
         let window = match family.swa_pattern {
-            Some(_) if has("attention.sliding_window") => Some(g.get_usize(&key("attention.sliding_window"))?).filter(|&w| w > 0),
+            Some(_) if has("attention.sliding_window") => {
+                Some(g.get_usize(&key("attention.sliding_window"))?).filter(|&w| w > 0)
+            }
             _ => None,
         };
         let is_local: Vec<bool> = match (window, family.swa_pattern) {
-            (Some(_), Some(default_pattern)) => swa_layers(g, &key("attention.sliding_window_pattern"), num_layers, default_pattern)?,
+            (Some(_), Some(default_pattern)) => swa_layers(
+                g,
+                &key("attention.sliding_window_pattern"),
+                num_layers,
+                default_pattern,
+            )?,
             _ => vec![false; num_layers],
         };
         let local_rope = Rope {
-            freq_base: if has("rope.freq_base_swa") { f32_key("rope.freq_base_swa")? } else { 10000.0 },
+            freq_base: if has("rope.freq_base_swa") {
+                f32_key("rope.freq_base_swa")?
+            } else {
+                10000.0
+            },
             freq_scale: 1.0,
             ..global_rope
         };
         let layers = is_local
             .iter()
-            .map(|&local| if local { LayerOptions { rope: local_rope, window } } else { LayerOptions { rope: global_rope, window: None } })
+            .map(|&local| {
+                if local {
+                    LayerOptions {
+                        rope: local_rope,
+                        window,
+                    }
+                } else {
+                    LayerOptions {
+                        rope: global_rope,
+                        window: None,
+                    }
+                }
+            })
             .collect();
 
         // gemma3 27B scales queries by 1/sqrt(n_embd / n_heads) (its query_pre_attn_scalar),
         // every other size by 1/sqrt(head_dim): llama.cpp tells them apart by the layer count.
-        let scale_dim = if arch == "gemma3" && num_layers == 62 { n_embd / n_heads } else { head_dim };
-        let final_logit_softcap = if has("final_logit_softcapping") { Some(f32_key("final_logit_softcapping")?) } else { None };
+        let scale_dim = if arch == "gemma3" && num_layers == 62 {
+            n_embd / n_heads
+        } else {
+            head_dim
+        };
+        let final_logit_softcap = if has("final_logit_softcapping") {
+            Some(f32_key("final_logit_softcapping")?)
+        } else {
+            None
+        };
         Ok(ModelConfig {
             architecture: arch,
             num_layers,
@@ -197,7 +279,11 @@ impl ModelConfig {
             rms_eps,
             activation: family.activation,
             attn_scale: 1.0 / (scale_dim as f32).sqrt(),
-            embd_scale: if family.scale_embeddings { (n_embd as f32).sqrt() } else { 1.0 },
+            embd_scale: if family.scale_embeddings {
+                (n_embd as f32).sqrt()
+            } else {
+                1.0
+            },
             qk_norm: family.qk_norm,
             post_norms: family.post_norms,
             final_logit_softcap,
@@ -218,7 +304,12 @@ impl ModelConfig {
 
 /// Which layers attend locally, from `key`: an array of one bool per layer, or a period N,
 /// or `default_pattern` when absent (llama.cpp's `load_swa_pattern`).
-fn swa_layers(g: &GgufFile, key: &str, num_layers: usize, default_pattern: usize) -> Result<Vec<bool>> {
+fn swa_layers(
+    g: &GgufFile,
+    key: &str,
+    num_layers: usize,
+    default_pattern: usize,
+) -> Result<Vec<bool>> {
     let pattern = match g.get(key) {
         Some(MetaValue::Array(MetaArray::Bool(v))) => {
             if v.len() != num_layers {
@@ -235,7 +326,9 @@ fn swa_layers(g: &GgufFile, key: &str, num_layers: usize, default_pattern: usize
 /// Every layer local but each `pattern`-th (layers pattern-1, 2*pattern-1, ...); 0: all local
 /// (llama.cpp's `set_swa_pattern`).
 fn swa_pattern(pattern: usize, num_layers: usize) -> Vec<bool> {
-    (0..num_layers).map(|l| pattern == 0 || l % pattern < pattern - 1).collect()
+    (0..num_layers)
+        .map(|l| pattern == 0 || l % pattern < pattern - 1)
+        .collect()
 }
 
 #[cfg(test)]

@@ -29,7 +29,11 @@ struct Quantized<'a> {
 
 impl<'a> Quantized<'a> {
     fn new(x: &'a [f32], n_in: usize) -> Self {
-        Quantized { x, n_in, cache: Vec::new() }
+        Quantized {
+            x,
+            n_in,
+            cache: Vec::new(),
+        }
     }
 
     /// `out = x @ m^T`: [n_rows][m.n_out].
@@ -38,7 +42,8 @@ impl<'a> Quantized<'a> {
         let idx = match self.cache.iter().position(|(ct, _)| *ct == t) {
             Some(i) => i,
             None => {
-                self.cache.push((t, kernels::quantize_rows(t, self.x, self.n_in)));
+                self.cache
+                    .push((t, kernels::quantize_rows(t, self.x, self.n_in)));
                 self.cache.len() - 1
             }
         };
@@ -46,8 +51,18 @@ impl<'a> Quantized<'a> {
         out.resize(n_rows * m.n_out, 0.0);
         // One row (decode) streams a Q4_1 matrix's interleaved copy: the same results, bit for bit.
         match m.interleaved(g) {
-            Some(w8) if n_rows == 1 => kernels::matvec_q4_1x8(w8, m.n_in, m.n_out, &self.cache[idx].1, out),
-            _ => kernels::matmul(m.ttype, m.bytes(g), m.n_in, m.n_out, &self.cache[idx].1, n_rows, out),
+            Some(w8) if n_rows == 1 => {
+                kernels::matvec_q4_1x8(w8, m.n_in, m.n_out, &self.cache[idx].1, out)
+            }
+            _ => kernels::matmul(
+                m.ttype,
+                m.bytes(g),
+                m.n_in,
+                m.n_out,
+                &self.cache[idx].1,
+                n_rows,
+                out,
+            ),
         }
     }
 
@@ -55,7 +70,8 @@ impl<'a> Quantized<'a> {
     fn linear(&mut self, g: &GgufFile, l: &Linear, out: &mut Vec<f32>) {
         self.matmul(g, &l.weight, out);
         if let Some(bias) = &l.bias {
-            out.chunks_exact_mut(bias.len()).for_each(|row| add_inplace(row, bias));
+            out.chunks_exact_mut(bias.len())
+                .for_each(|row| add_inplace(row, bias));
         }
     }
 }
@@ -88,7 +104,10 @@ impl Model {
             return Ok(Vec::new());
         }
         if let Some(&bad) = batch.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-            bail!("token id {bad} is outside the vocabulary of {} tokens", c.vocab_size);
+            bail!(
+                "token id {bad} is outside the vocabulary of {} tokens",
+                c.vocab_size
+            );
         }
         let (n_embd, q_dim, kv_dim, eps) = (c.n_embd, c.q_dim(), c.kv_dim(), c.rms_eps);
         let context_lens = batch.context_lens();
@@ -102,7 +121,8 @@ impl Model {
         // x: [n][n_embd], the residual stream, starting from the (scaled) token embeddings.
         let mut x = vec![0.0f32; n * n_embd];
         for (t, &tok) in batch.tokens.iter().enumerate() {
-            w.token_embd.dequantize_row(g, tok as usize, &mut x[t * n_embd..(t + 1) * n_embd]);
+            w.token_embd
+                .dequantize_row(g, tok as usize, &mut x[t * n_embd..(t + 1) * n_embd]);
         }
         if c.embd_scale != 1.0 {
             x.iter_mut().for_each(|v| *v *= c.embd_scale);
@@ -128,7 +148,16 @@ impl Model {
             let (k_cache, v_cache) = kv.layer_mut(l);
             kernels::kv_write(&k, &v, k_cache, v_cache, &batch.slot_mapping, kv_dim);
             let (k_cache, v_cache) = kv.layer(l);
-            kernels::paged_attention(&mut attn, &q, k_cache, v_cache, &kv.shape(c), &attn_batch, c.attn_scale, lo.window);
+            kernels::paged_attention(
+                &mut attn,
+                &q,
+                k_cache,
+                v_cache,
+                &kv.shape(c),
+                &attn_batch,
+                c.attn_scale,
+                lo.window,
+            );
             Quantized::new(&attn, q_dim).linear(g, &lw.wo, &mut proj);
             rms_norm_if(&mut proj, &lw.attn_post_norm, eps);
             add_inplace(&mut x, &proj);

@@ -34,10 +34,19 @@ impl Model {
     /// Opens and validates a GGUF model: every required key and tensor is checked here, so the
     /// forward pass never meets a missing or misshapen tensor.
     pub fn load(path: &Path) -> Result<Model> {
-        let file = GgufFile::open(path).with_context(|| format!("opening model {}", path.display()))?;
-        let config = ModelConfig::from_gguf(&file).with_context(|| format!("reading hyperparameters of {}", path.display()))?;
-        let weights = Weights::from_gguf(&file, &config).with_context(|| format!("reading weights of {}", path.display()))?;
-        let tokenizer = Tokenizer::from_gguf(&file).with_context(|| format!("building the tokenizer of {}", path.display()))?;
-        Ok(Model { file: Arc::new(file), config, weights, tokenizer })
+        let file =
+            GgufFile::open(path).with_context(|| format!("opening model {}", path.display()))?;
+        let config = ModelConfig::from_gguf(&file)
+            .with_context(|| format!("reading hyperparameters of {}", path.display()))?;
+        let weights = Weights::from_gguf(&file, &config)
+            .with_context(|| format!("reading weights of {}", path.display()))?;
+        let tokenizer = Tokenizer::from_gguf(&file)
+            .with_context(|| format!("building the tokenizer of {}", path.display()))?;
+        Ok(Model {
+            file: Arc::new(file),
+            config,
+            weights,
+            tokenizer,
+        })
     }
 }

@@ -41,12 +41,27 @@ impl Matrix {
     fn load(g: &GgufFile, name: &str, n_in: usize, n_out: usize) -> Result<Matrix> {
         let info = g.tensor(name)?.clone();
         if info.dims.len() != 2 || info.row_len() != n_in || info.n_rows() != n_out {
-            bail!("tensor '{name}' has shape {:?}, expected [{n_in}, {n_out}]", info.dims);
+            bail!(
+                "tensor '{name}' has shape {:?}, expected [{n_in}, {n_out}]",
+                info.dims
+            );
         }
-        if info.ttype.row_bytes(n_in).is_none() || info.ttype == TensorType::Q8_1 || info.ttype == TensorType::Q8_K {
-            bail!("tensor '{name}' of type {} cannot hold rows of {n_in}", info.ttype);
+        if info.ttype.row_bytes(n_in).is_none()
+            || info.ttype == TensorType::Q8_1
+            || info.ttype == TensorType::Q8_K
+        {
+            bail!(
+                "tensor '{name}' of type {} cannot hold rows of {n_in}",
+                info.ttype
+            );
         }
-        Ok(Matrix { ttype: info.ttype, info, n_in, n_out, interleaved: Interleaved::default() })
+        Ok(Matrix {
+            ttype: info.ttype,
+            info,
+            n_in,
+            n_out,
+            interleaved: Interleaved::default(),
+        })
     }
 
     /// For a Q4_1 matrix of whole groups of eight rows: its rows interleaved in eights
@@ -56,7 +71,11 @@ impl Matrix {
         if self.ttype != TensorType::Q4_1 || !self.n_out.is_multiple_of(8) {
             return None;
         }
-        Some(self.interleaved.0.get_or_init(|| kernels::repack_q4_1x8(self.bytes(g), self.n_in, self.n_out)))
+        Some(
+            self.interleaved
+                .0
+                .get_or_init(|| kernels::repack_q4_1x8(self.bytes(g), self.n_in, self.n_out)),
+        )
     }
 
     /// The raw bytes of the matrix: [n_out] rows of `row_bytes()`.
@@ -83,7 +102,9 @@ fn load_vector(g: &GgufFile, name: &str, n: usize) -> Result<Vec<f32>> {
     }
     let mut out = vec![0.0; n];
     match info.ttype {
-        TensorType::F32 | TensorType::F16 | TensorType::BF16 => kernels::dequantize_row(info.ttype, g.tensor_data(info), &mut out),
+        TensorType::F32 | TensorType::F16 | TensorType::BF16 => {
+            kernels::dequantize_row(info.ttype, g.tensor_data(info), &mut out)
+        }
         t => bail!("tensor '{name}' has type {t}, expected a float type"),
     }
     Ok(out)
@@ -146,8 +167,12 @@ impl Weights {
         let token_embd = Matrix::load(g, "token_embd.weight", c.n_embd, c.vocab_size)?;
         let layers = (0..c.num_layers)
             .map(|i| {
-                let linear = |name: &str, n_in, n_out| Linear::load(g, &format!("blk.{i}.{name}"), n_in, n_out);
-                let m = |name: &str, n_in, n_out| Matrix::load(g, &format!("blk.{i}.{name}.weight"), n_in, n_out);
+                let linear = |name: &str, n_in, n_out| {
+                    Linear::load(g, &format!("blk.{i}.{name}"), n_in, n_out)
+                };
+                let m = |name: &str, n_in, n_out| {
+                    Matrix::load(g, &format!("blk.{i}.{name}.weight"), n_in, n_out)
+                };
                 let norm = |name: &str, n| load_vector(g, &format!("blk.{i}.{name}.weight"), n);
                 let norm_if = |used: bool, name: &str, n| used.then(|| norm(name, n)).transpose();
                 Ok(LayerWeights {
@@ -172,8 +197,16 @@ impl Weights {
         let output = if g.find_tensor("output.weight").is_some() {
             Linear::load(g, "output", c.n_embd, c.vocab_size)?
         } else {
-            Linear { weight: token_embd.clone(), bias: None }
+            Linear {
+                weight: token_embd.clone(),
+                bias: None,
+            }
         };
-        Ok(Weights { token_embd, layers, output_norm, output })
+        Ok(Weights {
+            token_embd,
+            layers,
+            output_norm,
+            output,
+        })
     }
 }

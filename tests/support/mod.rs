@@ -9,8 +9,13 @@ use std::sync::OnceLock;
 use edge_llm::model::Model;
 
 pub fn model_path() -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(p.is_file(), "{} is missing: run scripts/fetch-model.sh", p.display());
+    let p =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        p.is_file(),
+        "{} is missing: run scripts/fetch-model.sh",
+        p.display()
+    );
     p
 }
 
@@ -28,5 +33,9 @@ pub fn reference() -> serde_json::Value {
 }
 
 pub fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array().expect("an array of ids").iter().map(|x| x.as_u64().expect("an id") as u32).collect()
+    v.as_array()
+        .expect("an array of ids")
+        .iter()
+        .map(|x| x.as_u64().expect("an id") as u32)
+        .collect()
 }
