@@ -579,16 +579,21 @@ static void matvec_q4_1x8_ref(const void *w8, const void *va, float *out, int64_
     }
 }
 
-int32_t el_matvec_q4_1x8(const void *w8, const void *a, float *out, int64_t n_in, int64_t o_begin, int64_t o_end) {
-    if (n_in <= 0 || n_in % QK != 0 || o_begin < 0 || o_end < o_begin || o_begin % 8 != 0 || o_end % 8 != 0) {
+int32_t el_matmul_q4_1x8(const void *w8, const void *a, int64_t a_row_bytes, float *out, int64_t out_stride,
+                         int64_t n_in, int64_t n_rows, int64_t o_begin, int64_t o_end) {
+    if (n_in <= 0 || n_in % QK != 0 || n_rows < 0 || a_row_bytes < 0 || o_begin < 0 || o_end < o_begin ||
+        o_begin % 8 != 0 || o_end % 8 != 0) {
         return EL_ERR_SHAPE;
     }
 #if defined(__x86_64__)
     if (el_isa_get() == EL_ISA_AVX2) {
-        el_matvec_q4_1x8_avx2(w8, a, out, n_in / QK, o_begin / 8, o_end / 8);
+        el_matmul_q4_1x8_avx2(w8, a, a_row_bytes, out, out_stride, n_in / QK, n_rows, o_begin / 8, o_end / 8);
         return EL_OK;
     }
 #endif
-    matvec_q4_1x8_ref(w8, a, out, n_in / QK, o_begin / 8, o_end / 8);
+    for (int64_t r = 0; r < n_rows; r++) {
+        matvec_q4_1x8_ref(w8, (const uint8_t *)a + r * a_row_bytes, out + r * out_stride, n_in / QK, o_begin / 8,
+                          o_end / 8);
+    }
     return EL_OK;
 }

@@ -255,6 +255,29 @@ impl GgufFile {
             .unwrap_or_else(|| panic!("tensor '{}' is not from {}", t.name, self.path.display()))
     }
 
+    /// Tells the OS this process no longer needs the pages of `t`'s data (`madvise(MADV_DONTNEED)`
+    /// on the whole pages inside it), for a tensor the model keeps in another layout: they leave
+    /// the process's resident memory. Best effort: a failure (locked pages, say) changes nothing.
+    /// Reading the tensor again stays correct: the map is read-only and backed by the file, so its
+    /// pages fault back in with the same bytes.
+    pub fn release_pages(&self, t: &TensorInfo) {
+        let data = self.tensor_data(t);
+        let page = 4096;
+        let start = (data.as_ptr() as usize - self.mmap.as_ptr() as usize).next_multiple_of(page);
+        let end = (data.as_ptr() as usize - self.mmap.as_ptr() as usize + data.len()) / page * page;
+        if end > start {
+            // SAFETY: the map is read-only and file-backed, so MADV_DONTNEED only drops pages that
+            // reload with identical contents on the next access; nothing holds them mutably.
+            let _ = unsafe {
+                self.mmap.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    start,
+                    end - start,
+                )
+            };
+        }
+    }
+
     /// Sum of all tensors' data sizes.
     pub fn total_tensor_bytes(&self) -> u64 {
         self.tensors.iter().map(|t| t.n_bytes).sum()

@@ -252,7 +252,7 @@ pub fn matmul(
 
 /// `w` (`[n_out]` Q4_1 rows of `n_in` elements, `n_out` a multiple of 8) copied into groups of
 /// eight rows with their blocks interleaved (`el_repack_q4_1x8`), the layout
-/// [`matvec_q4_1x8`] streams: the same number of bytes.
+/// [`matmul_q4_1x8`] reads: the same number of bytes.
 pub fn repack_q4_1x8(w: &[u8], n_in: usize, n_out: usize) -> Vec<u8> {
     let rb = row_bytes(TensorType::Q4_1, n_in);
     assert!(
@@ -280,46 +280,61 @@ pub fn repack_q4_1x8(w: &[u8], n_in: usize, n_out: usize) -> Vec<u8> {
     out
 }
 
-/// `out[o] = vec_dot(Q4_1 row o, a)` for one Q8_1 activation row `a`, reading the rows from
-/// `w8` (from [`repack_q4_1x8`]); bit-identical to [`matmul`] with one row. Chunks of 32
-/// columns run in parallel, as `matmul`'s decode tasks.
-pub fn matvec_q4_1x8(w8: &[u8], n_in: usize, n_out: usize, a: &[u8], out: &mut [f32]) {
+/// [`matmul`] of a Q4_1 matrix from its interleaved copy `w8` (from [`repack_q4_1x8`]):
+/// `out[r][o] = vec_dot(Q4_1 row o, a row r)` for `a` `[n_rows]` Q8_1 rows, bit-identical to
+/// `matmul`. Chunks of output columns (whole groups of 8) run in parallel, as `matmul`'s.
+pub fn matmul_q4_1x8(
+    w8: &[u8],
+    n_in: usize,
+    n_out: usize,
+    a: &[u8],
+    n_rows: usize,
+    out: &mut [f32],
+) {
+    let a_rb = row_bytes(TensorType::Q8_1, n_in);
     assert!(
         n_out.is_multiple_of(8),
-        "matvec_q4_1x8: {n_out} rows are not groups of 8"
+        "matmul_q4_1x8: {n_out} rows are not groups of 8"
     );
     assert_eq!(
         w8.len(),
         n_out * row_bytes(TensorType::Q4_1, n_in),
-        "matvec_q4_1x8: interleaved weights for [{n_out}][{n_in}]"
+        "matmul_q4_1x8: interleaved weights for [{n_out}][{n_in}]"
     );
     assert_eq!(
         a.len(),
-        row_bytes(TensorType::Q8_1, n_in),
-        "matvec_q4_1x8: one Q8_1 row of {n_in}"
+        n_rows * a_rb,
+        "matmul_q4_1x8: Q8_1 activations for [{n_rows}][{n_in}]"
     );
-    assert_eq!(out.len(), n_out, "matvec_q4_1x8: output for [{n_out}]");
-    assert_aligned(TensorType::Q4_1, w8, "matvec_q4_1x8 weights");
-    assert_aligned(TensorType::Q8_1, a, "matvec_q4_1x8 activations");
+    assert_eq!(
+        out.len(),
+        n_rows * n_out,
+        "matmul_q4_1x8: output for [{n_rows}][{n_out}]"
+    );
+    assert_aligned(TensorType::Q4_1, w8, "matmul_q4_1x8 weights");
+    assert_aligned(TensorType::Q8_1, a, "matmul_q4_1x8 activations");
     let shared = SharedOut(out.as_mut_ptr());
-    let cols = cols_per_task(n_out, 1);
+    let cols = cols_per_task(n_out, n_rows);
     (0..n_out.div_ceil(cols)).into_par_iter().for_each(|chunk| {
         let o_begin = chunk * cols;
         let o_end = (o_begin + cols).min(n_out);
-        // SAFETY: w8 holds the n_out / 8 groups of n_in / 32 blocks, a one Q8_1 row and out n_out
-        // floats (checked above); cols is a multiple of 8 and so is n_out, so [o_begin, o_end) is
-        // whole groups, and this task writes only those columns (see SharedOut).
+        // SAFETY: w8 holds the n_out / 8 groups of n_in / 32 blocks, a n_rows Q8_1 rows of a_rb
+        // bytes and out n_rows * n_out floats (checked above); cols is a multiple of 8 and so is
+        // n_out, so [o_begin, o_end) is whole groups, and this task writes only those columns.
         let status = unsafe {
-            bindings::el_matvec_q4_1x8(
+            bindings::el_matmul_q4_1x8(
                 w8.as_ptr().cast(),
                 a.as_ptr().cast(),
+                a_rb as i64,
                 shared.ptr(),
+                n_out as i64,
                 n_in as i64,
+                n_rows as i64,
                 o_begin as i64,
                 o_end as i64,
             )
         };
-        check_status(status, "el_matvec_q4_1x8");
+        check_status(status, "el_matmul_q4_1x8");
     });
 }
 

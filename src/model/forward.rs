@@ -49,12 +49,12 @@ impl<'a> Quantized<'a> {
         };
         let n_rows = self.x.len() / self.n_in;
         out.resize(n_rows * m.n_out, 0.0);
-        // One row (decode) streams a Q4_1 matrix's interleaved copy: the same results, bit for bit.
+        // A Q4_1 matrix is read from its interleaved copy: the same results, bit for bit.
         match m.interleaved(g) {
-            Some(w8) if n_rows == 1 => {
-                kernels::matvec_q4_1x8(w8, m.n_in, m.n_out, &self.cache[idx].1, out)
+            Some(w8) => {
+                kernels::matmul_q4_1x8(w8, m.n_in, m.n_out, &self.cache[idx].1, n_rows, out)
             }
-            _ => kernels::matmul(
+            None => kernels::matmul(
                 m.ttype,
                 m.bytes(g),
                 m.n_in,

@@ -1,7 +1,7 @@
 //! The model's weights as views into the mapped GGUF file: matrices stay quantized in the mmap;
-//! only the small norm and bias vectors are converted to f32 at load time. The one copy: a Q4_1
-//! matrix's rows interleaved in eights for one-row products (decode), made on first use
-//! ([`Matrix::interleaved`]; the default model's 66 MB of Q4_1, for 1.5x its decode tile).
+//! only the small norm and bias vectors are converted to f32 at load time. The one exception: a
+//! Q4_1 matrix is read from a copy with its rows interleaved in eights, made on first use, whose
+//! mapped pages are then released ([`Matrix::interleaved`]).
 //! Every tensor's presence, type and shape is checked here, naming the tensor on failure.
 
 use std::fmt;
@@ -65,17 +65,18 @@ impl Matrix {
     }
 
     /// For a Q4_1 matrix of whole groups of eight rows: its rows interleaved in eights
-    /// (`kernels::repack_q4_1x8`), the layout one-row products stream, made on the first call and
-    /// kept beside the mmap (batches read the rows as stored). `None` for other matrices.
+    /// (`kernels::repack_q4_1x8`), the layout `kernels::matmul_q4_1x8` reads, made on the first call;
+    /// the matrix's mapped pages are released then, so the copy replaces them in memory. `None` for
+    /// other matrices.
     pub fn interleaved<'a>(&'a self, g: &GgufFile) -> Option<&'a [u8]> {
         if self.ttype != TensorType::Q4_1 || !self.n_out.is_multiple_of(8) {
             return None;
         }
-        Some(
-            self.interleaved
-                .0
-                .get_or_init(|| kernels::repack_q4_1x8(self.bytes(g), self.n_in, self.n_out)),
-        )
+        Some(self.interleaved.0.get_or_init(|| {
+            let w8 = kernels::repack_q4_1x8(self.bytes(g), self.n_in, self.n_out);
+            g.release_pages(&self.info); // the copy replaces the mapped rows in memory
+            w8
+        }))
     }
 
     /// The raw bytes of the matrix: [n_out] rows of `row_bytes()`.
