@@ -103,24 +103,27 @@ int32_t el_matmul(int32_t type, const void *w, int64_t w_row_bytes, const void *
                   float *out, int64_t out_stride, int64_t n_in, int64_t n_rows, int64_t o_begin,
                   int64_t o_end);
 
-/* ---- Q4_1 rows interleaved in eights ------------------------------------------------------------
- * el_matmul reads a Q4_1 matrix eight rows at a time; stored row after row, that is eight streams
- * and eight scale loads per block. el_repack_q4_1x8 copies the matrix into groups of eight rows
- * whose blocks are interleaved (the same bytes, 20 per row and block), and el_matmul_q4_1x8 reads
- * that copy: one stream for one activation row, whole 32-byte loads and one load for eight scales
- * for batches. Each output is bit-identical to el_vec_dot, as el_matmul's. */
+/* ---- Rows interleaved in eights (Q4_1, Q8_0) ---------------------------------------------------
+ * el_matmul reads a matrix eight rows at a time; stored row after row, that is eight streams and
+ * eight scale loads per block. el_repack_x8 copies a Q4_1 or Q8_0 matrix into groups of eight rows
+ * whose blocks are interleaved (the same bytes), and el_matmul_x8 reads that copy: one stream for
+ * one activation row, whole loads and one load for eight scales for batches. Each output is
+ * bit-identical to el_vec_dot, as el_matmul's. */
 
-/* dst = w (n_out rows of nb Q4_1 blocks, n_out a multiple of 8) interleaved: group g = rows
- * [8g, 8g + 8), block i at dst + (g * nb + i) * 160. EL_ERR_SHAPE for a bad n_out or nb. */
-int32_t el_repack_q4_1x8(const void *w /* [n_out][nb] Q4_1 blocks */, int64_t n_out, int64_t nb,
-                         void *dst /* [n_out / 8][nb] interleaved blocks */);
-/* el_matmul of a Q4_1 matrix from its interleaved copy w8: out[r * out_stride + o] = el_vec_dot(Q4_1,
- * row o of the matrix, a row r), bit for bit, for r in [0, n_rows) and o in [o_begin, o_end) (both
- * multiples of 8); n_in a multiple of 32. */
-int32_t el_matmul_q4_1x8(const void *w8 /* [n_out / 8][n_in / 32] interleaved blocks */,
-                         const void *a /* [n_rows][n_in / 32] Q8_1 blocks, rows a_row_bytes apart */,
-                         int64_t a_row_bytes, float *out /* [n_rows][out_stride] */, int64_t out_stride,
-                         int64_t n_in, int64_t n_rows, int64_t o_begin, int64_t o_end);
+/* Whether el_repack_x8 and el_matmul_x8 take `type` (1) or not (0). */
+int32_t el_type_has_x8(int32_t type);
+/* dst = w (n_out rows of nb blocks of `type`, n_out a multiple of 8) interleaved: group g = rows
+ * [8g, 8g + 8), block i at dst + (g * nb + i) * 8 * block_bytes. EL_ERR_TYPE for a type without an
+ * interleaved layout, EL_ERR_SHAPE for a bad n_out or nb. */
+int32_t el_repack_x8(int32_t type, const void *w /* [n_out][nb] blocks */, int64_t n_out, int64_t nb,
+                     void *dst /* [n_out / 8][nb] interleaved blocks */);
+/* el_matmul from the interleaved copy w8: out[r * out_stride + o] = el_vec_dot(type, row o of the
+ * matrix, a row r), bit for bit, for r in [0, n_rows) and o in [o_begin, o_end) (both multiples of
+ * 8); n_in a multiple of 32. */
+int32_t el_matmul_x8(int32_t type, const void *w8 /* [n_out / 8][n_in / 32] interleaved blocks */,
+                     const void *a /* [n_rows][n_in / 32] vec_dot blocks, rows a_row_bytes apart */,
+                     int64_t a_row_bytes, float *out /* [n_rows][out_stride] */, int64_t out_stride,
+                     int64_t n_in, int64_t n_rows, int64_t o_begin, int64_t o_end);
 
 /* ---- Elementwise and row operations (f32) ---------------------------------------------------
  * Each runs the variant el_isa_get() names (GeGLU: the reference only). */

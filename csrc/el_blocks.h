@@ -29,9 +29,9 @@ typedef struct {
 } el_block_q4_1;
 _Static_assert(sizeof(el_block_q4_1) == 20, "block_q4_1 layout");
 
-/* Block i of eight Q4_1 rows interleaved (el_repack_q4_1x8), for one-row products: the rows'
- * scales and mins side by side (one load each), then their quants in the row order 0 4 1 5 2 6 3
- * 7, so one 32-byte load holds rows c and c + 4. */
+/* Block i of eight Q4_1 rows interleaved (el_repack_x8): the rows' scales and mins side by side
+ * (one load each), then their quants in the row order 0 4 1 5 2 6 3 7, so one 32-byte load holds
+ * rows c and c + 4. */
 typedef struct {
     uint16_t d[8], m[8];
     uint8_t qs[8][QK / 2];
@@ -63,6 +63,14 @@ typedef struct {
     int8_t qs[QK];
 } el_block_q8_0;
 _Static_assert(sizeof(el_block_q8_0) == 34, "block_q8_0 layout");
+
+/* Block i of eight Q8_0 rows interleaved (el_repack_x8): the rows' scales side by side, then
+ * their quants in row order. */
+typedef struct {
+    uint16_t d[8];
+    int8_t qs[8][QK];
+} el_block_q8_0x8;
+_Static_assert(sizeof(el_block_q8_0x8) == 8 * sizeof(el_block_q8_0), "block_q8_0x8 layout");
 
 /* x[i] = d * qs[i]; s = d * sum(qs) carries the block sum that a Q4_1/Q5_1 min multiplies. */
 typedef struct {

@@ -538,62 +538,79 @@ int32_t el_matmul(int32_t type, const void *w, int64_t w_row_bytes, const void *
     return EL_OK;
 }
 
-/* ---- Q4_1 rows interleaved in eights ---------------------------------------------------------- */
+/* ---- Rows interleaved in eights (Q4_1, Q8_0) ---------------------------------------------------- */
 
-int32_t el_repack_q4_1x8(const void *w, int64_t n_out, int64_t nb, void *dst) {
+int32_t el_type_has_x8(int32_t type) { return type == EL_TYPE_Q4_1 || type == EL_TYPE_Q8_0; }
+
+int32_t el_repack_x8(int32_t type, const void *w, int64_t n_out, int64_t nb, void *dst) {
+    if (!el_type_has_x8(type)) return EL_ERR_TYPE;
     if (n_out < 0 || n_out % 8 != 0 || nb <= 0) return EL_ERR_SHAPE;
-    const el_block_q4_1 *x = w;
-    el_block_q4_1x8 *y = dst;
     for (int64_t g = 0; g < n_out / 8; g++) {
         for (int64_t i = 0; i < nb; i++) {
-            el_block_q4_1x8 *b = &y[g * nb + i];
             for (int c = 0; c < 8; c++) {
-                const el_block_q4_1 *r = &x[(g * 8 + c) * nb + i];
-                b->d[c] = r->d;
-                b->m[c] = r->m;
-                memcpy(b->qs[EL_Q4_1X8_SLOT(c)], r->qs, QK / 2);
+                const int64_t at = (g * 8 + c) * nb + i; /* row 8g + c, block i */
+                if (type == EL_TYPE_Q4_1) {
+                    const el_block_q4_1 *r = (const el_block_q4_1 *)w + at;
+                    el_block_q4_1x8 *b = (el_block_q4_1x8 *)dst + g * nb + i;
+                    b->d[c] = r->d;
+                    b->m[c] = r->m;
+                    memcpy(b->qs[EL_Q4_1X8_SLOT(c)], r->qs, QK / 2);
+                } else {
+                    const el_block_q8_0 *r = (const el_block_q8_0 *)w + at;
+                    el_block_q8_0x8 *b = (el_block_q8_0x8 *)dst + g * nb + i;
+                    b->d[c] = r->d;
+                    memcpy(b->qs[c], r->qs, QK);
+                }
             }
         }
     }
     return EL_OK;
 }
 
-/* dot_q4_1_q8_1 of each of a group's eight rows, reading them from the interleaved blocks. */
-static void matvec_q4_1x8_ref(const void *w8, const void *va, float *out, int64_t nb, int64_t g_begin,
-                              int64_t g_end) {
-    const el_block_q4_1x8 *w = w8;
-    const el_block_q8_1 *a = va;
+/* dot_q4_1_q8_1 and dot_q8_0_q8_0 of each of a group's eight rows, reading them from the
+ * interleaved blocks. */
+static void matvec_x8_ref(int32_t type, const void *w8, const void *a, float *out, int64_t nb, int64_t g_begin,
+                          int64_t g_end) {
     int8_t q[QK];
     for (int64_t g = g_begin; g < g_end; g++) {
         for (int c = 0; c < 8; c++) {
             float sum = 0.0f;
             for (int64_t i = 0; i < nb; i++) {
-                const el_block_q4_1x8 *b = &w[g * nb + i];
-                unpack_nibbles(b->qs[EL_Q4_1X8_SLOT(c)], q);
-                const int32_t isum = dot_i8(q, a[i].qs);
-                sum += (el_fp16_to_fp32(b->d[c]) * el_fp16_to_fp32(a[i].d)) * (float)isum +
-                       el_fp16_to_fp32(b->m[c]) * el_fp16_to_fp32(a[i].s);
+                if (type == EL_TYPE_Q4_1) {
+                    const el_block_q4_1x8 *b = (const el_block_q4_1x8 *)w8 + g * nb + i;
+                    const el_block_q8_1 *ab = (const el_block_q8_1 *)a + i;
+                    unpack_nibbles(b->qs[EL_Q4_1X8_SLOT(c)], q);
+                    const int32_t isum = dot_i8(q, ab->qs);
+                    sum += (el_fp16_to_fp32(b->d[c]) * el_fp16_to_fp32(ab->d)) * (float)isum +
+                           el_fp16_to_fp32(b->m[c]) * el_fp16_to_fp32(ab->s);
+                } else {
+                    const el_block_q8_0x8 *b = (const el_block_q8_0x8 *)w8 + g * nb + i;
+                    const el_block_q8_0 *ab = (const el_block_q8_0 *)a + i;
+                    const int32_t isum = dot_i8(b->qs[c], ab->qs);
+                    sum += (el_fp16_to_fp32(b->d[c]) * el_fp16_to_fp32(ab->d)) * (float)isum;
+                }
             }
             out[g * 8 + c] = sum;
         }
     }
 }
 
-int32_t el_matmul_q4_1x8(const void *w8, const void *a, int64_t a_row_bytes, float *out, int64_t out_stride,
-                         int64_t n_in, int64_t n_rows, int64_t o_begin, int64_t o_end) {
+int32_t el_matmul_x8(int32_t type, const void *w8, const void *a, int64_t a_row_bytes, float *out, int64_t out_stride,
+                     int64_t n_in, int64_t n_rows, int64_t o_begin, int64_t o_end) {
+    if (!el_type_has_x8(type)) return EL_ERR_TYPE;
     if (n_in <= 0 || n_in % QK != 0 || n_rows < 0 || a_row_bytes < 0 || o_begin < 0 || o_end < o_begin ||
         o_begin % 8 != 0 || o_end % 8 != 0) {
         return EL_ERR_SHAPE;
     }
 #if defined(__x86_64__)
     if (el_isa_get() == EL_ISA_AVX2) {
-        el_matmul_q4_1x8_avx2(w8, a, a_row_bytes, out, out_stride, n_in / QK, n_rows, o_begin / 8, o_end / 8);
+        el_matmul_x8_avx2(type, w8, a, a_row_bytes, out, out_stride, n_in / QK, n_rows, o_begin / 8, o_end / 8);
         return EL_OK;
     }
 #endif
     for (int64_t r = 0; r < n_rows; r++) {
-        matvec_q4_1x8_ref(w8, (const uint8_t *)a + r * a_row_bytes, out + r * out_stride, n_in / QK, o_begin / 8,
-                          o_end / 8);
+        matvec_x8_ref(type, w8, (const uint8_t *)a + r * a_row_bytes, out + r * out_stride, n_in / QK, o_begin / 8,
+                      o_end / 8);
     }
     return EL_OK;
 }

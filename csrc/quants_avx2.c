@@ -273,7 +273,7 @@ EL_AI void tile_nib(const int type, const int R, const int C, const uint8_t *con
     for (int v = 0; v < NV; v++) _mm256_storeu_ps(sums + 8 * v, _mm256_permutevar8x32_ps(sum[v], nib_src(R, C, v)));
 }
 
-/* ---- Q4_1 rows interleaved in eights ----------------------------------------------------------
+/* ---- Rows interleaved in eights: Q4_1 -----------------------------------------------------------
  * Tiles over el_block_q4_1x8 blocks with tile_nib's lane arithmetic (so bit-identical to
  * dot_q4_1_q8_1): a 32-byte load holds rows c and c + 4 of a group, and the group's eight scales
  * and mins are one load each. Measured on one thread against the row-major tiles: one row 2.0x
@@ -363,8 +363,8 @@ static void tile_q4_1x8_4(const el_block_q4_1x8 *b, const el_block_q8_1 *const *
     }
 }
 
-void el_matmul_q4_1x8_avx2(const void *w8, const void *a, int64_t a_row_bytes, float *out, int64_t out_stride,
-                           int64_t nb, int64_t n_rows, int64_t g_begin, int64_t g_end) {
+static void matmul_q4_1x8(const void *w8, const void *a, int64_t a_row_bytes, float *out, int64_t out_stride,
+                          int64_t nb, int64_t n_rows, int64_t g_begin, int64_t g_end) {
     const el_block_q4_1x8 *w = w8;
     const uint8_t *a8 = a;
     if (n_rows == 1 || nb > X8_ROW_SCALES_MAX_NB) { /* one row at a time: the streaming matvec */
@@ -389,6 +389,100 @@ void el_matmul_q4_1x8_avx2(const void *w8, const void *a, int64_t a_row_bytes, f
         for (int64_t g = g_begin; g < g_end; g++) {
             tile_q4_1x8_4(w + g * nb, ap, rowsc, nb, out + r0 * out_stride + 8 * g, out_stride, left);
         }
+    }
+}
+
+/* ---- Rows interleaved in eights: Q8_0 -----------------------------------------------------------
+ * Tiles over el_block_q8_0x8 blocks with tile32's lane arithmetic for Q8_0 (so bit-identical to
+ * dot_q8_0_q8_0): each row's 32 quants are one load, the group's eight scales one more. */
+
+/* One activation row: a group's eight rows reduce (reduce8) to one vector in row order; one stream,
+ * prefetched 16 blocks (4.25 KiB) ahead. */
+static void matvec_q8_0x8(const el_block_q8_0x8 *w8, const el_block_q8_0 *act, float *out, int64_t nb,
+                          int64_t g_begin, int64_t g_end) {
+    const __m256i ones16 = _mm256_set1_epi16(1);
+    for (int64_t g = g_begin; g < g_end; g++) {
+        const el_block_q8_0x8 *b = w8 + g * nb;
+        __m256 sum = _mm256_setzero_ps();
+        for (int64_t i = 0; i < nb; i++) {
+            const char *ahead = (const char *)(b + i) + 16 * sizeof(el_block_q8_0x8);
+            for (int l = 0; l < 5; l++) _mm_prefetch(ahead + 64 * l, _MM_HINT_T0);
+            const __m256i av = el_loadu_256(act[i].qs);
+            __m256i p[8];
+            for (int c = 0; c < 8; c++) {
+                const __m256i w = el_loadu_256(b[i].qs[c]);
+                p[c] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(av, w)), ones16);
+            }
+            const __m256 isum = _mm256_cvtepi32_ps(el_reduce8_epi32(p));
+            const __m256 dw = _mm256_cvtph_ps(el_loadu_128(b[i].d));
+            const __m256 da = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)el_load_u16((const uint8_t *)&act[i].d))));
+            sum = _mm256_add_ps(sum, _mm256_mul_ps(_mm256_mul_ps(dw, da), isum));
+        }
+        _mm256_storeu_ps(out + 8 * g, sum);
+    }
+}
+
+/* Four activation rows (ap, the last repeated past n_rows) by one group, two columns at a time:
+ * lane p = 2r + j for row r and column 2q + j. rowsc: per block, d of rows (0, 0, 1, 1, .. 3, 3). */
+static void tile_q8_0x8_4(const el_block_q8_0x8 *b, const el_block_q8_0 *const *ap, const __m256 *rowsc, int64_t nb,
+                          float *out, int64_t out_stride, int64_t left) {
+    const __m256i ones16 = _mm256_set1_epi16(1);
+    for (int q = 0; q < 4; q++) {
+        const __m256i cols = _mm256_setr_epi32(2 * q, 2 * q + 1, 2 * q, 2 * q + 1, 2 * q, 2 * q + 1, 2 * q, 2 * q + 1);
+        __m256 sum = _mm256_setzero_ps();
+        for (int64_t i = 0; i < nb; i++) {
+            const __m256i w0 = el_loadu_256(b[i].qs[2 * q]), w1 = el_loadu_256(b[i].qs[2 * q + 1]);
+            const __m256i s0 = _mm256_sign_epi8(w0, w0), s1 = _mm256_sign_epi8(w1, w1);
+            __m256i p[8];
+            for (int r = 0; r < 4; r++) {
+                const __m256i av = el_loadu_256(ap[r][i].qs);
+                p[2 * r] = _mm256_madd_epi16(_mm256_maddubs_epi16(s0, _mm256_sign_epi8(av, w0)), ones16);
+                p[2 * r + 1] = _mm256_madd_epi16(_mm256_maddubs_epi16(s1, _mm256_sign_epi8(av, w1)), ones16);
+            }
+            const __m256 isum = _mm256_cvtepi32_ps(el_reduce8_epi32(p));
+            const __m256 dw = _mm256_permutevar8x32_ps(_mm256_cvtph_ps(el_loadu_128(b[i].d)), cols);
+            sum = _mm256_add_ps(sum, _mm256_mul_ps(_mm256_mul_ps(dw, rowsc[i]), isum));
+        }
+        float s[8];
+        _mm256_storeu_ps(s, sum);
+        for (int p = 0; p < 8; p++) {
+            if (p / 2 < left) out[(p / 2) * out_stride + 2 * q + p % 2] = s[p];
+        }
+    }
+}
+
+static void matmul_q8_0x8(const void *w8, const void *a, int64_t a_row_bytes, float *out, int64_t out_stride,
+                          int64_t nb, int64_t n_rows, int64_t g_begin, int64_t g_end) {
+    const el_block_q8_0x8 *w = w8;
+    const uint8_t *a8 = a;
+    if (n_rows == 1 || nb > X8_ROW_SCALES_MAX_NB) { /* one row at a time: the streaming matvec */
+        for (int64_t r = 0; r < n_rows; r++) {
+            matvec_q8_0x8(w, (const el_block_q8_0 *)(a8 + r * a_row_bytes), out + r * out_stride, nb, g_begin, g_end);
+        }
+        return;
+    }
+    __m256 rowsc[X8_ROW_SCALES_MAX_NB];
+    for (int64_t r0 = 0; r0 < n_rows; r0 += 4) {
+        const int64_t left = n_rows - r0;
+        const el_block_q8_0 *ap[4];
+        for (int r = 0; r < 4; r++) ap[r] = (const el_block_q8_0 *)(a8 + (r0 + (r < left ? r : left - 1)) * a_row_bytes);
+        for (int64_t i = 0; i < nb; i++) {
+            const __m128i d = _mm_setr_epi16((short)ap[0][i].d, (short)ap[0][i].d, (short)ap[1][i].d, (short)ap[1][i].d,
+                                             (short)ap[2][i].d, (short)ap[2][i].d, (short)ap[3][i].d, (short)ap[3][i].d);
+            rowsc[i] = _mm256_cvtph_ps(d);
+        }
+        for (int64_t g = g_begin; g < g_end; g++) {
+            tile_q8_0x8_4(w + g * nb, ap, rowsc, nb, out + r0 * out_stride + 8 * g, out_stride, left);
+        }
+    }
+}
+
+void el_matmul_x8_avx2(int32_t type, const void *w8, const void *a, int64_t a_row_bytes, float *out,
+                       int64_t out_stride, int64_t nb, int64_t n_rows, int64_t g_begin, int64_t g_end) {
+    if (type == EL_TYPE_Q4_1) {
+        matmul_q4_1x8(w8, a, a_row_bytes, out, out_stride, nb, n_rows, g_begin, g_end);
+    } else {
+        matmul_q8_0x8(w8, a, a_row_bytes, out, out_stride, nb, n_rows, g_begin, g_end);
     }
 }
 

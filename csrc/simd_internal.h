@@ -42,9 +42,9 @@ const el_simd_quant_kernels *el_simd_quant(int32_t type);
 const el_simd_quant_kernels *el_avx2_quant(int32_t type);
 const el_simd_quant_kernels *el_avx2_quant_k(int32_t type);
 
-/* quants_avx2.c: el_matmul_q4_1x8 over column groups [g_begin, g_end) of nb blocks. */
-void el_matmul_q4_1x8_avx2(const void *w8, const void *a, int64_t a_row_bytes, float *out, int64_t out_stride,
-                           int64_t nb, int64_t n_rows, int64_t g_begin, int64_t g_end);
+/* quants_avx2.c: el_matmul_x8 (Q4_1 or Q8_0) over column groups [g_begin, g_end) of nb blocks. */
+void el_matmul_x8_avx2(int32_t type, const void *w8, const void *a, int64_t a_row_bytes, float *out,
+                       int64_t out_stride, int64_t nb, int64_t n_rows, int64_t g_begin, int64_t g_end);
 
 /* ops_avx2.c: the row operations, same arguments as their public entry points. */
 void el_rms_norm_avx2(const float *x, const float *w, float *y, int64_t n_rows, int64_t n, float eps);

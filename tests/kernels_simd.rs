@@ -23,8 +23,8 @@ use std::time::Instant;
 
 use edge_llm::generate::SequenceRunner;
 use edge_llm::kernels::{
-    available_isas, current_isa, glu_inplace, isa_available, kv_write, matmul, matmul_q4_1x8,
-    paged_attention, quantize_rows, repack_q4_1x8, rms_norm, rope, set_isa, vec_dot, Activation,
+    available_isas, current_isa, glu_inplace, isa_available, kv_write, matmul, matmul_x8,
+    paged_attention, quantize_rows, repack_x8, rms_norm, rope, set_isa, vec_dot, Activation,
     AttentionBatch, AttentionShape, Isa, Rope, RopeStyle,
 };
 use edge_llm::tensor_type::TensorType;
@@ -317,43 +317,45 @@ fn matmul_equals_vec_dot_on_every_isa() {
 }
 
 #[test]
-fn interleaved_q4_1_matmul_equals_vec_dot_on_every_isa() {
-    // Q4_1 matrices are read from a copy with their rows interleaved in eights; every output
-    // equals the same ISA's vec_dot on the row as stored (and so the reference's), bit for bit:
-    // lengths of one block to many, one group of rows to several tasks' worth, one activation row
-    // (the streaming path) and batches that fill 4-row tiles or leave a partial one.
+fn interleaved_matmul_equals_vec_dot_on_every_isa() {
+    // Q4_1 and Q8_0 matrices are read from copies with their rows interleaved in eights; every
+    // output equals the same ISA's vec_dot on the row as stored (and so the reference's), bit for
+    // bit: lengths of one block to many, one group of rows to several tasks' worth, one activation
+    // row (the streaming path) and batches that fill 4-row tiles or leave a partial one.
     let _guard = lock_isa();
     let mut rng = Rng(21);
-    let t = TensorType::Q4_1;
-    for (n_in, n_out) in [(32, 8), (576, 1536), (1536, 72), (96, 40)] {
-        let w = quantize_rows(t, &test_data(&mut rng, n_out * n_in), n_in);
-        let w8 = repack_q4_1x8(&w, n_in, n_out);
-        assert_eq!(
-            w8.len(),
-            w.len(),
-            "the interleaved copy holds the same bytes"
-        );
-        let max_rows = 9;
-        let a = quantize_rows(
-            t.vec_dot_type(),
-            &activation_data(&mut rng, max_rows * n_in),
-            n_in,
-        );
-        let (w_rb, a_rb) = (w.len() / n_out, a.len() / max_rows);
-        for isa in available_isas() {
-            set_isa(isa).unwrap();
-            for n_rows in [1, 2, 3, 4, 5, 9] {
-                let mut out = vec![f32::NAN; n_rows * n_out];
-                matmul_q4_1x8(&w8, n_in, n_out, &a[..n_rows * a_rb], n_rows, &mut out);
-                for r in 0..n_rows {
-                    for o in 0..n_out {
-                        let want = vec_dot(t, n_in, &w[o * w_rb..][..w_rb], &a[r * a_rb..][..a_rb]);
-                        let got = out[r * n_out + o];
-                        assert_eq!(
-                            got.to_bits(),
-                            want.to_bits(),
-                            "{isa} [{n_out}][{n_in}], {n_rows} rows, row {r} output {o}: {got} vs vec_dot {want}"
-                        );
+    for t in [TensorType::Q4_1, TensorType::Q8_0] {
+        for (n_in, n_out) in [(32, 8), (576, 1536), (1536, 72), (96, 40)] {
+            let w = quantize_rows(t, &test_data(&mut rng, n_out * n_in), n_in);
+            let w8 = repack_x8(t, &w, n_in, n_out);
+            assert_eq!(
+                w8.len(),
+                w.len(),
+                "the interleaved copy holds the same bytes"
+            );
+            let max_rows = 9;
+            let a = quantize_rows(
+                t.vec_dot_type(),
+                &activation_data(&mut rng, max_rows * n_in),
+                n_in,
+            );
+            let (w_rb, a_rb) = (w.len() / n_out, a.len() / max_rows);
+            for isa in available_isas() {
+                set_isa(isa).unwrap();
+                for n_rows in [1, 2, 3, 4, 5, 9] {
+                    let mut out = vec![f32::NAN; n_rows * n_out];
+                    matmul_x8(t, &w8, n_in, n_out, &a[..n_rows * a_rb], n_rows, &mut out);
+                    for r in 0..n_rows {
+                        for o in 0..n_out {
+                            let want =
+                                vec_dot(t, n_in, &w[o * w_rb..][..w_rb], &a[r * a_rb..][..a_rb]);
+                            let got = out[r * n_out + o];
+                            assert_eq!(
+                                got.to_bits(),
+                                want.to_bits(),
+                                "{isa} {t} [{n_out}][{n_in}], {n_rows} rows, row {r} output {o}: {got} vs vec_dot {want}"
+                            );
+                        }
                     }
                 }
             }

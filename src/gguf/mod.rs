@@ -255,24 +255,31 @@ impl GgufFile {
             .unwrap_or_else(|| panic!("tensor '{}' is not from {}", t.name, self.path.display()))
     }
 
-    /// Tells the OS this process no longer needs the pages of `t`'s data (`madvise(MADV_DONTNEED)`
-    /// on the whole pages inside it), for a tensor the model keeps in another layout: they leave
-    /// the process's resident memory. Best effort: a failure (locked pages, say) changes nothing.
-    /// Reading the tensor again stays correct: the map is read-only and backed by the file, so its
-    /// pages fault back in with the same bytes.
-    pub fn release_pages(&self, t: &TensorInfo) {
-        let data = self.tensor_data(t);
-        let page = 4096;
-        let start = (data.as_ptr() as usize - self.mmap.as_ptr() as usize).next_multiple_of(page);
-        let end = (data.as_ptr() as usize - self.mmap.as_ptr() as usize + data.len()) / page * page;
-        if end > start {
+    /// Tells the OS this process no longer needs the pages of `data` (a slice of this file's map,
+    /// such as part of a tensor the model keeps in another layout): `madvise(MADV_DONTNEED)` on the
+    /// whole pages inside it, so they leave the process's resident memory. Best effort: a failure
+    /// (locked pages, say), or a slice from elsewhere, changes nothing. Reading the data again stays
+    /// correct: the map is read-only and backed by the file, so its pages fault back in with the
+    /// same bytes.
+    pub fn release_pages(&self, data: &[u8]) {
+        const PAGE: usize = 4096;
+        let base = self.mmap.as_ptr() as usize;
+        let (begin, end) = (data.as_ptr() as usize, data.as_ptr() as usize + data.len());
+        if begin < base || end > base + self.mmap.len() {
+            return;
+        }
+        let (start, stop) = (
+            (begin - base).next_multiple_of(PAGE),
+            (end - base) / PAGE * PAGE,
+        );
+        if stop > start {
             // SAFETY: the map is read-only and file-backed, so MADV_DONTNEED only drops pages that
             // reload with identical contents on the next access; nothing holds them mutably.
             let _ = unsafe {
                 self.mmap.unchecked_advise_range(
                     memmap2::UncheckedAdvice::DontNeed,
                     start,
-                    end - start,
+                    stop - start,
                 )
             };
         }

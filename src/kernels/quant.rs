@@ -250,40 +250,61 @@ pub fn matmul(
     });
 }
 
-/// `w` (`[n_out]` Q4_1 rows of `n_in` elements, `n_out` a multiple of 8) copied into groups of
-/// eight rows with their blocks interleaved (`el_repack_q4_1x8`), the layout
-/// [`matmul_q4_1x8`] reads: the same number of bytes.
-pub fn repack_q4_1x8(w: &[u8], n_in: usize, n_out: usize) -> Vec<u8> {
-    let rb = row_bytes(TensorType::Q4_1, n_in);
+/// Whether `t` has an interleaved layout ([`repack_x8`], [`matmul_x8`]): Q4_1 and Q8_0.
+pub fn has_x8(t: TensorType) -> bool {
+    // SAFETY: a pure table lookup.
+    unsafe { bindings::el_type_has_x8(type_id(t)) != 0 }
+}
+
+/// `w` (`[n_out]` rows of `n_in` elements of `t`, a type with [`has_x8`], `n_out` a multiple of
+/// 8) copied into groups of eight rows with their blocks interleaved (`el_repack_x8`), the layout
+/// [`matmul_x8`] reads: the same number of bytes.
+pub fn repack_x8(t: TensorType, w: &[u8], n_in: usize, n_out: usize) -> Vec<u8> {
+    let mut out = vec![0u8; w.len()];
+    repack_x8_into(t, w, n_in, n_out, &mut out);
+    out
+}
+
+/// [`repack_x8`] into `dst` (as many bytes as `w`). Rows `[8k, 8m)` of `w` become bytes
+/// `[8k, 8m) * row_bytes` of the copy, so a matrix can be repacked a slice of rows at a time.
+pub fn repack_x8_into(t: TensorType, w: &[u8], n_in: usize, n_out: usize, dst: &mut [u8]) {
+    assert!(has_x8(t), "repack_x8: {t} has no interleaved layout");
+    let rb = row_bytes(t, n_in);
     assert!(
         n_out.is_multiple_of(8),
-        "repack_q4_1x8: {n_out} rows are not groups of 8"
+        "repack_x8: {n_out} rows are not groups of 8"
     );
     assert_eq!(
         w.len(),
         n_out * rb,
-        "repack_q4_1x8: Q4_1 weights for [{n_out}][{n_in}]"
+        "repack_x8: {t} weights for [{n_out}][{n_in}]"
     );
-    assert_aligned(TensorType::Q4_1, w, "repack_q4_1x8 weights");
-    let mut out = vec![0u8; w.len()];
-    // SAFETY: w holds n_out rows of n_in / 32 blocks and out as many bytes (checked above); the
-    // kernel writes exactly n_out / 8 * nb interleaved blocks of 8 * 20 bytes.
+    assert_eq!(
+        dst.len(),
+        w.len(),
+        "repack_x8: the copy of [{n_out}][{n_in}]"
+    );
+    assert_aligned(t, w, "repack_x8 weights");
+    // SAFETY: w holds n_out rows of n_in / 32 blocks and dst as many bytes (checked above); the
+    // kernel writes exactly n_out / 8 * nb interleaved blocks of eight blocks each.
     let status = unsafe {
-        bindings::el_repack_q4_1x8(
+        bindings::el_repack_x8(
+            type_id(t),
             w.as_ptr().cast(),
             n_out as i64,
             (n_in / 32) as i64,
-            out.as_mut_ptr().cast(),
+            dst.as_mut_ptr().cast(),
         )
     };
-    check_status(status, "el_repack_q4_1x8");
-    out
+    check_status(status, "el_repack_x8");
 }
 
-/// [`matmul`] of a Q4_1 matrix from its interleaved copy `w8` (from [`repack_q4_1x8`]):
-/// `out[r][o] = vec_dot(Q4_1 row o, a row r)` for `a` `[n_rows]` Q8_1 rows, bit-identical to
-/// `matmul`. Chunks of output columns (whole groups of 8) run in parallel, as `matmul`'s.
-pub fn matmul_q4_1x8(
+/// [`matmul`] of a `t` matrix from its interleaved copy `w8` (from [`repack_x8`]):
+/// `out[r][o] = vec_dot(t row o, a row r)` for `a` `[n_rows]` rows of `t.vec_dot_type()`,
+/// bit-identical to `matmul`. Chunks of output columns (whole groups of 8) run in parallel, as
+/// `matmul`'s.
+pub fn matmul_x8(
+    t: TensorType,
     w8: &[u8],
     n_in: usize,
     n_out: usize,
@@ -291,38 +312,41 @@ pub fn matmul_q4_1x8(
     n_rows: usize,
     out: &mut [f32],
 ) {
-    let a_rb = row_bytes(TensorType::Q8_1, n_in);
+    assert!(has_x8(t), "matmul_x8: {t} has no interleaved layout");
+    let a_type = t.vec_dot_type();
+    let a_rb = row_bytes(a_type, n_in);
     assert!(
         n_out.is_multiple_of(8),
-        "matmul_q4_1x8: {n_out} rows are not groups of 8"
+        "matmul_x8: {n_out} rows are not groups of 8"
     );
     assert_eq!(
         w8.len(),
-        n_out * row_bytes(TensorType::Q4_1, n_in),
-        "matmul_q4_1x8: interleaved weights for [{n_out}][{n_in}]"
+        n_out * row_bytes(t, n_in),
+        "matmul_x8: interleaved {t} weights for [{n_out}][{n_in}]"
     );
     assert_eq!(
         a.len(),
         n_rows * a_rb,
-        "matmul_q4_1x8: Q8_1 activations for [{n_rows}][{n_in}]"
+        "matmul_x8: {a_type} activations for [{n_rows}][{n_in}]"
     );
     assert_eq!(
         out.len(),
         n_rows * n_out,
-        "matmul_q4_1x8: output for [{n_rows}][{n_out}]"
+        "matmul_x8: output for [{n_rows}][{n_out}]"
     );
-    assert_aligned(TensorType::Q4_1, w8, "matmul_q4_1x8 weights");
-    assert_aligned(TensorType::Q8_1, a, "matmul_q4_1x8 activations");
+    assert_aligned(t, w8, "matmul_x8 weights");
+    assert_aligned(a_type, a, "matmul_x8 activations");
     let shared = SharedOut(out.as_mut_ptr());
     let cols = cols_per_task(n_out, n_rows);
     (0..n_out.div_ceil(cols)).into_par_iter().for_each(|chunk| {
         let o_begin = chunk * cols;
         let o_end = (o_begin + cols).min(n_out);
-        // SAFETY: w8 holds the n_out / 8 groups of n_in / 32 blocks, a n_rows Q8_1 rows of a_rb
-        // bytes and out n_rows * n_out floats (checked above); cols is a multiple of 8 and so is
-        // n_out, so [o_begin, o_end) is whole groups, and this task writes only those columns.
+        // SAFETY: w8 holds the n_out / 8 groups of n_in / 32 blocks, a n_rows activation rows of
+        // a_rb bytes and out n_rows * n_out floats (checked above); cols is a multiple of 8 and so
+        // is n_out, so [o_begin, o_end) is whole groups, and this task writes only those columns.
         let status = unsafe {
-            bindings::el_matmul_q4_1x8(
+            bindings::el_matmul_x8(
+                type_id(t),
                 w8.as_ptr().cast(),
                 a.as_ptr().cast(),
                 a_rb as i64,
@@ -334,7 +358,7 @@ pub fn matmul_q4_1x8(
                 o_end as i64,
             )
         };
-        check_status(status, "el_matmul_q4_1x8");
+        check_status(status, "el_matmul_x8");
     });
 }
 

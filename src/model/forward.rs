@@ -49,11 +49,17 @@ impl<'a> Quantized<'a> {
         };
         let n_rows = self.x.len() / self.n_in;
         out.resize(n_rows * m.n_out, 0.0);
-        // A Q4_1 matrix is read from its interleaved copy: the same results, bit for bit.
+        // Q4_1 and Q8_0 matrices are read from their interleaved copies: the same results, bit for bit.
         match m.interleaved(g) {
-            Some(w8) => {
-                kernels::matmul_q4_1x8(w8, m.n_in, m.n_out, &self.cache[idx].1, n_rows, out)
-            }
+            Some(w8) => kernels::matmul_x8(
+                m.ttype,
+                w8,
+                m.n_in,
+                m.n_out,
+                &self.cache[idx].1,
+                n_rows,
+                out,
+            ),
             None => kernels::matmul(
                 m.ttype,
                 m.bytes(g),

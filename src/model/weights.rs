@@ -1,6 +1,6 @@
 //! The model's weights as views into the mapped GGUF file: matrices stay quantized in the mmap;
 //! only the small norm and bias vectors are converted to f32 at load time. The one exception: a
-//! Q4_1 matrix is read from a copy with its rows interleaved in eights, made on first use, whose
+//! Q4_1 or Q8_0 matrix is read from a copy with its rows interleaved in eights, made on first use, whose
 //! mapped pages are then released ([`Matrix::interleaved`]).
 //! Every tensor's presence, type and shape is checked here, naming the tensor on failure.
 
@@ -24,7 +24,7 @@ pub struct Matrix {
     interleaved: Interleaved,
 }
 
-/// A Q4_1 matrix's rows interleaved in eights, made on first use and shared by clones.
+/// A matrix's rows interleaved in eights, made on first use and shared by clones.
 #[derive(Clone, Default)]
 struct Interleaved(Arc<OnceLock<Vec<u8>>>);
 
@@ -64,17 +64,33 @@ impl Matrix {
         })
     }
 
-    /// For a Q4_1 matrix of whole groups of eight rows: its rows interleaved in eights
-    /// (`kernels::repack_q4_1x8`), the layout `kernels::matmul_q4_1x8` reads, made on the first call;
+    /// For a Q4_1 or Q8_0 matrix of whole groups of eight rows: its rows interleaved in eights
+    /// (`kernels::repack_x8`), the layout `kernels::matmul_x8` reads, made on the first call;
     /// the matrix's mapped pages are released then, so the copy replaces them in memory. `None` for
     /// other matrices.
     pub fn interleaved<'a>(&'a self, g: &GgufFile) -> Option<&'a [u8]> {
-        if self.ttype != TensorType::Q4_1 || !self.n_out.is_multiple_of(8) {
+        if !kernels::has_x8(self.ttype) || !self.n_out.is_multiple_of(8) {
             return None;
         }
         Some(self.interleaved.0.get_or_init(|| {
-            let w8 = kernels::repack_q4_1x8(self.bytes(g), self.n_in, self.n_out);
-            g.release_pages(&self.info); // the copy replaces the mapped rows in memory
+            // A slice of rows at a time, each slice's mapped pages released once it is copied,
+            // so the copy never sits in memory beside the whole mapped matrix.
+            const CHUNK_BYTES: usize = 1 << 20;
+            let (w, rb) = (self.bytes(g), self.row_bytes());
+            let chunk_rows = (CHUNK_BYTES / rb).next_multiple_of(8);
+            let mut w8 = vec![0u8; w.len()];
+            for r0 in (0..self.n_out).step_by(chunk_rows) {
+                let r1 = (r0 + chunk_rows).min(self.n_out);
+                let rows = r0 * rb..r1 * rb;
+                kernels::repack_x8_into(
+                    self.ttype,
+                    &w[rows.clone()],
+                    self.n_in,
+                    r1 - r0,
+                    &mut w8[rows.clone()],
+                );
+                g.release_pages(&w[rows]);
+            }
             w8
         }))
     }
