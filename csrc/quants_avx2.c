@@ -323,9 +323,11 @@ static void matvec_q4_1x8(const el_block_q4_1x8 *w8, const el_block_q8_1 *act, f
  * columns: half h holds slots 2h and 2h + 1, i.e. columns (2h, 2h + 4) and (2h + 1, 2h + 5). Lane L
  * of vector v is register k = 4v + L % 4 of the reduction: row k / 2, column 2h + k % 2 + 4 (L / 4).
  * rowsc: per block, (d, s) of rows (0, 0, 1, 1) and of rows (2, 2, 3, 3), each twice. */
-static void tile_q4_1x8_4(const el_block_q4_1x8 *b, const el_block_q8_1 *const *ap, const __m256 *rowsc,
+static void tile_q4_1x8_4(const el_block_q4_1x8 *b, const uint8_t *const *rows, const __m256 *rowsc,
                           int64_t nb, float *out, int64_t out_stride, int64_t left) {
     const __m256i low4 = _mm256_set1_epi8(0x0F), ones16 = _mm256_set1_epi16(1);
+    const el_block_q8_1 *ap[4];
+    for (int r = 0; r < 4; r++) ap[r] = (const el_block_q8_1 *)rows[r];
     for (int h = 0; h < 2; h++) {
         const __m256i cols = _mm256_setr_epi32(2 * h, 2 * h + 1, 2 * h, 2 * h + 1, 2 * h + 4, 2 * h + 5, 2 * h + 4, 2 * h + 5);
         __m256 sum0 = _mm256_setzero_ps(), sum1 = _mm256_setzero_ps();
@@ -363,32 +365,17 @@ static void tile_q4_1x8_4(const el_block_q4_1x8 *b, const el_block_q8_1 *const *
     }
 }
 
-static void matmul_q4_1x8(const void *w8, const void *a, int64_t a_row_bytes, float *out, int64_t out_stride,
-                          int64_t nb, int64_t n_rows, int64_t g_begin, int64_t g_end) {
-    const el_block_q4_1x8 *w = w8;
-    const uint8_t *a8 = a;
-    if (n_rows == 1 || nb > X8_ROW_SCALES_MAX_NB) { /* one row at a time: the streaming matvec */
-        for (int64_t r = 0; r < n_rows; r++) {
-            matvec_q4_1x8(w, (const el_block_q8_1 *)(a8 + r * a_row_bytes), out + r * out_stride, nb, g_begin, g_end);
-        }
-        return;
-    }
-    __m256 rowsc[4 * X8_ROW_SCALES_MAX_NB];
+/* The 4-row tile's activation scales, per block: (d, s) of rows (0, 0, 1, 1) and of rows (2, 2, 3, 3),
+ * each pair twice, as four vectors. */
+static void row_scales_q4_1x8(const uint8_t *const *rows, int64_t nb, __m256 *rowsc) {
     const __m256i pick[4] = {_mm256_setr_epi32(0, 0, 2, 2, 0, 0, 2, 2), _mm256_setr_epi32(1, 1, 3, 3, 1, 1, 3, 3),
                              _mm256_setr_epi32(4, 4, 6, 6, 4, 4, 6, 6), _mm256_setr_epi32(5, 5, 7, 7, 5, 5, 7, 7)};
-    for (int64_t r0 = 0; r0 < n_rows; r0 += 4) {
-        const int64_t left = n_rows - r0;
-        const el_block_q8_1 *ap[4];
-        for (int r = 0; r < 4; r++) ap[r] = (const el_block_q8_1 *)(a8 + (r0 + (r < left ? r : left - 1)) * a_row_bytes);
-        for (int64_t i = 0; i < nb; i++) {
-            const __m128i ds = _mm_setr_epi32((int)el_load_u32((const uint8_t *)&ap[0][i]), (int)el_load_u32((const uint8_t *)&ap[1][i]),
-                                              (int)el_load_u32((const uint8_t *)&ap[2][i]), (int)el_load_u32((const uint8_t *)&ap[3][i]));
-            const __m256 f = _mm256_cvtph_ps(ds); /* d0 s0 d1 s1 d2 s2 d3 s3 */
-            for (int k = 0; k < 4; k++) rowsc[4 * i + k] = _mm256_permutevar8x32_ps(f, pick[k]);
-        }
-        for (int64_t g = g_begin; g < g_end; g++) {
-            tile_q4_1x8_4(w + g * nb, ap, rowsc, nb, out + r0 * out_stride + 8 * g, out_stride, left);
-        }
+    for (int64_t i = 0; i < nb; i++) {
+        const size_t at = (size_t)i * sizeof(el_block_q8_1); /* block i's (d, s) pair in each row */
+        const __m128i ds = _mm_setr_epi32((int)el_load_u32(rows[0] + at), (int)el_load_u32(rows[1] + at),
+                                          (int)el_load_u32(rows[2] + at), (int)el_load_u32(rows[3] + at));
+        const __m256 f = _mm256_cvtph_ps(ds); /* d0 s0 d1 s1 d2 s2 d3 s3 */
+        for (int k = 0; k < 4; k++) rowsc[4 * i + k] = _mm256_permutevar8x32_ps(f, pick[k]);
     }
 }
 
@@ -424,9 +411,11 @@ static void matvec_q8_0x8(const el_block_q8_0x8 *w8, const el_block_q8_0 *act, f
 
 /* Four activation rows (ap, the last repeated past n_rows) by one group, two columns at a time:
  * lane p = 2r + j for row r and column 2q + j. rowsc: per block, d of rows (0, 0, 1, 1, .. 3, 3). */
-static void tile_q8_0x8_4(const el_block_q8_0x8 *b, const el_block_q8_0 *const *ap, const __m256 *rowsc, int64_t nb,
+static void tile_q8_0x8_4(const el_block_q8_0x8 *b, const uint8_t *const *rows, const __m256 *rowsc, int64_t nb,
                           float *out, int64_t out_stride, int64_t left) {
     const __m256i ones16 = _mm256_set1_epi16(1);
+    const el_block_q8_0 *ap[4];
+    for (int r = 0; r < 4; r++) ap[r] = (const el_block_q8_0 *)rows[r];
     for (int q = 0; q < 4; q++) {
         const __m256i cols = _mm256_setr_epi32(2 * q, 2 * q + 1, 2 * q, 2 * q + 1, 2 * q, 2 * q + 1, 2 * q, 2 * q + 1);
         __m256 sum = _mm256_setzero_ps();
@@ -451,38 +440,46 @@ static void tile_q8_0x8_4(const el_block_q8_0x8 *b, const el_block_q8_0 *const *
     }
 }
 
-static void matmul_q8_0x8(const void *w8, const void *a, int64_t a_row_bytes, float *out, int64_t out_stride,
-                          int64_t nb, int64_t n_rows, int64_t g_begin, int64_t g_end) {
-    const el_block_q8_0x8 *w = w8;
-    const uint8_t *a8 = a;
-    if (n_rows == 1 || nb > X8_ROW_SCALES_MAX_NB) { /* one row at a time: the streaming matvec */
-        for (int64_t r = 0; r < n_rows; r++) {
-            matvec_q8_0x8(w, (const el_block_q8_0 *)(a8 + r * a_row_bytes), out + r * out_stride, nb, g_begin, g_end);
-        }
-        return;
-    }
-    __m256 rowsc[X8_ROW_SCALES_MAX_NB];
-    for (int64_t r0 = 0; r0 < n_rows; r0 += 4) {
-        const int64_t left = n_rows - r0;
-        const el_block_q8_0 *ap[4];
-        for (int r = 0; r < 4; r++) ap[r] = (const el_block_q8_0 *)(a8 + (r0 + (r < left ? r : left - 1)) * a_row_bytes);
-        for (int64_t i = 0; i < nb; i++) {
-            const __m128i d = _mm_setr_epi16((short)ap[0][i].d, (short)ap[0][i].d, (short)ap[1][i].d, (short)ap[1][i].d,
-                                             (short)ap[2][i].d, (short)ap[2][i].d, (short)ap[3][i].d, (short)ap[3][i].d);
-            rowsc[i] = _mm256_cvtph_ps(d);
-        }
-        for (int64_t g = g_begin; g < g_end; g++) {
-            tile_q8_0x8_4(w + g * nb, ap, rowsc, nb, out + r0 * out_stride + 8 * g, out_stride, left);
-        }
+/* The 4-row tile's activation scales, per block: d of rows (0, 0, 1, 1, 2, 2, 3, 3), one vector. */
+static void row_scales_q8_0x8(const uint8_t *const *rows, int64_t nb, __m256 *rowsc) {
+    for (int64_t i = 0; i < nb; i++) {
+        const size_t at = (size_t)i * sizeof(el_block_q8_0); /* block i's d in each row */
+        const uint16_t d[4] = {el_load_u16(rows[0] + at), el_load_u16(rows[1] + at), el_load_u16(rows[2] + at),
+                               el_load_u16(rows[3] + at)};
+        rowsc[i] = _mm256_cvtph_ps(_mm_setr_epi16((short)d[0], (short)d[0], (short)d[1], (short)d[1], (short)d[2], (short)d[2],
+                                                  (short)d[3], (short)d[3]));
     }
 }
 
+/* ---- Rows interleaved in eights: the product ----------------------------------------------------
+ * One activation row streams the matrix (matvec); batches run 4-row tiles over each group, the
+ * rows' scales computed once per 4-row group (rows past n_rows repeat the last, computed, never
+ * stored). Rows of more than X8_ROW_SCALES_MAX_NB blocks go one at a time. */
 void el_matmul_x8_avx2(int32_t type, const void *w8, const void *a, int64_t a_row_bytes, float *out,
                        int64_t out_stride, int64_t nb, int64_t n_rows, int64_t g_begin, int64_t g_end) {
-    if (type == EL_TYPE_Q4_1) {
-        matmul_q4_1x8(w8, a, a_row_bytes, out, out_stride, nb, n_rows, g_begin, g_end);
-    } else {
-        matmul_q8_0x8(w8, a, a_row_bytes, out, out_stride, nb, n_rows, g_begin, g_end);
+    const int q4_1 = type == EL_TYPE_Q4_1;
+    const uint8_t *a8 = a;
+    if (n_rows == 1 || nb > X8_ROW_SCALES_MAX_NB) {
+        for (int64_t r = 0; r < n_rows; r++) {
+            const uint8_t *row = a8 + r * a_row_bytes;
+            float *o = out + r * out_stride;
+            if (q4_1) matvec_q4_1x8(w8, (const el_block_q8_1 *)row, o, nb, g_begin, g_end);
+            else matvec_q8_0x8(w8, (const el_block_q8_0 *)row, o, nb, g_begin, g_end);
+        }
+        return;
+    }
+    __m256 rowsc[4 * X8_ROW_SCALES_MAX_NB];
+    for (int64_t r0 = 0; r0 < n_rows; r0 += 4) {
+        const int64_t left = n_rows - r0;
+        const uint8_t *rows[4];
+        for (int r = 0; r < 4; r++) rows[r] = a8 + (r0 + (r < left ? r : left - 1)) * a_row_bytes;
+        if (q4_1) row_scales_q4_1x8(rows, nb, rowsc);
+        else row_scales_q8_0x8(rows, nb, rowsc);
+        for (int64_t g = g_begin; g < g_end; g++) {
+            float *o = out + r0 * out_stride + 8 * g;
+            if (q4_1) tile_q4_1x8_4((const el_block_q4_1x8 *)w8 + g * nb, rows, rowsc, nb, o, out_stride, left);
+            else tile_q8_0x8_4((const el_block_q8_0x8 *)w8 + g * nb, rows, rowsc, nb, o, out_stride, left);
+        }
     }
 }
 

@@ -190,6 +190,23 @@ impl SharedOut {
     }
 }
 
+/// Runs `task(out, o_begin, o_end)` over the column chunks of an `[n_rows][n_out]` product in
+/// parallel (`cols_per_task`: multiples of 8 columns); each task writes only the elements of its
+/// own columns through the raw `out`.
+fn for_column_tasks(
+    n_out: usize,
+    n_rows: usize,
+    out: &mut [f32],
+    task: impl Fn(*mut f32, usize, usize) + Sync,
+) {
+    let shared = SharedOut(out.as_mut_ptr());
+    let cols = cols_per_task(n_out, n_rows);
+    (0..n_out.div_ceil(cols)).into_par_iter().for_each(|chunk| {
+        let o_begin = chunk * cols;
+        task(shared.ptr(), o_begin, (o_begin + cols).min(n_out));
+    });
+}
+
 /// `out[r][o] = vec_dot(w row o, a row r)`: `w` is `[n_out]` rows of `n_in` elements of `t`, `a`
 /// is `[n_rows]` rows of `t.vec_dot_type()` (from `quantize_rows`), `out` is `[n_rows][n_out]`.
 /// Chunks of output columns run in parallel; each element is bit-identical to `vec_dot`, whatever
@@ -223,11 +240,7 @@ pub fn matmul(
     );
     assert_aligned(t, w, "matmul weights");
     assert_aligned(a_type, a, "matmul activations");
-    let shared = SharedOut(out.as_mut_ptr());
-    let cols = cols_per_task(n_out, n_rows);
-    (0..n_out.div_ceil(cols)).into_par_iter().for_each(|chunk| {
-        let o_begin = chunk * cols;
-        let o_end = (o_begin + cols).min(n_out);
+    for_column_tasks(n_out, n_rows, out, |out, o_begin, o_end| {
         // SAFETY: w holds n_out rows of w_rb bytes, a n_rows rows of a_rb bytes and out
         // n_rows * n_out floats (all checked above); this task writes only columns
         // [o_begin, o_end), which no other task touches (see SharedOut).
@@ -238,7 +251,7 @@ pub fn matmul(
                 w_rb as i64,
                 a.as_ptr().cast(),
                 a_rb as i64,
-                shared.ptr(),
+                out,
                 n_out as i64,
                 n_in as i64,
                 n_rows as i64,
@@ -336,11 +349,7 @@ pub fn matmul_x8(
     );
     assert_aligned(t, w8, "matmul_x8 weights");
     assert_aligned(a_type, a, "matmul_x8 activations");
-    let shared = SharedOut(out.as_mut_ptr());
-    let cols = cols_per_task(n_out, n_rows);
-    (0..n_out.div_ceil(cols)).into_par_iter().for_each(|chunk| {
-        let o_begin = chunk * cols;
-        let o_end = (o_begin + cols).min(n_out);
+    for_column_tasks(n_out, n_rows, out, |out, o_begin, o_end| {
         // SAFETY: w8 holds the n_out / 8 groups of n_in / 32 blocks, a n_rows activation rows of
         // a_rb bytes and out n_rows * n_out floats (checked above); cols is a multiple of 8 and so
         // is n_out, so [o_begin, o_end) is whole groups, and this task writes only those columns.
@@ -350,7 +359,7 @@ pub fn matmul_x8(
                 w8.as_ptr().cast(),
                 a.as_ptr().cast(),
                 a_rb as i64,
-                shared.ptr(),
+                out,
                 n_out as i64,
                 n_in as i64,
                 n_rows as i64,
