@@ -262,15 +262,20 @@ impl GgufFile {
     /// correct: the map is read-only and backed by the file, so its pages fault back in with the
     /// same bytes.
     pub fn release_pages(&self, data: &[u8]) {
-        const PAGE: usize = 4096;
+        let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+            .ok()
+            .flatten()
+            .and_then(|p| usize::try_from(p).ok())
+            .filter(|&p| p > 0)
+            .unwrap_or(4096);
         let base = self.mmap.as_ptr() as usize;
         let (begin, end) = (data.as_ptr() as usize, data.as_ptr() as usize + data.len());
         if begin < base || end > base + self.mmap.len() {
             return;
         }
         let (start, stop) = (
-            (begin - base).next_multiple_of(PAGE),
-            (end - base) / PAGE * PAGE,
+            (begin - base).next_multiple_of(page),
+            (end - base) / page * page,
         );
         if stop > start {
             // SAFETY: the map is read-only and file-backed, so MADV_DONTNEED only drops pages that
