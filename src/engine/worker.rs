@@ -344,8 +344,11 @@ impl Worker {
             cached_tokens: st.num_cached,
             ttft_ms: st.ttft_ms.unwrap_or(0),
         };
-        // Counted out of the queue before the client hears, so it may submit again at once.
+        // Counted out of the queue before the client hears, so it may submit again at once; and
+        // published, so metrics read as soon as it hears show its blocks freed (the step's own
+        // publish comes only after the whole step).
         self.close_seq(st.request_id, seq_id, reason == FinishReason::Abort);
+        self.publish();
         let _ = st.events.send(Event::Finished {
             index: st.index,
             reason,
@@ -373,6 +376,7 @@ impl Worker {
             if self.requests.remove(&st.request_id).is_some() {
                 self.in_flight.fetch_sub(1, Ordering::SeqCst);
             }
+            self.publish(); // as in finish: what the client reads next includes this
             let _ = st.events.send(Event::Error(message));
         }
     }
