@@ -114,10 +114,13 @@ impl Worker {
                     }
                 }
             }
+            // Published before the step too: a client that hears its first token must not read
+            // a snapshot from before its request was counted in.
+            self.publish();
             if self.sched.has_work() {
                 self.step();
+                self.publish();
             }
-            self.publish();
         }
     }
 
