@@ -30,16 +30,14 @@ typedef struct {
 _Static_assert(sizeof(el_block_q4_1) == 20, "block_q4_1 layout");
 
 /* Block i of eight Q4_1 rows interleaved (el_repack_x8): the rows' scales and mins side by side
- * (one load each), then their quants in the row order 0 4 1 5 2 6 3 7, so one 32-byte load holds
- * rows c and c + 4. */
+ * (one load each), then their quants four bytes at a time: qs[k][c] is bytes 4k..4k+3 of row c's
+ * qs, so one 32-byte load holds the same eight elements (4k..4k+3 in the low nibbles, 4k+16..4k+19
+ * in the high ones) of every row, a row per 32-bit lane. */
 typedef struct {
     uint16_t d[8], m[8];
-    uint8_t qs[8][QK / 2];
+    uint8_t qs[4][8][4];
 } el_block_q4_1x8;
 _Static_assert(sizeof(el_block_q4_1x8) == 8 * sizeof(el_block_q4_1), "block_q4_1x8 layout");
-
-/* The slot of row c (0..7) in el_block_q4_1x8.qs. */
-#define EL_Q4_1X8_SLOT(c) ((c) < 4 ? 2 * (c) : 2 * ((c) - 4) + 1)
 
 /* x[i] = d * (q[i] - 16), q 5 bits: nibble from qs as q4_0, fifth bit i of qh (little-endian). */
 typedef struct {

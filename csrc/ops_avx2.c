@@ -18,7 +18,7 @@
  *   quiet NaN); RoPE computes each token's cos/sin once instead of once per head, with the same
  *   calls, and rotates eight lanes at a time.
  * Each (token, head) of attention is computed alone, in key order, so results never depend on
- * what else is in the batch.
+ * what else is in the batch (queries that share keys share only the keys' conversion from f16).
  */
 #if defined(__x86_64__)
 
@@ -230,99 +230,167 @@ EL_AI float hmax8(const __m256 x) {
     return _mm256_cvtss_f32(m);
 }
 
-/* One (token, head) item: ops.c's paged_attention_ref with a chunk's eight keys in eight lanes:
- * the scores' partial sums (lane d % 8 of each key's vector) by FMA in order of d, the chunk's
- * max, one vector exp, and the values added key after key by FMA. HD: head_dim, a multiple of 8
- * (a constant for the common sizes, so the output stays in registers). */
-EL_AI void attend_item(const int64_t HD, float *out, const float *qh, const uint16_t *k_cache, const uint16_t *v_cache,
-                       const int32_t *table, const int64_t block_size, const int64_t kv_off, const int64_t kv_dim,
-                       const int64_t first, const int64_t len, const float scale) {
-    float acc[EL_MAX_HEAD_DIM] __attribute__((aligned(32)));
-    for (int64_t d = 0; d < HD; d += 8) _mm256_store_ps(acc + d, _mm256_setzero_ps());
-    float m = -INFINITY;
-    __m256 lanes = _mm256_setzero_ps();
+/* Queries that share one pass over their keys: the heads of one GQA group, over up to
+ * ATTN_MAX_Q / group consecutive tokens of one sequence. */
+#define ATTN_MAX_Q 16
+
+typedef struct {
+    const float *q;
+    float *out;
+    int64_t len; /* keys this query sees: [first, len) */
+} attn_query;
+
+/* Up to ATTN_MAX_Q queries of one sequence and KV head that start at the same key, each computed
+ * exactly as ops.c's paged_attention_ref computes its (token, head) item: a chunk's eight keys in
+ * eight lanes, the scores' partial sums (lane d % 8 of each key's vector) by FMA in order of d,
+ * the chunk's max, one vector exp, the values added key after key by FMA. Each chunk's keys and
+ * values are converted from f16 once, into kf and vf, for all the queries (before, each query
+ * head converted its group's keys again). HD: head_dim, a multiple of 8 (a constant for the
+ * common sizes). */
+EL_AI void attend_group(const int64_t HD, const attn_query *qs, const int nq, const uint16_t *k_cache,
+                        const uint16_t *v_cache, const int32_t *table, const int64_t block_size, const int64_t kv_off,
+                        const int64_t kv_dim, const int64_t first, const float scale) {
+    float acc[ATTN_MAX_Q][EL_MAX_HEAD_DIM] __attribute__((aligned(32)));
+    float kf[CHUNK][EL_MAX_HEAD_DIM] __attribute__((aligned(32)));
+    float vf[CHUNK][EL_MAX_HEAD_DIM] __attribute__((aligned(32)));
+    float m[ATTN_MAX_Q];
+    __m256 lanes[ATTN_MAX_Q];
+    int64_t max_len = 0;
+    for (int i = 0; i < nq; i++) {
+        for (int64_t d = 0; d < HD; d += 8) _mm256_store_ps(acc[i] + d, _mm256_setzero_ps());
+        m[i] = -INFINITY;
+        lanes[i] = _mm256_setzero_ps();
+        if (qs[i].len > max_len) max_len = qs[i].len;
+    }
     const __m256 vscale = _mm256_set1_ps(scale);
     int64_t blk = first / block_size, off = first % block_size; /* of key j0, walked without division */
-    for (int64_t j0 = first; j0 < len; j0 += CHUNK) {
-        const int n = (int)(len - j0 < CHUNK ? len - j0 : CHUNK);
-        const uint16_t *kj[CHUNK], *vj[CHUNK];
-        for (int k = 0; k < n; k++) {
+    for (int64_t j0 = first; j0 < max_len; j0 += CHUNK) {
+        const int n_all = (int)(max_len - j0 < CHUNK ? max_len - j0 : CHUNK);
+        for (int k = 0; k < n_all; k++) {
             const int64_t at = ((int64_t)table[blk] * block_size + off) * kv_dim + kv_off;
-            kj[k] = k_cache + at;
-            vj[k] = v_cache + at;
+            for (int64_t d = 0; d < HD; d += 8) {
+                _mm256_store_ps(kf[k] + d, _mm256_cvtph_ps(el_loadu_128(k_cache + at + d)));
+                _mm256_store_ps(vf[k] + d, _mm256_cvtph_ps(el_loadu_128(v_cache + at + d)));
+            }
             if (++off == block_size) {
                 off = 0;
                 blk++;
             }
         }
-        for (int k = n; k < CHUNK; k++) kj[k] = kj[0]; /* scored, then masked out */
-        __m256 part[CHUNK];
-        for (int k = 0; k < CHUNK; k++) part[k] = _mm256_setzero_ps();
-        for (int64_t d = 0; d < HD; d += 8) {
-            const __m256 qv = _mm256_loadu_ps(qh + d);
-            for (int k = 0; k < CHUNK; k++) part[k] = _mm256_fmadd_ps(qv, _mm256_cvtph_ps(el_loadu_128(kj[k] + d)), part[k]);
+        for (int k = n_all; k < CHUNK; k++) { /* scored, then masked out */
+            for (int64_t d = 0; d < HD; d += 8) _mm256_store_ps(kf[k] + d, _mm256_load_ps(kf[0] + d));
         }
-        __m256 s = _mm256_mul_ps(tree8_lanes(part), vscale);
-        if (n < CHUNK) {
-            const __m256 live = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
-            s = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), s, live);
-        }
-        const float m_c = hmax8(s);
-        if (m_c > m) {
-            const __m256 c = _mm256_permute_ps(exp_nonpos8(_mm256_set1_ps(m - m_c)), 0); /* lane 0 everywhere */
-            lanes = _mm256_mul_ps(lanes, c);
-            for (int64_t d = 0; d < HD; d += 8) _mm256_store_ps(acc + d, _mm256_mul_ps(_mm256_load_ps(acc + d), c));
-            m = m_c;
-        }
-        const __m256 p = exp_nonpos8(_mm256_sub_ps(s, _mm256_set1_ps(m))); /* 0 in masked lanes */
-        lanes = _mm256_add_ps(lanes, p);
-        float pk[CHUNK] __attribute__((aligned(32)));
-        _mm256_store_ps(pk, p);
-        if (n == CHUNK) { /* a whole chunk: the key loop unrolled */
-            __m256 pb[CHUNK];
-            for (int k = 0; k < CHUNK; k++) pb[k] = _mm256_set1_ps(pk[k]);
+        /* Three passes over the queries, each query's steps independent of the others' (so the
+         * core overlaps them; one query's chunk is a chain of dependent steps): scores, then the
+         * running max and the weights, then the values. */
+        int live[ATTN_MAX_Q], n[ATTN_MAX_Q], nl = 0;
+        __m256 sc[ATTN_MAX_Q];
+        for (int i = 0; i < nq; i++) {
+            if (qs[i].len <= j0) continue;
+            live[nl] = i;
+            n[nl] = (int)(qs[i].len - j0 < CHUNK ? qs[i].len - j0 : CHUNK);
+            const float *qh = qs[i].q;
+            __m256 part[CHUNK];
+            for (int k = 0; k < CHUNK; k++) part[k] = _mm256_setzero_ps();
             for (int64_t d = 0; d < HD; d += 8) {
-                __m256 a = _mm256_load_ps(acc + d);
-                for (int k = 0; k < CHUNK; k++) a = _mm256_fmadd_ps(pb[k], _mm256_cvtph_ps(el_loadu_128(vj[k] + d)), a);
-                _mm256_store_ps(acc + d, a);
+                const __m256 qv = _mm256_loadu_ps(qh + d);
+                for (int k = 0; k < CHUNK; k++) part[k] = _mm256_fmadd_ps(qv, _mm256_load_ps(kf[k] + d), part[k]);
             }
-        } else {
-            for (int64_t d = 0; d < HD; d += 8) {
-                __m256 a = _mm256_load_ps(acc + d);
-                for (int k = 0; k < n; k++) a = _mm256_fmadd_ps(_mm256_set1_ps(pk[k]), _mm256_cvtph_ps(el_loadu_128(vj[k] + d)), a);
-                _mm256_store_ps(acc + d, a);
+            __m256 s = _mm256_mul_ps(tree8_lanes(part), vscale);
+            if (n[nl] < CHUNK) {
+                const __m256 on =
+                    _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n[nl]), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+                s = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), s, on);
+            }
+            sc[nl++] = s;
+        }
+        float pk[ATTN_MAX_Q][CHUNK] __attribute__((aligned(32)));
+        for (int l = 0; l < nl; l++) {
+            const int i = live[l];
+            const float m_c = hmax8(sc[l]);
+            if (m_c > m[i]) {
+                const __m256 c = _mm256_permute_ps(exp_nonpos8(_mm256_set1_ps(m[i] - m_c)), 0); /* lane 0 everywhere */
+                lanes[i] = _mm256_mul_ps(lanes[i], c);
+                for (int64_t d = 0; d < HD; d += 8) _mm256_store_ps(acc[i] + d, _mm256_mul_ps(_mm256_load_ps(acc[i] + d), c));
+                m[i] = m_c;
+            }
+            const __m256 p = exp_nonpos8(_mm256_sub_ps(sc[l], _mm256_set1_ps(m[i]))); /* 0 in masked lanes */
+            lanes[i] = _mm256_add_ps(lanes[i], p);
+            _mm256_store_ps(pk[l], p);
+        }
+        for (int l = 0; l < nl; l++) {
+            float *a_i = acc[live[l]];
+            if (n[l] == CHUNK) { /* a whole chunk: the key loop unrolled */
+                __m256 pb[CHUNK];
+                for (int k = 0; k < CHUNK; k++) pb[k] = _mm256_set1_ps(pk[l][k]);
+                for (int64_t d = 0; d < HD; d += 8) {
+                    __m256 a = _mm256_load_ps(a_i + d);
+                    for (int k = 0; k < CHUNK; k++) a = _mm256_fmadd_ps(pb[k], _mm256_load_ps(vf[k] + d), a);
+                    _mm256_store_ps(a_i + d, a);
+                }
+            } else {
+                for (int64_t d = 0; d < HD; d += 8) {
+                    __m256 a = _mm256_load_ps(a_i + d);
+                    for (int k = 0; k < n[l]; k++) a = _mm256_fmadd_ps(_mm256_set1_ps(pk[l][k]), _mm256_load_ps(vf[k] + d), a);
+                    _mm256_store_ps(a_i + d, a);
+                }
             }
         }
     }
-    float lane[CHUNK];
-    _mm256_storeu_ps(lane, lanes);
-    const float l = el_tree8(lane);
-    const __m256 inv = _mm256_set1_ps(l > 0.0f ? 1.0f / l : 0.0f);
-    for (int64_t d = 0; d < HD; d += 8) _mm256_storeu_ps(out + d, _mm256_mul_ps(_mm256_load_ps(acc + d), inv));
+    for (int i = 0; i < nq; i++) {
+        float lane[CHUNK];
+        _mm256_storeu_ps(lane, lanes[i]);
+        const float l = el_tree8(lane);
+        const __m256 inv = _mm256_set1_ps(l > 0.0f ? 1.0f / l : 0.0f);
+        for (int64_t d = 0; d < HD; d += 8) _mm256_storeu_ps(qs[i].out + d, _mm256_mul_ps(_mm256_load_ps(acc[i] + d), inv));
+    }
 }
 
+/* Items [item_begin, item_end) (token-major, then head), in groups for attend_group: for a run of
+ * consecutive tokens of one sequence whose windows start at the same key (at most
+ * ATTN_MAX_Q / group tokens), each KV head's query heads in the range. */
 void el_paged_attention_avx2(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
                              const int32_t *block_tables, const int32_t *token_seq,
                              const int32_t *context_lens, int64_t n_heads, int64_t n_kv_heads,
                              int64_t head_dim, int64_t block_size, int64_t max_blocks_per_seq, float scale,
                              int32_t window, int64_t item_begin, int64_t item_end) {
+    if (item_end <= item_begin) return;
     const int64_t group = n_heads / n_kv_heads;
     const int64_t kv_dim = n_kv_heads * head_dim;
-    for (int64_t item = item_begin; item < item_end; item++) {
-        const int64_t t = item / n_heads, h = item % n_heads;
-        const int32_t *table = block_tables + (int64_t)token_seq[t] * max_blocks_per_seq;
-        const int64_t len = context_lens[t];
-        const int64_t first = (window > 0 && len > window) ? len - window : 0;
-        float *o = out + item * head_dim;
-        const float *qh = q + item * head_dim;
-        const int64_t kv_off = (h / group) * head_dim;
-        switch (head_dim) {
-        case 64: attend_item(64, o, qh, k_cache, v_cache, table, block_size, kv_off, kv_dim, first, len, scale); break;
-        case 128: attend_item(128, o, qh, k_cache, v_cache, table, block_size, kv_off, kv_dim, first, len, scale); break;
-        case 256: attend_item(256, o, qh, k_cache, v_cache, table, block_size, kv_off, kv_dim, first, len, scale); break;
-        default: attend_item(head_dim, o, qh, k_cache, v_cache, table, block_size, kv_off, kv_dim, first, len, scale); break;
+    const int64_t max_tokens = group >= ATTN_MAX_Q ? 1 : ATTN_MAX_Q / group;
+    const int64_t t_end = (item_end - 1) / n_heads + 1;
+#define FIRST(t) ((window > 0 && context_lens[t] > window) ? context_lens[t] - window : 0)
+    for (int64_t t0 = item_begin / n_heads, t1; t0 < t_end; t0 = t1) {
+        const int64_t first = FIRST(t0);
+        for (t1 = t0 + 1; t1 < t_end && t1 - t0 < max_tokens && token_seq[t1] == token_seq[t0] && FIRST(t1) == first; t1++) {
+        }
+        const int32_t *table = block_tables + (int64_t)token_seq[t0] * max_blocks_per_seq;
+        for (int64_t kvh = 0; kvh < n_kv_heads; kvh++) {
+            attn_query qs[ATTN_MAX_Q];
+            int nq = 0;
+            for (int64_t h = kvh * group; h < (kvh + 1) * group; h++) {
+                for (int64_t t = t0; t < t1; t++) {
+                    const int64_t item = t * n_heads + h;
+                    if (item < item_begin || item >= item_end) continue;
+                    if (nq == ATTN_MAX_Q) { /* a group wider than ATTN_MAX_Q heads: in parts */
+                        attend_group(head_dim, qs, nq, k_cache, v_cache, table, block_size, kvh * head_dim, kv_dim, first,
+                                     scale);
+                        nq = 0;
+                    }
+                    qs[nq++] = (attn_query){q + item * head_dim, out + item * head_dim, context_lens[t]};
+                }
+            }
+            if (nq == 0) continue;
+            const int64_t kv_off = kvh * head_dim;
+            switch (head_dim) {
+            case 64: attend_group(64, qs, nq, k_cache, v_cache, table, block_size, kv_off, kv_dim, first, scale); break;
+            case 128: attend_group(128, qs, nq, k_cache, v_cache, table, block_size, kv_off, kv_dim, first, scale); break;
+            case 256: attend_group(256, qs, nq, k_cache, v_cache, table, block_size, kv_off, kv_dim, first, scale); break;
+            default: attend_group(head_dim, qs, nq, k_cache, v_cache, table, block_size, kv_off, kv_dim, first, scale); break;
+            }
         }
     }
+#undef FIRST
 }
 
 #if defined(__clang__)

@@ -554,7 +554,7 @@ int32_t el_repack_x8(int32_t type, const void *w, int64_t n_out, int64_t nb, voi
                     el_block_q4_1x8 *b = (el_block_q4_1x8 *)dst + g * nb + i;
                     b->d[c] = r->d;
                     b->m[c] = r->m;
-                    memcpy(b->qs[EL_Q4_1X8_SLOT(c)], r->qs, QK / 2);
+                    for (int k = 0; k < 4; k++) memcpy(b->qs[k][c], r->qs + 4 * k, 4);
                 } else {
                     const el_block_q8_0 *r = (const el_block_q8_0 *)w + at;
                     el_block_q8_0x8 *b = (el_block_q8_0x8 *)dst + g * nb + i;
@@ -579,7 +579,9 @@ static void matvec_x8_ref(int32_t type, const void *w8, const void *a, float *ou
                 if (type == EL_TYPE_Q4_1) {
                     const el_block_q4_1x8 *b = (const el_block_q4_1x8 *)w8 + g * nb + i;
                     const el_block_q8_1 *ab = (const el_block_q8_1 *)a + i;
-                    unpack_nibbles(b->qs[EL_Q4_1X8_SLOT(c)], q);
+                    uint8_t qs[QK / 2];
+                    for (int k = 0; k < 4; k++) memcpy(qs + 4 * k, b->qs[k][c], 4);
+                    unpack_nibbles(qs, q);
                     const int32_t isum = dot_i8(q, ab->qs);
                     sum += (el_fp16_to_fp32(b->d[c]) * el_fp16_to_fp32(ab->d)) * (float)isum +
                            el_fp16_to_fp32(b->m[c]) * el_fp16_to_fp32(ab->s);

@@ -274,16 +274,28 @@ EL_AI void tile_nib(const int type, const int R, const int C, const uint8_t *con
 }
 
 /* ---- Rows interleaved in eights: Q4_1 -----------------------------------------------------------
- * Tiles over el_block_q4_1x8 blocks with tile_nib's lane arithmetic (so bit-identical to
- * dot_q4_1_q8_1): a 32-byte load holds rows c and c + 4 of a group, and the group's eight scales
- * and mins are one load each. Measured on one thread against the row-major tiles: one row 2.0x
- * from L2 and 1.5x from memory (576 x 1536, 576 x 131072), 4-row tiles 1.33x (16 and 64 rows). */
+ * el_block_q4_1x8 holds a row per 32-bit lane: one 32-byte load, its low and high nibbles, and two
+ * broadcasts of four activation bytes give eight rows' partial sums in place, with no horizontal
+ * reduction; the 16-bit lanes add up a block's 16 products each (at most 16 * 15 * 127 = 30480),
+ * one madd finishes it. The float work is dot_q4_1_q8_1's, lane by lane, so bit-identical. */
 
-/* One activation row: each group's four registers reduce (two hadds, one madd) to its eight rows
- * in lane order; one stream, prefetched 16 blocks (2.5 KiB) ahead. */
+/* Block i's sums of the eight rows against one activation block, as eight 32-bit lanes. */
+EL_AI __m256i q4_1x8_isum(const el_block_q4_1x8 *b, const int8_t *aq) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    __m256i acc = _mm256_setzero_si256();
+    for (int k = 0; k < 4; k++) {
+        const __m256i w = el_loadu_256(b->qs[k]);
+        const __m256i lo = _mm256_and_si256(w, low4), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
+        const __m256i alo = _mm256_set1_epi32((int)el_load_u32((const uint8_t *)aq + 4 * k));
+        const __m256i ahi = _mm256_set1_epi32((int)el_load_u32((const uint8_t *)aq + 16 + 4 * k));
+        acc = _mm256_add_epi16(acc, _mm256_add_epi16(_mm256_maddubs_epi16(lo, alo), _mm256_maddubs_epi16(hi, ahi)));
+    }
+    return _mm256_madd_epi16(acc, _mm256_set1_epi16(1));
+}
+
+/* One activation row: one stream, prefetched 16 blocks (2.5 KiB) ahead. */
 static void matvec_q4_1x8(const el_block_q4_1x8 *w8, const el_block_q8_1 *act, float *out, int64_t nb,
                           int64_t g_begin, int64_t g_end) {
-    const __m256i low4 = _mm256_set1_epi8(0x0F), ones16 = _mm256_set1_epi16(1);
     for (int64_t g = g_begin; g < g_end; g++) {
         const el_block_q4_1x8 *b = w8 + g * nb;
         __m256 sum = _mm256_setzero_ps();
@@ -292,18 +304,7 @@ static void matvec_q4_1x8(const el_block_q4_1x8 *w8, const el_block_q8_1 *act, f
             _mm_prefetch(ahead, _MM_HINT_T0);
             _mm_prefetch(ahead + 64, _MM_HINT_T0);
             _mm_prefetch(ahead + 128, _MM_HINT_T0);
-            const __m256i alo = _mm256_broadcastsi128_si256(el_loadu_128(act[i].qs));
-            const __m256i ahi = _mm256_broadcastsi128_si256(el_loadu_128(act[i].qs + 16));
-            __m256i k[4];
-            for (int cp = 0; cp < 4; cp++) { /* rows cp (low half) and cp + 4 (high half) */
-                const __m256i w = el_loadu_256(b[i].qs[2 * cp]);
-                const __m256i lo = _mm256_and_si256(w, low4);
-                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
-                k[cp] = _mm256_add_epi16(_mm256_maddubs_epi16(lo, alo), _mm256_maddubs_epi16(hi, ahi));
-            }
-            /* 16-bit lanes of at most 4 * 15 * 127, four of them summed by the hadds: exact */
-            const __m256 isum = _mm256_cvtepi32_ps(
-                _mm256_madd_epi16(_mm256_hadd_epi16(_mm256_hadd_epi16(k[0], k[1]), _mm256_hadd_epi16(k[2], k[3])), ones16));
+            const __m256 isum = _mm256_cvtepi32_ps(q4_1x8_isum(b + i, act[i].qs));
             const __m256 dw = _mm256_cvtph_ps(el_loadu_128(b[i].d));
             const __m256 mw = _mm256_cvtph_ps(el_loadu_128(b[i].m));
             const __m128 ds = _mm_cvtph_ps(_mm_cvtsi32_si128((int)el_load_u32((const uint8_t *)&act[i]))); /* d, s */
@@ -316,66 +317,55 @@ static void matvec_q4_1x8(const el_block_q4_1x8 *w8, const el_block_q8_1 *act, f
     }
 }
 
-/* Blocks per row up to which the 4-row tile precomputes its rows' scales (64 KiB on the stack). */
+/* Blocks per row up to which the 4-row tiles precompute their rows' scales (16 KiB on the stack). */
 #define X8_ROW_SCALES_MAX_NB 512
 
-/* Four activation rows (ap, the last repeated past n_rows) by one group, as two halves of four
- * columns: half h holds slots 2h and 2h + 1, i.e. columns (2h, 2h + 4) and (2h + 1, 2h + 5). Lane L
- * of vector v is register k = 4v + L % 4 of the reduction: row k / 2, column 2h + k % 2 + 4 (L / 4).
- * rowsc: per block, (d, s) of rows (0, 0, 1, 1) and of rows (2, 2, 3, 3), each twice. */
-static void tile_q4_1x8_4(const el_block_q4_1x8 *b, const uint8_t *const *rows, const __m256 *rowsc,
-                          int64_t nb, float *out, int64_t out_stride, int64_t left) {
+/* Four activation rows (the last repeated past n_rows) by one group: each weight load serves the
+ * four rows. rs: per block, d and s of rows 0..3 as floats (d0 s0 d1 s1 d2 s2 d3 s3). */
+static void tile_q4_1x8_4(const el_block_q4_1x8 *b, const uint8_t *const *rows, const float *rs, int64_t nb,
+                          float *out, int64_t out_stride, int64_t left) {
     const __m256i low4 = _mm256_set1_epi8(0x0F), ones16 = _mm256_set1_epi16(1);
     const el_block_q8_1 *ap[4];
     for (int r = 0; r < 4; r++) ap[r] = (const el_block_q8_1 *)rows[r];
-    for (int h = 0; h < 2; h++) {
-        const __m256i cols = _mm256_setr_epi32(2 * h, 2 * h + 1, 2 * h, 2 * h + 1, 2 * h + 4, 2 * h + 5, 2 * h + 4, 2 * h + 5);
-        __m256 sum0 = _mm256_setzero_ps(), sum1 = _mm256_setzero_ps();
-        for (int64_t i = 0; i < nb; i++) {
-            const __m256i w0 = el_loadu_256(b[i].qs[4 * h]), w1 = el_loadu_256(b[i].qs[4 * h + 2]);
-            const __m256i lo0 = _mm256_and_si256(w0, low4), hi0 = _mm256_and_si256(_mm256_srli_epi16(w0, 4), low4);
-            const __m256i lo1 = _mm256_and_si256(w1, low4), hi1 = _mm256_and_si256(_mm256_srli_epi16(w1, 4), low4);
-            __m256i k[8];
+    __m256 sum[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t i = 0; i < nb; i++) {
+        __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                          _mm256_setzero_si256()};
+        for (int k = 0; k < 4; k++) {
+            const __m256i w = el_loadu_256(b[i].qs[k]);
+            const __m256i lo = _mm256_and_si256(w, low4), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
             for (int r = 0; r < 4; r++) {
-                const __m256i alo = _mm256_broadcastsi128_si256(el_loadu_128(ap[r][i].qs));
-                const __m256i ahi = _mm256_broadcastsi128_si256(el_loadu_128(ap[r][i].qs + 16));
-                k[2 * r] = _mm256_add_epi16(_mm256_maddubs_epi16(lo0, alo), _mm256_maddubs_epi16(hi0, ahi));
-                k[2 * r + 1] = _mm256_add_epi16(_mm256_maddubs_epi16(lo1, alo), _mm256_maddubs_epi16(hi1, ahi));
+                const uint8_t *aq = (const uint8_t *)ap[r][i].qs;
+                const __m256i alo = _mm256_set1_epi32((int)el_load_u32(aq + 4 * k));
+                const __m256i ahi = _mm256_set1_epi32((int)el_load_u32(aq + 16 + 4 * k));
+                acc[r] = _mm256_add_epi16(acc[r],
+                                          _mm256_add_epi16(_mm256_maddubs_epi16(lo, alo), _mm256_maddubs_epi16(hi, ahi)));
             }
-            const __m256 dw = _mm256_permutevar8x32_ps(_mm256_cvtph_ps(el_loadu_128(b[i].d)), cols);
-            const __m256 mw = _mm256_permutevar8x32_ps(_mm256_cvtph_ps(el_loadu_128(b[i].m)), cols);
-            const __m256 is0 = _mm256_cvtepi32_ps(
-                _mm256_madd_epi16(_mm256_hadd_epi16(_mm256_hadd_epi16(k[0], k[1]), _mm256_hadd_epi16(k[2], k[3])), ones16));
-            const __m256 is1 = _mm256_cvtepi32_ps(
-                _mm256_madd_epi16(_mm256_hadd_epi16(_mm256_hadd_epi16(k[4], k[5]), _mm256_hadd_epi16(k[6], k[7])), ones16));
-            __m256 t0 = _mm256_mul_ps(_mm256_mul_ps(dw, rowsc[4 * i]), is0);
-            t0 = _mm256_add_ps(t0, _mm256_mul_ps(mw, rowsc[4 * i + 1]));
-            sum0 = _mm256_add_ps(sum0, t0);
-            __m256 t1 = _mm256_mul_ps(_mm256_mul_ps(dw, rowsc[4 * i + 2]), is1);
-            t1 = _mm256_add_ps(t1, _mm256_mul_ps(mw, rowsc[4 * i + 3]));
-            sum1 = _mm256_add_ps(sum1, t1);
+            /* Keeps the sums in registers: left alone, the compiler reassociates the integer adds
+             * into one tree per row, computes every product first and spills them. */
+            __asm__("" : "+x"(acc[0]), "+x"(acc[1]), "+x"(acc[2]), "+x"(acc[3]));
         }
-        float s[16];
-        _mm256_storeu_ps(s, sum0);
-        _mm256_storeu_ps(s + 8, sum1);
-        for (int p = 0; p < 16; p++) {
-            const int k = 4 * (p / 8) + p % 4, r = k / 2, c = 2 * h + k % 2 + 4 * ((p % 8) / 4);
-            if (r < left) out[r * out_stride + c] = s[p];
+        const __m256 dw = _mm256_cvtph_ps(el_loadu_128(b[i].d));
+        const __m256 mw = _mm256_cvtph_ps(el_loadu_128(b[i].m));
+        for (int r = 0; r < 4; r++) {
+            const __m256 isum = _mm256_cvtepi32_ps(_mm256_madd_epi16(acc[r], ones16));
+            __m256 t = _mm256_mul_ps(_mm256_mul_ps(dw, _mm256_broadcast_ss(rs + 8 * i + 2 * r)), isum);
+            t = _mm256_add_ps(t, _mm256_mul_ps(mw, _mm256_broadcast_ss(rs + 8 * i + 2 * r + 1)));
+            sum[r] = _mm256_add_ps(sum[r], t);
         }
+    }
+    for (int r = 0; r < 4; r++) {
+        if (r < left) _mm256_storeu_ps(out + r * out_stride, sum[r]);
     }
 }
 
-/* The 4-row tile's activation scales, per block: (d, s) of rows (0, 0, 1, 1) and of rows (2, 2, 3, 3),
- * each pair twice, as four vectors. */
-static void row_scales_q4_1x8(const uint8_t *const *rows, int64_t nb, __m256 *rowsc) {
-    const __m256i pick[4] = {_mm256_setr_epi32(0, 0, 2, 2, 0, 0, 2, 2), _mm256_setr_epi32(1, 1, 3, 3, 1, 1, 3, 3),
-                             _mm256_setr_epi32(4, 4, 6, 6, 4, 4, 6, 6), _mm256_setr_epi32(5, 5, 7, 7, 5, 5, 7, 7)};
+/* The 4-row tile's activation scales, per block: d and s of rows 0..3 as floats. */
+static void row_scales_q4_1x8(const uint8_t *const *rows, int64_t nb, float *rs) {
     for (int64_t i = 0; i < nb; i++) {
         const size_t at = (size_t)i * sizeof(el_block_q8_1); /* block i's (d, s) pair in each row */
         const __m128i ds = _mm_setr_epi32((int)el_load_u32(rows[0] + at), (int)el_load_u32(rows[1] + at),
                                           (int)el_load_u32(rows[2] + at), (int)el_load_u32(rows[3] + at));
-        const __m256 f = _mm256_cvtph_ps(ds); /* d0 s0 d1 s1 d2 s2 d3 s3 */
-        for (int k = 0; k < 4; k++) rowsc[4 * i + k] = _mm256_permutevar8x32_ps(f, pick[k]);
+        _mm256_storeu_ps(rs + 8 * i, _mm256_cvtph_ps(ds)); /* d0 s0 d1 s1 d2 s2 d3 s3 */
     }
 }
 
@@ -468,16 +458,16 @@ void el_matmul_x8_avx2(int32_t type, const void *w8, const void *a, int64_t a_ro
         }
         return;
     }
-    __m256 rowsc[4 * X8_ROW_SCALES_MAX_NB];
+    __m256 rowsc[X8_ROW_SCALES_MAX_NB]; /* one vector of scales per block */
     for (int64_t r0 = 0; r0 < n_rows; r0 += 4) {
         const int64_t left = n_rows - r0;
         const uint8_t *rows[4];
         for (int r = 0; r < 4; r++) rows[r] = a8 + (r0 + (r < left ? r : left - 1)) * a_row_bytes;
-        if (q4_1) row_scales_q4_1x8(rows, nb, rowsc);
+        if (q4_1) row_scales_q4_1x8(rows, nb, (float *)rowsc);
         else row_scales_q8_0x8(rows, nb, rowsc);
         for (int64_t g = g_begin; g < g_end; g++) {
             float *o = out + r0 * out_stride + 8 * g;
-            if (q4_1) tile_q4_1x8_4((const el_block_q4_1x8 *)w8 + g * nb, rows, rowsc, nb, o, out_stride, left);
+            if (q4_1) tile_q4_1x8_4((const el_block_q4_1x8 *)w8 + g * nb, rows, (const float *)rowsc, nb, o, out_stride, left);
             else tile_q8_0x8_4((const el_block_q8_0x8 *)w8 + g * nb, rows, rowsc, nb, o, out_stride, left);
         }
     }

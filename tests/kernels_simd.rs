@@ -23,7 +23,7 @@ use std::time::Instant;
 
 use edge_llm::generate::SequenceRunner;
 use edge_llm::kernels::{
-    available_isas, current_isa, glu_inplace, isa_available, kv_write, matmul, matmul_x8,
+    available_isas, current_isa, glu_inplace, has_x8, isa_available, kv_write, matmul, matmul_x8,
     paged_attention, quantize_rows, repack_x8, rms_norm, rope, set_isa, vec_dot, Activation,
     AttentionBatch, AttentionShape, Isa, Rope, RopeStyle,
 };
@@ -659,6 +659,7 @@ fn paged_attention_is_bit_identical_to_the_reference() {
             (2, 1, 80, 7),
             (3, 3, 6, 1),
             (4, 2, 64, 64),
+            (18, 1, 32, 16), // a GQA group wider than the AVX2 kernel's 16 queries at once
         ] {
             let c = attention_case(&mut rng, n_heads, n_kv_heads, head_dim, block_size);
             for window in [None, Some(5), Some(40)] {
@@ -781,25 +782,36 @@ fn bench_matmul_gmacs() {
     for t in types {
         let n_in = if t.block_size() == 256 { 512 } else { 576 };
         let w = quantize_rows(t, &x[..n_out * n_in], n_in);
+        let w8 = has_x8(t).then(|| repack_x8(t, &w, n_in, n_out));
         for n_rows in [1usize, 64] {
             let a = quantize_rows(t.vec_dot_type(), &x[..n_rows * n_in], n_in);
             let mut out = vec![0.0; n_rows * n_out];
             let isas = available_isas();
-            let mut best = vec![f64::MAX; isas.len()];
+            // (isa, interleaved) pairs, timed in turns.
+            let cases: Vec<_> = isas
+                .iter()
+                .flat_map(|&isa| [(isa, false), (isa, true)])
+                .filter(|&(_, x8)| !x8 || w8.is_some())
+                .collect();
+            let mut best = vec![f64::MAX; cases.len()];
             for _ in 0..15 {
-                for (k, &isa) in isas.iter().enumerate() {
+                for (k, &(isa, x8)) in cases.iter().enumerate() {
                     set_isa(isa).unwrap();
                     let (mut reps, t0) = (0usize, Instant::now());
                     while t0.elapsed().as_secs_f64() < 0.02 {
-                        pool.install(|| matmul(t, &w, n_in, n_out, &a, n_rows, &mut out));
+                        pool.install(|| match (&w8, x8) {
+                            (Some(w8), true) => matmul_x8(t, w8, n_in, n_out, &a, n_rows, &mut out),
+                            _ => matmul(t, &w, n_in, n_out, &a, n_rows, &mut out),
+                        });
                         reps += 1;
                     }
                     best[k] = best[k].min(t0.elapsed().as_secs_f64() / reps as f64);
                 }
             }
-            for (k, isa) in isas.iter().enumerate() {
+            for (k, (isa, x8)) in cases.iter().enumerate() {
                 let gmacs = (n_in * n_out * n_rows) as f64 / best[k] / 1e9;
-                eprintln!("{t:>5} n_rows={n_rows:>2} {isa:>6}: {gmacs:6.2} GMAC/s");
+                let layout = if *x8 { "x8" } else { "rows" };
+                eprintln!("{t:>5} n_rows={n_rows:>2} {isa:>6} {layout:>4}: {gmacs:6.2} GMAC/s");
             }
         }
     }

@@ -203,7 +203,12 @@ pub fn paged_attention(
     }
     let window = window.map(|w| w.min(i32::MAX as usize) as i32).unwrap_or(0);
     let n_items = n_tokens * s.n_heads;
-    let chunk_items = (n_items / (4 * rayon::current_num_threads())).clamp(1, 64);
+    let mut chunk_items = (n_items / (4 * rayon::current_num_threads())).clamp(1, 64);
+    if chunk_items >= s.n_heads {
+        // Whole tokens, so the kernel finds every GQA group whole (its queries share one pass
+        // over the keys).
+        chunk_items -= chunk_items % s.n_heads;
+    }
     let out_ptr = SendPtr(out.as_mut_ptr());
     (0..n_items.div_ceil(chunk_items))
         .into_par_iter()
