@@ -240,21 +240,34 @@ typedef struct {
     int64_t len; /* keys this query sees: [first, len) */
 } attn_query;
 
+/* Keys converted and scored per pass: 2048 floats of keys (and as many of values) per span. */
+#define ATTN_SPAN_FLOATS (2048 > CHUNK * EL_MAX_HEAD_DIM ? 2048 : CHUNK * EL_MAX_HEAD_DIM)
+#define ATTN_MAX_CHUNKS (ATTN_SPAN_FLOATS / (CHUNK * 8))
+
 /* Up to ATTN_MAX_Q queries of one sequence and KV head that start at the same key, each computed
  * exactly as ops.c's paged_attention_ref computes its (token, head) item: a chunk's eight keys in
  * eight lanes, the scores' partial sums (lane d % 8 of each key's vector) by FMA in order of d,
- * the chunk's max, one vector exp, the values added key after key by FMA. Each chunk's keys and
- * values are converted from f16 once, into kf and vf, for all the queries (before, each query
- * head converted its group's keys again). HD: head_dim, a multiple of 8 (a constant for the
- * common sizes). */
+ * the chunk's max, one vector exp, the values added key after key by FMA.
+ * The keys go a span of chunks at a time (2048 / HD keys, at least one chunk), converted from f16
+ * once for all the queries, then three passes over the queries and the span's chunks: every score
+ * (no chunk's scores depend on another's), then each query's softmax steps in order (the running
+ * max, the rescale factor where it rose, the weights), then the values, each chunk's rescale of
+ * the output applied just before its values, as the reference does. One query's chunk is a chain
+ * of dependent steps; the passes give the core many independent ones at a time. HD: head_dim, a
+ * multiple of 8 (a constant for the common sizes). */
 EL_AI void attend_group(const int64_t HD, const attn_query *qs, const int nq, const uint16_t *k_cache,
                         const uint16_t *v_cache, const int32_t *table, const int64_t block_size, const int64_t kv_off,
                         const int64_t kv_dim, const int64_t first, const float scale) {
     float acc[ATTN_MAX_Q][EL_MAX_HEAD_DIM] __attribute__((aligned(32)));
-    float kf[CHUNK][EL_MAX_HEAD_DIM] __attribute__((aligned(32)));
-    float vf[CHUNK][EL_MAX_HEAD_DIM] __attribute__((aligned(32)));
+    float kf[ATTN_SPAN_FLOATS] __attribute__((aligned(32)));
+    float vf[ATTN_SPAN_FLOATS] __attribute__((aligned(32)));
+    __m256 sc[ATTN_MAX_Q][ATTN_MAX_CHUNKS];    /* scores, then weights */
+    __m256 resc[ATTN_MAX_Q][ATTN_MAX_CHUNKS];  /* the output's rescale before each chunk */
+    uint8_t rescale[ATTN_MAX_Q][ATTN_MAX_CHUNKS];
     float m[ATTN_MAX_Q];
     __m256 lanes[ATTN_MAX_Q];
+    const int64_t span_chunks = ATTN_SPAN_FLOATS / (CHUNK * HD) < ATTN_MAX_CHUNKS ? ATTN_SPAN_FLOATS / (CHUNK * HD)
+                                                                                 : ATTN_MAX_CHUNKS;
     int64_t max_len = 0;
     for (int i = 0; i < nq; i++) {
         for (int64_t d = 0; d < HD; d += 8) _mm256_store_ps(acc[i] + d, _mm256_setzero_ps());
@@ -264,78 +277,87 @@ EL_AI void attend_group(const int64_t HD, const attn_query *qs, const int nq, co
     }
     const __m256 vscale = _mm256_set1_ps(scale);
     int64_t blk = first / block_size, off = first % block_size; /* of key j0, walked without division */
-    for (int64_t j0 = first; j0 < max_len; j0 += CHUNK) {
-        const int n_all = (int)(max_len - j0 < CHUNK ? max_len - j0 : CHUNK);
-        for (int k = 0; k < n_all; k++) {
+    for (int64_t j0 = first; j0 < max_len; j0 += span_chunks * CHUNK) {
+        const int64_t n_all = max_len - j0 < span_chunks * CHUNK ? max_len - j0 : span_chunks * CHUNK;
+        for (int64_t k = 0; k < n_all; k++) {
             const int64_t at = ((int64_t)table[blk] * block_size + off) * kv_dim + kv_off;
             for (int64_t d = 0; d < HD; d += 8) {
-                _mm256_store_ps(kf[k] + d, _mm256_cvtph_ps(el_loadu_128(k_cache + at + d)));
-                _mm256_store_ps(vf[k] + d, _mm256_cvtph_ps(el_loadu_128(v_cache + at + d)));
+                _mm256_store_ps(kf + k * HD + d, _mm256_cvtph_ps(el_loadu_128(k_cache + at + d)));
+                _mm256_store_ps(vf + k * HD + d, _mm256_cvtph_ps(el_loadu_128(v_cache + at + d)));
             }
             if (++off == block_size) {
                 off = 0;
                 blk++;
             }
         }
-        for (int k = n_all; k < CHUNK; k++) { /* scored, then masked out */
-            for (int64_t d = 0; d < HD; d += 8) _mm256_store_ps(kf[k] + d, _mm256_load_ps(kf[0] + d));
+        for (int64_t k = n_all; k % CHUNK != 0; k++) { /* scored, then masked out */
+            for (int64_t d = 0; d < HD; d += 8) _mm256_store_ps(kf + k * HD + d, _mm256_load_ps(kf + d));
         }
-        /* Three passes over the queries, each query's steps independent of the others' (so the
-         * core overlaps them; one query's chunk is a chain of dependent steps): scores, then the
-         * running max and the weights, then the values. */
-        int live[ATTN_MAX_Q], n[ATTN_MAX_Q], nl = 0;
-        __m256 sc[ATTN_MAX_Q];
+        /* Keys of query i in this span: [j0, j0 + n_i); its chunks: ceil(n_i / CHUNK). */
+#define SPAN_KEYS(i) (qs[i].len - j0 < n_all ? qs[i].len - j0 : n_all)
         for (int i = 0; i < nq; i++) {
-            if (qs[i].len <= j0) continue;
-            live[nl] = i;
-            n[nl] = (int)(qs[i].len - j0 < CHUNK ? qs[i].len - j0 : CHUNK);
-            const float *qh = qs[i].q;
-            __m256 part[CHUNK];
-            for (int k = 0; k < CHUNK; k++) part[k] = _mm256_setzero_ps();
-            for (int64_t d = 0; d < HD; d += 8) {
-                const __m256 qv = _mm256_loadu_ps(qh + d);
-                for (int k = 0; k < CHUNK; k++) part[k] = _mm256_fmadd_ps(qv, _mm256_load_ps(kf[k] + d), part[k]);
-            }
-            __m256 s = _mm256_mul_ps(tree8_lanes(part), vscale);
-            if (n[nl] < CHUNK) {
-                const __m256 on =
-                    _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n[nl]), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
-                s = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), s, on);
-            }
-            sc[nl++] = s;
-        }
-        float pk[ATTN_MAX_Q][CHUNK] __attribute__((aligned(32)));
-        for (int l = 0; l < nl; l++) {
-            const int i = live[l];
-            const float m_c = hmax8(sc[l]);
-            if (m_c > m[i]) {
-                const __m256 c = _mm256_permute_ps(exp_nonpos8(_mm256_set1_ps(m[i] - m_c)), 0); /* lane 0 everywhere */
-                lanes[i] = _mm256_mul_ps(lanes[i], c);
-                for (int64_t d = 0; d < HD; d += 8) _mm256_store_ps(acc[i] + d, _mm256_mul_ps(_mm256_load_ps(acc[i] + d), c));
-                m[i] = m_c;
-            }
-            const __m256 p = exp_nonpos8(_mm256_sub_ps(sc[l], _mm256_set1_ps(m[i]))); /* 0 in masked lanes */
-            lanes[i] = _mm256_add_ps(lanes[i], p);
-            _mm256_store_ps(pk[l], p);
-        }
-        for (int l = 0; l < nl; l++) {
-            float *a_i = acc[live[l]];
-            if (n[l] == CHUNK) { /* a whole chunk: the key loop unrolled */
-                __m256 pb[CHUNK];
-                for (int k = 0; k < CHUNK; k++) pb[k] = _mm256_set1_ps(pk[l][k]);
+            const int64_t n_i = SPAN_KEYS(i);
+            for (int64_t c = 0; c * CHUNK < n_i; c++) {
+                const float *kc = kf + c * CHUNK * HD;
+                __m256 part[CHUNK];
+                for (int k = 0; k < CHUNK; k++) part[k] = _mm256_setzero_ps();
                 for (int64_t d = 0; d < HD; d += 8) {
-                    __m256 a = _mm256_load_ps(a_i + d);
-                    for (int k = 0; k < CHUNK; k++) a = _mm256_fmadd_ps(pb[k], _mm256_load_ps(vf[k] + d), a);
-                    _mm256_store_ps(a_i + d, a);
+                    const __m256 qv = _mm256_loadu_ps(qs[i].q + d);
+                    for (int k = 0; k < CHUNK; k++) part[k] = _mm256_fmadd_ps(qv, _mm256_load_ps(kc + k * HD + d), part[k]);
                 }
-            } else {
-                for (int64_t d = 0; d < HD; d += 8) {
-                    __m256 a = _mm256_load_ps(a_i + d);
-                    for (int k = 0; k < n[l]; k++) a = _mm256_fmadd_ps(_mm256_set1_ps(pk[l][k]), _mm256_load_ps(vf[k] + d), a);
-                    _mm256_store_ps(a_i + d, a);
+                __m256 s = _mm256_mul_ps(tree8_lanes(part), vscale);
+                const int64_t n = n_i - c * CHUNK;
+                if (n < CHUNK) {
+                    const __m256 on = _mm256_castsi256_ps(
+                        _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+                    s = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), s, on);
+                }
+                sc[i][c] = s;
+            }
+        }
+        for (int i = 0; i < nq; i++) {
+            const int64_t n_i = SPAN_KEYS(i);
+            for (int64_t c = 0; c * CHUNK < n_i; c++) {
+                const float m_c = hmax8(sc[i][c]);
+                rescale[i][c] = m_c > m[i];
+                if (m_c > m[i]) {
+                    resc[i][c] = _mm256_permute_ps(exp_nonpos8(_mm256_set1_ps(m[i] - m_c)), 0); /* lane 0 everywhere */
+                    lanes[i] = _mm256_mul_ps(lanes[i], resc[i][c]);
+                    m[i] = m_c;
+                }
+                sc[i][c] = exp_nonpos8(_mm256_sub_ps(sc[i][c], _mm256_set1_ps(m[i]))); /* 0 in masked lanes */
+                lanes[i] = _mm256_add_ps(lanes[i], sc[i][c]);
+            }
+        }
+        for (int i = 0; i < nq; i++) {
+            const int64_t n_i = SPAN_KEYS(i);
+            float *a_i = acc[i];
+            for (int64_t c = 0; c * CHUNK < n_i; c++) {
+                const float *vc = vf + c * CHUNK * HD;
+                const int64_t n = n_i - c * CHUNK;
+                float pk[CHUNK] __attribute__((aligned(32)));
+                _mm256_store_ps(pk, sc[i][c]);
+                if (rescale[i][c]) {
+                    for (int64_t d = 0; d < HD; d += 8) _mm256_store_ps(a_i + d, _mm256_mul_ps(_mm256_load_ps(a_i + d), resc[i][c]));
+                }
+                if (n >= CHUNK) { /* a whole chunk: the key loop unrolled */
+                    __m256 pb[CHUNK];
+                    for (int k = 0; k < CHUNK; k++) pb[k] = _mm256_set1_ps(pk[k]);
+                    for (int64_t d = 0; d < HD; d += 8) {
+                        __m256 a = _mm256_load_ps(a_i + d);
+                        for (int k = 0; k < CHUNK; k++) a = _mm256_fmadd_ps(pb[k], _mm256_load_ps(vc + k * HD + d), a);
+                        _mm256_store_ps(a_i + d, a);
+                    }
+                } else {
+                    for (int64_t d = 0; d < HD; d += 8) {
+                        __m256 a = _mm256_load_ps(a_i + d);
+                        for (int k = 0; k < n; k++) a = _mm256_fmadd_ps(_mm256_set1_ps(pk[k]), _mm256_load_ps(vc + k * HD + d), a);
+                        _mm256_store_ps(a_i + d, a);
+                    }
                 }
             }
         }
+#undef SPAN_KEYS
     }
     for (int i = 0; i < nq; i++) {
         float lane[CHUNK];
