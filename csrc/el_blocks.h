@@ -63,10 +63,11 @@ typedef struct {
 _Static_assert(sizeof(el_block_q8_0) == 34, "block_q8_0 layout");
 
 /* Block i of eight Q8_0 rows interleaved (el_repack_x8): the rows' scales side by side, then
- * their quants in row order. */
+ * their quants four bytes at a time: qs[k][c] is elements 4k..4k+3 of row c, so one 32-byte load
+ * holds the same four elements of every row, a row per 32-bit lane. */
 typedef struct {
     uint16_t d[8];
-    int8_t qs[8][QK];
+    int8_t qs[8][8][4];
 } el_block_q8_0x8;
 _Static_assert(sizeof(el_block_q8_0x8) == 8 * sizeof(el_block_q8_0), "block_q8_0x8 layout");
 

@@ -559,7 +559,7 @@ int32_t el_repack_x8(int32_t type, const void *w, int64_t n_out, int64_t nb, voi
                     const el_block_q8_0 *r = (const el_block_q8_0 *)w + at;
                     el_block_q8_0x8 *b = (el_block_q8_0x8 *)dst + g * nb + i;
                     b->d[c] = r->d;
-                    memcpy(b->qs[c], r->qs, QK);
+                    for (int k = 0; k < 8; k++) memcpy(b->qs[k][c], r->qs + 4 * k, 4);
                 }
             }
         }
@@ -588,7 +588,9 @@ static void matvec_x8_ref(int32_t type, const void *w8, const void *a, float *ou
                 } else {
                     const el_block_q8_0x8 *b = (const el_block_q8_0x8 *)w8 + g * nb + i;
                     const el_block_q8_0 *ab = (const el_block_q8_0 *)a + i;
-                    const int32_t isum = dot_i8(b->qs[c], ab->qs);
+                    int8_t qs[QK];
+                    for (int k = 0; k < 8; k++) memcpy(qs + 4 * k, b->qs[k][c], 4);
+                    const int32_t isum = dot_i8(qs, ab->qs);
                     sum += (el_fp16_to_fp32(b->d[c]) * el_fp16_to_fp32(ab->d)) * (float)isum;
                 }
             }

@@ -370,11 +370,12 @@ static void row_scales_q4_1x8(const uint8_t *const *rows, int64_t nb, float *rs)
 }
 
 /* ---- Rows interleaved in eights: Q8_0 -----------------------------------------------------------
- * Tiles over el_block_q8_0x8 blocks with tile32's lane arithmetic for Q8_0 (so bit-identical to
- * dot_q8_0_q8_0): each row's 32 quants are one load, the group's eight scales one more. */
+ * el_block_q8_0x8 holds a row per 32-bit lane, as Q4_1's: per four elements one load, its
+ * absolute values (for maddubs' unsigned side, shared by a tile's rows), and per activation row a
+ * broadcast, a sign, maddubs and madd (two products per 16-bit lane, up to 2 * 127 * 127, so no
+ * two may be added before the madd). The float work is dot_q8_0_q8_0's, lane by lane. */
 
-/* One activation row: a group's eight rows reduce (reduce8) to one vector in row order; one stream,
- * prefetched 16 blocks (4.25 KiB) ahead. */
+/* One activation row: one stream, prefetched 16 blocks (4.25 KiB) ahead. */
 static void matvec_q8_0x8(const el_block_q8_0x8 *w8, const el_block_q8_0 *act, float *out, int64_t nb,
                           int64_t g_begin, int64_t g_end) {
     const __m256i ones16 = _mm256_set1_epi16(1);
@@ -384,13 +385,13 @@ static void matvec_q8_0x8(const el_block_q8_0x8 *w8, const el_block_q8_0 *act, f
         for (int64_t i = 0; i < nb; i++) {
             const char *ahead = (const char *)(b + i) + 16 * sizeof(el_block_q8_0x8);
             for (int l = 0; l < 5; l++) _mm_prefetch(ahead + 64 * l, _MM_HINT_T0);
-            const __m256i av = el_loadu_256(act[i].qs);
-            __m256i p[8];
-            for (int c = 0; c < 8; c++) {
-                const __m256i w = el_loadu_256(b[i].qs[c]);
-                p[c] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(av, w)), ones16);
+            __m256i acc = _mm256_setzero_si256();
+            for (int k = 0; k < 8; k++) {
+                const __m256i w = el_loadu_256(b[i].qs[k]);
+                const __m256i a = _mm256_set1_epi32((int)el_load_u32((const uint8_t *)act[i].qs + 4 * k));
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w)), ones16));
             }
-            const __m256 isum = _mm256_cvtepi32_ps(el_reduce8_epi32(p));
+            const __m256 isum = _mm256_cvtepi32_ps(acc);
             const __m256 dw = _mm256_cvtph_ps(el_loadu_128(b[i].d));
             const __m256 da = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)el_load_u16((const uint8_t *)&act[i].d))));
             sum = _mm256_add_ps(sum, _mm256_mul_ps(_mm256_mul_ps(dw, da), isum));
@@ -399,45 +400,44 @@ static void matvec_q8_0x8(const el_block_q8_0x8 *w8, const el_block_q8_0 *act, f
     }
 }
 
-/* Four activation rows (ap, the last repeated past n_rows) by one group, two columns at a time:
- * lane p = 2r + j for row r and column 2q + j. rowsc: per block, d of rows (0, 0, 1, 1, .. 3, 3). */
-static void tile_q8_0x8_4(const el_block_q8_0x8 *b, const uint8_t *const *rows, const __m256 *rowsc, int64_t nb,
+/* Four activation rows (the last repeated past n_rows) by one group. rs: per block, d of rows 0..3
+ * as floats. */
+static void tile_q8_0x8_4(const el_block_q8_0x8 *b, const uint8_t *const *rows, const float *rs, int64_t nb,
                           float *out, int64_t out_stride, int64_t left) {
     const __m256i ones16 = _mm256_set1_epi16(1);
     const el_block_q8_0 *ap[4];
     for (int r = 0; r < 4; r++) ap[r] = (const el_block_q8_0 *)rows[r];
-    for (int q = 0; q < 4; q++) {
-        const __m256i cols = _mm256_setr_epi32(2 * q, 2 * q + 1, 2 * q, 2 * q + 1, 2 * q, 2 * q + 1, 2 * q, 2 * q + 1);
-        __m256 sum = _mm256_setzero_ps();
-        for (int64_t i = 0; i < nb; i++) {
-            const __m256i w0 = el_loadu_256(b[i].qs[2 * q]), w1 = el_loadu_256(b[i].qs[2 * q + 1]);
-            const __m256i s0 = _mm256_sign_epi8(w0, w0), s1 = _mm256_sign_epi8(w1, w1);
-            __m256i p[8];
+    __m256 sum[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t i = 0; i < nb; i++) {
+        __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                          _mm256_setzero_si256()};
+        for (int k = 0; k < 8; k++) {
+            const __m256i w = el_loadu_256(b[i].qs[k]);
+            const __m256i aw = _mm256_sign_epi8(w, w);
             for (int r = 0; r < 4; r++) {
-                const __m256i av = el_loadu_256(ap[r][i].qs);
-                p[2 * r] = _mm256_madd_epi16(_mm256_maddubs_epi16(s0, _mm256_sign_epi8(av, w0)), ones16);
-                p[2 * r + 1] = _mm256_madd_epi16(_mm256_maddubs_epi16(s1, _mm256_sign_epi8(av, w1)), ones16);
+                const __m256i a = _mm256_set1_epi32((int)el_load_u32((const uint8_t *)ap[r][i].qs + 4 * k));
+                acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(a, w)), ones16));
             }
-            const __m256 isum = _mm256_cvtepi32_ps(el_reduce8_epi32(p));
-            const __m256 dw = _mm256_permutevar8x32_ps(_mm256_cvtph_ps(el_loadu_128(b[i].d)), cols);
-            sum = _mm256_add_ps(sum, _mm256_mul_ps(_mm256_mul_ps(dw, rowsc[i]), isum));
+            __asm__("" : "+x"(acc[0]), "+x"(acc[1]), "+x"(acc[2]), "+x"(acc[3])); /* as in tile_q4_1x8_4 */
         }
-        float s[8];
-        _mm256_storeu_ps(s, sum);
-        for (int p = 0; p < 8; p++) {
-            if (p / 2 < left) out[(p / 2) * out_stride + 2 * q + p % 2] = s[p];
+        const __m256 dw = _mm256_cvtph_ps(el_loadu_128(b[i].d));
+        for (int r = 0; r < 4; r++) {
+            const __m256 isum = _mm256_cvtepi32_ps(acc[r]);
+            sum[r] = _mm256_add_ps(sum[r], _mm256_mul_ps(_mm256_mul_ps(dw, _mm256_broadcast_ss(rs + 4 * i + r)), isum));
         }
+    }
+    for (int r = 0; r < 4; r++) {
+        if (r < left) _mm256_storeu_ps(out + r * out_stride, sum[r]);
     }
 }
 
-/* The 4-row tile's activation scales, per block: d of rows (0, 0, 1, 1, 2, 2, 3, 3), one vector. */
-static void row_scales_q8_0x8(const uint8_t *const *rows, int64_t nb, __m256 *rowsc) {
+/* The 4-row tile's activation scales, per block: d of rows 0..3 as floats. */
+static void row_scales_q8_0x8(const uint8_t *const *rows, int64_t nb, float *rs) {
     for (int64_t i = 0; i < nb; i++) {
         const size_t at = (size_t)i * sizeof(el_block_q8_0); /* block i's d in each row */
-        const uint16_t d[4] = {el_load_u16(rows[0] + at), el_load_u16(rows[1] + at), el_load_u16(rows[2] + at),
-                               el_load_u16(rows[3] + at)};
-        rowsc[i] = _mm256_cvtph_ps(_mm_setr_epi16((short)d[0], (short)d[0], (short)d[1], (short)d[1], (short)d[2], (short)d[2],
-                                                  (short)d[3], (short)d[3]));
+        const __m128i d = _mm_setr_epi16((short)el_load_u16(rows[0] + at), (short)el_load_u16(rows[1] + at),
+                                         (short)el_load_u16(rows[2] + at), (short)el_load_u16(rows[3] + at), 0, 0, 0, 0);
+        _mm_storeu_ps(rs + 4 * i, _mm_cvtph_ps(d));
     }
 }
 
@@ -458,17 +458,17 @@ void el_matmul_x8_avx2(int32_t type, const void *w8, const void *a, int64_t a_ro
         }
         return;
     }
-    __m256 rowsc[X8_ROW_SCALES_MAX_NB]; /* one vector of scales per block */
+    float rs[8 * X8_ROW_SCALES_MAX_NB] __attribute__((aligned(32))); /* the rows' scales, per block */
     for (int64_t r0 = 0; r0 < n_rows; r0 += 4) {
         const int64_t left = n_rows - r0;
         const uint8_t *rows[4];
         for (int r = 0; r < 4; r++) rows[r] = a8 + (r0 + (r < left ? r : left - 1)) * a_row_bytes;
-        if (q4_1) row_scales_q4_1x8(rows, nb, (float *)rowsc);
-        else row_scales_q8_0x8(rows, nb, rowsc);
+        if (q4_1) row_scales_q4_1x8(rows, nb, rs);
+        else row_scales_q8_0x8(rows, nb, rs);
         for (int64_t g = g_begin; g < g_end; g++) {
             float *o = out + r0 * out_stride + 8 * g;
-            if (q4_1) tile_q4_1x8_4((const el_block_q4_1x8 *)w8 + g * nb, rows, (const float *)rowsc, nb, o, out_stride, left);
-            else tile_q8_0x8_4((const el_block_q8_0x8 *)w8 + g * nb, rows, rowsc, nb, o, out_stride, left);
+            if (q4_1) tile_q4_1x8_4((const el_block_q4_1x8 *)w8 + g * nb, rows, rs, nb, o, out_stride, left);
+            else tile_q8_0x8_4((const el_block_q8_0x8 *)w8 + g * nb, rows, rs, nb, o, out_stride, left);
         }
     }
 }
