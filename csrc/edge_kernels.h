@@ -55,6 +55,7 @@ enum el_status {
 enum el_isa {
     EL_ISA_SCALAR = 0, /* the references, plain C */
     EL_ISA_AVX2 = 1,   /* x86-64 AVX2 + FMA + F16C */
+    EL_ISA_NEON = 2,   /* AArch64 NEON with the dot-product instructions (SDOT) */
 };
 
 /* 1 when this build and CPU can run `isa`, else 0. */

@@ -611,6 +611,11 @@ int32_t el_matmul_x8(int32_t type, const void *w8, const void *a, int64_t a_row_
         el_matmul_x8_avx2(type, w8, a, a_row_bytes, out, out_stride, n_in / QK, n_rows, o_begin / 8, o_end / 8);
         return EL_OK;
     }
+#elif defined(__aarch64__)
+    if (el_isa_get() == EL_ISA_NEON) {
+        el_matmul_x8_neon(type, w8, a, a_row_bytes, out, out_stride, n_in / QK, n_rows, o_begin / 8, o_end / 8);
+        return EL_OK;
+    }
 #endif
     for (int64_t r = 0; r < n_rows; r++) {
         matvec_x8_ref(type, w8, (const uint8_t *)a + r * a_row_bytes, out + r * out_stride, n_in / QK, o_begin / 8,

@@ -3,11 +3,21 @@
  * quants.c uses to find a type's SIMD kernels. The choice is one process-wide atomic: detected
  * from the CPU (or taken from the EDGE_LLM_ISA environment variable) on first use (racing first uses all detect the same answer, and a compare-exchange
  * keeps an el_isa_set that came first), changed only by el_isa_set. This file is compiled for the
- * baseline ISA, so it runs on any CPU; it only calls into the AVX2 files once AVX2 is chosen.
+ * baseline ISA, so it runs on any CPU; it only calls into the AVX2 (NEON) files once AVX2 (NEON
+ * with the dot-product instructions) is chosen.
  */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1UL << 20) /* the dot-product instructions (FEAT_DotProd) */
+#endif
+#elif defined(__aarch64__) && defined(__APPLE__)
+#include <sys/sysctl.h>
+#endif
 
 #include "edge_kernels.h"
 #include "simd_internal.h"
@@ -21,6 +31,12 @@ static int32_t best(void) {
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
         return EL_ISA_AVX2;
     }
+#elif defined(__aarch64__) && defined(__linux__)
+    if (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) return EL_ISA_NEON;
+#elif defined(__aarch64__) && defined(__APPLE__)
+    int dotprod = 0;
+    size_t size = sizeof(dotprod);
+    if (sysctlbyname("hw.optional.arm.FEAT_DotProd", &dotprod, &size, NULL, 0) == 0 && dotprod) return EL_ISA_NEON;
 #endif
     return EL_ISA_SCALAR;
 }
@@ -30,18 +46,20 @@ int32_t el_isa_available(int32_t isa) {
     case EL_ISA_SCALAR:
         return 1;
     case EL_ISA_AVX2:
-        return best() == EL_ISA_AVX2;
+    case EL_ISA_NEON:
+        return best() == isa;
     default:
         return 0;
     }
 }
 
-/* The first choice: EDGE_LLM_ISA (scalar, avx2) where set to one available here, else the best. */
+/* The first choice: EDGE_LLM_ISA (scalar, avx2, neon) where set to one available here, else the best. */
 static int32_t detect(void) {
     const char *want = getenv("EDGE_LLM_ISA");
     if (want != NULL) {
         if (strcmp(want, "scalar") == 0) return EL_ISA_SCALAR;
         if (strcmp(want, "avx2") == 0 && el_isa_available(EL_ISA_AVX2)) return EL_ISA_AVX2;
+        if (strcmp(want, "neon") == 0 && el_isa_available(EL_ISA_NEON)) return EL_ISA_NEON;
     }
     return best();
 }
@@ -68,6 +86,8 @@ const el_simd_quant_kernels *el_simd_quant(int32_t type) {
         const el_simd_quant_kernels *k = el_avx2_quant(type);
         return k != NULL ? k : el_avx2_quant_k(type);
     }
+#elif defined(__aarch64__)
+    if (el_isa_get() == EL_ISA_NEON) return el_neon_quant(type);
 #else
     (void)type;
 #endif

@@ -1,6 +1,6 @@
 /*
  * simd_internal.h: the contract between the public entry points (quants.c, ops.c) and the SIMD
- * variants of their kernels (quants_avx2.c, quants_k_avx2.c, ops_avx2.c), which simd_dispatch.c
+ * variants of their kernels (quants_avx2.c, quants_k_avx2.c, ops_avx2.c, quants_neon.c), which simd_dispatch.c
  * picks from at run time. Not part of the Rust boundary.
  *
  * A variant computes what its scalar reference computes. The quantized dot products, the matrix
@@ -58,6 +58,14 @@ void el_paged_attention_avx2(float *out, const float *q, const uint16_t *k_cache
                              const int32_t *context_lens, int64_t n_heads, int64_t n_kv_heads,
                              int64_t head_dim, int64_t block_size, int64_t max_blocks_per_seq, float scale,
                              int32_t window, int64_t item_begin, int64_t item_end);
+#endif
+
+#if defined(__aarch64__)
+/* quants_neon.c: the 32-element types' dot products (NULL for a type without a NEON kernel) and
+ * el_matmul_x8 (Q4_1 or Q8_0) over column groups [g_begin, g_end) of nb blocks. */
+const el_simd_quant_kernels *el_neon_quant(int32_t type);
+void el_matmul_x8_neon(int32_t type, const void *w8, const void *a, int64_t a_row_bytes, float *out,
+                       int64_t out_stride, int64_t nb, int64_t n_rows, int64_t g_begin, int64_t g_end);
 #endif
 
 /* ops.c's RoPE reference, for a variant's out-of-range fallback. */

@@ -11,6 +11,15 @@ if ! command -v tmux >/dev/null 2>&1; then
   ($SUDO apt-get install -y -q tmux || ($SUDO apt-get update -q && $SUDO apt-get install -y -q tmux)) >/dev/null 2>&1 \
     || echo "warning: could not install tmux; the terminal chat tests will be skipped" >&2
 fi
+# The AArch64 NEON kernels without an Arm machine: cross-compiled and run under qemu-user by
+# tests/neon_qemu.rs, which fails (instead of skipping) when these are missing.
+if ! command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 || ! command -v qemu-aarch64 >/dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  PKGS="gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user"
+  ($SUDO apt-get install -y -q $PKGS || ($SUDO apt-get update -q && $SUDO apt-get install -y -q $PKGS)) >/dev/null 2>&1 \
+    || echo "warning: could not install $PKGS; tests/neon_qemu.rs will fail" >&2
+fi
+export EDGE_LLM_REQUIRE_QEMU=1
 # CUDA without a GPU: NVRTC from its PyPI wheel (libnvrtc only: the kernels include no CUDA
 # header), so tests/cuda_nvrtc.rs compiles every CUDA kernel for sm_80/sm_90 here.
 NVRTC_WHEEL="nvidia-cuda-nvrtc-cu12==12.9.86"

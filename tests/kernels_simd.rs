@@ -172,6 +172,15 @@ fn avx2_is_chosen_where_the_cpu_has_it() {
         && std::arch::is_x86_feature_detected!("fma")
         && std::arch::is_x86_feature_detected!("f16c");
     assert_eq!(isa_available(Isa::Avx2), has);
+    assert!(!isa_available(Isa::Neon), "NEON on an x86-64 build");
+}
+
+#[cfg(target_arch = "aarch64")]
+#[test]
+fn neon_is_chosen_where_the_cpu_has_the_dot_product() {
+    let has = std::arch::is_aarch64_feature_detected!("dotprod");
+    assert_eq!(isa_available(Isa::Neon), has);
+    assert!(!isa_available(Isa::Avx2), "AVX2 on an AArch64 build");
 }
 
 // ---- vec_dot and the quantizers -------------------------------------------------------------

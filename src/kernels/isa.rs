@@ -17,17 +17,21 @@ pub enum Isa {
     Scalar,
     /// x86-64 AVX2 with FMA and F16C.
     Avx2,
+    /// AArch64 NEON with the dot-product instructions (SDOT): the 32-element types' dot
+    /// products and the interleaved products; the rest runs the references.
+    Neon,
 }
 
 impl Isa {
     /// Every variant this build knows, references first.
-    pub const ALL: [Isa; 2] = [Isa::Scalar, Isa::Avx2];
+    pub const ALL: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Neon];
 
     /// The lower-case name used in logs and on the command line.
     pub fn name(self) -> &'static str {
         match self {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
+            Isa::Neon => "neon",
         }
     }
 
@@ -35,6 +39,7 @@ impl Isa {
         (match self {
             Isa::Scalar => ffi::el_isa_EL_ISA_SCALAR,
             Isa::Avx2 => ffi::el_isa_EL_ISA_AVX2,
+            Isa::Neon => ffi::el_isa_EL_ISA_NEON,
         }) as i32
     }
 

@@ -1,0 +1,255 @@
+/*
+ * quants_neon.c: AArch64 NEON variants, with the dot-product instructions (SDOT, Armv8.2's
+ * FEAT_DotProd), of the 32-element block types' dot products (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) and of
+ * the interleaved products (el_matmul_x8: Q4_1, Q8_0). simd_dispatch.c hands these out once NEON is
+ * chosen (the CPU reports the dot-product instructions); the file is compiled for them with a
+ * target pragma, so nothing in it may run before that choice. Everything else (the K-quants, the
+ * quantizers, the row operations) runs its scalar reference on AArch64.
+ *
+ * Bit-identical to the references in quants.c, as the AVX2 kernels are: a block's integer sum is
+ * exact however it is formed (SDOT adds four int8 products into an int32 lane), and the float work
+ * on it is the reference's own expression in its order: scalar for one row, lane by lane (one
+ * output per lane, vmulq/vaddq, never a fused multiply-add) for the interleaved products.
+ *
+ * Tested bit for bit against the references on random data under qemu-aarch64
+ * (tests/neon_qemu.rs with tests/c/neon_check.c).
+ */
+#if defined(__aarch64__)
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("dotprod"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("arch=armv8.2-a+dotprod")
+#endif
+
+#include <arm_neon.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "el_blocks.h"
+#include "el_internal.h"
+#include "simd_internal.h"
+
+#define EL_AI static inline __attribute__((always_inline))
+
+/* A block's 32 quants from its nibbles: elements 0..15 low, 16..31 high (quants.c's unpack). */
+EL_AI void nibbles(const uint8_t *qs, int8x16_t *lo, int8x16_t *hi) {
+    const uint8x16_t v = vld1q_u8(qs);
+    *lo = vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0F)));
+    *hi = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
+}
+
+/* 0x10 in the bytes whose fifth bit (bit i of qh, little-endian) is set: elements 0..15, 16..31. */
+EL_AI void fifth_bits(const uint8_t *qh, uint8x16_t *lo, uint8x16_t *hi) {
+    static const uint8_t bit[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+    const uint8x16_t mask = vld1q_u8(bit), b4 = vdupq_n_u8(0x10);
+    *lo = vandq_u8(vtstq_u8(vcombine_u8(vdup_n_u8(qh[0]), vdup_n_u8(qh[1])), mask), b4);
+    *hi = vandq_u8(vtstq_u8(vcombine_u8(vdup_n_u8(qh[2]), vdup_n_u8(qh[3])), mask), b4);
+}
+
+/* The integer dot product of 32 quants (lo: elements 0..15, hi: 16..31) with an activation block. */
+EL_AI int32_t isum32(const int8x16_t lo, const int8x16_t hi, const int8_t *a) {
+    const int32x4_t acc = vdotq_s32(vdotq_s32(vdupq_n_s32(0), lo, vld1q_s8(a)), hi, vld1q_s8(a + 16));
+    return vaddvq_s32(acc);
+}
+
+/* ---- One row against one activation row: the references' float work, per block -------------- */
+
+static float dot_q4_0_q8_0(const void *vw, const void *va, int64_t nb) {
+    const el_block_q4_0 *w = vw;
+    const el_block_q8_0 *a = va;
+    const int8x16_t eight = vdupq_n_s8(8);
+    float sum = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        int8x16_t lo, hi;
+        nibbles(w[i].qs, &lo, &hi);
+        const int32_t isum = isum32(vsubq_s8(lo, eight), vsubq_s8(hi, eight), a[i].qs);
+        sum += (el_fp16_to_fp32(w[i].d) * el_fp16_to_fp32(a[i].d)) * (float)isum;
+    }
+    return sum;
+}
+
+static float dot_q5_0_q8_0(const void *vw, const void *va, int64_t nb) {
+    const el_block_q5_0 *w = vw;
+    const el_block_q8_0 *a = va;
+    const int8x16_t sixteen = vdupq_n_s8(16);
+    float sum = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        int8x16_t lo, hi;
+        uint8x16_t blo, bhi;
+        nibbles(w[i].qs, &lo, &hi);
+        fifth_bits(w[i].qh, &blo, &bhi);
+        /* q - 16 in [-16, 15]: the reference's dot - 16 * (sum - high sum), as one exact sum */
+        lo = vsubq_s8(vorrq_s8(lo, vreinterpretq_s8_u8(blo)), sixteen);
+        hi = vsubq_s8(vorrq_s8(hi, vreinterpretq_s8_u8(bhi)), sixteen);
+        const int32_t isum = isum32(lo, hi, a[i].qs);
+        sum += (el_fp16_to_fp32(w[i].d) * el_fp16_to_fp32(a[i].d)) * (float)isum;
+    }
+    return sum;
+}
+
+static float dot_q8_0_q8_0(const void *vw, const void *va, int64_t nb) {
+    const el_block_q8_0 *w = vw;
+    const el_block_q8_0 *a = va;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        const int32_t isum = isum32(vld1q_s8(w[i].qs), vld1q_s8(w[i].qs + 16), a[i].qs);
+        sum += (el_fp16_to_fp32(w[i].d) * el_fp16_to_fp32(a[i].d)) * (float)isum;
+    }
+    return sum;
+}
+
+static float dot_q4_1_q8_1(const void *vw, const void *va, int64_t nb) {
+    const el_block_q4_1 *w = vw;
+    const el_block_q8_1 *a = va;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        int8x16_t lo, hi;
+        nibbles(w[i].qs, &lo, &hi);
+        const int32_t isum = isum32(lo, hi, a[i].qs);
+        sum += (el_fp16_to_fp32(w[i].d) * el_fp16_to_fp32(a[i].d)) * (float)isum +
+               el_fp16_to_fp32(w[i].m) * el_fp16_to_fp32(a[i].s);
+    }
+    return sum;
+}
+
+static float dot_q5_1_q8_1(const void *vw, const void *va, int64_t nb) {
+    const el_block_q5_1 *w = vw;
+    const el_block_q8_1 *a = va;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        int8x16_t lo, hi;
+        uint8x16_t blo, bhi;
+        nibbles(w[i].qs, &lo, &hi);
+        fifth_bits(w[i].qh, &blo, &bhi);
+        lo = vorrq_s8(lo, vreinterpretq_s8_u8(blo)); /* q in [0, 31] */
+        hi = vorrq_s8(hi, vreinterpretq_s8_u8(bhi));
+        const int32_t isum = isum32(lo, hi, a[i].qs);
+        sum += (el_fp16_to_fp32(w[i].d) * el_fp16_to_fp32(a[i].d)) * (float)isum +
+               el_fp16_to_fp32(w[i].m) * el_fp16_to_fp32(a[i].s);
+    }
+    return sum;
+}
+
+static const struct {
+    int32_t type;
+    el_simd_quant_kernels k;
+} KERNELS[] = {
+    {EL_TYPE_Q4_0, {NULL, dot_q4_0_q8_0, NULL}}, {EL_TYPE_Q4_1, {NULL, dot_q4_1_q8_1, NULL}},
+    {EL_TYPE_Q5_0, {NULL, dot_q5_0_q8_0, NULL}}, {EL_TYPE_Q5_1, {NULL, dot_q5_1_q8_1, NULL}},
+    {EL_TYPE_Q8_0, {NULL, dot_q8_0_q8_0, NULL}},
+};
+
+const el_simd_quant_kernels *el_neon_quant(int32_t type) {
+    for (size_t i = 0; i < sizeof(KERNELS) / sizeof(KERNELS[0]); i++) {
+        if (KERNELS[i].type == type) return &KERNELS[i].k;
+    }
+    return NULL;
+}
+
+/* ---- Rows interleaved in eights ----------------------------------------------------------------
+ * The layouts keep a row per 32-bit lane (el_blocks.h), so SDOT by lane (vdotq_laneq_s32: four
+ * weight bytes of each row times one broadcast group of four activation bytes) sums rows 0..3 and
+ * 4..7 in two vectors with no reduction. */
+
+/* Block i's integer sums of the group's rows 0..3 (*s0) and 4..7 (*s1) against activation quants aq. */
+EL_AI void q4_1x8_isums(const el_block_q4_1x8 *b, const int8_t *aq, int32x4_t *s0, int32x4_t *s1) {
+    const int8x16_t alo = vld1q_s8(aq), ahi = vld1q_s8(aq + 16);
+    const uint8x16_t low4 = vdupq_n_u8(0x0F);
+    int32x4_t acc0 = vdupq_n_s32(0), acc1 = vdupq_n_s32(0);
+#define EL_Q4_1X8_STEP(k)                                                                            \
+    do {                                                                                             \
+        const uint8x16_t w0 = vld1q_u8(b->qs[k][0]), w1 = vld1q_u8(b->qs[k][4]);                     \
+        acc0 = vdotq_laneq_s32(acc0, vreinterpretq_s8_u8(vandq_u8(w0, low4)), alo, k);               \
+        acc1 = vdotq_laneq_s32(acc1, vreinterpretq_s8_u8(vandq_u8(w1, low4)), alo, k);               \
+        acc0 = vdotq_laneq_s32(acc0, vreinterpretq_s8_u8(vshrq_n_u8(w0, 4)), ahi, k);                \
+        acc1 = vdotq_laneq_s32(acc1, vreinterpretq_s8_u8(vshrq_n_u8(w1, 4)), ahi, k);                \
+    } while (0)
+    EL_Q4_1X8_STEP(0);
+    EL_Q4_1X8_STEP(1);
+    EL_Q4_1X8_STEP(2);
+    EL_Q4_1X8_STEP(3);
+#undef EL_Q4_1X8_STEP
+    *s0 = acc0;
+    *s1 = acc1;
+}
+
+EL_AI void q8_0x8_isums(const el_block_q8_0x8 *b, const int8_t *aq, int32x4_t *s0, int32x4_t *s1) {
+    const int8x16_t alo = vld1q_s8(aq), ahi = vld1q_s8(aq + 16);
+    int32x4_t acc0 = vdupq_n_s32(0), acc1 = vdupq_n_s32(0);
+#define EL_Q8_0X8_STEP(k, a, lane)                                                                   \
+    do {                                                                                             \
+        acc0 = vdotq_laneq_s32(acc0, vld1q_s8(b->qs[k][0]), a, lane);                                \
+        acc1 = vdotq_laneq_s32(acc1, vld1q_s8(b->qs[k][4]), a, lane);                                \
+    } while (0)
+    EL_Q8_0X8_STEP(0, alo, 0);
+    EL_Q8_0X8_STEP(1, alo, 1);
+    EL_Q8_0X8_STEP(2, alo, 2);
+    EL_Q8_0X8_STEP(3, alo, 3);
+    EL_Q8_0X8_STEP(4, ahi, 0);
+    EL_Q8_0X8_STEP(5, ahi, 1);
+    EL_Q8_0X8_STEP(6, ahi, 2);
+    EL_Q8_0X8_STEP(7, ahi, 3);
+#undef EL_Q8_0X8_STEP
+    *s0 = acc0;
+    *s1 = acc1;
+}
+
+/* Eight f16 values as two float vectors. */
+EL_AI void f16x8(const uint16_t *h, float32x4_t *lo, float32x4_t *hi) {
+    const float16x8_t v = vreinterpretq_f16_u16(vld1q_u16(h));
+    *lo = vcvt_f32_f16(vget_low_f16(v));
+    *hi = vcvt_high_f32_f16(v);
+}
+
+/* One activation row against groups [g_begin, g_end): per block, the reference's
+ * (dw * da) * isum (+ mw * sa), added to each row's running sum, lane by lane. */
+static void matvec_x8(int32_t type, const void *w8, const uint8_t *act, float *out, int64_t nb, int64_t g_begin,
+                      int64_t g_end) {
+    for (int64_t g = g_begin; g < g_end; g++) {
+        float32x4_t sum0 = vdupq_n_f32(0.0f), sum1 = vdupq_n_f32(0.0f);
+        for (int64_t i = 0; i < nb; i++) {
+            int32x4_t s0, s1;
+            float32x4_t dw0, dw1, t0, t1;
+            if (type == EL_TYPE_Q4_1) {
+                const el_block_q4_1x8 *b = (const el_block_q4_1x8 *)w8 + g * nb + i;
+                const el_block_q8_1 *a = (const el_block_q8_1 *)act + i;
+                q4_1x8_isums(b, a->qs, &s0, &s1);
+                float32x4_t mw0, mw1;
+                f16x8(b->d, &dw0, &dw1);
+                f16x8(b->m, &mw0, &mw1);
+                const float32x4_t da = vdupq_n_f32(el_fp16_to_fp32(a->d)), sa = vdupq_n_f32(el_fp16_to_fp32(a->s));
+                t0 = vaddq_f32(vmulq_f32(vmulq_f32(dw0, da), vcvtq_f32_s32(s0)), vmulq_f32(mw0, sa));
+                t1 = vaddq_f32(vmulq_f32(vmulq_f32(dw1, da), vcvtq_f32_s32(s1)), vmulq_f32(mw1, sa));
+            } else {
+                const el_block_q8_0x8 *b = (const el_block_q8_0x8 *)w8 + g * nb + i;
+                const el_block_q8_0 *a = (const el_block_q8_0 *)act + i;
+                q8_0x8_isums(b, a->qs, &s0, &s1);
+                f16x8(b->d, &dw0, &dw1);
+                const float32x4_t da = vdupq_n_f32(el_fp16_to_fp32(a->d));
+                t0 = vmulq_f32(vmulq_f32(dw0, da), vcvtq_f32_s32(s0));
+                t1 = vmulq_f32(vmulq_f32(dw1, da), vcvtq_f32_s32(s1));
+            }
+            sum0 = vaddq_f32(sum0, t0);
+            sum1 = vaddq_f32(sum1, t1);
+        }
+        vst1q_f32(out + 8 * g, sum0);
+        vst1q_f32(out + 8 * g + 4, sum1);
+    }
+}
+
+void el_matmul_x8_neon(int32_t type, const void *w8, const void *a, int64_t a_row_bytes, float *out,
+                       int64_t out_stride, int64_t nb, int64_t n_rows, int64_t g_begin, int64_t g_end) {
+    for (int64_t r = 0; r < n_rows; r++) {
+        matvec_x8(type, w8, (const uint8_t *)a + r * a_row_bytes, out + r * out_stride, nb, g_begin, g_end);
+    }
+}
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+#endif /* __aarch64__ */
