@@ -19,6 +19,7 @@
 #include "edge_kernels.h"
 #include "el_blocks.h"
 #include "el_internal.h"
+#include "simd_internal.h"
 
 /* The kernels quants.c dispatches to (it declares them too), over nb super-blocks. */
 void el_dequantize_q2_K(const void *x, float *y, int64_t nb);
@@ -40,15 +41,6 @@ void el_quantize_q5_K(const float *x, void *y, int64_t nb);
 void el_quantize_q6_K(const float *x, void *y, int64_t nb);
 void el_quantize_q8_K(const float *x, void *y, int64_t nb);
 
-/* A super-block's scales, decoded: with u[e] the unsigned quants as stored,
- *     x[e] = d * scale[e / sub] * (u[e] - offset) - dmin * min[e / sub]. */
-typedef struct {
-    float d, dmin;
-    int sub;                  /* elements per sub-block: 16 or 32 */
-    int offset;               /* 4 for q3_K, 32 for q6_K, 0 for the types with mins */
-    int16_t scale[QK_K / 16]; /* QK_K / sub of them are used */
-    int16_t min[QK_K / 16];   /* all 0 for the symmetric types */
-} el_k_scales;
 
 /* ggml's nearest_int: round to nearest, ties to even, through the float mantissa (|f| < 2^22). */
 static inline int nearest_int(float f) {
@@ -340,6 +332,21 @@ K_KERNELS(q4_K)
 K_KERNELS(q5_K)
 K_KERNELS(q6_K)
 K_KERNELS(q8_K)
+
+int el_k_decode(int32_t type, const void *block, el_k_scales *s, int8_t u[QK_K]) {
+    switch (type) {
+#define K_DECODE(TYPE, name)                                                                           case TYPE:                                                                                             scales_##name((const el_block_##name *)block, s);                                                  quants_##name((const el_block_##name *)block, u);                                                  return 1;
+        K_DECODE(EL_TYPE_Q2_K, q2_K)
+        K_DECODE(EL_TYPE_Q3_K, q3_K)
+        K_DECODE(EL_TYPE_Q4_K, q4_K)
+        K_DECODE(EL_TYPE_Q5_K, q5_K)
+        K_DECODE(EL_TYPE_Q6_K, q6_K)
+        K_DECODE(EL_TYPE_Q8_K, q8_K)
+#undef K_DECODE
+    default:
+        return 0;
+    }
+}
 
 /* ---- Quantizers ---------------------------------------------------------------------------------
  * Weight types (used by tests; GGUF files come already quantized): a plain fit per sub-block, then

@@ -1,10 +1,12 @@
 /*
  * quants_neon.c: AArch64 NEON variants, with the dot-product instructions (SDOT, Armv8.2's
- * FEAT_DotProd), of the 32-element block types' dot products (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) and of
- * the interleaved products (el_matmul_x8: Q4_1, Q8_0). simd_dispatch.c hands these out once NEON is
- * chosen (the CPU reports the dot-product instructions); the file is compiled for them with a
- * target pragma, so nothing in it may run before that choice. Everything else (the K-quants, the
- * quantizers, the row operations) runs its scalar reference on AArch64.
+ * FEAT_DotProd), of the quantized dot products of every block type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0;
+ * the K-quants Q2_K..Q6_K and Q8_K, whose super-blocks are decoded by the reference's own
+ * el_k_decode and summed by SDOT) and of the interleaved products (el_matmul_x8: Q4_1, Q8_0).
+ * simd_dispatch.c hands these out once NEON is chosen (the CPU reports the dot-product
+ * instructions); the file is compiled for them with a target pragma, so nothing in it may run
+ * before that choice. The float types' dot products, the quantizers and the row operations run
+ * their scalar references on AArch64 (compiled with the baseline NEON the compiler vectorizes to).
  *
  * Bit-identical to the references in quants.c, as the AVX2 kernels are: a block's integer sum is
  * exact however it is formed (SDOT adds four int8 products into an int32 lane), and the float work
@@ -132,13 +134,63 @@ static float dot_q5_1_q8_1(const void *vw, const void *va, int64_t nb) {
     return sum;
 }
 
+/* ---- The K-quants: the reference's decoded form (el_k_decode), its sums by SDOT --------------
+ * quants_k.c's dot_sub with the sub-block sums u . qa formed by SDOT; the scale, offset and min
+ * terms and the float expression are the reference's. */
+
+EL_AI float dot_k(const int32_t type, const int64_t block_bytes, const void *vw, const void *va, int64_t nb) {
+    const el_block_q8_K *a = va;
+    el_k_scales s;
+    int8_t u[QK_K] __attribute__((aligned(16)));
+    float sum = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        el_k_decode(type, (const uint8_t *)vw + i * block_bytes, &s, u);
+        int32_t isum = 0;
+        if (s.sub == 32) {
+            for (int j = 0; j < QK_K / 32; j++) {
+                const int32x4_t p = vdotq_s32(vdotq_s32(vdupq_n_s32(0), vld1q_s8(u + 32 * j), vld1q_s8(a[i].qs + 32 * j)),
+                                              vld1q_s8(u + 32 * j + 16), vld1q_s8(a[i].qs + 32 * j + 16));
+                isum += (int32_t)s.scale[j] * vaddvq_s32(p);
+            }
+        } else {
+            for (int j = 0; j < QK_K / 16; j++) {
+                const int32x4_t p = vdotq_s32(vdupq_n_s32(0), vld1q_s8(u + 16 * j), vld1q_s8(a[i].qs + 16 * j));
+                isum += (int32_t)s.scale[j] * vaddvq_s32(p);
+            }
+        }
+        int32_t osum = 0, msum = 0;
+        for (int g = 0; g < QK_K / 16; g++) {
+            osum += (int32_t)a[i].bsums[g] * (int32_t)s.scale[g * 16 / s.sub];
+            msum += (int32_t)a[i].bsums[g] * (int32_t)s.min[g * 16 / s.sub];
+        }
+        isum -= s.offset * osum;
+        sum += (s.d * a[i].d) * (float)isum - (s.dmin * a[i].d) * (float)msum;
+    }
+    return sum;
+}
+
+#define K_DOT(TYPE, name)                                                                          \
+    static float dot_##name(const void *w, const void *a, int64_t nb) {                            \
+        return dot_k(TYPE, sizeof(el_block_##name), w, a, nb);                                     \
+    }
+K_DOT(EL_TYPE_Q2_K, q2_K)
+K_DOT(EL_TYPE_Q3_K, q3_K)
+K_DOT(EL_TYPE_Q4_K, q4_K)
+K_DOT(EL_TYPE_Q5_K, q5_K)
+K_DOT(EL_TYPE_Q6_K, q6_K)
+K_DOT(EL_TYPE_Q8_K, q8_K)
+#undef K_DOT
+
 static const struct {
     int32_t type;
     el_simd_quant_kernels k;
 } KERNELS[] = {
     {EL_TYPE_Q4_0, {NULL, dot_q4_0_q8_0, NULL}}, {EL_TYPE_Q4_1, {NULL, dot_q4_1_q8_1, NULL}},
     {EL_TYPE_Q5_0, {NULL, dot_q5_0_q8_0, NULL}}, {EL_TYPE_Q5_1, {NULL, dot_q5_1_q8_1, NULL}},
-    {EL_TYPE_Q8_0, {NULL, dot_q8_0_q8_0, NULL}},
+    {EL_TYPE_Q8_0, {NULL, dot_q8_0_q8_0, NULL}}, {EL_TYPE_Q2_K, {NULL, dot_q2_K, NULL}},
+    {EL_TYPE_Q3_K, {NULL, dot_q3_K, NULL}},      {EL_TYPE_Q4_K, {NULL, dot_q4_K, NULL}},
+    {EL_TYPE_Q5_K, {NULL, dot_q5_K, NULL}},      {EL_TYPE_Q6_K, {NULL, dot_q6_K, NULL}},
+    {EL_TYPE_Q8_K, {NULL, dot_q8_K, NULL}},
 };
 
 const el_simd_quant_kernels *el_neon_quant(int32_t type) {

@@ -33,6 +33,20 @@ typedef struct {
     el_simd_matmul_fn matmul;
 } el_simd_quant_kernels;
 
+/* A K-quant super-block's scales, decoded (quants_k.c): with u[e] the unsigned quants as stored,
+ *     x[e] = d * scale[e / sub] * (u[e] - offset) - dmin * min[e / sub]. */
+typedef struct {
+    float d, dmin;
+    int sub;                /* elements per sub-block: 16 or 32 */
+    int offset;             /* 4 for q3_K, 32 for q6_K, 0 for the types with mins */
+    int16_t scale[256 / 16]; /* 256 / sub of them are used */
+    int16_t min[256 / 16];   /* all 0 for the symmetric types */
+} el_k_scales;
+
+/* quants_k.c: super-block `block` of K-quant `type` decoded into *s and u[256], as the reference
+ * dot product reads it; 0 for a type that is not a K-quant. */
+int el_k_decode(int32_t type, const void *block, el_k_scales *s, int8_t u[256]);
+
 /* The kernels of `type` under the current ISA, or NULL where the scalar reference runs. */
 const el_simd_quant_kernels *el_simd_quant(int32_t type);
 

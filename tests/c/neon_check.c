@@ -76,18 +76,19 @@ int main(int argc, char **argv) {
                 el_isa_get());
         return 1;
     }
-    const int32_t types[] = {EL_TYPE_Q4_0, EL_TYPE_Q4_1, EL_TYPE_Q5_0, EL_TYPE_Q5_1, EL_TYPE_Q8_0};
+    const int32_t types[] = {EL_TYPE_Q4_0, EL_TYPE_Q4_1, EL_TYPE_Q5_0, EL_TYPE_Q5_1, EL_TYPE_Q8_0, EL_TYPE_Q2_K,
+                             EL_TYPE_Q3_K, EL_TYPE_Q4_K, EL_TYPE_Q5_K, EL_TYPE_Q6_K, EL_TYPE_Q8_K};
     const int64_t nbs[] = {1, 3, 18, 48};
     for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++) {
         const int32_t type = types[t], at = el_type_vec_dot_type(type);
         for (size_t k = 0; k < sizeof(nbs) / sizeof(nbs[0]); k++) {
-            const int64_t n = 32 * nbs[k], n_out = 24, n_rows = 9;
+            const int64_t bs = el_type_block_size(type), n = bs * nbs[k], n_out = 24, n_rows = 9;
             float *xw = malloc(sizeof(float) * (size_t)(n_out * n)), *xa = malloc(sizeof(float) * (size_t)(n_rows * n));
             fill(xw, n_out * n);
             fill(xa, n_rows * n);
             on(EL_ISA_SCALAR); /* the inputs from the reference quantizers */
             uint8_t *w = quantized(type, xw, n_out, n), *a = quantized(at, xa, n_rows, n);
-            const int64_t wrb = n / 32 * el_type_block_bytes(type), arb = n / 32 * el_type_block_bytes(at);
+            const int64_t wrb = n / bs * el_type_block_bytes(type), arb = n / bs * el_type_block_bytes(at);
             float want[24 * 9], got[24 * 9];
             /* vec_dot, and matmul over every row count (whole and partial column ranges) */
             for (int64_t o = 0; o < n_out; o++) {
