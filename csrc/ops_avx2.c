@@ -242,7 +242,7 @@ typedef struct {
 
 /* Keys converted and scored per pass: 2048 floats of keys (and as many of values) per span. */
 #define ATTN_SPAN_FLOATS (2048 > CHUNK * EL_MAX_HEAD_DIM ? 2048 : CHUNK * EL_MAX_HEAD_DIM)
-#define ATTN_MAX_CHUNKS (ATTN_SPAN_FLOATS / (CHUNK * 8))
+#define ATTN_MAX_CHUNKS 8 /* at most 64 keys per span: the per-chunk state stays small */
 
 /* Up to ATTN_MAX_Q queries of one sequence and KV head that start at the same key, each computed
  * exactly as ops.c's paged_attention_ref computes its (token, head) item: a chunk's eight keys in
