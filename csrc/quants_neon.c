@@ -58,81 +58,72 @@ EL_AI int32_t isum32(const int8x16_t lo, const int8x16_t hi, const int8_t *a) {
 
 /* ---- One row against one activation row: the references' float work, per block -------------- */
 
-static float dot_q4_0_q8_0(const void *vw, const void *va, int64_t nb) {
-    const el_block_q4_0 *w = vw;
-    const el_block_q8_0 *a = va;
-    const int8x16_t eight = vdupq_n_s8(8);
+/* Block i's 32 quants as the reference's dot product multiplies them (lo: elements 0..15, hi:
+ * 16..31): Q4_0 q - 8, Q4_1 q, Q5_0 q - 16 (its dot - 16 * (sum - high sum) as one exact sum),
+ * Q5_1 q, Q8_0 as stored. `type` is a constant where this is inlined. */
+EL_AI void quants32(const int32_t type, const void *block, int8x16_t *lo, int8x16_t *hi) {
+    uint8x16_t blo, bhi;
+    switch (type) {
+    case EL_TYPE_Q4_0:
+        nibbles(((const el_block_q4_0 *)block)->qs, lo, hi);
+        *lo = vsubq_s8(*lo, vdupq_n_s8(8));
+        *hi = vsubq_s8(*hi, vdupq_n_s8(8));
+        break;
+    case EL_TYPE_Q4_1:
+        nibbles(((const el_block_q4_1 *)block)->qs, lo, hi);
+        break;
+    case EL_TYPE_Q5_0:
+        nibbles(((const el_block_q5_0 *)block)->qs, lo, hi);
+        fifth_bits(((const el_block_q5_0 *)block)->qh, &blo, &bhi);
+        *lo = vsubq_s8(vorrq_s8(*lo, vreinterpretq_s8_u8(blo)), vdupq_n_s8(16));
+        *hi = vsubq_s8(vorrq_s8(*hi, vreinterpretq_s8_u8(bhi)), vdupq_n_s8(16));
+        break;
+    case EL_TYPE_Q5_1:
+        nibbles(((const el_block_q5_1 *)block)->qs, lo, hi);
+        fifth_bits(((const el_block_q5_1 *)block)->qh, &blo, &bhi);
+        *lo = vorrq_s8(*lo, vreinterpretq_s8_u8(blo));
+        *hi = vorrq_s8(*hi, vreinterpretq_s8_u8(bhi));
+        break;
+    default: /* Q8_0 */
+        *lo = vld1q_s8(((const el_block_q8_0 *)block)->qs);
+        *hi = vld1q_s8(((const el_block_q8_0 *)block)->qs + 16);
+        break;
+    }
+}
+
+/* The reference's loop: per block, (d_w d_a) isum, plus m_w s_a for the types with a min (against
+ * Q8_1), added to the running sum. Every block type starts with its f16 d (and m). */
+EL_AI float dot32(const int32_t type, const int64_t block_bytes, const void *vw, const void *va, int64_t nb) {
+    const int with_min = type == EL_TYPE_Q4_1 || type == EL_TYPE_Q5_1;
     float sum = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
+        const uint16_t *w = (const uint16_t *)((const uint8_t *)vw + i * block_bytes);
         int8x16_t lo, hi;
-        nibbles(w[i].qs, &lo, &hi);
-        const int32_t isum = isum32(vsubq_s8(lo, eight), vsubq_s8(hi, eight), a[i].qs);
-        sum += (el_fp16_to_fp32(w[i].d) * el_fp16_to_fp32(a[i].d)) * (float)isum;
+        quants32(type, w, &lo, &hi);
+        if (with_min) {
+            const el_block_q8_1 *a = (const el_block_q8_1 *)va + i;
+            const int32_t isum = isum32(lo, hi, a->qs);
+            sum += (el_fp16_to_fp32(w[0]) * el_fp16_to_fp32(a->d)) * (float)isum +
+                   el_fp16_to_fp32(w[1]) * el_fp16_to_fp32(a->s);
+        } else {
+            const el_block_q8_0 *a = (const el_block_q8_0 *)va + i;
+            const int32_t isum = isum32(lo, hi, a->qs);
+            sum += (el_fp16_to_fp32(w[0]) * el_fp16_to_fp32(a->d)) * (float)isum;
+        }
     }
     return sum;
 }
 
-static float dot_q5_0_q8_0(const void *vw, const void *va, int64_t nb) {
-    const el_block_q5_0 *w = vw;
-    const el_block_q8_0 *a = va;
-    const int8x16_t sixteen = vdupq_n_s8(16);
-    float sum = 0.0f;
-    for (int64_t i = 0; i < nb; i++) {
-        int8x16_t lo, hi;
-        uint8x16_t blo, bhi;
-        nibbles(w[i].qs, &lo, &hi);
-        fifth_bits(w[i].qh, &blo, &bhi);
-        /* q - 16 in [-16, 15]: the reference's dot - 16 * (sum - high sum), as one exact sum */
-        lo = vsubq_s8(vorrq_s8(lo, vreinterpretq_s8_u8(blo)), sixteen);
-        hi = vsubq_s8(vorrq_s8(hi, vreinterpretq_s8_u8(bhi)), sixteen);
-        const int32_t isum = isum32(lo, hi, a[i].qs);
-        sum += (el_fp16_to_fp32(w[i].d) * el_fp16_to_fp32(a[i].d)) * (float)isum;
+#define DOT32(TYPE, name, act)                                                                     \
+    static float dot_##name##_##act(const void *w, const void *a, int64_t nb) {                    \
+        return dot32(TYPE, sizeof(el_block_##name), w, a, nb);                                     \
     }
-    return sum;
-}
-
-static float dot_q8_0_q8_0(const void *vw, const void *va, int64_t nb) {
-    const el_block_q8_0 *w = vw;
-    const el_block_q8_0 *a = va;
-    float sum = 0.0f;
-    for (int64_t i = 0; i < nb; i++) {
-        const int32_t isum = isum32(vld1q_s8(w[i].qs), vld1q_s8(w[i].qs + 16), a[i].qs);
-        sum += (el_fp16_to_fp32(w[i].d) * el_fp16_to_fp32(a[i].d)) * (float)isum;
-    }
-    return sum;
-}
-
-static float dot_q4_1_q8_1(const void *vw, const void *va, int64_t nb) {
-    const el_block_q4_1 *w = vw;
-    const el_block_q8_1 *a = va;
-    float sum = 0.0f;
-    for (int64_t i = 0; i < nb; i++) {
-        int8x16_t lo, hi;
-        nibbles(w[i].qs, &lo, &hi);
-        const int32_t isum = isum32(lo, hi, a[i].qs);
-        sum += (el_fp16_to_fp32(w[i].d) * el_fp16_to_fp32(a[i].d)) * (float)isum +
-               el_fp16_to_fp32(w[i].m) * el_fp16_to_fp32(a[i].s);
-    }
-    return sum;
-}
-
-static float dot_q5_1_q8_1(const void *vw, const void *va, int64_t nb) {
-    const el_block_q5_1 *w = vw;
-    const el_block_q8_1 *a = va;
-    float sum = 0.0f;
-    for (int64_t i = 0; i < nb; i++) {
-        int8x16_t lo, hi;
-        uint8x16_t blo, bhi;
-        nibbles(w[i].qs, &lo, &hi);
-        fifth_bits(w[i].qh, &blo, &bhi);
-        lo = vorrq_s8(lo, vreinterpretq_s8_u8(blo)); /* q in [0, 31] */
-        hi = vorrq_s8(hi, vreinterpretq_s8_u8(bhi));
-        const int32_t isum = isum32(lo, hi, a[i].qs);
-        sum += (el_fp16_to_fp32(w[i].d) * el_fp16_to_fp32(a[i].d)) * (float)isum +
-               el_fp16_to_fp32(w[i].m) * el_fp16_to_fp32(a[i].s);
-    }
-    return sum;
-}
+DOT32(EL_TYPE_Q4_0, q4_0, q8_0)
+DOT32(EL_TYPE_Q4_1, q4_1, q8_1)
+DOT32(EL_TYPE_Q5_0, q5_0, q8_0)
+DOT32(EL_TYPE_Q5_1, q5_1, q8_1)
+DOT32(EL_TYPE_Q8_0, q8_0, q8_0)
+#undef DOT32
 
 /* ---- The K-quants: the reference's decoded form (el_k_decode), its sums by SDOT --------------
  * quants_k.c's dot_sub with the sub-block sums u . qa formed by SDOT; the scale, offset and min
