@@ -84,7 +84,7 @@ impl Rng {
     fn data(&mut self, n: usize) -> Vec<f32> {
         (0..n)
             .map(|_| {
-                if self.next_u64() % 64 == 0 {
+                if self.next_u64().is_multiple_of(64) {
                     8.0 * self.normal()
                 } else {
                     self.normal()

@@ -71,7 +71,7 @@ pub fn get_rows(
     if float {
         gpu.launch(&name, (blocks(n_in, 256), n_ids as u32, 1), 256, &args)
     } else {
-        if n_in % 32 != 0 {
+        if !n_in.is_multiple_of(32) {
             bail!("{name}: {n_in} elements per row");
         }
         gpu.launch(&name, (blocks(n_in / 32, 128), n_ids as u32, 1), 128, &args)
@@ -163,7 +163,7 @@ pub fn matmul(
     let (name, rows_per_block) = if float {
         (format!("el_cuda_mm_{tn}"), 8)
     } else {
-        if n_in % 32 != 0 {
+        if !n_in.is_multiple_of(32) {
             bail!("matmul {t}: {n_in} inputs");
         }
         let tiled = match kernel {
@@ -227,7 +227,7 @@ pub fn rope(
     n_heads: usize,
     r: &Rope,
 ) -> Result<()> {
-    if r.rope_dim > r.head_dim || r.rope_dim % 2 != 0 {
+    if r.rope_dim > r.head_dim || !r.rope_dim.is_multiple_of(2) {
         bail!("rope dims {} of head {}", r.rope_dim, r.head_dim);
     }
     // The reference's powf(freq_base, -2.0f / rope_dim), here through the same libm.
@@ -318,7 +318,7 @@ pub fn paged_attention(
     scale: f32,
     window: Option<usize>,
 ) -> Result<()> {
-    if s.head_dim > 512 || s.n_kv_heads == 0 || s.n_heads % s.n_kv_heads != 0 {
+    if s.head_dim > 512 || s.n_kv_heads == 0 || !s.n_heads.is_multiple_of(s.n_kv_heads) {
         bail!("attention shape {s:?}");
     }
     let qo = n_tokens * s.n_heads * s.head_dim * F32;

@@ -215,7 +215,7 @@ impl BlockManager {
 
     fn needs_copy(&self, table: &[u32], num_computed: usize, num_tokens: usize) -> bool {
         let bs = self.block_size;
-        if num_tokens <= num_computed || num_computed % bs == 0 {
+        if num_tokens <= num_computed || num_computed.is_multiple_of(bs) {
             return false;
         }
         let last = num_computed / bs;

@@ -474,7 +474,7 @@ mod tests {
         assert_eq!(take_emittable(&mut p, &stop), ("".to_string(), true));
         let mut p = "line\n".to_string();
         assert_eq!(take_emittable(&mut p, &stop), ("line".to_string(), false));
-        p.push_str("x");
+        p.push('x');
         assert_eq!(take_emittable(&mut p, &stop), ("\nx".to_string(), false));
         let mut p = "no stops".to_string();
         assert_eq!(take_emittable(&mut p, &[]), ("no stops".to_string(), false));

@@ -10,7 +10,7 @@ use super::bindings as ffi;
 pub fn rms_norm(x: &[f32], w: &[f32], y: &mut [f32], eps: f32) {
     let n = w.len();
     assert!(
-        n > 0 && x.len() % n == 0 && y.len() == x.len(),
+        n > 0 && x.len().is_multiple_of(n) && y.len() == x.len(),
         "rms_norm shapes"
     );
     // SAFETY: x and y hold n_rows * n floats and w holds n, as checked above.
@@ -29,7 +29,7 @@ pub fn rms_norm(x: &[f32], w: &[f32], y: &mut [f32], eps: f32) {
 /// In-place RMSNorm over rows of `w.len()` elements.
 pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
     let n = w.len();
-    assert!(n > 0 && x.len() % n == 0, "rms_norm shapes");
+    assert!(n > 0 && x.len().is_multiple_of(n), "rms_norm shapes");
     let p = x.as_mut_ptr();
     // SAFETY: the kernel allows x and y to alias; x holds n_rows * n floats.
     unsafe { ffi::el_rms_norm(p, w.as_ptr(), p, (x.len() / n) as i64, n as i64, eps) }
@@ -58,7 +58,10 @@ pub struct Rope {
 pub fn rope(x: &mut [f32], pos: &[i32], n_heads: usize, r: &Rope) {
     let n_tokens = pos.len();
     assert_eq!(x.len(), n_tokens * n_heads * r.head_dim, "rope shapes");
-    assert!(r.rope_dim <= r.head_dim && r.rope_dim % 2 == 0, "rope dims");
+    assert!(
+        r.rope_dim <= r.head_dim && r.rope_dim.is_multiple_of(2),
+        "rope dims"
+    );
     // SAFETY: x holds n_tokens * n_heads * head_dim floats, pos n_tokens ints.
     unsafe {
         ffi::el_rope(
@@ -167,7 +170,9 @@ pub fn paged_attention(
 ) {
     let s = shape;
     let n_tokens = batch.token_seq.len();
-    assert!(s.head_dim <= EL_MAX_HEAD_DIM && s.n_kv_heads > 0 && s.n_heads % s.n_kv_heads == 0);
+    assert!(
+        s.head_dim <= EL_MAX_HEAD_DIM && s.n_kv_heads > 0 && s.n_heads.is_multiple_of(s.n_kv_heads)
+    );
     assert!(
         q.len() == n_tokens * s.n_heads * s.head_dim && out.len() == q.len(),
         "attention q/out shapes"
