@@ -46,11 +46,15 @@ fn block_align(t: TensorType) -> usize {
     }
 }
 
+fn is_aligned(t: TensorType, bytes: &[u8]) -> bool {
+    bytes.is_empty() || (bytes.as_ptr() as usize).is_multiple_of(block_align(t))
+}
+
 fn assert_aligned(t: TensorType, bytes: &[u8], what: &str) {
-    let align = block_align(t);
     assert!(
-        bytes.is_empty() || (bytes.as_ptr() as usize).is_multiple_of(align),
-        "{what}: a {t} row must be {align}-byte aligned"
+        is_aligned(t, bytes),
+        "{what}: a {t} row must be {}-byte aligned",
+        block_align(t)
     );
 }
 
@@ -207,6 +211,50 @@ fn for_column_tasks(
     });
 }
 
+/// The shape and alignment checks of `name` (`matmul`, `matmul_x8`: the same bytes in either
+/// layout) before the C kernels read the buffers; returns the activations' row bytes.
+#[allow(clippy::too_many_arguments)]
+fn check_product(
+    name: &str,
+    t: TensorType,
+    w: &[u8],
+    n_in: usize,
+    n_out: usize,
+    a: &[u8],
+    n_rows: usize,
+    out: &[f32],
+) -> usize {
+    let a_type = t.vec_dot_type();
+    let a_rb = row_bytes(a_type, n_in);
+    assert_eq!(
+        w.len(),
+        n_out * row_bytes(t, n_in),
+        "{name}: {t} weights for [{n_out}][{n_in}]"
+    );
+    assert_eq!(
+        a.len(),
+        n_rows * a_rb,
+        "{name}: {a_type} activations for [{n_rows}][{n_in}]"
+    );
+    assert_eq!(
+        out.len(),
+        n_rows * n_out,
+        "{name}: output for [{n_rows}][{n_out}]"
+    );
+    // The message is built only on failure: this runs for every product of every step.
+    assert!(
+        is_aligned(t, w),
+        "{name} weights: a {t} row must be {}-byte aligned",
+        block_align(t)
+    );
+    assert!(
+        is_aligned(a_type, a),
+        "{name} activations: a {a_type} row must be {}-byte aligned",
+        block_align(a_type)
+    );
+    a_rb
+}
+
 /// `out[r][o] = vec_dot(w row o, a row r)`: `w` is `[n_out]` rows of `n_in` elements of `t`, `a`
 /// is `[n_rows]` rows of `t.vec_dot_type()` (from `quantize_rows`), `out` is `[n_rows][n_out]`.
 /// Chunks of output columns run in parallel; each element is bit-identical to `vec_dot`, whatever
@@ -220,26 +268,8 @@ pub fn matmul(
     n_rows: usize,
     out: &mut [f32],
 ) {
-    let a_type = t.vec_dot_type();
     let w_rb = row_bytes(t, n_in);
-    let a_rb = row_bytes(a_type, n_in);
-    assert_eq!(
-        w.len(),
-        n_out * w_rb,
-        "matmul: {t} weights for [{n_out}][{n_in}]"
-    );
-    assert_eq!(
-        a.len(),
-        n_rows * a_rb,
-        "matmul: {a_type} activations for [{n_rows}][{n_in}]"
-    );
-    assert_eq!(
-        out.len(),
-        n_rows * n_out,
-        "matmul: output for [{n_rows}][{n_out}]"
-    );
-    assert_aligned(t, w, "matmul weights");
-    assert_aligned(a_type, a, "matmul activations");
+    let a_rb = check_product("matmul", t, w, n_in, n_out, a, n_rows, out);
     for_column_tasks(n_out, n_rows, out, |out, o_begin, o_end| {
         // SAFETY: w holds n_out rows of w_rb bytes, a n_rows rows of a_rb bytes and out
         // n_rows * n_out floats (all checked above); this task writes only columns
@@ -326,29 +356,11 @@ pub fn matmul_x8(
     out: &mut [f32],
 ) {
     assert!(has_x8(t), "matmul_x8: {t} has no interleaved layout");
-    let a_type = t.vec_dot_type();
-    let a_rb = row_bytes(a_type, n_in);
     assert!(
         n_out.is_multiple_of(8),
         "matmul_x8: {n_out} rows are not groups of 8"
     );
-    assert_eq!(
-        w8.len(),
-        n_out * row_bytes(t, n_in),
-        "matmul_x8: interleaved {t} weights for [{n_out}][{n_in}]"
-    );
-    assert_eq!(
-        a.len(),
-        n_rows * a_rb,
-        "matmul_x8: {a_type} activations for [{n_rows}][{n_in}]"
-    );
-    assert_eq!(
-        out.len(),
-        n_rows * n_out,
-        "matmul_x8: output for [{n_rows}][{n_out}]"
-    );
-    assert_aligned(t, w8, "matmul_x8 weights");
-    assert_aligned(a_type, a, "matmul_x8 activations");
+    let a_rb = check_product("matmul_x8", t, w8, n_in, n_out, a, n_rows, out);
     for_column_tasks(n_out, n_rows, out, |out, o_begin, o_end| {
         // SAFETY: w8 holds the n_out / 8 groups of n_in / 32 blocks, a n_rows activation rows of
         // a_rb bytes and out n_rows * n_out floats (checked above); cols is a multiple of 8 and so
