@@ -96,15 +96,22 @@ impl Worker {
 
     pub(super) fn run(mut self, rx: mpsc::Receiver<Command>) {
         loop {
+            let mut took = false; // commands taken in since the last step
             if !self.sched.has_work() {
                 match rx.recv() {
-                    Ok(cmd) => self.handle(cmd),
+                    Ok(cmd) => {
+                        self.handle(cmd);
+                        took = true;
+                    }
                     Err(_) => return,
                 }
             }
             loop {
                 match rx.try_recv() {
-                    Ok(cmd) => self.handle(cmd),
+                    Ok(cmd) => {
+                        self.handle(cmd);
+                        took = true;
+                    }
                     Err(mpsc::TryRecvError::Empty) => break,
                     Err(mpsc::TryRecvError::Disconnected) => {
                         if !self.sched.has_work() {
@@ -116,7 +123,9 @@ impl Worker {
             }
             // Published before the step too: a client that hears its first token must not read
             // a snapshot from before its request was counted in.
-            self.publish();
+            if took {
+                self.publish();
+            }
             if self.sched.has_work() {
                 self.step();
                 self.publish();
