@@ -45,8 +45,9 @@ pub struct ChatArgs {
     #[command(flatten)]
     pub sampling: SamplingArgs,
     /// Most tokens per reply (`/set max_tokens` changes it per session).
-    #[arg(short = 'n', long = "max-tokens", default_value_t = 512)]
-    pub max_tokens: usize,
+    /// -1: no limit but the context.
+    #[arg(short = 'n', long = "max-tokens", default_value_t = 512, allow_negative_numbers = true)]
+    pub max_tokens: i64,
     /// A Jinja chat template file [default: the model's tokenizer.chat_template]
     #[arg(long = "chat-template")]
     pub chat_template: Option<PathBuf>,
@@ -61,16 +62,14 @@ pub struct ChatArgs {
 pub fn run(args: &ChatArgs) -> Result<()> {
     args.threads.init()?;
     let base = args.sampling.params()?;
-    if args.max_tokens == 0 {
-        anyhow::bail!("--max-tokens must be at least 1");
-    }
+    let max_tokens = super::commands::max_tokens_flag(args.max_tokens, "-n/--max-tokens")?;
     let settings = Settings {
         temperature: base.temperature,
         top_p: base.top_p,
         top_k: base.top_k,
         min_p: base.min_p,
         seed: args.sampling.seed,
-        max_tokens: args.max_tokens,
+        max_tokens,
     };
     let model = args.model.load()?;
     let template = ChatTemplate::load(&model, args.chat_template.as_deref())?;

@@ -336,6 +336,11 @@ impl EngineHandle {
                 "token id {bad} is outside the vocabulary"
             )));
         }
+        if request.max_tokens == 0 {
+            return Err(SubmitError::Invalid(
+                "max_tokens must be at least 1".into(),
+            ));
+        }
         if request.n == 0 || request.n > 16 {
             return Err(SubmitError::Invalid(format!(
                 "n must be between 1 and 16, got {}",
