@@ -113,3 +113,34 @@ fn negative_temp_and_n_reach_their_own_checks_instead_of_clap() {
     assert!(!out.status.success());
     assert!(stderr(&out).contains("-1 for no limit"), "{}", stderr(&out));
 }
+
+/// Item 5: pipe chat printed a reply holding newlines as several lines, while the README said
+/// one line per reply. `chat --json` writes exactly one JSON line per message.
+#[test]
+fn pipe_chat_reply_with_newlines_is_one_json_line_under_json() {
+    let m = model();
+    let out = edge_llm(
+        &["chat", "-m", &m, "-n", "40", "--json", "--no-history"],
+        b"/set temp 0\nList three fruits as a numbered list.\nSay hi.\n",
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+        .collect();
+    assert_eq!(lines.len(), 2, "one line per message:\n{stdout}");
+    let first = lines[0]["text"].as_str().expect("a reply");
+    assert!(
+        first.contains('\n'),
+        "the reply's own newlines stay inside its line: {first:?}"
+    );
+    for line in &lines {
+        assert_eq!(line["session"], 1, "{line}");
+        assert!(line["finish_reason"].is_string(), "{line}");
+        assert!(
+            line["usage"]["completion_tokens"].as_u64().unwrap() > 0,
+            "{line}"
+        );
+    }
+}

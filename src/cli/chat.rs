@@ -57,6 +57,10 @@ pub struct ChatArgs {
     /// Neither read nor write the history file ($XDG_DATA_HOME/edge-llm/history).
     #[arg(long)]
     pub no_history: bool,
+    /// With stdin not a terminal: one JSON object per reply, on one line
+    /// ({"session", "text", "finish_reason", "usage"} or {"session", "error"}).
+    #[arg(long)]
+    pub json: bool,
 }
 
 pub fn run(args: &ChatArgs) -> Result<()> {
@@ -83,6 +87,9 @@ pub fn run(args: &ChatArgs) -> Result<()> {
             }
         })?;
     let terminal = std::io::stdin().is_terminal();
+    if terminal && args.json {
+        anyhow::bail!("--json is for a pipe (stdin not a terminal); on a terminal replies stream as text");
+    }
     let engine = args.engine.start(model, false)?;
     let mut chat = Chat::new(
         engine,
@@ -95,7 +102,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
     if terminal {
         repl::run(&mut chat, !args.no_history)
     } else {
-        pipe::run(&mut chat)
+        pipe::run(&mut chat, args.json)
     }
 }
 
