@@ -144,3 +144,51 @@ fn pipe_chat_reply_with_newlines_is_one_json_line_under_json() {
         );
     }
 }
+
+/// A copy of the default model with `bytes` written at `offset`, in a scratch file.
+fn patched_model(name: &str, offset: u64, bytes: &[u8]) -> std::path::PathBuf {
+    use std::io::{Seek, SeekFrom};
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let path = dir.join(format!("regression-{name}.gguf"));
+    std::fs::copy(support::model_path(), &path).unwrap();
+    let mut f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.seek(SeekFrom::Start(offset)).unwrap();
+    f.write_all(bytes).unwrap();
+    path
+}
+
+/// Item 3: a token string whose length field says 30,000,000 (byte 1107 of the default model)
+/// made `info` print the whole invalid string: 92,711,538 bytes of "one-line" error.
+#[test]
+fn info_on_a_token_length_patched_to_30_million_prints_one_short_line() {
+    let path = patched_model("token-length-30m", 1107, &30_000_000u64.to_le_bytes());
+    let out = edge_llm(&["info", "-m", path.to_str().unwrap()], b"");
+    std::fs::remove_file(&path).ok();
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.len() < 1000, "{} bytes of error", err.len());
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("invalid UTF-8") && err.contains("tokenizer.ggml.tokens"),
+        "{err}"
+    );
+    assert!(err.contains("30000000 bytes in all"), "{err}");
+}
+
+/// Item 6: a directory given as `-m` said "No such device (os error 19): No such device (os
+/// error 19)", and a missing file repeated its cause too.
+#[test]
+fn a_directory_or_missing_file_as_model_is_named_once_with_its_cause() {
+    let dir = env!("CARGO_TARGET_TMPDIR");
+    let out = edge_llm(&["run", "-m", dir, "-p", "hi"], b"");
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("is a directory, not a GGUF file"), "{err}");
+    assert!(!err.contains("os error 19"), "{err}");
+
+    let missing = format!("{dir}/no-such-model.gguf");
+    let out = edge_llm(&["run", "-m", &missing, "-p", "hi"], b"");
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
+}
