@@ -192,3 +192,55 @@ fn a_directory_or_missing_file_as_model_is_named_once_with_its_cause() {
     let err = stderr(&out);
     assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
 }
+
+/// Item 2: `run -c 100000000` and `--kv-mem 100000000` printed "memory allocation of
+/// 38400000000 bytes failed" and aborted (exit 134); now one line names the size, the limit
+/// and the flag, before anything is allocated, and the exit status is 1.
+#[test]
+fn oversized_kv_pool_is_refused_in_one_line_instead_of_aborting() {
+    let m = model();
+    for (args, flag) in [
+        (&["-c", "100000000"][..], "-c/--ctx-size"),
+        (&["--kv-mem", "100000000"][..], "--kv-mem"),
+    ] {
+        let mut all = vec!["run", "-m", &m, "-p", "hi", "-n", "4"];
+        all.extend_from_slice(args);
+        let out = edge_llm(&all, b"");
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stderr(&out));
+        let err = stderr(&out);
+        let line = err
+            .lines()
+            .find(|l| l.starts_with("error:"))
+            .expect("an error line");
+        assert!(
+            line.contains("not enough memory") && line.contains("GiB") && line.contains(flag),
+            "{line}"
+        );
+        assert!(
+            line.contains("MemAvailable") || line.contains("cgroup"),
+            "{line}"
+        );
+    }
+    // Under `ulimit -v` the address-space limit is the one named.
+    let script = format!(
+        "ulimit -v 1500000 && exec '{}' run -m '{m}' -p hi -n 4 -c 3000000",
+        env!("CARGO_BIN_EXE_edge-llm")
+    );
+    let out = Command::new("sh").args(["-c", &script]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("RLIMIT_AS"), "{}", stderr(&out));
+}
+
+/// Item 2: `-c 20000` on a model trained for 8192 was accepted silently; as in llama.cpp it
+/// runs, with a warning naming both sizes.
+#[test]
+fn ctx_size_above_the_training_context_is_warned() {
+    let m = model();
+    let out = edge_llm(
+        &["run", "-m", &m, "-p", "hi", "-n", "2", "-c", "20000"],
+        b"",
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("-c 20000") && err.contains("8192"), "{err}");
+}
