@@ -244,3 +244,145 @@ fn ctx_size_above_the_training_context_is_warned() {
     let err = stderr(&out);
     assert!(err.contains("-c 20000") && err.contains("8192"), "{err}");
 }
+
+/// Where metadata key `key`'s value starts in the default model (after its u32 type).
+fn metadata_value_offset(key: &str) -> u64 {
+    let bytes = std::fs::read(support::model_path()).unwrap();
+    let head = &bytes[..bytes.len().min(4 << 20)];
+    let mut needle = (key.len() as u64).to_le_bytes().to_vec();
+    needle.extend_from_slice(key.as_bytes());
+    let at = head
+        .windows(needle.len())
+        .position(|w| w == needle.as_slice())
+        .unwrap_or_else(|| panic!("{key} is not in the default model"));
+    (at + needle.len() + 4) as u64
+}
+
+/// Item 6: a NaN or negative `rms_epsilon`, or BOS/EOS ids outside the vocabulary, loaded
+/// without complaint (then `run` printed nothing and exited 0).
+#[test]
+fn nan_or_negative_rms_epsilon_and_eos_outside_the_vocabulary_are_refused_at_load() {
+    let key = "llama.attention.layer_norm_rms_epsilon";
+    let at = metadata_value_offset(key);
+    for (name, value) in [("nan", f32::NAN), ("negative", -1e-5f32)] {
+        let path = patched_model(&format!("rms-eps-{name}"), at, &value.to_le_bytes());
+        let out = edge_llm(
+            &["run", "-m", path.to_str().unwrap(), "-p", "hi", "-n", "2"],
+            b"",
+        );
+        std::fs::remove_file(&path).ok();
+        assert_eq!(out.status.code(), Some(1), "{name}: {}", stderr(&out));
+        assert!(stderr(&out).contains(key), "{name}: {}", stderr(&out));
+    }
+    for key in ["tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"] {
+        let at = metadata_value_offset(key);
+        let path = patched_model(key, at, &99_999_999u32.to_le_bytes());
+        let out = edge_llm(
+            &["run", "-m", path.to_str().unwrap(), "-p", "hi", "-n", "2"],
+            b"",
+        );
+        std::fs::remove_file(&path).ok();
+        assert_eq!(out.status.code(), Some(1), "{key}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert!(
+            err.contains(key) && err.contains("outside the vocabulary"),
+            "{err}"
+        );
+    }
+}
+
+/// Item 6: `perplexity --chunks 0` printed `PPL = NaN` with exit 0, and a large file was
+/// tokenized whole (63 MB) before `--chunks` was looked at.
+#[test]
+fn perplexity_chunks_zero_is_refused_and_chunks_bound_the_text_tokenized() {
+    let m = model();
+    let out = edge_llm(
+        &[
+            "perplexity",
+            "-m",
+            &m,
+            "-f",
+            "/no/such/file",
+            "--chunks",
+            "0",
+        ],
+        b"",
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("--chunks must be at least 1"),
+        "{}",
+        stderr(&out)
+    );
+    // The model file itself (98 MB of binary) as the text: one chunk of 64 tokens.
+    let started = std::time::Instant::now();
+    let out = edge_llm(
+        &[
+            "perplexity",
+            "-m",
+            &m,
+            "-f",
+            &m,
+            "-c",
+            "64",
+            "--chunks",
+            "1",
+        ],
+        b"",
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("PPL = "));
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+/// Item 6: streamed text cut inside a multi-byte char by `-n`/`max_tokens` ended in U+FFFD.
+/// " \"晨" takes tokens 2-4 here: cut at 2 or 3, the char is left out, not replaced.
+#[test]
+fn text_cut_mid_character_by_max_tokens_has_no_replacement_char() {
+    let m = model();
+    let prompt = "The Chinese characters for hello are";
+    let input: String = (1..=6)
+        .map(|n| {
+            format!(
+                "{}\n",
+                serde_json::json!({"prompt": prompt, "max_tokens": n, "temperature": 0})
+            )
+        })
+        .collect();
+    let out = edge_llm(&["run", "--jsonl", "-m", &m], input.as_bytes());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let texts: Vec<String> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["text"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    let full = &texts[5];
+    assert!(
+        full.contains('晨'),
+        "the model's greedy text changed: {full:?}"
+    );
+    for (i, t) in texts.iter().enumerate() {
+        assert!(!t.contains('\u{FFFD}'), "max_tokens {}: {t:?}", i + 1);
+        assert!(
+            full.starts_with(t.as_str()),
+            "max_tokens {}: {t:?} vs {full:?}",
+            i + 1
+        );
+    }
+    assert!(texts[1] == texts[0], "a cut inside the char: {texts:?}");
+    // The streaming face: `run -n 2` prints the same as --jsonl's text.
+    let out = edge_llm(
+        &["run", "-m", &m, "-p", prompt, "-n", "2", "--temp", "0"],
+        b"",
+    );
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), texts[1]);
+}

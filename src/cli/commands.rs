@@ -214,6 +214,12 @@ pub struct PerplexityArgs {
 }
 
 pub fn perplexity(args: &PerplexityArgs) -> Result<()> {
+    if args.chunks == Some(0) {
+        bail!("--chunks must be at least 1");
+    }
+    if args.ctx_size < 8 {
+        bail!("-c/--ctx-size must be at least 8 for perplexity, got {}", args.ctx_size);
+    }
     args.threads.init()?;
     // Before the file is read and tokenized, so a bad --device fails at once.
     let device = args.device.resolve()?;
