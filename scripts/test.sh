@@ -9,7 +9,7 @@ scripts/fetch-extra-models.sh   # qwen2 and gemma3, which tests/extra_models.rs 
 if ! command -v tmux >/dev/null 2>&1; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   ($SUDO apt-get install -y -q tmux || ($SUDO apt-get update -q && $SUDO apt-get install -y -q tmux)) >/dev/null 2>&1 \
-    || echo "warning: could not install tmux; the terminal chat tests will be skipped" >&2
+    || echo "warning: could not install tmux; the terminal chat tests will fail (under CI=true) or be skipped" >&2
 fi
 # The AArch64 NEON kernels without an Arm machine: cross-compiled and run under qemu-user by
 # tests/neon_qemu.rs, which fails (instead of skipping) when these are missing.

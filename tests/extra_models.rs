@@ -69,10 +69,15 @@ fn load(case: &Case) -> Option<Model> {
         .join("models")
         .join(case.file);
     if !path.is_file() {
-        eprintln!(
-            "skipped: model not fetched (scripts/fetch-extra-models.sh {})",
+        let reason = format!(
+            "model not fetched (scripts/fetch-extra-models.sh {})",
             case.name
         );
+        // Under CI=true a missing prerequisite is a failure, never a silent pass.
+        if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+            panic!("prerequisite missing under CI=true: {reason}");
+        }
+        eprintln!("skipped: {reason}");
         return None;
     }
     Some(Model::load(&path).unwrap_or_else(|e| panic!("{}: {e:#}", path.display())))

@@ -13,17 +13,16 @@
 //!   outputs and perplexity do not depend on the kernels' instruction set.
 //!
 //! The ISA is process-wide, so every test that switches it holds `ISA_LOCK`.
-//! `bench_matmul_gmacs` (ignored; `cargo test --release --test kernels_simd -- --ignored
-//! --nocapture`) prints single-thread matmul throughput per ISA.
+//! The matmul throughput benchmark lives in `benches/matmul_gmacs.rs` (`cargo bench --bench
+//! matmul_gmacs`).
 
 mod support;
 
 use std::sync::{Mutex, MutexGuard};
-use std::time::Instant;
 
 use edge_llm::generate::SequenceRunner;
 use edge_llm::kernels::{
-    available_isas, current_isa, glu_inplace, has_x8, isa_available, kv_write, matmul, matmul_x8,
+    available_isas, current_isa, glu_inplace, isa_available, kv_write, matmul, matmul_x8,
     paged_attention, quantize_rows, repack_x8, rms_norm, rope, set_isa, vec_dot, Activation,
     AttentionBatch, AttentionShape, Isa, Rope, RopeStyle,
 };
@@ -753,78 +752,6 @@ fn model_logits_are_bit_identical_on_every_isa() {
 }
 
 // ---- Throughput ------------------------------------------------------------------------------
-
-/// Single-thread matmul throughput, in multiply-adds per second, per ISA: a 576 -> 1536 projection
-/// (the default model's ffn_up; 512 -> 1536 for the K-quants) for 1 and 64 activation rows. The
-/// best of 15 runs of at least 20 ms each, the ISAs interleaved: this machine is shared and noisy.
-/// `BENCH_TYPES=Q4_1,Q8_0` picks the types, `BENCH_N_OUT` the output width.
-#[test]
-#[ignore]
-fn bench_matmul_gmacs() {
-    let _guard = lock_isa();
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(1)
-        .build()
-        .unwrap();
-    let n_out: usize = std::env::var("BENCH_N_OUT").map_or(1536, |v| v.parse().unwrap());
-    let types: Vec<TensorType> = match std::env::var("BENCH_TYPES") {
-        Ok(v) => v
-            .split(',')
-            .map(|name| {
-                *TensorType::ALL
-                    .iter()
-                    .find(|t| t.to_string() == name)
-                    .expect("a type name")
-            })
-            .collect(),
-        Err(_) => vec![
-            TensorType::Q4_1,
-            TensorType::Q8_0,
-            TensorType::Q4_0,
-            TensorType::Q5_0,
-            TensorType::Q4_K,
-            TensorType::Q6_K,
-        ],
-    };
-    let mut rng = Rng(12);
-    let x = test_data(&mut rng, n_out * 576);
-    for t in types {
-        let n_in = if t.block_size() == 256 { 512 } else { 576 };
-        let w = quantize_rows(t, &x[..n_out * n_in], n_in);
-        let w8 = has_x8(t).then(|| repack_x8(t, &w, n_in, n_out));
-        for n_rows in [1usize, 64] {
-            let a = quantize_rows(t.vec_dot_type(), &x[..n_rows * n_in], n_in);
-            let mut out = vec![0.0; n_rows * n_out];
-            let isas = available_isas();
-            // (isa, interleaved) pairs, timed in turns.
-            let cases: Vec<_> = isas
-                .iter()
-                .flat_map(|&isa| [(isa, false), (isa, true)])
-                .filter(|&(_, x8)| !x8 || w8.is_some())
-                .collect();
-            let mut best = vec![f64::MAX; cases.len()];
-            for _ in 0..15 {
-                for (k, &(isa, x8)) in cases.iter().enumerate() {
-                    set_isa(isa).unwrap();
-                    let (mut reps, t0) = (0usize, Instant::now());
-                    while t0.elapsed().as_secs_f64() < 0.02 {
-                        pool.install(|| match (&w8, x8) {
-                            (Some(w8), true) => matmul_x8(t, w8, n_in, n_out, &a, n_rows, &mut out),
-                            _ => matmul(t, &w, n_in, n_out, &a, n_rows, &mut out),
-                        });
-                        reps += 1;
-                    }
-                    best[k] = best[k].min(t0.elapsed().as_secs_f64() / reps as f64);
-                }
-            }
-            for (k, (isa, x8)) in cases.iter().enumerate() {
-                let gmacs = (n_in * n_out * n_rows) as f64 / best[k] / 1e9;
-                let layout = if *x8 { "x8" } else { "rows" };
-                eprintln!("{t:>5} n_rows={n_rows:>2} {isa:>6} {layout:>4}: {gmacs:6.2} GMAC/s");
-            }
-        }
-    }
-}
 
 /// Attention in f64, straight from the definition: softmax over the keys in the window of
 /// (q . k) * scale, weights times values; K and V read from the f16 cache.

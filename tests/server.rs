@@ -691,7 +691,7 @@ fn openai_python() -> Option<PathBuf> {
         .arg(&venv)
         .status();
     if !made.is_ok_and(|s| s.success()) {
-        eprintln!("skipping the openai client test: `python3 -m venv` failed");
+        skip_or_fail("the openai client test: `python3 -m venv` failed");
         return None;
     }
     let pip = Command::new(&python)
@@ -705,7 +705,7 @@ fn openai_python() -> Option<PathBuf> {
         ])
         .status();
     if !pip.is_ok_and(|s| s.success()) || !has_openai(&python) {
-        eprintln!("skipping the openai client test: `pip install openai` failed (offline?)");
+        skip_or_fail("the openai client test: `pip install openai` failed (offline?)");
         return None;
     }
     Some(python)

@@ -22,12 +22,21 @@ pub fn model_path() -> Option<PathBuf> {
     if p.is_file() {
         Some(p)
     } else {
-        eprintln!(
-            "skipping: {} is missing (run scripts/fetch-model.sh)",
+        skip_or_fail(&format!(
+            "{} is missing (run scripts/fetch-model.sh)",
             p.display()
-        );
+        ));
         None
     }
+}
+
+/// Under `CI=true` a missing prerequisite fails the test with its reason; elsewhere the test
+/// is skipped, saying why.
+pub fn skip_or_fail(reason: &str) {
+    if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+        panic!("prerequisite missing under CI=true: {reason}");
+    }
+    eprintln!("SKIPPED: {reason}");
 }
 
 /// A running `edge-llm serve`, killed on drop.
