@@ -443,7 +443,13 @@ pub async fn read_body(
             );
             return r;
         }
-        Ok(Err(_)) => return too_large(),
+        // The limit (a chunked body that grew past it), or a client that stopped sending.
+        Ok(Err(e)) if e.to_string().contains("length limit exceeded") => return too_large(),
+        Ok(Err(e)) => {
+            return ApiError::bad_request(format!("the request body could not be read: {e}"))
+                .with_code("body_unreadable")
+                .into_response()
+        }
         Ok(Ok(b)) if b.len() > max_body_bytes => return too_large(),
         Ok(Ok(b)) => b,
     };

@@ -1,0 +1,252 @@
+#!/usr/bin/env python3
+"""Soak test of `edge-llm serve` (issue 12): many requests against one server, then checks.
+
+Starts the release binary (`serve --port 0` on the default model unless --model is given),
+sends --requests requests from --concurrency client threads: chat and completions, streaming
+and not; a quarter of the streams are cut after their first event (the client hangs up);
+--hostile of them (5% by default) are hostile (malformed JSON, wrong types, unknown roles,
+an over-large Content-Length, a half-sent body, a wrong method, an unknown route). Then it
+checks, and exits 1 if any check fails:
+
+  - no 5xx answer at all, and every hostile request answered with a 4xx (or closed, for the
+    half-sent body);
+  - zero KV blocks in use once the run is over (`edge_llm_kv_blocks{state="used"}` in /metrics);
+  - the server's resident memory (VmRSS) after the run within 10% of after the first 10%
+    of the requests (checked from 2,000 requests on; shorter runs only report it);
+  - /health still answers 200.
+
+Prints one JSON object with the figures. Standard library only.
+
+    nice -n 10 scripts/soak.py                       # 10,000 requests, 16 concurrent
+    scripts/soak.py --requests 300 --concurrency 8   # the short version CI runs
+"""
+import argparse, http.client, json, os, random, re, socket, subprocess, sys, threading, time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+PROMPTS = [
+    "The capital of France is", "Once upon a time", "def fibonacci(n):",
+    "The three primary colours are", "Write a haiku about rust.", "What is 2+2?",
+    "List three fruits.", "Explain photosynthesis in one sentence.", "Say hi.",
+    "Translate 'good morning' to French.",
+]
+SYSTEM = "You are a concise assistant for a soak test. Answer in one short sentence."
+
+
+def start_server(binary, model, extra):
+    cmd = [binary, "serve", "--port", "0", "-c", "1024"] + (["-m", model] if model else []) + extra
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    for line in proc.stderr:
+        m = re.search(r"listening on http://([\d.]+):(\d+)", line)
+        if m:
+            threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
+            return proc, m.group(1), int(m.group(2))
+    raise SystemExit(f"the server did not start (exit {proc.wait()})")
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def metric(host, port, name):
+    c = http.client.HTTPConnection(host, port, timeout=30)
+    c.request("GET", "/metrics")
+    text = c.getresponse().read().decode()
+    c.close()
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return None
+
+
+def normal_request(rng):
+    chat = rng.random() < 0.5
+    stream = rng.random() < 0.5
+    body = {"max_tokens": rng.randint(1, 12), "temperature": rng.choice([0, 0.7]),
+            "seed": rng.randint(0, 1 << 30), "stream": stream}
+    if chat:
+        body["messages"] = [{"role": "system", "content": SYSTEM},
+                            {"role": "user", "content": rng.choice(PROMPTS)}]
+        path = "/v1/chat/completions"
+    else:
+        body["prompt"] = rng.choice(PROMPTS)
+        path = "/v1/completions"
+    if stream and rng.random() < 0.5:
+        body["stream_options"] = {"include_usage": True}
+    cut = stream and rng.random() < 0.25
+    return path, json.dumps(body).encode(), stream, cut
+
+
+HOSTILE = [
+    ("POST", "/v1/completions", b'{"prompt": "Hi", "max_tokens": ', {}),
+    ("POST", "/v1/completions", b'{"prompt": 42}', {}),
+    ("POST", "/v1/completions", b'{"prompt": "Hi", "max_tokens": 0}', {}),
+    ("POST", "/v1/completions", b'{"prompt": "Hi", "temperature": "hot"}', {}),
+    ("POST", "/v1/chat/completions", b'{"messages": [{"role": "wizard", "content": "Hi"}]}', {}),
+    ("POST", "/v1/chat/completions", b'{"messages": [{"role": "user", "content": null}]}', {}),
+    ("POST", "/v1/chat/completions", b'{"messages": []}', {}),
+    ("POST", "/v1/chat/completions", b'\xff\xfe\x00garbage', {}),
+    ("POST", "/v1/completions", b'[1, 2, 3]', {}),
+    ("GET", "/v1/completions", b'', {}),
+    ("POST", "/v1/nothing-here", b'{}', {}),
+    ("POST", "/v1/completions", b'', {"Content-Length": "3000000"}),
+    ("HALF", "/v1/completions", b'{"prompt": "Hi"', {}),
+]
+
+
+def raw_exchange(host, port, method, path, body, headers, timeout=60):
+    """One request on a raw socket; the status (0: closed without an answer)."""
+    s = socket.create_connection((host, port), timeout=timeout)
+    try:
+        if method == "HALF":
+            # A body that promises more than it sends, then the client gives up.
+            s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      f"Content-Length: {len(body) + 100}\r\n\r\n".encode() + body)
+            s.shutdown(socket.SHUT_WR)
+        else:
+            head = f"{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
+            if "Content-Length" not in headers:
+                head += f"Content-Length: {len(body)}\r\n"
+            for k, v in headers.items():
+                head += f"{k}: {v}\r\n"
+            s.sendall(head.encode() + b"\r\n" + body)
+        data = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        m = re.match(rb"HTTP/1\.1 (\d{3})", data)
+        return int(m.group(1)) if m else 0
+    except (ConnectionResetError, BrokenPipeError):
+        return 0
+    finally:
+        s.close()
+
+
+def run_one(host, port, rng, hostile_share, stats, lock):
+    if rng.random() < hostile_share:
+        method, path, body, headers = rng.choice(HOSTILE)
+        status = raw_exchange(host, port, method, path, body, headers)
+        with lock:
+            stats["hostile"] += 1
+            if status >= 500:
+                stats["5xx"] += 1
+                stats["errors"].append(f"hostile {method} {path} {body[:40]!r}: {status}")
+            elif not (400 <= status < 500 or (method == "HALF" and status == 0)):
+                stats["hostile_unexpected"] += 1
+                stats["errors"].append(f"hostile {method} {path} {body[:40]!r}: {status}")
+        return
+    path, body, stream, cut = normal_request(rng)
+    c = http.client.HTTPConnection(host, port, timeout=300)
+    try:
+        c.request("POST", path, body, {"Content-Type": "application/json"})
+        r = c.getresponse()
+        status = r.status
+        if stream and cut and status == 200:
+            r.readline()  # the first event, then hang up
+            c.sock.shutdown(socket.SHUT_RDWR)
+            kind = "cut"
+        else:
+            data = r.read()
+            kind = "stream" if stream else "plain"
+            if status == 200 and stream and b"data: [DONE]" not in data:
+                status = -1
+    except (ConnectionResetError, BrokenPipeError, http.client.HTTPException, OSError) as e:
+        status, kind = -2, "transport"
+        with lock:
+            stats["errors"].append(f"{path}: {e!r}")
+    finally:
+        c.close()
+    with lock:
+        stats[kind] = stats.get(kind, 0) + 1
+        if status >= 500:
+            stats["5xx"] += 1
+            stats["errors"].append(f"{path} {body[:60]!r}: {status}")
+        elif status != 200:
+            stats["failed"] += 1
+            stats["errors"].append(f"{path} {body[:60]!r}: {status}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--requests", type=int, default=10000)
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--hostile", type=float, default=0.05)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--binary", default=os.path.join(ROOT, "target/release/edge-llm"))
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--server-arg", action="append", default=[])
+    a = ap.parse_args()
+    proc, host, port = start_server(a.binary, a.model, a.server_arg)
+    stats = {"5xx": 0, "failed": 0, "hostile": 0, "hostile_unexpected": 0, "errors": []}
+    lock = threading.Lock()
+    counter = {"next": 0}
+    checkpoint = max(1, a.requests // 10)
+    rss = {}
+    started = time.monotonic()
+
+    def worker(k):
+        rng = random.Random(a.seed * 1000 + k)
+        while True:
+            with lock:
+                i = counter["next"]
+                if i >= a.requests:
+                    return
+                counter["next"] += 1
+                if i == checkpoint:
+                    rss["early_kib"] = rss_kib(proc.pid)
+            run_one(host, port, rng, a.hostile, stats, lock)
+
+    try:
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(a.concurrency)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        elapsed = time.monotonic() - started
+        # Blocks of cut streams come back when the engine sees the hang-up: a moment.
+        used = None
+        for _ in range(100):
+            used = metric(host, port, 'edge_llm_kv_blocks{state="used"}')
+            if used == 0:
+                break
+            time.sleep(0.1)
+        rss["end_kib"] = rss_kib(proc.pid)
+        c = http.client.HTTPConnection(host, port, timeout=5)
+        c.request("GET", "/health")
+        health = c.getresponse().status
+        c.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    early = rss.get("early_kib") or rss["end_kib"]
+    growth = (rss["end_kib"] - early) / early
+    out = {
+        "requests": a.requests, "concurrency": a.concurrency, "seconds": round(elapsed, 1),
+        "requests_per_s": round(a.requests / elapsed, 1),
+        "plain": stats.get("plain", 0), "streams": stats.get("stream", 0),
+        "streams_cut": stats.get("cut", 0), "hostile": stats["hostile"],
+        "5xx": stats["5xx"], "failed": stats["failed"],
+        "hostile_unexpected": stats["hostile_unexpected"],
+        "kv_blocks_used_after": used, "rss_mib_after_first_10pct": round(early / 1024, 1),
+        "rss_mib_after": round(rss["end_kib"] / 1024, 1), "rss_growth": round(growth, 4),
+        "health_after": health, "first_errors": stats["errors"][:5],
+    }
+    print(json.dumps(out))
+    # The first requests warm the server up (the interleaved weight copies are made on first
+    # use): memory is compared only when the first 10% is at least 1,000 requests' worth.
+    rss_checked = a.requests >= 2000
+    out["rss_checked"] = rss_checked
+    ok = (stats["5xx"] == 0 and stats["failed"] == 0 and stats["hostile_unexpected"] == 0
+          and used == 0 and (not rss_checked or abs(growth) <= 0.10) and health == 200)
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
