@@ -7,6 +7,7 @@
 //! - `routes`: the handlers; `response` and `stream`: whole and streamed OpenAI bodies.
 //! - `middleware`: the log line, the API-key guard, 404/405; `error`: OpenAI-style errors.
 //! - `metrics`: Prometheus text.
+//! - `webui`: the chat page at `/` and its embedded assets.
 //!
 //! Called by the CLI (`Command::Serve`).
 
@@ -17,6 +18,7 @@ mod params;
 mod response;
 mod routes;
 mod stream;
+mod webui;
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
@@ -97,6 +99,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/models", get(models))
         .route("/completions", post(completions))
         .route("/chat/completions", post(chat_completions))
+        // The chat page, compiled into the binary.
+        .route("/", get(webui::index))
+        .route("/index.html", get(webui::index))
+        .route("/webui/{name}", get(webui::asset))
         .fallback(middleware::not_found)
         .layer(DefaultBodyLimit::max(state.max_body_bytes))
         .layer(axum::middleware::from_fn_with_state(
