@@ -305,6 +305,7 @@ fn page_streams_stops_runs_two_chats_at_once_forks_and_shows_cached_tokens() {
         body.contains("<img src=\"x\" onerror=\"window.__xss=1\""),
         "the model should echo the tag: {body:?}"
     );
+    b.screenshot(&screenshot_dir().join("html-echo.png"));
     let injected =
         "<script>window.__xss=2</script><img src=x onerror=window.__xss=3>\n\n**bold** and \
                     <b>not bold</b>\n\n```html\n<iframe src=\"/\"></iframe>\n```";

@@ -134,6 +134,7 @@
       add('stat-cached', stats.cached_tokens, `${stats.cached_tokens} of ${stats.prompt_tokens} prompt tokens cached`,
         'Prompt tokens served from the prefix cache (usage.prompt_tokens_details.cached_tokens)');
     }
+    if (stats.edited) add('stat-edited', 1, 'edited');
     if (stats.stopped) add('stat-stopped', 1, 'stopped');
     else if (stats.finish === 'length') add('stat-finish', stats.finish, 'max tokens reached');
     return line;
@@ -205,7 +206,7 @@
         generate(conv);
       } else {
         message.content = area.value;
-        delete message.stats;
+        message.stats = { edited: true };
         save();
         renderMessages();
       }
@@ -239,6 +240,8 @@
     conv.messages.forEach((m, i) => box.appendChild(renderMessage(conv, m, i)));
     if (nearBottom || running.has(conv.id)) box.scrollTop = box.scrollHeight;
     const isRunning = running.has(conv.id);
+    // Screen readers wait for the reply to finish instead of reading every re-render.
+    box.setAttribute('aria-busy', String(isRunning));
     $('stop').hidden = !isRunning;
     $('send').disabled = isRunning;
     $('conv-title').textContent = conv.title;
@@ -288,7 +291,10 @@
     conv.messages.push(message);
     if (conv.title === 'New chat') {
       const first = conv.messages.find((m) => m.role === 'user');
-      if (first) conv.title = first.content.replace(/\s+/g, ' ').slice(0, 48);
+      if (first) {
+        const line = first.content.replace(/\s+/g, ' ').trim();
+        conv.title = line.length > 48 ? `${line.slice(0, 47)}\u2026` : line;
+      }
     }
     conv.updated = Date.now();
     const run = { controller: new AbortController(), message, started: performance.now(), firstAt: 0, chunks: 0 };
