@@ -395,6 +395,15 @@ fn page_streams_stops_runs_two_chats_at_once_forks_and_shows_cached_tokens() {
     });
     std::thread::sleep(std::time::Duration::from_millis(300));
     b.screenshot(&screenshot_dir().join("phone-drawer.png"));
+    b.click("#menu-toggle");
+    b.click("#settings-toggle");
+    b.wait("the settings at phone width", 10, |b| {
+        b.js(
+            "const r = document.getElementById('settings').getBoundingClientRect(); return r.width > 200 && r.right <= innerWidth",
+            json!([]),
+        ) == json!(true)
+    });
+    b.screenshot(&screenshot_dir().join("phone-settings.png"));
 
     server.wait_for_metrics("every block back", |s| {
         s.metric("edge_llm_kv_blocks{state=\"used\"}") == 0.0
@@ -412,6 +421,7 @@ fn page_asks_for_the_api_key_and_sends_it() {
     b.goto(&format!("http://{}/", server.addr));
     b.wait("the key dialog", 30, |b| b.count("#key-dialog[open]") == 1);
     assert_eq!(b.text("#model-name"), "not connected");
+    b.screenshot(&screenshot_dir().join("api-key.png"));
     b.fill("#api-key", "wrong");
     b.click("#key-submit");
     b.wait("the refusal", 30, |b| {

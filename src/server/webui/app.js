@@ -516,6 +516,10 @@
   $('settings-toggle').addEventListener('click', () => {
     if (toggle('settings-toggle', 'settings')) $('system').focus();
   });
+  $('settings-close').addEventListener('click', () => {
+    toggle('settings-toggle', 'settings', false);
+    $('settings-toggle').focus();
+  });
   $('new-chat').addEventListener('click', () => {
     const empty = conversations.find((c) => !c.messages.length && !running.has(c.id));
     select((empty || newConversation()).id);
