@@ -278,6 +278,20 @@ fn page_streams_stops_runs_two_chats_at_once_forks_and_shows_cached_tokens() {
     });
     let fork = stored_conv(&b, "What is the capital of France? (fork)");
     assert_eq!(fork["messages"][3]["content"], fork_reply);
+    // Sampling with a seed: the settings reach the server, and the same seed regenerates the
+    // same text.
+    settings(&b, &[("temperature", "1.2"), ("seed", "7")]);
+    let mut sampled = Vec::new();
+    for _ in 0..2 {
+        b.click("#messages .msg.assistant[data-index='3'] button.regenerate");
+        b.wait("the sampled reply", 120, |b| {
+            !streaming(b) && b.count("#messages .msg.assistant[data-index='3'] .stats") > 0
+        });
+        let fork = stored_conv(&b, "What is the capital of France? (fork)");
+        sampled.push(fork["messages"][3]["content"].clone());
+    }
+    assert_eq!(sampled[0], sampled[1], "the same seed");
+    settings(&b, &[("temperature", "0"), ("seed", "")]);
     b.click("#messages .msg.user[data-index='2'] button.edit");
     b.fill("#edit-area", "And the capital of Italy?");
     b.click("#messages .save-edit");
@@ -300,10 +314,19 @@ fn page_streams_stops_runs_two_chats_at_once_forks_and_shows_cached_tokens() {
         "Say the following HTML tag back to me verbatim: <img src=x onerror=window.__xss=1>",
     );
     wait_reply_done(&b);
+    let made = b.js(
+        "return {tags: document.querySelectorAll('#messages img').length, xss: window.__xss === undefined ? null : window.__xss}",
+        json!([]),
+    );
+    assert_eq!(
+        made,
+        json!({"tags": 0, "xss": null}),
+        "the reply's HTML became elements"
+    );
     let body = b.text("#messages .msg.assistant .msg-body");
     assert!(
         body.contains("<img src=\"x\" onerror=\"window.__xss=1\""),
-        "the model should echo the tag: {body:?}"
+        "the model's reply should show the tag as text: {body:?}"
     );
     b.screenshot(&screenshot_dir().join("html-echo.png"));
     let injected =
