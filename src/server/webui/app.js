@@ -238,7 +238,7 @@
       box.appendChild(hint);
     }
     conv.messages.forEach((m, i) => box.appendChild(renderMessage(conv, m, i)));
-    if (nearBottom || running.has(conv.id)) box.scrollTop = box.scrollHeight;
+    if (nearBottom) box.scrollTop = box.scrollHeight;
     const isRunning = running.has(conv.id);
     // Screen readers wait for the reply to finish instead of reading every re-render.
     box.setAttribute('aria-busy', String(isRunning));
@@ -256,12 +256,24 @@
     renderMessages();
   }
 
-  // Re-renders at most once a frame while tokens stream in.
+  // Re-renders the reply being streamed (only it, so focus elsewhere stays put), at most
+  // once a frame; the whole list if it is not on the page.
   let pending = false;
   function scheduleRender() {
     if (pending) return;
     pending = true;
-    requestAnimationFrame(() => { pending = false; renderMessages(); });
+    requestAnimationFrame(() => {
+      pending = false;
+      const conv = active();
+      const run = running.get(conv.id);
+      const box = $('messages');
+      const node = box.querySelector('.msg.streaming');
+      const index = run ? conv.messages.indexOf(run.message) : -1;
+      if (!node || index < 0 || node.dataset.index !== String(index)) { renderMessages(); return; }
+      const nearBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 80;
+      node.replaceWith(renderMessage(conv, run.message, index));
+      if (nearBottom) box.scrollTop = box.scrollHeight;
+    });
   }
 
   // ---- Generating ----------------------------------------------------------------------
@@ -357,6 +369,8 @@
     conv.messages.push({ role: 'user', content: text });
     save();
     generate(conv);
+    const box = $('messages');
+    box.scrollTop = box.scrollHeight;
   }
 
   function stop() {
