@@ -1,5 +1,5 @@
 //! What wraps every route: the one log line per request on stderr, the `--api-key` guard
-//! (every route but `/health`), and OpenAI-style JSON for requests no route takes (404, 405).
+//! (every route but `/health` and the chat page's static files), and OpenAI-style JSON for requests no route takes (404, 405).
 //! Installed by `server::router`.
 
 use std::net::SocketAddr;
@@ -103,7 +103,8 @@ impl Drop for HangUpGuard {
     }
 }
 
-/// With `--api-key`, every route but `/health` needs `Authorization: Bearer KEY`.
+/// With `--api-key`, every route but `/health` and the page needs `Authorization: Bearer KEY`
+/// (a browser cannot send the header when it opens the page; the page then asks for the key).
 pub async fn require_api_key(
     State(state): State<Arc<AppState>>,
     req: Request,
@@ -112,7 +113,7 @@ pub async fn require_api_key(
     let Some(key) = state.api_key.as_deref() else {
         return next.run(req).await;
     };
-    if req.uri().path() == "/health" {
+    if req.uri().path() == "/health" || super::webui::is_public(req.uri().path()) {
         return next.run(req).await;
     }
     let given = req

@@ -9,6 +9,7 @@
 //! - `metrics`: Prometheus text.
 //! - `listener`: the accept loop and connection limits (timeouts, the connection cap, the
 //!   body-read timeout and early 413).
+//! - `webui`: the chat page at `/` and its embedded assets.
 //!
 //! Called by the CLI (`Command::Serve`).
 
@@ -20,6 +21,7 @@ pub(crate) mod params;
 mod response;
 mod routes;
 mod stream;
+mod webui;
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
@@ -104,6 +106,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/models", get(models))
         .route("/completions", post(completions))
         .route("/chat/completions", post(chat_completions))
+        // The chat page, compiled into the binary.
+        .route("/", get(webui::index))
+        .route("/index.html", get(webui::index))
+        .route("/webui/{name}", get(webui::asset))
         .fallback(middleware::not_found)
         .layer(DefaultBodyLimit::max(state.max_body_bytes))
         .layer(axum::middleware::from_fn({
