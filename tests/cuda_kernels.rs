@@ -529,7 +529,8 @@ fn emu_kv_write_and_paged_attention_match_the_c_reference() {
 /// Every check again with each block's threads run last first: the same bits.
 #[test]
 fn emu_threads_in_reverse_order_give_the_same_bits() {
-    let checks: [(&str, fn(&Emu) -> Outputs); 5] = [
+    type Check = fn(&Emu) -> Outputs;
+    let checks: [(&str, Check); 5] = [
         ("embedding rows", check_embedding_rows::<Emu>),
         ("quantizers", check_quantizers::<Emu>),
         ("matmul", check_matmul::<Emu>),

@@ -354,8 +354,7 @@ fn run_family(s: Spec, seed: u64) {
     let l = step("prefill", &model, &mut cpu, &mut emu, &b, &mut worst);
     let prefill_last = l[(prompt.len() - 1) * VOCAB..].to_vec();
     let mut tok = argmax(&prefill_last) as u32;
-    let mut pos = prompt.len();
-    for i in 0..4 {
+    for (i, pos) in (prompt.len()..).take(4).enumerate() {
         let mut b = batch(3);
         push_seq(&mut b, &table_a, &[tok], pos, false);
         let l = step(
@@ -367,7 +366,6 @@ fn run_family(s: Spec, seed: u64) {
             &mut worst,
         );
         tok = argmax(&l) as u32;
-        pos += 1;
     }
 
     // Sequence B: the same prompt in two chunks (blocks 3, 4): its last logits are those of A's
