@@ -1,4 +1,4 @@
-//! The forward pass on the GPU, step for step the one in `crate::model::forward` (embedding,
+//! The forward pass on a CUDA device (the GPU, or `super::emu::Emu` in the tests), step for step
 //! then per layer RMSNorm, attention through the paged KV pool, residual, RMSNorm, gated
 //! feed-forward, residual; then the final norm and the logits of the rows that asked for them),
 //! with the same per-layer options (biases, QK-norm, post-norms, embedding scale, activation,

@@ -8,7 +8,8 @@
 //! - `device`: finding a GPU without a panic, the context, the stream, launching.
 //! - `emu`: the same kernels compiled for the CPU (csrc/cuda/emu/), a device for tests.
 //! - `kernels`: launch wrappers that check every buffer against the kernel's shapes.
-//! - `forward`: [`CudaModel`], the weights and KV pool on the GPU and the forward pass.
+//! - `forward`: [`CudaModel`], the weights and KV pool on a device (the GPU, or the emulator in
+//!   tests) and the forward pass.
 //!
 //! [`Batch`]: crate::model::Batch
 
@@ -21,5 +22,5 @@ pub mod nvrtc;
 
 pub use device::{probe, Gpu};
 pub use emu::Emu;
-pub use launch::{CudaDevice, Launch};
 pub use forward::CudaModel;
+pub use launch::{CudaDevice, Launch};
