@@ -1,5 +1,5 @@
 //! The forward pass on a CUDA device (the GPU, or `super::emu::Emu` in the tests), step for step
-//! then per layer RMSNorm, attention through the paged KV pool, residual, RMSNorm, gated
+//! the one in `crate::model::forward` (embedding, then per layer RMSNorm, attention through the paged KV pool, residual, RMSNorm, gated
 //! feed-forward, residual; then the final norm and the logits of the rows that asked for them),
 //! with the same per-layer options (biases, QK-norm, post-norms, embedding scale, activation,
 //! each layer's rope and window, logit soft-cap). It takes the same [`Batch`]; the batch's
