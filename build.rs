@@ -6,7 +6,8 @@
 //! With the `cuda` feature and `nvcc` on PATH (or in EDGE_LLM_NVCC), it also compiles the CUDA
 //! kernels in `csrc/cuda/` to PTX for compute_80 and sets `cfg(edge_llm_prebuilt_ptx)`; without
 //! nvcc the binary compiles the embedded sources with NVRTC at start-up instead. Without the
-//! feature nothing CUDA is built or linked.
+//! feature nothing CUDA is built or linked. With it, the same kernels are also compiled for the
+//! CPU with g++ (`csrc/cuda/emu/`, the emulator behind `cuda::Emu`), which needs no CUDA at all.
 
 use std::path::Path;
 
@@ -51,6 +52,7 @@ fn main() {
     build.compile("edge_kernels");
 
     cuda_ptx();
+    cuda_emulator();
 
     #[cfg(feature = "regen-bindings")]
     regen_bindings();
@@ -110,6 +112,28 @@ fn cuda_ptx() {
         }
     }
     println!("cargo:rustc-cfg=edge_llm_prebuilt_ptx");
+}
+
+/// The CUDA kernels compiled for the CPU (`csrc/cuda/emu/`), with the `cuda` feature. The flags
+/// match NVRTC's: no contraction of a * b + c (--fmad=false); no strict aliasing (the kernels read
+/// block fields through pointer casts). tests/cuda_kernels.rs compiles the same sources again
+/// with AddressSanitizer (EMU_FLAGS there).
+fn cuda_emulator() {
+    if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
+        return;
+    }
+    cc::Build::new()
+        .cpp(true)
+        .files(["csrc/cuda/emu/el_cuda_emu.cpp", "csrc/cuda/emu/el_emu_kernels.cpp"])
+        .include("csrc/cuda")
+        .opt_level(2)
+        .debug(false)
+        .flag("-std=c++17")
+        .flag("-ffp-contract=off")
+        .flag("-fno-strict-aliasing")
+        .flag_if_supported("-Wno-unknown-pragmas")
+        .warnings(true)
+        .compile("el_cuda_emu");
 }
 
 #[cfg(feature = "regen-bindings")]

@@ -1,7 +1,12 @@
-//! Every CUDA kernel against the C reference (`crate::kernels`) on random data, and the GPU
-//! forward pass against the CPU one. Needs a GPU, so every test is `#[ignore]`d: CI compiles
-//! this file (the `cuda` feature is on there) and scripts/bench-cuda.sh runs it on a GPU machine
-//! with `--ignored`.
+//! Every CUDA kernel against the C reference (`crate::kernels`) on random data, on two devices:
+//! the CPU emulator (`cuda::Emu`: the same kernel sources compiled by g++, each CUDA thread a
+//! fiber), which runs in CI, and a real GPU, whose tests are `#[ignore]`d (scripts/bench-cuda.sh
+//! runs them with `--ignored` on a GPU machine). One body per check, generic over the device.
+//!
+//! On the emulator each check also runs with every block's threads in reverse order (the outputs
+//! must be the same bits: a kernel that depends on the order threads run between barriers has a
+//! race), and every launch of the checks runs again under AddressSanitizer with each buffer at its
+//! exact size (`el_emu_replay`).
 //!
 //! Named error budgets, relative to the largest magnitude of the reference output. They are far
 //! tighter than the CPU tests' quantization budgets (tests/kernels_quant.rs, e.g. 1e-2 for a
@@ -14,10 +19,13 @@
 
 mod support;
 
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use edge_llm::cuda::emu;
 use edge_llm::cuda::kernels::{self as ck, DevAttentionBatch, MatmulKernel};
-use edge_llm::cuda::Gpu;
+use edge_llm::cuda::launch::{Arg, Plain};
+use edge_llm::cuda::{CudaDevice, Emu, Gpu, Launch};
 use edge_llm::device::{Device, Executor};
 use edge_llm::kernels::{self, Activation, AttentionBatch, AttentionShape, Rope, RopeStyle};
 use edge_llm::model::Batch;
@@ -111,22 +119,37 @@ fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
-fn up<T: cudarc::driver::DeviceRepr>(v: &[T]) -> cudarc::driver::CudaSlice<T> {
-    gpu().upload(v).unwrap()
+fn up<D: CudaDevice, T: Plain>(d: &D, v: &[T]) -> D::Buf {
+    d.upload(v).unwrap()
 }
 
-fn zeros_f32(n: usize) -> cudarc::driver::CudaSlice<f32> {
-    gpu().zeros::<f32>(n).unwrap()
+fn zeros_f32<D: CudaDevice>(d: &D, n: usize) -> D::Buf {
+    d.zeros::<f32>(n).unwrap()
 }
 
-fn down(buf: &cudarc::driver::CudaSlice<f32>, n: usize) -> Vec<f32> {
-    gpu().download(buf, n).unwrap()
+fn down<D: CudaDevice>(d: &D, buf: &D::Buf, n: usize) -> Vec<f32> {
+    d.download(buf, n).unwrap()
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn embedding_rows_dequantize_bit_identically() {
-    let g = gpu();
+/// What a check's kernels produced, in order: compared between thread orders on the emulator.
+type Outputs = Vec<Vec<u32>>;
+
+fn f32_bits(v: &[f32]) -> Vec<u32> {
+    bits(v)
+}
+
+fn u8_words(v: &[u8]) -> Vec<u32> {
+    v.iter().map(|&b| b as u32).collect()
+}
+
+fn u16_words(v: &[u16]) -> Vec<u32> {
+    v.iter().map(|&b| b as u32).collect()
+}
+
+// ---- The checks, one body for every device ----------------------------------------------------
+
+fn check_embedding_rows<D: CudaDevice>(g: &D) -> Outputs {
+    let mut outs = Outputs::new();
     let mut rng = Rng(1);
     let (n_in, n_rows) = (512, 7);
     for t in WEIGHT_TYPES {
@@ -135,7 +158,7 @@ fn embedding_rows_dequantize_bit_identically() {
         let rb = t.row_bytes(n_in).unwrap();
         let ids: Vec<i32> = vec![3, 0, 6, 6, 1];
         for scale in [1.0f32, 2.5] {
-            let (dw, di, dout) = (up(&w), up(&ids), zeros_f32(ids.len() * n_in));
+            let (dw, di, dout) = (up(g, &w), up(g, &ids), zeros_f32(g, ids.len() * n_in));
             ck::get_rows(
                 g,
                 t,
@@ -148,7 +171,7 @@ fn embedding_rows_dequantize_bit_identically() {
                 scale,
             )
             .unwrap();
-            let got = down(&dout, ids.len() * n_in);
+            let got = down(g, &dout, ids.len() * n_in);
             let mut want = vec![0f32; ids.len() * n_in];
             for (i, &id) in ids.iter().enumerate() {
                 let row = &mut want[i * n_in..(i + 1) * n_in];
@@ -156,14 +179,14 @@ fn embedding_rows_dequantize_bit_identically() {
                 row.iter_mut().for_each(|v| *v *= scale);
             }
             assert_eq!(bits(&got), bits(&want), "{t} rows, scale {scale}");
+            outs.push(f32_bits(&got));
         }
     }
+    outs
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn activation_quantizers_are_byte_identical() {
-    let g = gpu();
+fn check_quantizers<D: CudaDevice>(g: &D) -> Outputs {
+    let mut outs = Outputs::new();
     let mut rng = Rng(2);
     let n_in = 512;
     for vdt in [
@@ -179,33 +202,38 @@ fn activation_quantizers_are_byte_identical() {
             .iter()
             .fold(0f32, |m, v| m.max(v.abs())); // a tie for the largest magnitude
         let want = kernels::quantize_rows(vdt, &x, n_in);
-        let (dx, dy) = (up(&x), g.zeros::<u8>(want.len()).unwrap());
+        let (dx, dy) = (up(g, &x), g.zeros::<u8>(want.len()).unwrap());
         ck::quantize(g, vdt, g.ptr(&dx), 6, n_in, g.ptr(&dy)).unwrap();
-        let got = g.download(&dy, want.len()).unwrap();
+        let got = g.download::<u8>(&dy, want.len()).unwrap();
         let first = got.iter().zip(&want).position(|(a, b)| a != b);
         assert!(first.is_none(), "{vdt}: first differing byte {first:?}");
+        outs.push(u8_words(&got));
     }
+    outs
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn matmul_matches_the_c_reference_and_both_kernels_agree() {
-    let g = gpu();
+fn check_matmul<D: CudaDevice>(g: &D) -> Outputs {
+    let mut all = Outputs::new();
     let mut rng = Rng(3);
-    let (n_in, n_out) = (768, 37);
+    let n_out = 37;
     let mut report = Vec::new();
-    for t in WEIGHT_TYPES {
+    // Three super-blocks (some lanes take one unit more than others), and two (half the lanes idle).
+    for (t, n_in) in WEIGHT_TYPES
+        .iter()
+        .map(|&t| (t, 768))
+        .chain([(TensorType::Q2_K, 512), (TensorType::Q4_0, 512)])
+    {
         let w = kernels::quantize_rows(t, &rng.data(n_in * n_out), n_in);
-        let dw = up(&w);
+        let dw = up(g, &w);
         for n_rows in [1usize, 5, 8, 9, 33] {
             let x = rng.data(n_in * n_rows);
             let a = kernels::quantize_rows(t.vec_dot_type(), &x, n_in);
             let mut want = vec![0f32; n_rows * n_out];
             kernels::matmul(t, &w, n_in, n_out, &a, n_rows, &mut want);
-            let da = up(&a);
+            let da = up(g, &a);
             let mut outs = Vec::new();
             for kernel in [MatmulKernel::Auto, MatmulKernel::Mmv, MatmulKernel::Tiled] {
-                let dout = zeros_f32(n_rows * n_out);
+                let dout = zeros_f32(g, n_rows * n_out);
                 ck::matmul(
                     g,
                     t,
@@ -218,7 +246,7 @@ fn matmul_matches_the_c_reference_and_both_kernels_agree() {
                     kernel,
                 )
                 .unwrap();
-                outs.push(down(&dout, n_rows * n_out));
+                outs.push(down(g, &dout, n_rows * n_out));
             }
             let err = rel_err(&outs[0], &want);
             report.push(format!("{t:>5} rows {n_rows:>2}: {err:.2e}"));
@@ -231,25 +259,27 @@ fn matmul_matches_the_c_reference_and_both_kernels_agree() {
                 bits(&outs[2]),
                 "{t} with {n_rows} rows: mmv and tiled differ"
             );
+            all.extend(outs.iter().map(|o| f32_bits(o)));
         }
     }
     eprintln!("{}", report.join("\n"));
+    all
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn row_operations_match_the_c_reference() {
-    let g = gpu();
+fn check_row_ops<D: CudaDevice>(g: &D) -> Outputs {
+    let mut outs = Outputs::new();
     let mut rng = Rng(4);
     // RMSNorm: rows of 576 and of a head (QK-norm), in place.
     for n in [576usize, 64, 1000] {
         let (x, w) = (rng.data(n * 5), rng.data(n));
         let mut want = vec![0f32; x.len()];
         kernels::rms_norm(&x, &w, &mut want, 1e-5);
-        let (dx, dw) = (up(&x), up(&w));
+        let (dx, dw) = (up(g, &x), up(g, &w));
         ck::rms_norm(g, g.ptr(&dx), g.ptr(&dw), g.ptr(&dx), 5, n, 1e-5).unwrap();
-        let err = rel_err(&down(&dx, x.len()), &want);
+        let got = down(g, &dx, x.len());
+        let err = rel_err(&got, &want);
         assert!(err <= RMS_NORM_BUDGET, "rms_norm n={n}: {err:.3e}");
+        outs.push(f32_bits(&got));
     }
     // RoPE, both styles, a partial rotary dimension, large positions.
     for (style, rope_dim, freq_scale) in [
@@ -267,11 +297,13 @@ fn row_operations_match_the_c_reference() {
         };
         let pos: Vec<i32> = (0..n_tokens as i32).map(|i| i * 517 + 3).collect();
         let mut want = rng.data(n_tokens * n_heads * head_dim);
-        let dx = up(&want);
+        let dx = up(g, &want);
         kernels::rope(&mut want, &pos, n_heads, &r);
-        let dp = up(&pos);
+        let dp = up(g, &pos);
         ck::rope(g, g.ptr(&dx), g.ptr(&dp), n_tokens, n_heads, &r).unwrap();
-        let err = rel_err(&down(&dx, want.len()), &want);
+        let got = down(g, &dx, want.len());
+        outs.push(f32_bits(&got));
+        let err = rel_err(&got, &want);
         assert!(
             err <= ROPE_BUDGET,
             "rope {style:?} dim {rope_dim}: {err:.3e}"
@@ -281,18 +313,66 @@ fn row_operations_match_the_c_reference() {
     for act in [Activation::SwiGlu, Activation::GeGlu] {
         let n = 4096;
         let (mut gate, upv) = (rng.data(n), rng.data(n));
-        let (dg, du) = (up(&gate), up(&upv));
+        let (dg, du) = (up(g, &gate), up(g, &upv));
         kernels::glu_inplace(&mut gate, &upv, act);
         ck::glu(g, g.ptr(&dg), g.ptr(&du), n, act).unwrap();
-        let err = rel_err(&down(&dg, n), &gate);
+        let got = down(g, &dg, n);
+        outs.push(f32_bits(&got));
+        let err = rel_err(&got, &gate);
         assert!(err <= GLU_BUDGET, "{act:?}: {err:.3e}");
     }
+    // The glue: residual add, bias add, soft-cap, gathering rows, copying a KV block.
+    let n = 1000;
+    let (x, y) = (rng.data(3 * n), rng.data(3 * n));
+    let (dx, dy) = (up(g, &x), up(g, &y));
+    ck::add(g, g.ptr(&dx), g.ptr(&dy), 3 * n).unwrap();
+    let want: Vec<f32> = x.iter().zip(&y).map(|(a, b)| a + b).collect();
+    let got = down(g, &dx, 3 * n);
+    assert_eq!(bits(&got), bits(&want), "add");
+    outs.push(f32_bits(&got));
+    let bias = rng.data(n);
+    let db = up(g, &bias);
+    ck::add_bias(g, g.ptr(&dx), g.ptr(&db), 3, n).unwrap();
+    let want: Vec<f32> = want
+        .iter()
+        .enumerate()
+        .map(|(i, v)| v + bias[i % n])
+        .collect();
+    let got = down(g, &dx, 3 * n);
+    assert_eq!(bits(&got), bits(&want), "add_bias");
+    outs.push(f32_bits(&got));
+    ck::softcap(g, g.ptr(&dx), 3 * n, 3.0).unwrap();
+    let want: Vec<f32> = want.iter().map(|v| 3.0 * (v / 3.0).tanh()).collect();
+    let got = down(g, &dx, 3 * n);
+    let err = rel_err(&got, &want);
+    assert!(err <= GLU_BUDGET, "softcap: {err:.3e}");
+    outs.push(f32_bits(&got));
+    let rows: Vec<i32> = vec![2, 0, 2];
+    let (dr, dout) = (up(g, &rows), zeros_f32(g, rows.len() * n));
+    ck::gather_rows(g, g.ptr(&dx), 3, g.ptr(&dr), rows.len(), g.ptr(&dout), n).unwrap();
+    let want: Vec<f32> = rows
+        .iter()
+        .flat_map(|&r| got[r as usize * n..][..n].to_vec())
+        .collect();
+    let gathered = down(g, &dout, rows.len() * n);
+    assert_eq!(bits(&gathered), bits(&want), "gather_rows");
+    outs.push(f32_bits(&gathered));
+    let (num_blocks, block_elems) = (5, 300);
+    let cache: Vec<u16> = (0..num_blocks * block_elems)
+        .map(|i| (i * 7919 % 65521) as u16)
+        .collect();
+    let dc = up(g, &cache);
+    ck::copy_block(g, g.ptr(&dc), num_blocks, block_elems, 3, 1).unwrap();
+    let mut want = cache.clone();
+    want.copy_within(3 * block_elems..4 * block_elems, block_elems);
+    let got = g.download::<u16>(&dc, cache.len()).unwrap();
+    assert_eq!(got, want, "copy_block");
+    outs.push(u16_words(&got));
+    outs
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn kv_write_and_paged_attention_match_the_c_reference() {
-    let g = gpu();
+fn check_attention<D: CudaDevice>(g: &D) -> Outputs {
+    let mut outs = Outputs::new();
     let mut rng = Rng(5);
     let (n_heads, n_kv_heads, head_dim, block_size, num_blocks) = (6, 2, 64, 16, 24);
     let kv_dim = n_kv_heads * head_dim;
@@ -323,7 +403,7 @@ fn kv_write_and_paged_attention_match_the_c_reference() {
         vec![0u16; num_slots * kv_dim],
     );
     kernels::kv_write(&k, &v, &mut kc, &mut vc, &all_slots, kv_dim);
-    let (dk, dv, ds) = (up(&k), up(&v), up(&all_slots));
+    let (dk, dv, ds) = (up(g, &k), up(g, &v), up(g, &all_slots));
     let (dkc, dvc) = (
         g.zeros::<u16>(num_slots * kv_dim).unwrap(),
         g.zeros::<u16>(num_slots * kv_dim).unwrap(),
@@ -340,8 +420,14 @@ fn kv_write_and_paged_attention_match_the_c_reference() {
         num_slots,
     )
     .unwrap();
-    assert_eq!(g.download(&dkc, kc.len()).unwrap(), kc, "kv_write keys");
-    assert_eq!(g.download(&dvc, vc.len()).unwrap(), vc, "kv_write values");
+    let (gk, gv) = (
+        g.download::<u16>(&dkc, kc.len()).unwrap(),
+        g.download::<u16>(&dvc, vc.len()).unwrap(),
+    );
+    assert_eq!(gk, kc, "kv_write keys");
+    assert_eq!(gv, vc, "kv_write values");
+    outs.push(u16_words(&gk));
+    outs.push(u16_words(&gv));
 
     // Queries: positions 40..90 of sequence 0 (prefill past a cached prefix), 47 of sequence 1,
     // 0..16 of sequence 2.
@@ -366,7 +452,12 @@ fn kv_write_and_paged_attention_match_the_c_reference() {
         block_size,
         num_blocks,
     };
-    let (dq, dt, dts, dl) = (up(&q), up(&block_tables), up(&token_seq), up(&lens));
+    let (dq, dt, dts, dl) = (
+        up(g, &q),
+        up(g, &block_tables),
+        up(g, &token_seq),
+        up(g, &lens),
+    );
     let db = DevAttentionBatch {
         block_tables: g.ptr(&dt),
         max_blocks_per_seq: max_blocks,
@@ -383,7 +474,7 @@ fn kv_write_and_paged_attention_match_the_c_reference() {
             context_lens: &lens,
         };
         kernels::paged_attention(&mut want, &q, &kc, &vc, &shape, &b, 0.125, window);
-        let dout = zeros_f32(q.len());
+        let dout = zeros_f32(g, q.len());
         ck::paged_attention(
             g,
             g.ptr(&dout),
@@ -397,12 +488,244 @@ fn kv_write_and_paged_attention_match_the_c_reference() {
             window,
         )
         .unwrap();
-        let err = rel_err(&down(&dout, q.len()), &want);
+        let got = down(g, &dout, q.len());
+        outs.push(f32_bits(&got));
+        let err = rel_err(&got, &want);
         assert!(
             err <= ATTENTION_BUDGET,
             "attention window {window:?}: {err:.3e}"
         );
     }
+    outs
+}
+
+// ---- On the emulator (CI) ------------------------------------------------------------------------
+
+#[test]
+fn emu_embedding_rows_dequantize_bit_identically() {
+    check_embedding_rows(&Emu::new());
+}
+
+#[test]
+fn emu_activation_quantizers_are_byte_identical() {
+    check_quantizers(&Emu::new());
+}
+
+#[test]
+fn emu_matmul_matches_the_c_reference_and_both_kernels_agree() {
+    check_matmul(&Emu::new());
+}
+
+#[test]
+fn emu_row_operations_match_the_c_reference() {
+    check_row_ops(&Emu::new());
+}
+
+#[test]
+fn emu_kv_write_and_paged_attention_match_the_c_reference() {
+    check_attention(&Emu::new());
+}
+
+/// Every check again with each block's threads run last first: the same bits.
+#[test]
+fn emu_threads_in_reverse_order_give_the_same_bits() {
+    type Check = fn(&Emu) -> Outputs;
+    let checks: [(&str, Check); 5] = [
+        ("embedding rows", check_embedding_rows::<Emu>),
+        ("quantizers", check_quantizers::<Emu>),
+        ("matmul", check_matmul::<Emu>),
+        ("row operations", check_row_ops::<Emu>),
+        ("attention", check_attention::<Emu>),
+    ];
+    for (what, check) in checks {
+        let forward = check(&Emu::new());
+        let reverse = check(&Emu::reversed());
+        assert_eq!(forward.len(), reverse.len(), "{what}");
+        for (i, (a, b)) in forward.iter().zip(&reverse).enumerate() {
+            assert!(
+                a == b,
+                "{what}: output {i} differs when threads run in reverse order"
+            );
+        }
+    }
+}
+
+/// The emulator's launch table holds exactly the kernels the GPU loads (nvrtc::entry_points).
+#[test]
+fn emu_launch_table_has_every_kernel() {
+    let mut want: Vec<String> = edge_llm::cuda::nvrtc::PROGRAMS
+        .iter()
+        .flat_map(|p| edge_llm::cuda::nvrtc::entry_points(p))
+        .collect();
+    let mut got = emu::kernel_names();
+    want.sort();
+    got.sort();
+    assert_eq!(got, want);
+}
+
+/// Wrong argument lists, wild pointers and impossible launches are errors, not crashes.
+#[test]
+fn emu_bad_launches_are_errors() {
+    let d = Emu::new();
+    let x = up(&d, &[1.0f32; 64]);
+    let p = d.ptr(&x).addr;
+    let err = |r: anyhow::Result<()>| format!("{:#}", r.expect_err("the launch must fail"));
+    // el_cuda_add(float *x, const float *y, int64_t n)
+    let ok = [Arg::Ptr(p), Arg::Ptr(p), Arg::I64(64)];
+    d.launch("el_cuda_add", (1, 1, 1), 64, &ok).unwrap();
+    let e = err(d.launch("el_cuda_add", (1, 1, 1), 64, &ok[..2]));
+    assert!(e.contains("takes 3 arguments"), "{e}");
+    let e = err(d.launch(
+        "el_cuda_add",
+        (1, 1, 1),
+        64,
+        &[Arg::Ptr(p), Arg::Ptr(p), Arg::I32(64)],
+    ));
+    assert!(
+        e.contains("argument 2 is an int32") && e.contains("int64"),
+        "{e}"
+    );
+    let e = err(d.launch(
+        "el_cuda_add",
+        (1, 1, 1),
+        64,
+        &[Arg::Ptr(p), Arg::F32(1.0), Arg::I64(64)],
+    ));
+    assert!(e.contains("argument 1 is a float"), "{e}");
+    let e = err(d.launch(
+        "el_cuda_add",
+        (1, 1, 1),
+        64,
+        &[Arg::Ptr(p), Arg::Ptr(8), Arg::I64(64)],
+    ));
+    assert!(e.contains("points into no buffer"), "{e}");
+    let e = err(d.launch("el_cuda_nothing", (1, 1, 1), 64, &ok));
+    assert!(e.contains("does not exist"), "{e}");
+    let e = err(d.launch("el_cuda_add", (1, 1, 1), 2048, &ok));
+    assert!(e.contains("2048 threads"), "{e}");
+    let got = down(&d, &x, 64);
+    assert!(
+        got.iter().all(|&v| v == 2.0),
+        "the one good launch doubled x: {got:?}"
+    );
+}
+
+/// Where the C++ sources of the emulator are, and the flags build.rs compiles them with.
+fn emu_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("csrc/cuda/emu")
+}
+const EMU_FLAGS: &[&str] = &[
+    "-std=c++17",
+    "-ffp-contract=off",
+    "-fno-strict-aliasing",
+    "-Wno-unknown-pragmas",
+];
+
+/// Every launch of the checks above, replayed under AddressSanitizer with each buffer allocated
+/// to its exact size: a kernel touching a byte outside what the launch wrappers checked fails.
+#[test]
+fn emu_kernels_under_address_sanitizer() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cuda_emu_asan");
+    std::fs::create_dir_all(&dir).unwrap();
+    let bin = dir.join("el_emu_replay");
+    let src = emu_dir();
+    let out = std::process::Command::new("g++")
+        .args(EMU_FLAGS)
+        .args(["-O1", "-g", "-fsanitize=address", "-fno-omit-frame-pointer"])
+        .arg("-I")
+        .arg(src.parent().unwrap())
+        .arg(src.join("el_cuda_emu.cpp"))
+        .arg(src.join("el_emu_kernels.cpp"))
+        .arg(src.join("el_emu_replay.cpp"))
+        .arg("-o")
+        .arg(&bin)
+        .output();
+    let out = match out {
+        Ok(o) => o,
+        Err(e) if std::env::var("CI").as_deref() != Ok("true") => {
+            eprintln!("skipped: g++ does not run ({e})");
+            return;
+        }
+        Err(e) => panic!("g++ does not run: {e}"),
+    };
+    assert!(
+        out.status.success(),
+        "compiling the emulator with -fsanitize=address:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let trace = dir.join("launches.trace");
+    let d = Emu::new().with_trace(&trace).unwrap();
+    check_embedding_rows(&d);
+    check_quantizers(&d);
+    check_matmul(&d);
+    check_row_ops(&d);
+    check_attention(&d);
+    d.finish_trace().unwrap();
+    let run = std::process::Command::new(&bin)
+        .arg(&trace)
+        .env("ASAN_OPTIONS", "detect_leaks=0:abort_on_error=0")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        run.status.success() && !stderr.contains("AddressSanitizer"),
+        "the replay under ASan failed ({}):\n{stdout}\n{stderr}",
+        run.status
+    );
+    eprintln!("{}", stdout.trim());
+    let n: usize = stdout
+        .trim()
+        .strip_prefix("replayed ")
+        .and_then(|s| s.strip_suffix(" launches"))
+        .and_then(|s| s.parse().ok())
+        .expect("the replay's count line");
+    assert!(n > 200, "only {n} launches replayed");
+}
+
+// ---- On a GPU ---------------------------------------------------------------------------------
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_embedding_rows_dequantize_bit_identically() {
+    check_embedding_rows(gpu());
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_activation_quantizers_are_byte_identical() {
+    check_quantizers(gpu());
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_matmul_matches_the_c_reference_and_both_kernels_agree() {
+    check_matmul(gpu());
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_row_operations_match_the_c_reference() {
+    check_row_ops(gpu());
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_kv_write_and_paged_attention_match_the_c_reference() {
+    check_attention(gpu());
+}
+
+/// The GPU gives the same bits as the emulator wherever the kernels are exact (the rest
+/// differs only by libm: CUDA's exp/cos against glibc's).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_and_emulator_agree_bit_for_bit_on_the_exact_kernels() {
+    assert_eq!(
+        check_embedding_rows(gpu()),
+        check_embedding_rows(&Emu::new())
+    );
+    assert_eq!(check_quantizers(gpu()), check_quantizers(&Emu::new()));
+    assert_eq!(check_matmul(gpu()), check_matmul(&Emu::new()));
 }
 
 /// A batch of one sequence: `tokens` at positions start.., blocks 0.. in order.
@@ -435,7 +758,7 @@ fn argmax(v: &[f32]) -> usize {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn forward_pass_matches_the_cpu_and_copy_on_write_copies_blocks() {
+fn gpu_forward_pass_matches_the_cpu_and_copy_on_write_copies_blocks() {
     let model = support::model();
     let vocab = model.config.vocab_size;
     let bs = 16;

@@ -55,6 +55,11 @@ typedef unsigned long long uint64_t;
  * cvt.rn is IEEE round-to-nearest-even, as el_fp32_to_fp16 in csrc/el_internal.h; half -> float
  * is exact. */
 
+#ifdef EL_CUDA_EMU
+/* The CPU emulator (csrc/cuda/emu/): the C conversions of csrc/el_internal.h. */
+__device__ __forceinline__ float el_h2f(uint16_t h) { return el_emu_h2f(h); }
+__device__ __forceinline__ uint16_t el_f2h(float f) { return el_emu_f2h(f); }
+#else
 __device__ __forceinline__ float el_h2f(uint16_t h) {
     float f;
     asm("{ .reg .b16 t; mov.b16 t, %1; cvt.f32.f16 %0, t; }" : "=f"(f) : "h"(h));
@@ -66,6 +71,7 @@ __device__ __forceinline__ uint16_t el_f2h(float f) {
     asm("{ .reg .b16 t; cvt.rn.f16.f32 t, %1; mov.b16 %0, t; }" : "=h"(h) : "f"(f));
     return h;
 }
+#endif
 
 __device__ __forceinline__ float el_bf2f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
 

@@ -8,11 +8,13 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use cudarc::driver::{
-    result as drv, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
-    LaunchConfig, PushKernelArg, ValidAsZeroBits,
+    result as drv, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig,
+    PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 
+pub use super::launch::{Arg, DevPtr};
+use super::launch::{CudaDevice, Launch};
 use super::nvrtc;
 
 /// PTX compiled by build.rs with `nvcc` for compute_80 when the build machine had it.
@@ -75,49 +77,6 @@ pub fn probe() -> Result<String> {
         );
     }
     Ok(name)
-}
-
-/// A kernel argument: device pointers go as 64-bit addresses.
-#[derive(Clone, Copy, Debug)]
-pub enum Arg {
-    Ptr(u64),
-    I64(i64),
-    I32(i32),
-    F32(f32),
-}
-
-/// A device address and how many bytes from it belong to the buffer, for bounds checks.
-#[derive(Clone, Copy, Debug)]
-pub struct DevPtr {
-    pub addr: u64,
-    pub bytes: usize,
-}
-
-impl DevPtr {
-    /// The part of the buffer from `offset` bytes on.
-    pub fn offset(self, offset: usize) -> Result<DevPtr> {
-        if offset > self.bytes {
-            bail!(
-                "device buffer offset {offset} past its {} bytes",
-                self.bytes
-            );
-        }
-        Ok(DevPtr {
-            addr: self.addr + offset as u64,
-            bytes: self.bytes - offset,
-        })
-    }
-
-    /// Fails unless at least `bytes` bytes are there.
-    pub fn need(self, bytes: usize, what: &str) -> Result<u64> {
-        if bytes > self.bytes {
-            bail!(
-                "{what}: needs {bytes} bytes of a {}-byte device buffer",
-                self.bytes
-            );
-        }
-        Ok(self.addr)
-    }
 }
 
 /// One GPU with the kernels loaded.
@@ -202,15 +161,11 @@ impl Gpu {
             .bind_to_thread()
             .map_err(|e| anyhow::anyhow!("binding the CUDA context: {e:?}"))
     }
+}
 
+impl Launch for Gpu {
     /// Launches kernel `name` on the stream: `grid` blocks of `block` threads.
-    pub fn launch(
-        &self,
-        name: &str,
-        grid: (u32, u32, u32),
-        block: u32,
-        args: &[Arg],
-    ) -> Result<()> {
+    fn launch(&self, name: &str, grid: (u32, u32, u32), block: u32, args: &[Arg]) -> Result<()> {
         let f = self
             .functions
             .get(name)
@@ -240,65 +195,62 @@ impl Gpu {
         unsafe { b.launch(cfg) }.map_err(|e| anyhow::anyhow!("launching {name}: {e:?}"))?;
         Ok(())
     }
+}
 
-    /// A zeroed device buffer of `len` elements.
-    pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<CudaSlice<T>> {
-        self.stream.alloc_zeros(len.max(1)).map_err(|e| {
-            anyhow::anyhow!(
-                "allocating {} bytes on the GPU: {e:?}",
-                len * std::mem::size_of::<T>()
-            )
-        })
+impl CudaDevice for Gpu {
+    type Buf = CudaSlice<u8>;
+
+    fn device_name(&self) -> String {
+        self.name.clone()
     }
 
-    /// A device copy of `host`.
-    pub fn upload<T: DeviceRepr>(&self, host: &[T]) -> Result<CudaSlice<T>> {
-        if host.is_empty() {
-            return Err(anyhow::anyhow!("uploading an empty buffer"));
-        }
-        self.stream.clone_htod(host).map_err(|e| {
-            anyhow::anyhow!(
-                "copying {} bytes to the GPU: {e:?}",
-                std::mem::size_of_val(host)
-            )
-        })
+    fn alloc_zeroed(&self, bytes: usize) -> Result<CudaSlice<u8>> {
+        self.stream
+            .alloc_zeros(bytes.max(1))
+            .map_err(|e| anyhow::anyhow!("allocating {bytes} bytes on the GPU: {e:?}"))
     }
 
-    /// The first `len` elements of `buf`, after everything queued before has run.
-    pub fn download<T: DeviceRepr + Default + Clone>(
-        &self,
-        buf: &CudaSlice<T>,
-        len: usize,
-    ) -> Result<Vec<T>> {
-        if len > buf.len() {
+    fn upload_bytes(&self, bytes: &[u8]) -> Result<CudaSlice<u8>> {
+        self.stream
+            .clone_htod(bytes)
+            .map_err(|e| anyhow::anyhow!("copying {} bytes to the GPU: {e:?}", bytes.len()))
+    }
+
+    fn download_bytes(&self, buf: &CudaSlice<u8>, out: &mut [u8]) -> Result<()> {
+        if out.len() > buf.len() {
             bail!(
-                "downloading {len} elements of a {}-element buffer",
+                "downloading {} bytes of a {}-byte buffer",
+                out.len(),
                 buf.len()
             );
         }
-        let mut host = vec![T::default(); len];
-        if len > 0 {
+        if !out.is_empty() {
             self.stream
-                .memcpy_dtoh(&buf.slice(0..len), &mut host[..])
+                .memcpy_dtoh(&buf.slice(0..out.len()), out)
                 .map_err(|e| anyhow::anyhow!("copying from the GPU: {e:?}"))?;
         }
-        self.stream
-            .synchronize()
-            .map_err(|e| anyhow::anyhow!("waiting for the GPU: {e:?}"))?;
-        Ok(host)
+        self.synchronize()
     }
 
-    /// The address and size of `buf`.
-    pub fn ptr<T>(&self, buf: &CudaSlice<T>) -> DevPtr {
+    fn ptr(&self, buf: &CudaSlice<u8>) -> DevPtr {
         let (addr, _sync) = buf.device_ptr(&self.stream);
         DevPtr {
             addr,
-            bytes: buf.len() * std::mem::size_of::<T>(),
+            bytes: buf.len(),
         }
     }
 
-    /// Free and total device memory in bytes.
-    pub fn mem_info(&self) -> Result<(usize, usize)> {
+    fn bind(&self) -> Result<()> {
+        Gpu::bind(self)
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(|e| anyhow::anyhow!("waiting for the GPU: {e:?}"))
+    }
+
+    fn mem_info(&self) -> Result<(usize, usize)> {
         self.ctx
             .mem_get_info()
             .map_err(|e| anyhow::anyhow!("cuMemGetInfo: {e:?}"))

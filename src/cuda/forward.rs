@@ -1,5 +1,5 @@
-//! The forward pass on the GPU, step for step the one in `crate::model::forward` (embedding,
-//! then per layer RMSNorm, attention through the paged KV pool, residual, RMSNorm, gated
+//! The forward pass on a CUDA device (the GPU, or `super::emu::Emu` in the tests), step for step
+//! the one in `crate::model::forward` (embedding, then per layer RMSNorm, attention through the paged KV pool, residual, RMSNorm, gated
 //! feed-forward, residual; then the final norm and the logits of the rows that asked for them),
 //! with the same per-layer options (biases, QK-norm, post-norms, embedding scale, activation,
 //! each layer's rope and window, logit soft-cap). It takes the same [`Batch`]; the batch's
@@ -9,80 +9,79 @@
 //! (quantized), the KV pool (per layer, keys and values [num_blocks][block_size][kv_dim] f16,
 //! the CPU `KvCache`'s layout) and scratch buffers that grow to the largest batch seen.
 
-use anyhow::{bail, Context, Result};
-use cudarc::driver::CudaSlice;
-
-use super::device::{DevPtr, Gpu};
+use super::device::Gpu;
 use super::kernels::{self as k, DevAttentionBatch, MatmulKernel};
+use super::launch::{CudaDevice, DevPtr};
 use crate::gguf::GgufFile;
 use crate::kernels::AttentionShape;
 use crate::model::weights::{Linear, Matrix};
 use crate::model::{Batch, Model};
 use crate::tensor_type::TensorType;
+use anyhow::{bail, Context, Result};
 
 /// A weight matrix on the GPU, bytes as in the file.
-struct DevMatrix {
+struct DevMatrix<D: CudaDevice> {
     ttype: TensorType,
     n_in: usize,
     n_out: usize,
-    data: CudaSlice<u8>,
+    data: D::Buf,
 }
 
-struct DevLinear {
-    weight: DevMatrix,
-    bias: Option<CudaSlice<f32>>,
+struct DevLinear<D: CudaDevice> {
+    weight: DevMatrix<D>,
+    bias: Option<D::Buf>,
 }
 
-struct DevLayer {
-    attn_norm: CudaSlice<f32>,
-    wq: DevLinear,
-    wk: DevLinear,
-    wv: DevLinear,
-    attn_q_norm: Option<CudaSlice<f32>>,
-    attn_k_norm: Option<CudaSlice<f32>>,
-    wo: DevLinear,
-    attn_post_norm: Option<CudaSlice<f32>>,
-    ffn_norm: CudaSlice<f32>,
-    w_gate: DevMatrix,
-    w_up: DevMatrix,
-    w_down: DevMatrix,
-    ffn_post_norm: Option<CudaSlice<f32>>,
+struct DevLayer<D: CudaDevice> {
+    attn_norm: D::Buf,
+    wq: DevLinear<D>,
+    wk: DevLinear<D>,
+    wv: DevLinear<D>,
+    attn_q_norm: Option<D::Buf>,
+    attn_k_norm: Option<D::Buf>,
+    wo: DevLinear<D>,
+    attn_post_norm: Option<D::Buf>,
+    ffn_norm: D::Buf,
+    w_gate: DevMatrix<D>,
+    w_up: DevMatrix<D>,
+    w_down: DevMatrix<D>,
+    ffn_post_norm: Option<D::Buf>,
 }
 
 /// Activation buffers that grow with the batch: f32 [cap][width] each, plus one buffer of
 /// quantized rows per activation type met.
-struct Scratch {
+struct Scratch<D: CudaDevice> {
     cap: usize,
-    x: CudaSlice<f32>,
-    h: CudaSlice<f32>,
-    q: CudaSlice<f32>,
-    k: CudaSlice<f32>,
-    v: CudaSlice<f32>,
-    attn: CudaSlice<f32>,
-    proj: CudaSlice<f32>,
-    gate: CudaSlice<f32>,
-    up: CudaSlice<f32>,
-    last: CudaSlice<f32>,
-    logits: CudaSlice<f32>,
-    acts: Vec<(TensorType, CudaSlice<u8>)>,
+    x: D::Buf,
+    h: D::Buf,
+    q: D::Buf,
+    k: D::Buf,
+    v: D::Buf,
+    attn: D::Buf,
+    proj: D::Buf,
+    gate: D::Buf,
+    up: D::Buf,
+    last: D::Buf,
+    logits: D::Buf,
+    acts: Vec<(TensorType, D::Buf)>,
 }
 
 /// The model's weights and KV pool on one GPU.
-pub struct CudaModel {
-    gpu: Gpu,
-    token_embd: DevMatrix,
-    layers: Vec<DevLayer>,
-    output_norm: CudaSlice<f32>,
+pub struct CudaModel<D: CudaDevice = Gpu> {
+    gpu: D,
+    token_embd: DevMatrix<D>,
+    layers: Vec<DevLayer<D>>,
+    output_norm: D::Buf,
     /// None when the file ties the output projection to the token embedding.
-    output: Option<DevLinear>,
-    k_cache: Vec<CudaSlice<u16>>,
-    v_cache: Vec<CudaSlice<u16>>,
+    output: Option<DevLinear<D>>,
+    k_cache: Vec<D::Buf>,
+    v_cache: Vec<D::Buf>,
     block_size: usize,
     num_blocks: usize,
-    scratch: Option<Scratch>,
+    scratch: Option<Scratch<D>>,
 }
 
-fn upload_matrix(gpu: &Gpu, g: &GgufFile, m: &Matrix) -> Result<DevMatrix> {
+fn upload_matrix<D: CudaDevice>(gpu: &D, g: &GgufFile, m: &Matrix) -> Result<DevMatrix<D>> {
     let data = gpu
         .upload(m.bytes(g))
         .with_context(|| format!("uploading tensor '{}'", m.info.name))?;
@@ -94,21 +93,26 @@ fn upload_matrix(gpu: &Gpu, g: &GgufFile, m: &Matrix) -> Result<DevMatrix> {
     })
 }
 
-fn upload_linear(gpu: &Gpu, g: &GgufFile, l: &Linear) -> Result<DevLinear> {
+fn upload_linear<D: CudaDevice>(gpu: &D, g: &GgufFile, l: &Linear) -> Result<DevLinear<D>> {
     Ok(DevLinear {
         weight: upload_matrix(gpu, g, &l.weight)?,
         bias: l.bias.as_ref().map(|b| gpu.upload(b)).transpose()?,
     })
 }
 
-fn upload_opt(gpu: &Gpu, v: &Option<Vec<f32>>) -> Result<Option<CudaSlice<f32>>> {
+fn upload_opt<D: CudaDevice>(gpu: &D, v: &Option<Vec<f32>>) -> Result<Option<D::Buf>> {
     v.as_ref().map(|v| gpu.upload(v)).transpose()
 }
 
-impl CudaModel {
+impl<D: CudaDevice> CudaModel<D> {
     /// Uploads `model`'s weights to `gpu` and allocates a KV pool of `num_blocks` blocks of
     /// `block_size` tokens (the sizes the CPU `KvCache` would take).
-    pub fn new(gpu: Gpu, model: &Model, block_size: usize, num_blocks: usize) -> Result<CudaModel> {
+    pub fn new(
+        gpu: D,
+        model: &Model,
+        block_size: usize,
+        num_blocks: usize,
+    ) -> Result<CudaModel<D>> {
         let c = &model.config;
         let g: &GgufFile = &model.file;
         let w = &model.weights;
@@ -125,7 +129,7 @@ impl CudaModel {
                 kv_bytes as f64 / 1048576.0,
                 free as f64 / 1048576.0,
                 total as f64 / 1048576.0,
-                gpu.name
+                gpu.device_name()
             );
         }
         let token_embd = upload_matrix(&gpu, g, &w.token_embd)?;
@@ -179,7 +183,7 @@ impl CudaModel {
         })
     }
 
-    pub fn gpu(&self) -> &Gpu {
+    pub fn gpu(&self) -> &D {
         &self.gpu
     }
 
@@ -190,7 +194,7 @@ impl CudaModel {
     /// Copies KV block `src` onto `dst` in every layer, on the device (copy-on-write).
     pub fn copy_block(&mut self, src: u32, dst: u32) -> Result<()> {
         self.gpu.bind()?;
-        let kv_dim = self.k_cache[0].len() / (self.num_blocks * self.block_size);
+        let kv_dim = self.gpu.ptr(&self.k_cache[0]).bytes / 2 / (self.num_blocks * self.block_size);
         for cache in self.k_cache.iter().chain(self.v_cache.iter()) {
             k::copy_block(
                 &self.gpu,
@@ -417,9 +421,7 @@ impl CudaModel {
         // Final norm and logits, only for the rows that want them.
         let n_out = rows.len();
         if n_out == 0 {
-            gpu.stream
-                .synchronize()
-                .map_err(|e| anyhow::anyhow!("waiting for the GPU: {e:?}"))?;
+            gpu.synchronize()?;
             return Ok(Vec::new());
         }
         let d_rows = gpu.upload(&rows)?;
@@ -449,15 +451,15 @@ impl CudaModel {
 
 /// Activations quantized once per vec_dot type and reused by every matrix that reads the same
 /// input (q, k and v; gate and up), as the CPU forward's `Quantized` does.
-struct Acts<'a> {
-    bufs: &'a mut Vec<(TensorType, CudaSlice<u8>)>,
+struct Acts<'a, D: CudaDevice> {
+    bufs: &'a mut Vec<(TensorType, D::Buf)>,
     cap: usize,
     /// The input widths a row can have (n_embd, q_dim, n_ff), for sizing.
     widths: [usize; 3],
     valid: Vec<TensorType>,
 }
 
-impl Acts<'_> {
+impl<D: CudaDevice> Acts<'_, D> {
     fn invalidate(&mut self) {
         self.valid.clear();
     }
@@ -466,7 +468,7 @@ impl Acts<'_> {
     /// last `invalidate`. F32 weights read `x` itself.
     fn get(
         &mut self,
-        gpu: &Gpu,
+        gpu: &D,
         vdt: TensorType,
         x: DevPtr,
         n_rows: usize,
@@ -499,12 +501,12 @@ impl Acts<'_> {
 }
 
 /// `out = x @ m^T`: [n_rows][m.n_out].
-fn matmul(
-    gpu: &Gpu,
-    acts: &mut Acts,
+fn matmul<D: CudaDevice>(
+    gpu: &D,
+    acts: &mut Acts<D>,
     x: DevPtr,
     n_rows: usize,
-    m: &DevMatrix,
+    m: &DevMatrix<D>,
     out: DevPtr,
 ) -> Result<()> {
     let a = acts.get(gpu, m.ttype.vec_dot_type(), x, n_rows, m.n_in)?;
@@ -522,12 +524,12 @@ fn matmul(
 }
 
 /// `out = x @ l.weight^T + l.bias`: [n_rows][n_out].
-fn linear(
-    gpu: &Gpu,
-    acts: &mut Acts,
+fn linear<D: CudaDevice>(
+    gpu: &D,
+    acts: &mut Acts<D>,
     x: DevPtr,
     n_rows: usize,
-    l: &DevLinear,
+    l: &DevLinear<D>,
     out: DevPtr,
 ) -> Result<()> {
     matmul(gpu, acts, x, n_rows, &l.weight, out)?;

@@ -5,7 +5,7 @@
 
 use anyhow::{bail, Result};
 
-use super::device::{Arg, DevPtr, Gpu};
+use super::launch::{Arg, DevPtr, Launch};
 use crate::kernels::{Activation, AttentionShape, Rope, RopeStyle};
 use crate::tensor_type::TensorType;
 
@@ -46,7 +46,7 @@ fn row_bytes(t: TensorType, n: usize) -> Result<usize> {
 /// each < n_rows_w), dequantized and times `scale`, into `out` ([n_ids][n_in] f32).
 #[allow(clippy::too_many_arguments)]
 pub fn get_rows(
-    gpu: &Gpu,
+    gpu: &dyn Launch,
     t: TensorType,
     w: DevPtr,
     n_rows_w: usize,
@@ -81,7 +81,7 @@ pub fn get_rows(
 /// `y` = the rows of `x` ([n_rows][n_in] f32) quantized to the activation type `vdt` (Q8_0,
 /// Q8_1, Q8_K, F16 or BF16), byte for byte as `crate::kernels::quantize_rows` makes them.
 pub fn quantize(
-    gpu: &Gpu,
+    gpu: &dyn Launch,
     vdt: TensorType,
     x: DevPtr,
     n_rows: usize,
@@ -146,7 +146,7 @@ pub enum MatmulKernel {
 /// `t.vec_dot_type()` (F32 weights take the f32 rows themselves), `out` [n_rows][n_out] f32.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul(
-    gpu: &Gpu,
+    gpu: &dyn Launch,
     t: TensorType,
     w: DevPtr,
     a: DevPtr,
@@ -198,7 +198,7 @@ pub fn matmul(
 
 /// RMSNorm of `n_rows` rows of `n` from `x` into `y` (which may be `x`), weight `w` [n].
 pub fn rms_norm(
-    gpu: &Gpu,
+    gpu: &dyn Launch,
     x: DevPtr,
     w: DevPtr,
     y: DevPtr,
@@ -220,7 +220,7 @@ pub fn rms_norm(
 
 /// RoPE in place on `x` ([n_tokens][n_heads][head_dim]) at the positions `pos` (int32 [n_tokens]).
 pub fn rope(
-    gpu: &Gpu,
+    gpu: &dyn Launch,
     x: DevPtr,
     pos: DevPtr,
     n_tokens: usize,
@@ -248,7 +248,7 @@ pub fn rope(
 }
 
 /// `gate[i] = act(gate[i]) * up[i]` over `n` elements.
-pub fn glu(gpu: &Gpu, gate: DevPtr, up: DevPtr, n: usize, act: Activation) -> Result<()> {
+pub fn glu(gpu: &dyn Launch, gate: DevPtr, up: DevPtr, n: usize, act: Activation) -> Result<()> {
     let name = match act {
         Activation::SwiGlu => "el_cuda_swiglu",
         Activation::GeGlu => "el_cuda_geglu",
@@ -271,7 +271,7 @@ pub fn glu(gpu: &Gpu, gate: DevPtr, up: DevPtr, n: usize, act: Activation) -> Re
 /// `slots` (int64 [n_tokens]; the caller checked each is < num_slots).
 #[allow(clippy::too_many_arguments)]
 pub fn kv_write(
-    gpu: &Gpu,
+    gpu: &dyn Launch,
     k: DevPtr,
     v: DevPtr,
     k_cache: DevPtr,
@@ -307,7 +307,7 @@ pub struct DevAttentionBatch {
 /// Paged attention of every (token, head); `q` and `out` [n_tokens][n_heads][head_dim].
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention(
-    gpu: &Gpu,
+    gpu: &dyn Launch,
     out: DevPtr,
     q: DevPtr,
     k_cache: DevPtr,
@@ -358,7 +358,7 @@ pub fn paged_attention(
 }
 
 /// `x[i] += y[i]` over `n`.
-pub fn add(gpu: &Gpu, x: DevPtr, y: DevPtr, n: usize) -> Result<()> {
+pub fn add(gpu: &dyn Launch, x: DevPtr, y: DevPtr, n: usize) -> Result<()> {
     gpu.launch(
         "el_cuda_add",
         (blocks(n, 256), 1, 1),
@@ -372,7 +372,7 @@ pub fn add(gpu: &Gpu, x: DevPtr, y: DevPtr, n: usize) -> Result<()> {
 }
 
 /// `x[r][i] += bias[i]` for `n_rows` rows of `n`.
-pub fn add_bias(gpu: &Gpu, x: DevPtr, bias: DevPtr, n_rows: usize, n: usize) -> Result<()> {
+pub fn add_bias(gpu: &dyn Launch, x: DevPtr, bias: DevPtr, n_rows: usize, n: usize) -> Result<()> {
     let args = [
         Arg::Ptr(x.need(n_rows * n * F32, "bias x")?),
         Arg::Ptr(bias.need(n * F32, "bias")?),
@@ -388,7 +388,7 @@ pub fn add_bias(gpu: &Gpu, x: DevPtr, bias: DevPtr, n_rows: usize, n: usize) -> 
 }
 
 /// `x = cap * tanh(x / cap)` over `n`.
-pub fn softcap(gpu: &Gpu, x: DevPtr, n: usize, cap: f32) -> Result<()> {
+pub fn softcap(gpu: &dyn Launch, x: DevPtr, n: usize, cap: f32) -> Result<()> {
     gpu.launch(
         "el_cuda_softcap",
         (blocks(n, 256), 1, 1),
@@ -403,7 +403,7 @@ pub fn softcap(gpu: &Gpu, x: DevPtr, n: usize, cap: f32) -> Result<()> {
 
 /// `out[i] = x[rows[i]]` for rows of `n` (`rows`: int32 [n_rows], each < x_rows).
 pub fn gather_rows(
-    gpu: &Gpu,
+    gpu: &dyn Launch,
     x: DevPtr,
     x_rows: usize,
     rows: DevPtr,
@@ -423,7 +423,7 @@ pub fn gather_rows(
 
 /// Block `src` onto block `dst` of one layer's keys or values ([num_blocks][block_elems] f16).
 pub fn copy_block(
-    gpu: &Gpu,
+    gpu: &dyn Launch,
     cache: DevPtr,
     num_blocks: usize,
     block_elems: usize,
