@@ -13,6 +13,7 @@ pub mod generate;
 pub mod gguf;
 pub mod kernels;
 pub mod kv_cache;
+pub mod kv_events;
 pub mod model;
 pub mod perplexity;
 pub mod sampler;

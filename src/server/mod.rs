@@ -7,6 +7,7 @@
 //! - `routes`: the handlers; `response` and `stream`: whole and streamed OpenAI bodies.
 //! - `middleware`: the log line, the API-key guard, 404/405; `error`: OpenAI-style errors.
 //! - `metrics`: Prometheus text.
+//! - `router_api`: `/render`, `/get_load` and vLLM's gauges, for routers in front of workers.
 //!
 //! Called by the CLI (`Command::Serve`).
 
@@ -15,6 +16,7 @@ mod metrics;
 mod middleware;
 mod params;
 mod response;
+mod router_api;
 mod routes;
 mod stream;
 
@@ -32,6 +34,7 @@ use clap::Args;
 use crate::chat_template::ChatTemplate;
 use crate::cli::{EngineArgs, ModelArgs, ThreadArgs};
 use crate::engine::EngineHandle;
+use crate::kv_events::KvEventPublisher;
 
 pub use error::ApiError;
 
@@ -62,6 +65,16 @@ pub struct ServeArgs {
     /// The model id reported by /v1/models and in responses [default: the file's stem]
     #[arg(long)]
     pub alias: Option<String>,
+    /// Publish KV cache events (vLLM's format) on a ZMQ PUB socket bound at tcp://HOST:PORT
+    /// (or PORT: 127.0.0.1), for prefix-aware routers such as vllm-router's kv_aware
+    #[arg(long = "kv-events", value_name = "ENDPOINT")]
+    pub kv_events: Option<String>,
+    /// Also answer replay requests for missed KV events on a ZMQ ROUTER socket at tcp://HOST:PORT
+    #[arg(long = "kv-events-replay", value_name = "ENDPOINT", requires = "kv_events")]
+    pub kv_events_replay: Option<String>,
+    /// The topic (first frame) of every KV event message
+    #[arg(long = "kv-events-topic", default_value = "", requires = "kv_events")]
+    pub kv_events_topic: String,
 }
 
 /// The environment variable read when --api-key is not given.
@@ -79,6 +92,8 @@ pub struct AppState {
     pub created: u64,
     /// Distinguishes response ids across restarts.
     pub instance: u64,
+    /// The KV event publisher (`--kv-events`), for its counters.
+    pub kv_events: Option<Arc<KvEventPublisher>>,
 }
 
 /// Every route, behind the log line, the API-key guard and the body limit.
@@ -91,6 +106,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models/{id}", get(model))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions/render", post(router_api::render_completions))
+        .route("/v1/chat/completions/render", post(router_api::render_chat))
+        .route("/get_load", get(router_api::get_load))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         // llama-server's paths without the /v1 prefix.
@@ -144,7 +162,29 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "model".into()),
     };
-    let engine = args.engine.start(model, true)?;
+    // The publisher binds first: the engine's first event (AllBlocksCleared) goes to it.
+    let kv_events = match &args.kv_events {
+        Some(endpoint) => {
+            let p = crate::kv_events::start(crate::kv_events::KvEventsConfig {
+                endpoint: endpoint.clone(),
+                replay_endpoint: args.kv_events_replay.clone(),
+                topic: args.kv_events_topic.clone(),
+                block_size: args.engine.block_size,
+            })?;
+            eprintln!(
+                "edge-llm serve: KV events on {}{}",
+                p.endpoint,
+                p.replay_endpoint
+                    .as_ref()
+                    .map(|r| format!(" (replay on {r})"))
+                    .unwrap_or_default()
+            );
+            Some(Arc::new(p))
+        }
+        None => None,
+    };
+    let sink = kv_events.as_ref().map(|p| p.sink.clone());
+    let engine = args.engine.start_with_events(model, true, sink)?;
     let created = unix_now();
     let state = Arc::new(AppState {
         engine,
@@ -154,6 +194,7 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         max_body_bytes: args.max_body_bytes,
         created,
         instance: random_seed() & 0xffff_ffff,
+        kv_events,
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
