@@ -96,7 +96,7 @@ mod tests {
 
     #[test]
     fn a_full_queue_drops_and_counts() {
-        let (sink, rx) = KvEventSink::new(1);
+        let (sink, mut rx) = KvEventSink::new(1);
         sink.send(vec![KvCacheEvent::AllBlocksCleared]);
         sink.send(vec![KvCacheEvent::AllBlocksCleared]);
         sink.send(vec![]); // nothing to send: not a drop

@@ -65,7 +65,7 @@ fn load_of_rank(state: &AppState, m: &Metrics) -> Value {
         "num_reqs": m.num_running + m.num_waiting,
         "num_waiting_reqs": m.num_waiting,
         "num_tokens": used_tokens,
-        "num_pending_tokens": m.blocks_total * block_size - used_tokens,
+        "num_pending_tokens": (state.engine.config.num_blocks * block_size).saturating_sub(used_tokens),
     })
 }
 
@@ -91,11 +91,9 @@ pub fn worker_metrics(state: &AppState, m: &Metrics) -> String {
         &labels,
         m.num_waiting as f64,
     );
-    let usage = if m.blocks_total == 0 {
-        0.0
-    } else {
-        m.blocks_used as f64 / m.blocks_total as f64
-    };
+    // The pool's size from the configuration: the engine reports its counters only once it ran.
+    let num_blocks = state.engine.config.num_blocks;
+    let usage = m.blocks_used as f64 / num_blocks.max(1) as f64;
     gauge(
         "vllm:kv_cache_usage_perc",
         "Fraction of KV blocks in use, 0 to 1 (vLLM's name).",
@@ -107,7 +105,7 @@ pub fn worker_metrics(state: &AppState, m: &Metrics) -> String {
         "The KV cache configuration, in labels (vLLM's name).",
         &format!(
             "{{model_name=\"{model}\",block_size=\"{}\",num_gpu_blocks=\"{}\",enable_prefix_caching=\"True\"}}",
-            state.engine.config.block_size, m.blocks_total
+            state.engine.config.block_size, num_blocks
         ),
         1.0,
     );
