@@ -296,7 +296,7 @@ fn workload(label: &str, router: &str, workers: &[&Worker], round: usize) -> Out
         .map(|i| {
             json!([
                 {"role": "system", "content": system_prompt(i % 4)},
-                {"role": "user", "content": format!("Round {round}, question {i}: name a colour.")}
+                {"role": "user", "content": question(round, i)}
             ])
         })
         .collect();

@@ -81,7 +81,10 @@ impl Proc {
             return;
         }
         let group = format!("-{}", self.child.id());
-        let _ = Command::new("kill").args(["-TERM", "--", &group]).status();
+        let _ = Command::new("kill")
+            .args(["-TERM", "--", &group])
+            .stderr(Stdio::null())
+            .status();
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(3) {
             if matches!(self.child.try_wait(), Ok(Some(_))) {
@@ -89,7 +92,10 @@ impl Proc {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &group])
+            .stderr(Stdio::null())
+            .status();
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -208,14 +214,14 @@ pub fn wait_until(what: &str, secs: u64, mut cond: impl FnMut() -> bool) {
     }
 }
 
-/// A 400-token system prompt, one of four distinct ones (`i` in 0..4).
-pub fn system_prompt(i: usize) -> String {
+/// `n` words drawn from a small list by a generator seeded with `seed`.
+fn words(seed: u64, n: usize) -> String {
     const WORDS: [&str; 16] = [
         "alpha", "beta", "gamma", "delta", "river", "stone", "cloud", "maple", "orbit", "pixel",
         "harbor", "lantern", "velvet", "quartz", "meadow", "ember",
     ];
-    let mut x = 0x9E37_79B9_7F4A_7C15u64.wrapping_mul(i as u64 + 1);
-    let words: Vec<&str> = (0..380)
+    let mut x = 0x9E37_79B9_7F4A_7C15u64.wrapping_mul(seed + 1);
+    let out: Vec<&str> = (0..n)
         .map(|_| {
             x ^= x << 13;
             x ^= x >> 7;
@@ -223,7 +229,24 @@ pub fn system_prompt(i: usize) -> String {
             WORDS[(x % 16) as usize]
         })
         .collect();
-    format!("You are assistant number {i}. Keep these words in mind: {}", words.join(" "))
+    out.join(" ")
+}
+
+/// A 400-token system prompt, one of four distinct ones (`i` in 0..4).
+pub fn system_prompt(i: usize) -> String {
+    format!(
+        "You are assistant number {i}. Keep these words in mind: {}",
+        words(i as u64, 380)
+    )
+}
+
+/// A user question of about 100 tokens, distinct for each (`round`, `i`): what a follow-up
+/// shares only with its own first turn.
+pub fn question(round: usize, i: usize) -> String {
+    format!(
+        "Round {round}, question {i}. Here are my notes: {}. Which word comes first?",
+        words(1000 + 100 * round as u64 + i as u64, 90)
+    )
 }
 
 pub fn chat_body(messages: Value) -> Value {
