@@ -461,7 +461,13 @@ fn vllm_router_keeps_follow_ups_on_the_worker_holding_their_prefix() {
             assert_eq!(again.follow_ups_hit, 8, "after a restart");
         }
         if policy == "cache_aware" {
-            eprintln!("cache_aware: missing_tokens decisions {}", missing());
+            // It asked every worker's /render for the token ids and got them each time.
+            assert_eq!(missing(), 0.0, "cache_aware lacked token ids: {decisions:?}");
+            assert!(
+                metric_matching(m, "vllm_router_prefix_routing_decisions_total", "prefix_hit")
+                    >= 8.0,
+                "{decisions:?}"
+            );
         }
         results.push((policy, outcome));
     }

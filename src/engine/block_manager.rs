@@ -104,6 +104,12 @@ impl BlockManager {
         self.events.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
+    /// The hashes the prefix cache can serve now (what KV events have announced and not
+    /// removed).
+    pub fn cached_hashes(&self) -> impl Iterator<Item = BlockHash> + '_ {
+        self.cached.keys().copied()
+    }
+
     pub fn num_blocks(&self) -> usize {
         self.blocks.len()
     }
