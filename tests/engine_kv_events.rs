@@ -100,7 +100,9 @@ fn replayed_events_equal_the_cache_contents() {
             // A prompt from a few shared prefixes, so hits and duplicates happen.
             let prefix = next(3) as u32;
             let len = 2 + next(20) as usize;
-            let tokens: Vec<u32> = (0..len as u32).map(|i| prefix * 1000 + i % (4 + prefix)).collect();
+            let tokens: Vec<u32> = (0..len as u32)
+                .map(|i| prefix * 1000 + i % (4 + prefix))
+                .collect();
             let mut table = m.match_prefix(&tokens);
             let computed = table.len() * bs;
             if m.allocate(&mut table, computed, len).is_some() {
@@ -116,7 +118,11 @@ fn replayed_events_equal_the_cache_contents() {
         }
         for e in m.take_events() {
             match e {
-                KvCacheEvent::BlockStored { block_hashes, token_ids, .. } => {
+                KvCacheEvent::BlockStored {
+                    block_hashes,
+                    token_ids,
+                    ..
+                } => {
                     assert_eq!(token_ids.len(), block_hashes.len() * bs);
                     for h in block_hashes {
                         num_stored += 1;
@@ -139,5 +145,8 @@ fn replayed_events_equal_the_cache_contents() {
         m.check_invariants(refs).unwrap();
     }
     // The run stored and evicted plenty (it is not vacuous).
-    assert!(num_stored > 100 && num_removed > 50, "{num_stored} stored, {num_removed} removed");
+    assert!(
+        num_stored > 100 && num_removed > 50,
+        "{num_stored} stored, {num_removed} removed"
+    );
 }

@@ -12,10 +12,10 @@
 //! The routers come from PyPI into `.routers/` (scripts/test.sh); under CI=true a missing router
 //! is a failure. Every process is killed on drop (its whole process group).
 
-#[path = "server/harness.rs"]
-mod harness;
 #[path = "routers/cluster.rs"]
 mod cluster;
+#[path = "server/harness.rs"]
+mod harness;
 
 use std::time::{Duration, Instant};
 
@@ -154,10 +154,17 @@ fn kv_events_carry_the_rendered_tokens_and_replay_from_zero() {
     let ids: Vec<u64> = u64s(&render["token_ids"]);
     let (status, tokenized) = server.post("/tokenize", &json!({"messages": body["messages"]}));
     assert_eq!(status, 200);
-    assert_eq!(u64s(&tokenized["tokens"]), ids, "/render and /tokenize differ");
+    assert_eq!(
+        u64s(&tokenized["tokens"]),
+        ids,
+        "/render and /tokenize differ"
+    );
     let (status, reply) = server.post("/v1/chat/completions", &body);
     assert_eq!(status, 200, "{reply}");
-    assert_eq!(reply["usage"]["prompt_tokens"].as_u64(), Some(ids.len() as u64));
+    assert_eq!(
+        reply["usage"]["prompt_tokens"].as_u64(),
+        Some(ids.len() as u64)
+    );
 
     // The request's blocks, as the subscriber hears them.
     let stored: Vec<KvMessage> = rt.block_on(async {
@@ -186,7 +193,11 @@ fn kv_events_carry_the_rendered_tokens_and_replay_from_zero() {
     let tokens = u64s(&e["token_ids"]);
     assert_eq!(tokens.len(), hashes.len() * 16);
     assert_eq!(hashes.len(), ids.len() / 16, "every full prompt block");
-    assert_eq!(tokens[..], ids[..tokens.len()], "the stored tokens are the rendered ones");
+    assert_eq!(
+        tokens[..],
+        ids[..tokens.len()],
+        "the stored tokens are the rendered ones"
+    );
 
     // Completions render the same way: the prompt text of a completions request.
     let (status, rendered) = server.post(
@@ -199,7 +210,10 @@ fn kv_events_carry_the_rendered_tokens_and_replay_from_zero() {
         "/v1/completions",
         &json!({"prompt": "The capital of France is", "max_tokens": 1}),
     );
-    assert_eq!(done["usage"]["prompt_tokens"].as_u64(), Some(cids.len() as u64));
+    assert_eq!(
+        done["usage"]["prompt_tokens"].as_u64(),
+        Some(cids.len() as u64)
+    );
     // Bad bodies: a 400 naming the field, and the server goes on.
     let (status, err) = server.post("/v1/chat/completions/render", &json!({"messages": 3}));
     assert_eq!(status, 400, "{err}");
@@ -231,7 +245,10 @@ fn kv_events_carry_the_rendered_tokens_and_replay_from_zero() {
             }
         }
     });
-    assert!(!removed.is_empty(), "32 blocks held four prompts without an eviction");
+    assert!(
+        !removed.is_empty(),
+        "32 blocks held four prompts without an eviction"
+    );
     for h in &removed {
         assert!(all_stored.contains(h), "removed hash {h} was never stored");
     }
@@ -312,7 +329,10 @@ fn workload(label: &str, router: &str, workers: &[&Worker], round: usize) -> Out
             Value::Array(m)
         })
         .collect();
-    let replies = concurrently(follow.iter().map(|m| chat_body(m.clone())).collect(), router);
+    let replies = concurrently(
+        follow.iter().map(|m| chat_body(m.clone())).collect(),
+        router,
+    );
     let elapsed = start.elapsed().as_secs_f64();
     let (l2, h2) = (sum_metric(workers, lookups), sum_metric(workers, hits));
     let mut on_their_worker = 0;
@@ -365,15 +385,23 @@ fn start_vllm_router(bin: &std::path::Path, policy: &str, workers: &[&Worker]) -
     let prom = free_port();
     let mut cmd = std::process::Command::new(bin);
     cmd.args(["--host", "127.0.0.1", "--port", &port.to_string()])
-        .args(["--prometheus-host", "127.0.0.1", "--prometheus-port", &prom.to_string()])
+        .args([
+            "--prometheus-host",
+            "127.0.0.1",
+            "--prometheus-port",
+            &prom.to_string(),
+        ])
         .args(["--policy", policy, "--worker-startup-check-interval", "1"])
         .arg("--worker-urls")
         .args(workers.iter().map(|w| w.url()));
     if policy == "kv_aware" {
         cmd.args(["--kv-event-block-size", "16", "--kv-event-model", MODEL_ID]);
         for w in workers {
-            cmd.arg("--kv-event-source")
-                .arg(format!("{}=tcp://127.0.0.1:{}", w.url(), w.events_port));
+            cmd.arg("--kv-event-source").arg(format!(
+                "{}=tcp://127.0.0.1:{}",
+                w.url(),
+                w.events_port
+            ));
         }
     }
     let router = Router {
@@ -420,14 +448,21 @@ fn vllm_router_keeps_follow_ups_on_the_worker_holding_their_prefix() {
         let m = &router.metrics_addr;
         let kv_hits = || metric_matching(m, "vllm_router_kv_placement_lookups_total", "\"hit\"");
         let missing = || {
-            metric_matching(m, "vllm_router_prefix_routing_decisions_total", "missing_tokens")
+            metric_matching(
+                m,
+                "vllm_router_prefix_routing_decisions_total",
+                "missing_tokens",
+            )
         };
         let kv_hits0 = kv_hits();
         let outcome = workload(policy, &router.addr, &[&w1, &w2], 0);
         let (_, text) = get(m, "/metrics");
         let decisions: Vec<&str> = text
             .lines()
-            .filter(|l| l.starts_with("vllm_router_prefix_routing_decisions_total") || l.starts_with("vllm_router_kv_placement_lookups_total"))
+            .filter(|l| {
+                l.starts_with("vllm_router_prefix_routing_decisions_total")
+                    || l.starts_with("vllm_router_kv_placement_lookups_total")
+            })
             .collect();
         eprintln!("{policy}: router metrics {decisions:?}");
         if policy != "round_robin" {
@@ -435,7 +470,10 @@ fn vllm_router_keeps_follow_ups_on_the_worker_holding_their_prefix() {
                 outcome.follow_ups_on_their_worker, 8,
                 "{policy}: a follow-up left the worker holding its prefix"
             );
-            assert_eq!(outcome.follow_ups_hit, 8, "{policy}: a follow-up missed its prefix");
+            assert_eq!(
+                outcome.follow_ups_hit, 8,
+                "{policy}: a follow-up missed its prefix"
+            );
             assert!(
                 outcome.hit_rate_follow_ups >= 0.8,
                 "{policy}: follow-up prefix hit rate {:.3} < 0.8",
@@ -462,10 +500,17 @@ fn vllm_router_keeps_follow_ups_on_the_worker_holding_their_prefix() {
         }
         if policy == "cache_aware" {
             // It asked every worker's /render for the token ids and got them each time.
-            assert_eq!(missing(), 0.0, "cache_aware lacked token ids: {decisions:?}");
+            assert_eq!(
+                missing(),
+                0.0,
+                "cache_aware lacked token ids: {decisions:?}"
+            );
             assert!(
-                metric_matching(m, "vllm_router_prefix_routing_decisions_total", "prefix_hit")
-                    >= 8.0,
+                metric_matching(
+                    m,
+                    "vllm_router_prefix_routing_decisions_total",
+                    "prefix_hit"
+                ) >= 8.0,
                 "{decisions:?}"
             );
         }
@@ -494,8 +539,18 @@ fn sglang_router_cache_aware_smoke() {
     let mut cmd = std::process::Command::new(bin);
     cmd.arg("launch")
         .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-        .args(["--prometheus-host", "127.0.0.1", "--prometheus-port", &prom.to_string()])
-        .args(["--policy", "cache_aware", "--worker-startup-check-interval", "1"])
+        .args([
+            "--prometheus-host",
+            "127.0.0.1",
+            "--prometheus-port",
+            &prom.to_string(),
+        ])
+        .args([
+            "--policy",
+            "cache_aware",
+            "--worker-startup-check-interval",
+            "1",
+        ])
         .arg("--worker-urls")
         .args([w1.url(), w2.url()]);
     let router = Router {

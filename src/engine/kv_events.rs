@@ -121,9 +121,6 @@ mod tests {
             stored.clone(),
             removed(vec![4]),
         ]);
-        assert_eq!(
-            out,
-            vec![removed(vec![1, 2, 3]), stored, removed(vec![4])]
-        );
+        assert_eq!(out, vec![removed(vec![1, 2, 3]), stored, removed(vec![4])]);
     }
 }

@@ -248,9 +248,7 @@ impl Publisher {
 }
 
 /// The next replay request, or never when there is no replay socket.
-async fn recv_or_wait(
-    router: &mut Option<zeromq::RouterSocket>,
-) -> zeromq::ZmqResult<ZmqMessage> {
+async fn recv_or_wait(router: &mut Option<zeromq::RouterSocket>) -> zeromq::ZmqResult<ZmqMessage> {
     match router {
         Some(socket) => socket.recv().await,
         None => std::future::pending().await,
@@ -269,7 +267,14 @@ mod tests {
         assert_eq!(p("tcp://localhost:1").unwrap(), "tcp://127.0.0.1:1");
         assert_eq!(p("tcp://0.0.0.0:9").unwrap(), "tcp://0.0.0.0:9");
         assert_eq!(p("tcp://[::1]:9").unwrap(), "tcp://[::1]:9");
-        for bad in ["", "udp://1.2.3.4:5", "tcp://1.2.3.4", "tcp://1.2.3.4:x", "tcp://host:5", "70000"] {
+        for bad in [
+            "",
+            "udp://1.2.3.4:5",
+            "tcp://1.2.3.4",
+            "tcp://1.2.3.4:x",
+            "tcp://host:5",
+            "70000",
+        ] {
             let e = p(bad).unwrap_err().to_string();
             assert!(e.contains("--kv-events"), "{bad}: {e}");
         }

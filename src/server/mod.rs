@@ -70,7 +70,11 @@ pub struct ServeArgs {
     #[arg(long = "kv-events", value_name = "ENDPOINT")]
     pub kv_events: Option<String>,
     /// Also answer replay requests for missed KV events on a ZMQ ROUTER socket at tcp://HOST:PORT
-    #[arg(long = "kv-events-replay", value_name = "ENDPOINT", requires = "kv_events")]
+    #[arg(
+        long = "kv-events-replay",
+        value_name = "ENDPOINT",
+        requires = "kv_events"
+    )]
     pub kv_events_replay: Option<String>,
     /// The topic (first frame) of every KV event message
     #[arg(long = "kv-events-topic", default_value = "", requires = "kv_events")]
@@ -106,7 +110,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models/{id}", get(model))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
-        .route("/v1/completions/render", post(router_api::render_completions))
+        .route(
+            "/v1/completions/render",
+            post(router_api::render_completions),
+        )
         .route("/v1/chat/completions/render", post(router_api::render_chat))
         .route("/get_load", get(router_api::get_load))
         .route("/tokenize", post(tokenize))

@@ -33,10 +33,7 @@ pub async fn render_chat(State(state): Shared, body: Body) -> Result<Json<Value>
 
 /// `POST /v1/completions/render`: `[{"token_ids": [...]}]` for a completions request body
 /// (a list, one entry per prompt, as vLLM answers).
-pub async fn render_completions(
-    State(state): Shared,
-    body: Body,
-) -> Result<Json<Value>, ApiError> {
+pub async fn render_completions(State(state): Shared, body: Body) -> Result<Json<Value>, ApiError> {
     let map = params::json_object(body, state.max_body_bytes)?;
     let ids = completion_prompt_ids(&state, &Fields(&map))?;
     Ok(Json(

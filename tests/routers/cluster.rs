@@ -26,9 +26,15 @@ pub fn router_bin(name: &str) -> Option<PathBuf> {
         .join(name);
     let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(MODEL_FILE);
     let missing = if !p.is_file() {
-        format!("{} is missing (scripts/test.sh installs the routers from PyPI)", p.display())
+        format!(
+            "{} is missing (scripts/test.sh installs the routers from PyPI)",
+            p.display()
+        )
     } else if !model.is_file() {
-        format!("{} is missing (run scripts/fetch-model.sh)", model.display())
+        format!(
+            "{} is missing (run scripts/fetch-model.sh)",
+            model.display()
+        )
     } else {
         return Some(p);
     };
