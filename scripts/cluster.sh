@@ -58,6 +58,8 @@ wait_http() { # URL SECONDS
   echo "error: $1 did not answer within $2 s (logs in $LOGS)" >&2; exit 1
 }
 URLS=() SOURCES=()
+LOAD_FORMAT=vllm   # the shape of /get_load each router's power_of_two reads
+[ "$ROUTER" = sglang ] && LOAD_FORMAT=sglang
 for i in $(seq 0 $((WORKERS - 1))); do
   port=$((WORKER_PORT + i))
   events=()
@@ -66,7 +68,7 @@ for i in $(seq 0 $((WORKERS - 1))); do
     SOURCES+=(--kv-event-source "http://127.0.0.1:$port=tcp://127.0.0.1:$((port + 1000))")
   fi
   setsid "$BIN" serve -m "$MODEL" --host 127.0.0.1 --port "$port" -t "$THREADS" \
-    "${events[@]}" "${EXTRA[@]}" >"$LOGS/worker-$port.log" 2>&1 &
+    --load-format "$LOAD_FORMAT" "${events[@]}" "${EXTRA[@]}" >"$LOGS/worker-$port.log" 2>&1 &
   PIDS+=($!)
   URLS+=("http://127.0.0.1:$port")
 done

@@ -37,6 +37,7 @@ use crate::engine::EngineHandle;
 use crate::kv_events::KvEventPublisher;
 
 pub use error::ApiError;
+pub use router_api::LoadFormat;
 
 /// Flags of `serve`.
 #[derive(Args, Debug)]
@@ -76,6 +77,10 @@ pub struct ServeArgs {
         requires = "kv_events"
     )]
     pub kv_events_replay: Option<String>,
+    /// The shape of GET /get_load: vllm (vllm-router's `{"load": N, ...}`) or sglang
+    /// (sglang-router's `[{"dp_rank": 0, "num_tokens": N, ...}]`)
+    #[arg(long = "load-format", value_enum, default_value = "vllm")]
+    pub load_format: LoadFormat,
     /// The topic (first frame) of every KV event message
     #[arg(long = "kv-events-topic", default_value = "", requires = "kv_events")]
     pub kv_events_topic: String,
@@ -96,6 +101,8 @@ pub struct AppState {
     pub created: u64,
     /// Distinguishes response ids across restarts.
     pub instance: u64,
+    /// The shape `/get_load` answers in (`--load-format`).
+    pub load_format: LoadFormat,
     /// The KV event publisher (`--kv-events`), for its counters.
     pub kv_events: Option<Arc<KvEventPublisher>>,
 }
@@ -201,6 +208,7 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         max_body_bytes: args.max_body_bytes,
         created,
         instance: random_seed() & 0xffff_ffff,
+        load_format: args.load_format,
         kv_events,
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -41,16 +41,29 @@ pub async fn render_completions(State(state): Shared, body: Body) -> Result<Json
     ))
 }
 
-/// `GET /get_load`: the load as routers poll it. vllm-router's `power_of_two` reads `load`
-/// (requests in flight); SGLang's fields (`num_reqs`, `num_waiting_reqs`, `num_tokens`: KV
-/// tokens in use) sit beside it, and `dp_ranks` holds them in SGLang's list shape.
+/// The two shapes routers poll `/get_load` in (they send no header telling them apart).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LoadFormat {
+    /// vllm-router's `power_of_two` reads `load` from an object.
+    Vllm,
+    /// sglang-router's reads a list of per-rank entries (`num_tokens`, `num_reqs`, ...).
+    Sglang,
+}
+
+/// `GET /get_load`: with `--load-format vllm` (the default) `{"load": requests in flight,
+/// "num_reqs", "num_waiting_reqs", "num_tokens", "num_pending_tokens", "dp_rank"}`; with
+/// `sglang`, SGLang's list of those entries (one: data-parallel rank 0).
 pub async fn get_load(State(state): Shared) -> Json<Value> {
     let m = state.engine.metrics().unwrap_or_default();
     let rank = load_of_rank(&state, &m);
-    let mut body = rank.clone();
-    body["load"] = json!(state.engine.num_in_flight());
-    body["dp_ranks"] = json!([rank]);
-    Json(body)
+    match state.load_format {
+        LoadFormat::Sglang => Json(json!([rank])),
+        LoadFormat::Vllm => {
+            let mut body = rank;
+            body["load"] = json!(state.engine.num_in_flight());
+            Json(body)
+        }
+    }
 }
 
 /// SGLang's per-rank load entry (`GET /get_load` answers a list of these there).
