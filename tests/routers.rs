@@ -565,3 +565,30 @@ fn sglang_router_cache_aware_smoke() {
     assert_eq!(outcome.follow_ups_hit, 8);
     assert!(outcome.hit_rate_follow_ups >= 0.8);
 }
+
+#[test]
+fn get_load_answers_in_the_shape_asked_for() {
+    let Some(server) = Server::start(&["--load-format", "sglang"]) else {
+        return;
+    };
+    let (status, text) = server.get("/get_load");
+    assert_eq!(status, 200, "{text}");
+    let load: Value = serde_json::from_str(&text).unwrap();
+    let ranks = load
+        .as_array()
+        .unwrap_or_else(|| panic!("not a list: {load}"));
+    assert_eq!(ranks.len(), 1);
+    for field in [
+        "num_reqs",
+        "num_waiting_reqs",
+        "num_tokens",
+        "num_pending_tokens",
+    ] {
+        assert!(ranks[0][field].is_u64(), "no {field} in {load}");
+    }
+    assert_eq!(ranks[0]["dp_rank"], 0);
+    assert!(
+        ranks[0]["num_pending_tokens"].as_u64().unwrap() > 0,
+        "{load}"
+    );
+}
