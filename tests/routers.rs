@@ -4,7 +4,8 @@
 //!   runs: the `BlockStored` events of the real request carry the same ids.
 //! - `--kv-events`: vLLM-format KV events over ZMQ (three frames, msgpack maps), read here by a
 //!   real ZMQ subscriber; the replay socket returns `AllBlocksCleared` at sequence 0; evictions
-//!   come back as `BlockRemoved` of stored hashes; `/metrics` has vLLM's gauges.
+//!   come back as `BlockRemoved` of stored hashes; `/metrics` has vLLM's gauges; `/get_load`
+//!   answers in either router's shape (`--load-format`).
 //! - Two workers (one thread each) behind vllm-router 0.1.17 with `kv_aware`, `cache_aware` and
 //!   `round_robin`: 8 concurrent chats over 4 distinct 400-token system prompts, then 8
 //!   follow-ups; hit rates and tokens/s printed; a worker restart; sglang-router `cache_aware`.
