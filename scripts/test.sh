@@ -20,6 +20,13 @@ if ! command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 || ! command -v qemu-aarch
     || echo "warning: could not install $PKGS; tests/neon_qemu.rs will fail" >&2
 fi
 export EDGE_LLM_REQUIRE_QEMU=1
+# --- routers (issue 17): vllm-router and sglang-router from PyPI into .routers/, for
+# tests/routers.rs (which fails under CI=true without them). About 30 s the first time.
+if ! scripts/install-routers.sh; then
+  if [ "${CI:-}" = "true" ]; then echo "error: installing the routers failed" >&2; exit 1; fi
+  echo "warning: could not install the routers; tests/routers.rs will skip its router runs" >&2
+fi
+# --- end routers
 # CUDA without a GPU: NVRTC from its PyPI wheel (libnvrtc only: the kernels include no CUDA
 # header), so tests/cuda_nvrtc.rs compiles every CUDA kernel for sm_80/sm_90 here.
 NVRTC_WHEEL="nvidia-cuda-nvrtc-cu12==12.9.86"

@@ -122,6 +122,16 @@ impl EngineArgs {
     /// Starts the engine thread on `model` and `--device`, logging the KV pool's size on a
     /// terminal (`verbose` logs it anywhere).
     pub fn start(&self, model: Model, verbose: bool) -> Result<EngineHandle> {
+        self.start_with_events(model, verbose, None)
+    }
+
+    /// As [`EngineArgs::start`], publishing the prefix cache's changes to `kv_events`.
+    pub fn start_with_events(
+        &self,
+        model: Model,
+        verbose: bool,
+        kv_events: Option<crate::engine::kv_events::KvEventSink>,
+    ) -> Result<EngineHandle> {
         let config = self.config(&model)?;
         if let Some(ctx) = self.ctx_size.filter(|&c| c > model.config.n_ctx_train) {
             // As llama.cpp does: allowed, with a warning, for models that extrapolate.
@@ -152,7 +162,7 @@ impl EngineArgs {
                 config.max_batched_tokens
             );
         }
-        EngineHandle::start_with(std::sync::Arc::new(model), config, exec)
+        EngineHandle::start_with_events(std::sync::Arc::new(model), config, exec, kv_events)
     }
 }
 

@@ -10,9 +10,13 @@
 //!   evicted only when its slot is needed for new tokens.
 //! - Copy-on-write: a forked sequence shares its parent's blocks; before a sequence writes into
 //!   a block someone else also holds, it gets a private copy (the caller copies the memory).
+//! - KV events (off unless `enable_events`): a `BlockStored` per chain of blocks entering the
+//!   prefix cache, a `BlockRemoved` per evicted one, queued for `take_events`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
+
+use super::kv_events::KvCacheEvent;
 
 /// The hash of a full block: chained from its parent block's hash.
 pub type BlockHash = u64;
@@ -57,6 +61,8 @@ pub struct BlockManager {
     cached: HashMap<BlockHash, u32>,
     salt: u64,
     pub stats: PrefixCacheStats,
+    /// Prefix-cache changes not yet taken; None while events are off.
+    events: Option<Vec<KvCacheEvent>>,
 }
 
 /// The hash of a full block of `tokens` following a block whose hash is `parent`.
@@ -80,11 +86,28 @@ impl BlockManager {
             cached: HashMap::new(),
             salt,
             stats: PrefixCacheStats::default(),
+            events: None,
         };
         for id in 0..num_blocks as u32 {
             m.push_free(id);
         }
         m
+    }
+
+    /// Starts queueing KV events (see `crate::engine::kv_events`).
+    pub fn enable_events(&mut self) {
+        self.events.get_or_insert_with(Vec::new);
+    }
+
+    /// The events queued since the last call (none while events are off).
+    pub fn take_events(&mut self) -> Vec<KvCacheEvent> {
+        self.events.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// The hashes the prefix cache can serve now (what KV events have announced and not
+    /// removed).
+    pub fn cached_hashes(&self) -> impl Iterator<Item = BlockHash> + '_ {
+        self.cached.keys().copied()
     }
 
     pub fn num_blocks(&self) -> usize {
@@ -141,6 +164,12 @@ impl BlockManager {
         if let Some(h) = b.hash.take() {
             if self.cached.get(&h) == Some(&id) {
                 self.cached.remove(&h);
+                // Only the cache's own entry was announced (see register_full_blocks).
+                if let Some(events) = &mut self.events {
+                    events.push(KvCacheEvent::BlockRemoved {
+                        block_hashes: vec![h],
+                    });
+                }
             }
             self.stats.evictions += 1;
         }
@@ -255,10 +284,13 @@ impl BlockManager {
     pub fn register_full_blocks(&mut self, table: &[u32], tokens: &[u32], num_computed: usize) {
         let bs = self.block_size;
         let mut parent = None;
+        // The chain of blocks this call enters into the cache, for one `BlockStored`.
+        let mut stored: Option<KvCacheEvent> = None;
         for i in 0..(num_computed / bs).min(table.len()) {
             let chunk = &tokens[i * bs..(i + 1) * bs];
             let id = table[i];
             if let Some(h) = self.blocks[id as usize].hash {
+                self.flush_stored(&mut stored);
                 parent = Some(h);
                 continue;
             }
@@ -266,9 +298,38 @@ impl BlockManager {
             let b = &mut self.blocks[id as usize];
             b.hash = Some(h);
             b.token_ids = chunk.to_vec();
-            // A block with the same contents computed at the same time keeps the entry.
-            self.cached.entry(h).or_insert(id);
+            // A block with the same contents computed at the same time keeps the entry; only
+            // an entry the cache takes is announced (and later removed).
+            let entered = *self.cached.entry(h).or_insert(id) == id;
+            if entered && self.events.is_some() {
+                match &mut stored {
+                    Some(KvCacheEvent::BlockStored {
+                        block_hashes,
+                        token_ids,
+                        ..
+                    }) => {
+                        block_hashes.push(h);
+                        token_ids.extend_from_slice(chunk);
+                    }
+                    _ => {
+                        stored = Some(KvCacheEvent::BlockStored {
+                            block_hashes: vec![h],
+                            parent_block_hash: parent,
+                            token_ids: chunk.to_vec(),
+                        })
+                    }
+                }
+            } else {
+                self.flush_stored(&mut stored);
+            }
             parent = Some(h);
+        }
+        self.flush_stored(&mut stored);
+    }
+
+    fn flush_stored(&mut self, stored: &mut Option<KvCacheEvent>) {
+        if let (Some(e), Some(events)) = (stored.take(), &mut self.events) {
+            events.push(e);
         }
     }
 

@@ -7,9 +7,11 @@
 //! - `sequence`, `block_manager`, `scheduler`: integer bookkeeping, tested without a model.
 //! - `batch_builder`: the one bridge from scheduled sequences to the model's flat batch.
 //! - `worker`: the loop that runs steps, samples, and reports to clients.
+//! - `kv_events`: prefix-cache changes for routers, queued without ever blocking the engine.
 
 pub mod batch_builder;
 pub mod block_manager;
+pub mod kv_events;
 pub mod metrics;
 pub mod scheduler;
 pub mod sequence;
@@ -305,6 +307,17 @@ impl EngineHandle {
         config: EngineConfig,
         exec: Executor,
     ) -> Result<EngineHandle> {
+        Self::start_with_events(model, config, exec, None)
+    }
+
+    /// As [`EngineHandle::start_with`], and the prefix cache's changes go to `kv_events`
+    /// (`AllBlocksCleared` first).
+    pub fn start_with_events(
+        model: Arc<Model>,
+        config: EngineConfig,
+        exec: Executor,
+        kv_events: Option<kv_events::KvEventSink>,
+    ) -> Result<EngineHandle> {
         if exec.block_size() != config.block_size {
             bail!(
                 "the executor's KV blocks hold {} tokens, the engine's {}",
@@ -322,6 +335,7 @@ impl EngineHandle {
             exec,
             in_flight.clone(),
             metrics.clone(),
+            kv_events,
         );
         std::thread::Builder::new()
             .name("edge-llm-engine".into())

@@ -12,6 +12,7 @@ use tokio::sync::mpsc as events;
 
 use super::batch_builder::build_batch;
 use super::block_manager::BlockManager;
+use super::kv_events::{coalesce, KvCacheEvent, KvEventSink};
 use super::scheduler::{Scheduler, SchedulerConfig};
 use super::{Command, EngineConfig, Event, FinishReason, Metrics, Request, TokenLogprobs, Usage};
 use crate::device::Executor;
@@ -50,6 +51,8 @@ pub(super) struct Worker {
     metrics: Metrics,
     /// Where clients read the counters: refreshed after every step and command.
     published: Arc<Mutex<Metrics>>,
+    /// Where the prefix cache's changes go after every step (`--kv-events`).
+    kv_events: Option<KvEventSink>,
 }
 
 impl Worker {
@@ -59,6 +62,7 @@ impl Worker {
         exec: Executor,
         in_flight: Arc<AtomicU64>,
         published: Arc<Mutex<Metrics>>,
+        kv_events: Option<KvEventSink>,
     ) -> Self {
         // The salt names what the cached keys and values depend on besides the tokens.
         let salt = {
@@ -72,7 +76,11 @@ impl Worker {
                 .hash(&mut h);
             h.finish()
         };
-        let blocks = BlockManager::new(config.num_blocks, config.block_size, salt);
+        let mut blocks = BlockManager::new(config.num_blocks, config.block_size, salt);
+        if let Some(sink) = &kv_events {
+            blocks.enable_events();
+            sink.send(vec![KvCacheEvent::AllBlocksCleared]);
+        }
         let sched = Scheduler::new(
             SchedulerConfig {
                 max_batched_tokens: config.max_batched_tokens,
@@ -91,6 +99,7 @@ impl Worker {
             in_flight,
             metrics: Metrics::default(),
             published,
+            kv_events,
         }
     }
 
@@ -129,6 +138,7 @@ impl Worker {
             if self.sched.has_work() {
                 self.step();
                 self.publish();
+                self.send_kv_events();
             }
         }
     }
@@ -179,6 +189,13 @@ impl Worker {
         let snapshot = self.snapshot();
         if let Ok(mut m) = self.published.lock() {
             *m = snapshot;
+        }
+    }
+
+    /// Hands the step's prefix-cache changes to the sink (never waits).
+    fn send_kv_events(&mut self) {
+        if let Some(sink) = &self.kv_events {
+            sink.send(coalesce(self.sched.blocks.take_events()));
         }
     }
 

@@ -10,6 +10,7 @@
 //! - `listener`: the accept loop and connection limits (timeouts, the connection cap, the
 //!   body-read timeout and early 413).
 //! - `webui`: the chat page at `/` and its embedded assets.
+//! - `router_api`: `/render`, `/get_load` and vLLM's gauges, for routers in front of workers.
 //!
 //! Called by the CLI (`Command::Serve`).
 
@@ -19,6 +20,7 @@ mod metrics;
 mod middleware;
 pub(crate) mod params;
 mod response;
+mod router_api;
 mod routes;
 mod stream;
 mod webui;
@@ -37,8 +39,10 @@ use clap::Args;
 use crate::chat_template::ChatTemplate;
 use crate::cli::{EngineArgs, ModelArgs, ThreadArgs};
 use crate::engine::EngineHandle;
+use crate::kv_events::KvEventPublisher;
 
 pub use error::ApiError;
+pub use router_api::LoadFormat;
 
 /// Flags of `serve`.
 #[derive(Args, Debug)]
@@ -69,6 +73,24 @@ pub struct ServeArgs {
     pub alias: Option<String>,
     #[command(flatten)]
     pub limits: listener::LimitArgs,
+    /// Publish KV cache events (vLLM's format) on a ZMQ PUB socket bound at tcp://HOST:PORT
+    /// (or PORT: 127.0.0.1), for prefix-aware routers such as vllm-router's kv_aware
+    #[arg(long = "kv-events", value_name = "ENDPOINT")]
+    pub kv_events: Option<String>,
+    /// Also answer replay requests for missed KV events on a ZMQ ROUTER socket at tcp://HOST:PORT
+    #[arg(
+        long = "kv-events-replay",
+        value_name = "ENDPOINT",
+        requires = "kv_events"
+    )]
+    pub kv_events_replay: Option<String>,
+    /// The shape of GET /get_load: vllm (vllm-router's `{"load": N, ...}`) or sglang
+    /// (sglang-router's `[{"dp_rank": 0, "num_tokens": N, ...}]`)
+    #[arg(long = "load-format", value_enum, default_value = "vllm")]
+    pub load_format: LoadFormat,
+    /// The topic (first frame) of every KV event message
+    #[arg(long = "kv-events-topic", default_value = "", requires = "kv_events")]
+    pub kv_events_topic: String,
 }
 
 /// The environment variable read when --api-key is not given.
@@ -88,6 +110,10 @@ pub struct AppState {
     pub created: u64,
     /// Distinguishes response ids across restarts.
     pub instance: u64,
+    /// The shape `/get_load` answers in (`--load-format`).
+    pub load_format: LoadFormat,
+    /// The KV event publisher (`--kv-events`), for its counters.
+    pub kv_events: Option<Arc<KvEventPublisher>>,
 }
 
 /// Every route, behind the log line, the API-key guard and the body limit.
@@ -100,6 +126,12 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models/{id}", get(model))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
+        .route(
+            "/v1/completions/render",
+            post(router_api::render_completions),
+        )
+        .route("/v1/chat/completions/render", post(router_api::render_chat))
+        .route("/get_load", get(router_api::get_load))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         // llama-server's paths without the /v1 prefix.
@@ -162,7 +194,29 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "model".into()),
     };
-    let engine = args.engine.start(model, true)?;
+    // The publisher binds first: the engine's first event (AllBlocksCleared) goes to it.
+    let kv_events = match &args.kv_events {
+        Some(endpoint) => {
+            let p = crate::kv_events::start(crate::kv_events::KvEventsConfig {
+                endpoint: endpoint.clone(),
+                replay_endpoint: args.kv_events_replay.clone(),
+                topic: args.kv_events_topic.clone(),
+                block_size: args.engine.block_size,
+            })?;
+            eprintln!(
+                "edge-llm serve: KV events on {}{}",
+                p.endpoint,
+                p.replay_endpoint
+                    .as_ref()
+                    .map(|r| format!(" (replay on {r})"))
+                    .unwrap_or_default()
+            );
+            Some(Arc::new(p))
+        }
+        None => None,
+    };
+    let sink = kv_events.as_ref().map(|p| p.sink.clone());
+    let engine = args.engine.start_with_events(model, true, sink)?;
     let created = unix_now();
     let state = Arc::new(AppState {
         engine,
@@ -173,6 +227,8 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         body_timeout: limits.body_timeout,
         created,
         instance: random_seed() & 0xffff_ffff,
+        load_format: args.load_format,
+        kv_events,
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

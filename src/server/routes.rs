@@ -80,7 +80,8 @@ pub async fn metrics(State(state): Shared) -> Result<Response, ApiError> {
             "the engine did not answer",
         )
     })?;
-    let text = super::metrics::prometheus(&m);
+    let mut text = super::metrics::prometheus(&m);
+    text.push_str(&super::router_api::worker_metrics(&state, &m));
     Ok((
         [(
             header::CONTENT_TYPE,
@@ -99,14 +100,19 @@ pub async fn completions(
     let map = params::json_object(body, state.max_body_bytes)?;
     let f = Fields(&map);
     let params = params::gen_params(&f, Endpoint::Completions, super::random_seed())?;
+    let ids = completion_prompt_ids(&state, &f)?;
+    generate(&state, info, Endpoint::Completions, ids, params, "prompt").await
+}
+
+/// The token ids a completions body runs (`/v1/completions` and its `/render`).
+pub(super) fn completion_prompt_ids(state: &AppState, f: &Fields) -> Result<Vec<u32>, ApiError> {
     let tok = &state.engine.model.tokenizer;
-    let ids = match params::prompt(&f)? {
+    Ok(match params::prompt(f)? {
         // BOS as the model wants it, but not twice if the prompt already starts with it.
         Prompt::Text(text) => encode_prompt(tok, &text)
             .map_err(|e| ApiError::invalid("prompt", format!("cannot tokenize `prompt`: {e:#}")))?,
         Prompt::Tokens(ids) => ids,
-    };
-    generate(&state, info, Endpoint::Completions, ids, params, "prompt").await
+    })
 }
 
 pub async fn chat_completions(
@@ -117,7 +123,14 @@ pub async fn chat_completions(
     let map = params::json_object(body, state.max_body_bytes)?;
     let f = Fields(&map);
     let params = params::gen_params(&f, Endpoint::Chat, super::random_seed())?;
-    let messages = params::messages(&f)?;
+    let ids = chat_prompt_ids(&state, &f)?;
+    generate(&state, info, Endpoint::Chat, ids, params, "messages").await
+}
+
+/// The token ids a chat body runs: its messages through the template, then the tokenizer
+/// (`/v1/chat/completions` and its `/render`).
+pub(super) fn chat_prompt_ids(state: &AppState, f: &Fields) -> Result<Vec<u32>, ApiError> {
+    let messages = params::messages(f)?;
     let add_generation_prompt = f.bool("add_generation_prompt")?.unwrap_or(true);
     let template = state
         .template
@@ -126,13 +139,12 @@ pub async fn chat_completions(
     let prompt = template
         .render(&messages, add_generation_prompt)
         .map_err(|e| ApiError::invalid("messages", format!("{e:#}")))?;
-    let ids = encode_prompt(&state.engine.model.tokenizer, &prompt).map_err(|e| {
+    encode_prompt(&state.engine.model.tokenizer, &prompt).map_err(|e| {
         ApiError::invalid(
             "messages",
             format!("cannot tokenize the chat prompt: {e:#}"),
         )
-    })?;
-    generate(&state, info, Endpoint::Chat, ids, params, "messages").await
+    })
 }
 
 /// Checks the prompt and `max_tokens` against the context, submits, and answers with a

@@ -1,0 +1,152 @@
+//! The block manager's KV events alone, without a model: one `BlockStored` per chain entering
+//! the prefix cache (parent hash, tokens), nothing for a block the cache already holds, a
+//! `BlockRemoved` of the stored hash when it is evicted, and a random run where the events
+//! replayed into a set equal the cache's contents (what a router's index would hold).
+
+use std::collections::HashSet;
+
+use edge_llm::engine::block_manager::BlockManager;
+use edge_llm::engine::kv_events::KvCacheEvent;
+
+fn stored(e: &KvCacheEvent) -> (&[u64], Option<u64>, &[u32]) {
+    match e {
+        KvCacheEvent::BlockStored {
+            block_hashes,
+            parent_block_hash,
+            token_ids,
+        } => (block_hashes, *parent_block_hash, token_ids),
+        other => panic!("expected BlockStored, got {other:?}"),
+    }
+}
+
+#[test]
+fn off_unless_enabled() {
+    let mut m = BlockManager::new(4, 4, 0);
+    let mut t = Vec::new();
+    m.allocate(&mut t, 0, 8).unwrap();
+    m.register_full_blocks(&t, &(0..8).collect::<Vec<u32>>(), 8);
+    assert!(m.take_events().is_empty());
+}
+
+#[test]
+fn chains_are_stored_once_and_evictions_remove_their_hashes() {
+    let mut m = BlockManager::new(4, 4, 7);
+    m.enable_events();
+    let prompt: Vec<u32> = (100..110).collect();
+    let mut a = Vec::new();
+    m.allocate(&mut a, 0, 10).unwrap();
+    // Two steps of prefill: 4 tokens, then 10 (blocks 0, then 1).
+    m.register_full_blocks(&a, &prompt, 4);
+    m.register_full_blocks(&a, &prompt, 10);
+    let events = m.take_events();
+    assert_eq!(events.len(), 2, "{events:?}");
+    let (h0, p0, t0) = stored(&events[0]);
+    assert_eq!((h0.len(), p0, t0), (1, None, &prompt[..4]));
+    let (h1, p1, t1) = stored(&events[1]);
+    assert_eq!((h1.len(), p1, t1), (1, Some(h0[0]), &prompt[4..8]));
+    let hashes = [h0[0], h1[0]];
+    assert_eq!(m.prompt_block_hashes(&prompt), hashes.to_vec());
+    // The same prompt computed by a second sequence at the same time: the cache keeps the
+    // first block for each hash, and nothing is announced twice.
+    let mut b: Vec<u32> = Vec::new();
+    m.free(&mut a);
+    let mut c = m.match_prefix(&prompt);
+    assert_eq!(c.len(), 2);
+    m.allocate(&mut c, 8, 10).unwrap();
+    m.register_full_blocks(&c, &prompt, 10);
+    assert!(m.take_events().is_empty(), "cached blocks announced again");
+    // Fill the pool with other tokens: the free cached blocks are evicted (LRU: the tail first,
+    // as `free` released it first), and their hashes are removed.
+    m.free(&mut c);
+    let other: Vec<u32> = (500..516).collect();
+    m.allocate(&mut b, 0, 16).unwrap();
+    m.register_full_blocks(&b, &other, 16);
+    let events = m.take_events();
+    let mut removed: Vec<u64> = Vec::new();
+    let mut new_chain = Vec::new();
+    for e in &events {
+        match e {
+            KvCacheEvent::BlockRemoved { block_hashes } => removed.extend(block_hashes),
+            KvCacheEvent::BlockStored { .. } => new_chain.push(stored(e)),
+            KvCacheEvent::AllBlocksCleared => panic!("not from the block manager"),
+        }
+    }
+    removed.sort();
+    let mut want = hashes.to_vec();
+    want.sort();
+    assert_eq!(removed, want);
+    assert_eq!(new_chain.len(), 1, "one event for the 4-block chain");
+    assert_eq!(new_chain[0].0.len(), 4);
+    assert_eq!(new_chain[0].2, &other[..]);
+}
+
+#[test]
+fn replayed_events_equal_the_cache_contents() {
+    let mut rng = 0x1234_5678u64;
+    let mut next = |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    let bs = 4;
+    let mut m = BlockManager::new(24, bs, 1);
+    m.enable_events();
+    let mut index: HashSet<u64> = HashSet::new();
+    let mut tables: Vec<(Vec<u32>, Vec<u32>)> = Vec::new();
+    let (mut num_stored, mut num_removed) = (0, 0);
+    for _ in 0..2000 {
+        if tables.len() < 4 && next(2) == 0 {
+            // A prompt from a few shared prefixes, so hits and duplicates happen.
+            let prefix = next(3) as u32;
+            let len = 2 + next(20) as usize;
+            let tokens: Vec<u32> = (0..len as u32)
+                .map(|i| prefix * 1000 + i % (4 + prefix))
+                .collect();
+            let mut table = m.match_prefix(&tokens);
+            let computed = table.len() * bs;
+            if m.allocate(&mut table, computed, len).is_some() {
+                m.register_full_blocks(&table, &tokens, len);
+                tables.push((table, tokens));
+            } else {
+                m.free(&mut table);
+            }
+        } else if !tables.is_empty() {
+            let k = next(tables.len() as u64) as usize;
+            let (mut table, _) = tables.swap_remove(k);
+            m.free(&mut table);
+        }
+        for e in m.take_events() {
+            match e {
+                KvCacheEvent::BlockStored {
+                    block_hashes,
+                    token_ids,
+                    ..
+                } => {
+                    assert_eq!(token_ids.len(), block_hashes.len() * bs);
+                    for h in block_hashes {
+                        num_stored += 1;
+                        assert!(index.insert(h), "hash {h:x} stored twice");
+                    }
+                }
+                KvCacheEvent::BlockRemoved { block_hashes } => {
+                    for h in block_hashes {
+                        num_removed += 1;
+                        assert!(index.remove(&h), "hash {h:x} removed but never stored");
+                    }
+                }
+                KvCacheEvent::AllBlocksCleared => unreachable!(),
+            }
+        }
+        // What a router replaying the events holds is exactly what the cache can serve.
+        let cached: HashSet<u64> = m.cached_hashes().collect();
+        assert_eq!(index, cached);
+        let refs: Vec<&[u32]> = tables.iter().map(|(t, _)| t.as_slice()).collect();
+        m.check_invariants(refs).unwrap();
+    }
+    // The run stored and evicted plenty (it is not vacuous).
+    assert!(
+        num_stored > 100 && num_removed > 50,
+        "{num_stored} stored, {num_removed} removed"
+    );
+}
