@@ -10,6 +10,7 @@
 
 pub mod batch_builder;
 pub mod block_manager;
+mod masks;
 pub mod metrics;
 pub mod scheduler;
 pub mod sequence;
@@ -23,6 +24,7 @@ use tokio::sync::mpsc as events;
 
 pub use metrics::Metrics;
 
+use crate::constraint::Grammars;
 use crate::device::Executor;
 use crate::kv_cache::KvCache;
 use crate::model::Model;
@@ -211,6 +213,8 @@ pub struct EngineHandle {
     metrics: Arc<Mutex<Metrics>>,
     pub config: Arc<EngineConfig>,
     pub model: Arc<Model>,
+    /// Compiles and caches the constraints of requests for this model.
+    pub grammars: Arc<Grammars>,
 }
 
 /// The events of one request. Dropping it before the request finished aborts the request.
@@ -312,6 +316,7 @@ impl EngineHandle {
             in_flight,
             metrics,
             config,
+            grammars: Arc::new(Grammars::new(model.clone())),
             model,
         })
     }

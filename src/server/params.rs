@@ -188,6 +188,7 @@ pub fn gen_params(
         presence_penalty: 0.0,
         frequency_penalty: 0.0,
         seed: seed_default,
+        constraint: None,
     };
     if let Some(t) = f.number("temperature", 0.0, 2.0)? {
         sampling.temperature = t as f32;
