@@ -75,11 +75,16 @@ fn response_format(rf: &Value) -> Result<Option<ConstraintSpec>, FieldError> {
                     ));
                 }
             }
+            let strict = js.get("strict").and_then(Value::as_bool).unwrap_or(false);
             match js.get("schema").filter(|v| !v.is_null()) {
-                Some(schema) => Ok(Some(ConstraintSpec::JsonSchema(schema_object(
-                    schema,
-                    "response_format.json_schema.schema",
-                )?))),
+                Some(schema) => {
+                    let mut schema =
+                        schema_object(schema, "response_format.json_schema.schema")?;
+                    if strict {
+                        close_objects(&mut schema);
+                    }
+                    Ok(Some(ConstraintSpec::JsonSchema(schema)))
+                }
                 None => Ok(Some(ConstraintSpec::JsonObject)),
             }
         }
@@ -91,6 +96,28 @@ fn response_format(rf: &Value) -> Result<Option<ConstraintSpec>, FieldError> {
             "response_format.type",
             "`response_format.type` is required",
         )),
+    }
+}
+
+/// OpenAI's strict mode: objects that do not say otherwise allow no properties beyond those
+/// listed (`additionalProperties: false`), in every nested schema.
+fn close_objects(schema: &mut Value) {
+    match schema {
+        Value::Object(o) => {
+            let is_object = o.get("type") == Some(&Value::from("object")) || o.contains_key("properties");
+            if is_object && !o.contains_key("additionalProperties") {
+                o.insert("additionalProperties".into(), Value::Bool(false));
+            }
+            for (key, v) in o.iter_mut() {
+                // Values under `properties`, `$defs` and `definitions` are schemas keyed by
+                // name; `enum`, `const` and `default` hold data, never schemas.
+                if !matches!(key.as_str(), "enum" | "const" | "default" | "examples") {
+                    close_objects(v);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(close_objects),
+        _ => {}
     }
 }
 

@@ -235,23 +235,33 @@ pub fn grammar(
     let close = close_id.map_or_else(|| lark_string(HERMES_CLOSE), |id| format!("<[{id}]>"));
     let schema = with_separators(call_schema(&offered));
     let call = format!("%json {schema}");
-    let more = if req.parallel {
-        format!("(\"\\n\" {open} \"\\n\" call \"\\n\" {close})*")
-    } else {
-        String::new()
-    };
-    match req.choice {
-        ToolChoice::Auto => {
-            let trigger = open_id?;
-            let src = format!("start: \"\\n\" call \"\\n\" {close} {more}\ncall: {call}\n");
-            Some((ConstraintSpec::Lark(src), Some(trigger)))
-        }
-        _ => {
-            let src =
-                format!("start: {open} \"\\n\" call \"\\n\" {close} {more}\ncall: {call}\n");
-            Some((ConstraintSpec::Lark(src), None))
-        }
+    // Parallel calls: up to max_calls(), each further one optional (`more1` .. `moreN`), so a
+    // small model that would repeat calls forever stops.
+    let extra = if req.parallel { max_calls(req) - 1 } else { 0 };
+    let mut rules = String::new();
+    for k in (1..=extra).rev() {
+        let next = if k == extra { String::new() } else { format!(" more{}?", k + 1) };
+        rules.push_str(&format!(
+            "more{k}: \"\\n\" {open} \"\\n\" call \"\\n\" {close}{next}\n"
+        ));
     }
+    let more = if extra > 0 { " more1?" } else { "" };
+    let first = match req.choice {
+        // Lazy: the grammar starts after the trigger token the model wrote.
+        ToolChoice::Auto => String::new(),
+        _ => format!("{open} "),
+    };
+    let src = format!("start: {first}\"\\n\" call \"\\n\" {close}{more}\n{rules}call: {call}\n");
+    let trigger = match req.choice {
+        ToolChoice::Auto => Some(open_id?),
+        _ => None,
+    };
+    Some((ConstraintSpec::Lark(src), trigger))
+}
+
+/// Most calls in one reply with `parallel_tool_calls`: the number of tools, at least 2, at most 8.
+pub fn max_calls(req: &ToolRequest) -> usize {
+    req.tools.len().clamp(2, 8)
 }
 
 /// The compact separators the templates write calls with.

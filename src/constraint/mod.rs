@@ -267,9 +267,15 @@ impl Grammars {
     }
 }
 
-/// llguidance errors can carry the whole grammar; one line is what a client needs.
+/// llguidance errors can run over many lines and carry the whole grammar; one line of at most
+/// 300 characters is what a client needs.
 fn first_line(s: &str) -> String {
-    let line = s.lines().next().unwrap_or(s).trim();
+    let line = s
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
     let mut out: String = line.chars().take(300).collect();
     if out.len() < line.len() {
         out.push_str("...");

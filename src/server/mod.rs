@@ -17,6 +17,7 @@ mod params;
 mod response;
 mod routes;
 mod stream;
+mod structured;
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;

@@ -323,14 +323,8 @@ pub fn gen_params(
     f.unsupported("best_of", |v| v.as_u64() == Some(1))?;
     f.unsupported("echo", |v| v.as_bool() == Some(false))?;
     f.unsupported("suffix", |v| v.as_str() == Some(""))?;
-    f.unsupported("tools", |v| v.as_array().is_some_and(Vec::is_empty))?;
+    // `tools`, `tool_choice` and `response_format` are read by `structured` (crate::api).
     f.unsupported("functions", |v| v.as_array().is_some_and(Vec::is_empty))?;
-    f.unsupported("tool_choice", |v| {
-        v.as_str() == Some("none") || v.as_str() == Some("auto")
-    })?;
-    f.unsupported("response_format", |v| {
-        v.get("type").and_then(Value::as_str) == Some("text")
-    })?;
     Ok(GenParams {
         sampling,
         max_tokens,

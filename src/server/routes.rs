@@ -18,6 +18,7 @@ use super::middleware::{LogNote, RequestInfo};
 use super::params::{self, Endpoint, Fields, GenParams, Prompt};
 use super::response::{collect, full_response, log_note, Reply};
 use super::stream::sse_response;
+use super::structured;
 use super::AppState;
 use crate::chat_template::encode_prompt;
 use crate::engine::{Request, SubmitError};
@@ -98,7 +99,8 @@ pub async fn completions(
 ) -> Result<Response, ApiError> {
     let map = params::json_object(body, state.max_body_bytes)?;
     let f = Fields(&map);
-    let params = params::gen_params(&f, Endpoint::Completions, super::random_seed())?;
+    let mut params = params::gen_params(&f, Endpoint::Completions, super::random_seed())?;
+    params.sampling.constraint = structured::completion_constraint(&state.engine, &map)?;
     let tok = &state.engine.model.tokenizer;
     let ids = match params::prompt(&f)? {
         // BOS as the model wants it, but not twice if the prompt already starts with it.
@@ -106,7 +108,7 @@ pub async fn completions(
             .map_err(|e| ApiError::invalid("prompt", format!("cannot tokenize `prompt`: {e:#}")))?,
         Prompt::Tokens(ids) => ids,
     };
-    generate(&state, info, Endpoint::Completions, ids, params, "prompt").await
+    generate(&state, info, Endpoint::Completions, ids, params, "prompt", false).await
 }
 
 pub async fn chat_completions(
@@ -116,27 +118,33 @@ pub async fn chat_completions(
 ) -> Result<Response, ApiError> {
     let map = params::json_object(body, state.max_body_bytes)?;
     let f = Fields(&map);
-    let params = params::gen_params(&f, Endpoint::Chat, super::random_seed())?;
+    let mut params = params::gen_params(&f, Endpoint::Chat, super::random_seed())?;
     let messages = params::messages(&f)?;
     let add_generation_prompt = f.bool("add_generation_prompt")?.unwrap_or(true);
     let template = state
         .template
         .as_ref()
         .map_err(|why| ApiError::bad_request(why.clone()).with_code("no_chat_template"))?;
-    let prompt = template
-        .render(&messages, add_generation_prompt)
-        .map_err(|e| ApiError::invalid("messages", format!("{e:#}")))?;
-    let ids = encode_prompt(&state.engine.model.tokenizer, &prompt).map_err(|e| {
+    let plan = structured::chat_plan(
+        &state.engine,
+        template,
+        &map,
+        &messages,
+        add_generation_prompt,
+    )?;
+    params.sampling.constraint = plan.constraint;
+    let ids = encode_prompt(&state.engine.model.tokenizer, &plan.prompt).map_err(|e| {
         ApiError::invalid(
             "messages",
             format!("cannot tokenize the chat prompt: {e:#}"),
         )
     })?;
-    generate(&state, info, Endpoint::Chat, ids, params, "messages").await
+    generate(&state, info, Endpoint::Chat, ids, params, "messages", plan.tool_calls).await
 }
 
 /// Checks the prompt and `max_tokens` against the context, submits, and answers with a
-/// stream or the whole response. `prompt_param` names the field the prompt came from.
+/// stream or the whole response. `prompt_param` names the field the prompt came from;
+/// `tool_calls` looks for tool calls in the reply.
 async fn generate(
     state: &AppState,
     info: RequestInfo,
@@ -144,6 +152,7 @@ async fn generate(
     prompt: Vec<u32>,
     params: GenParams,
     prompt_param: &str,
+    tool_calls: bool,
 ) -> Result<Response, ApiError> {
     let max_seq_len = state.engine.config.max_seq_len;
     let num_prompt = prompt.len();
@@ -210,15 +219,23 @@ async fn generate(
             params.include_usage,
             with_logprobs,
             info,
+            tool_calls,
         ));
     }
     let choices = collect(&mut stream, params.n).await?;
-    let body = full_response(
+    let mut body = full_response(
         &reply,
         &state.engine.model.tokenizer,
         &choices,
         with_logprobs,
     );
+    if tool_calls {
+        if let Some(items) = body["choices"].as_array_mut() {
+            for (index, choice) in items.iter_mut().enumerate() {
+                structured::apply_to_choice(choice, &reply.id, index);
+            }
+        }
+    }
     let usages: Vec<_> = choices.iter().map(|c| c.usage).collect();
     let finishes: Vec<_> = choices.iter().map(|c| c.finish).collect();
     let mut response = Json(body).into_response();
