@@ -88,11 +88,13 @@ pub fn chat_plan(
     });
     let prompt = if tool_req.is_some() || has_tool_turns {
         let json_messages = messages_json(messages, raw.map(Vec::as_slice).unwrap_or(&[]))?;
-        template.render_json(
-            &json_messages,
-            tool_req.as_ref().map(|t| &t.raw),
-            add_generation_prompt,
-        )
+        // As vLLM does, `tool_choice: none` leaves the tools out of the prompt: the model
+        // answers in text instead of being taught to call.
+        let offered = tool_req
+            .as_ref()
+            .filter(|t| t.choice != ToolChoice::None)
+            .map(|t| &t.raw);
+        template.render_json(&json_messages, offered, add_generation_prompt)
     } else {
         template.render(messages, add_generation_prompt)
     }
