@@ -185,9 +185,17 @@ mod tests {
             spec(&body(json!({"response_format": {"type": "json_object"}}))).unwrap(),
             Some((ConstraintSpec::JsonObject, "response_format"))
         );
-        let s = json!({"type": "object"});
+        // Strict: objects allow no properties beyond those listed, nested ones too.
+        let s = json!({"type": "object", "properties": {"a": {"type": "object"}}});
+        let closed = json!({"type": "object", "additionalProperties": false,
+            "properties": {"a": {"type": "object", "additionalProperties": false}}});
         assert_eq!(
             spec(&body(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": s, "strict": true}}})))
+                .unwrap(),
+            Some((ConstraintSpec::JsonSchema(closed), "response_format"))
+        );
+        assert_eq!(
+            spec(&body(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": s}}})))
                 .unwrap(),
             Some((ConstraintSpec::JsonSchema(s), "response_format"))
         );

@@ -108,9 +108,9 @@ impl ToolCallParser {
 
     fn text(&mut self, out: &mut Vec<ToolEvent>) -> bool {
         if let Some(pos) = self.buf.find(HERMES_OPEN) {
-            let before = self.buf[..pos].to_string();
-            // Whitespace between calls, or before the first one, is not content.
-            if !before.trim().is_empty() {
+            // Whitespace before a call is not content.
+            let before = self.buf[..pos].trim_end().to_string();
+            if !before.is_empty() {
                 out.push(ToolEvent::Content(before));
             }
             self.buf.replace_range(..pos + HERMES_OPEN.len(), "");
