@@ -235,3 +235,56 @@ fn openai_client_tool_round_trip_on_qwen() {
     };
     run_script(&python, "tools", &server);
 }
+
+/// The pipe faces: `run --regex/--json-schema/--grammar` and `response_format`/`regex` in
+/// `run --jsonl` lines, with errors naming the flag or field.
+#[test]
+fn run_flags_and_jsonl_fields_constrain_the_output() {
+    use std::io::Write;
+    if model_path().is_none() {
+        return;
+    }
+    let bin = env!("CARGO_BIN_EXE_edge-llm");
+    let run = |args: &[&str]| {
+        let out = Command::new(bin).arg("run").args(args).output().unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (ok, text, err) = run(&["-p", "The year is", "--regex", "(19|20)[0-9]{2}", "-n", "10"]);
+    assert!(ok, "{err}");
+    assert!(text.len() == 4 && (text.starts_with("19") || text.starts_with("20")), "{text:?}");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let grammar = dir.join("yes-no.lark");
+    std::fs::write(&grammar, "start: \"Answer: \" (\"yes\" | \"no\")\n").unwrap();
+    let (ok, text, err) = run(&["-p", "Is it?", "--grammar", grammar.to_str().unwrap(), "-n", "10"]);
+    assert!(ok && (text == "Answer: yes" || text == "Answer: no"), "{text:?} {err}");
+    let schema = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/notes-schema.json");
+    let (ok, text, err) = run(&["-p", "<|im_start|>user\nA short note.<|im_end|>\n<|im_start|>assistant\n", "--json-schema", schema.to_str().unwrap(), "-n", "30"]);
+    assert!(ok, "{err}");
+    assert!(text.starts_with("{\"title\": \""), "{text:?}");
+    let (ok, _, err) = run(&["-p", "x", "--regex", "[a-"]);
+    assert!(!ok && err.contains("--regex"), "{err}");
+
+    let mut child = Command::new(bin)
+        .args(["run", "--jsonl"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"{\"id\":1,\"prompt\":\"The year is\",\"regex\":\"(19|20)[0-9]{2}\",\"max_tokens\":8}\n{\"id\":2,\"prompt\":\"x\",\"regex\":\"[a-\"}\n{\"id\":3,\"prompt\":\"Name\",\"response_format\":{\"type\":\"json_object\"},\"max_tokens\":40}\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let by_id = |id: u64| lines.iter().find(|l| l["id"] == json!(id)).unwrap_or_else(|| panic!("{lines:?}"));
+    assert_eq!(by_id(1)["text"].as_str().unwrap().len(), 4, "{lines:?}");
+    assert!(by_id(2)["error"].as_str().unwrap().contains("regex"), "{lines:?}");
+    let obj: Value = serde_json::from_str(by_id(3)["text"].as_str().unwrap()).unwrap();
+    assert!(obj.is_object());
+}

@@ -116,6 +116,8 @@ pub struct RunArgs {
     /// With --jsonl: the Jinja chat template for `messages` [default: the model's]
     #[arg(long = "chat-template", requires = "jsonl")]
     pub chat_template: Option<PathBuf>,
+    #[command(flatten)]
+    pub constraint: super::constrain::ConstraintArgs,
 }
 
 pub fn run(args: &RunArgs) -> Result<()> {
@@ -145,6 +147,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let engine = engine_args.start(model, false)?;
     let mut request = Request::new(ids.clone(), sampling, args.n_predict);
     request.ignore_eos = args.ignore_eos;
+    request.sampling.constraint = args.constraint.compile(&engine)?;
     let started = std::time::Instant::now();
     let mut stream = engine.submit(request)?;
     let mut out = std::io::stdout().lock();

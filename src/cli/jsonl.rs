@@ -45,6 +45,13 @@ struct LineRequest {
     presence_penalty: Option<f32>,
     frequency_penalty: Option<f32>,
     ignore_eos: Option<bool>,
+    // Read from the raw object by `crate::api::structured`.
+    #[allow(dead_code)]
+    response_format: Option<Value>,
+    #[allow(dead_code)]
+    regex: Option<Value>,
+    #[allow(dead_code)]
+    grammar: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -120,6 +127,11 @@ struct Builder {
 
 impl Builder {
     fn request(&mut self, value: Value) -> Result<Request> {
+        let constraint = match value.as_object() {
+            Some(map) => crate::api::structured::constraint(&self.engine.grammars, map)
+                .map_err(|e| anyhow!("{}: {}", e.param, e.message))?,
+            None => None,
+        };
         let r = parse_fields(value)?;
         let tokenizer = &self.engine.model.tokenizer;
         let prompt = match (r.prompt, r.messages) {
@@ -148,6 +160,7 @@ impl Builder {
         if max_tokens == 0 {
             bail!("max_tokens must be at least 1");
         }
+        sampling.constraint = constraint;
         let mut request = Request::new(prompt, sampling, max_tokens);
         request.ignore_eos = r.ignore_eos.unwrap_or(self.ignore_eos);
         request.stop = match r.stop {
