@@ -71,6 +71,16 @@ fn constraints_on_the_default_model_and_bad_constraints_are_400s() {
     let text = r["choices"][0]["text"].as_str().unwrap();
     assert!(text == "yes." || text == "no.", "{r}");
 
+    // Regression: with ignore_eos, the end token a complete grammar allows ends the request
+    // (it was fed to the grammar and failed the request); the request runs on without an error.
+    let (status, r) = server.post(
+        "/v1/completions",
+        &completion_body("aaaa", json!({"grammar": "start: x\nx: A | x x | x x x\nA: \"a\"", "max_tokens": 300, "ignore_eos": true})),
+    );
+    assert_eq!(status, 200, "{r}");
+    assert!(["stop", "length"].contains(&r["choices"][0]["finish_reason"].as_str().unwrap()), "{r}");
+    assert!(r["choices"][0]["text"].as_str().unwrap().chars().all(|c| c == 'a'), "{r}");
+
     // Eight concurrent constrained requests give the outputs of one at a time.
     let bodies: Vec<Value> = (0..8)
         .map(|i| {
@@ -275,7 +285,7 @@ fn run_flags_and_jsonl_fields_constrain_the_output() {
         .stdin
         .take()
         .unwrap()
-        .write_all(b"{\"id\":1,\"prompt\":\"The year is\",\"regex\":\"(19|20)[0-9]{2}\",\"max_tokens\":8}\n{\"id\":2,\"prompt\":\"x\",\"regex\":\"[a-\"}\n{\"id\":3,\"prompt\":\"Name\",\"response_format\":{\"type\":\"json_object\"},\"max_tokens\":40}\n")
+        .write_all(b"{\"id\":1,\"prompt\":\"The year is\",\"regex\":\"(19|20)[0-9]{2}\",\"max_tokens\":8}\n{\"id\":2,\"prompt\":\"x\",\"regex\":\"[a-\"}\n{\"id\":3,\"prompt\":\"Name\",\"response_format\":{\"type\":\"json_object\"},\"max_tokens\":60,\"temperature\":0}\n")
         .unwrap();
     let out = child.wait_with_output().unwrap();
     let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)

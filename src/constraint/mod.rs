@@ -158,7 +158,7 @@ impl ConstraintState {
         let m = self.matcher.as_mut().ok_or("the constraint is not active")?;
         let mask = m
             .compute_mask()
-            .map_err(|e| format!("the constraint failed: {e}"))?;
+            .map_err(|e| format!("the constraint failed: {}", first_line(&e.to_string())))?;
         if mask.is_zero() {
             return Err("the constraint allows no further token".into());
         }
@@ -170,7 +170,9 @@ impl ConstraintState {
         match &mut self.matcher {
             Some(m) => {
                 m.consume_token(token)
-                    .map_err(|e| format!("the constraint rejected token {token}: {e}"))?;
+                    .map_err(|e| {
+                        format!("the constraint rejected token {token}: {}", first_line(&e.to_string()))
+                    })?;
                 Ok(if m.is_stopped() {
                     Consumed::Done
                 } else {
@@ -267,9 +269,10 @@ impl Grammars {
     }
 }
 
-/// llguidance errors can run over many lines and carry the whole grammar; one line of at most
-/// 300 characters is what a client needs.
+/// llguidance errors can run over many lines and carry the whole grammar and parser state (after
+/// `<state>`); one line of at most 300 characters is what a client needs.
 fn first_line(s: &str) -> String {
+    let s = s.split("<state>").next().unwrap_or(s);
     let line = s
         .lines()
         .map(str::trim)

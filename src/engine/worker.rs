@@ -381,7 +381,10 @@ impl Worker {
             st.ttft_ms = Some(ms);
             self.metrics.record_ttft(ms);
         }
-        if !st.request.ignore_eos && tokenizer.is_eog(token) {
+        // An end token ends a constrained sequence even with ignore_eos: the constraint allowed it
+        // only because its grammar is complete.
+        let constrained_end = st.constraint.as_ref().is_some_and(|c| c.is_active());
+        if (!st.request.ignore_eos || constrained_end) && tokenizer.is_eog(token) {
             self.finish(seq_id, FinishReason::Stop);
             return;
         }
