@@ -56,7 +56,9 @@ fn run(stream: &mut edge_llm::engine::RequestStream) -> (Vec<u32>, String, Finis
                 tokens.push(token);
                 text.push_str(&t);
             }
-            Event::Finished { reason, text: t, .. } => {
+            Event::Finished {
+                reason, text: t, ..
+            } => {
                 text.push_str(&t);
                 return (tokens, text, reason);
             }
@@ -102,16 +104,22 @@ fn schema_output_validates_and_ends_the_request() {
         .submit(request(chat_prompt("Describe a person."), Some(c), 200))
         .unwrap());
     assert_eq!(reason, FinishReason::Stop, "{text}");
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    let v: serde_json::Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
     assert!(v["name"].is_string() && v["age"].is_i64(), "{text}");
-    assert!(["Paris", "London", "Tokyo"].contains(&v["city"].as_str().unwrap()), "{text}");
+    assert!(
+        ["Paris", "London", "Tokyo"].contains(&v["city"].as_str().unwrap()),
+        "{text}"
+    );
     assert_eq!(v.as_object().unwrap().len(), 3);
     // A regex, and a Lark grammar.
     let c = e
         .grammars
         .compile(&ConstraintSpec::Regex("[0-9]{3}-[a-z]{2,4}".into()), None)
         .unwrap();
-    let (_, text, _) = run(&mut e.submit(request(chat_prompt("A code?"), Some(c), 50)).unwrap());
+    let (_, text, _) = run(&mut e
+        .submit(request(chat_prompt("A code?"), Some(c), 50))
+        .unwrap());
     let ok = text.len() >= 6
         && text[..3].chars().all(|c| c.is_ascii_digit())
         && &text[3..4] == "-"
@@ -122,8 +130,9 @@ fn schema_output_validates_and_ends_the_request() {
         .grammars
         .compile(&ConstraintSpec::Lark(lark.into()), None)
         .unwrap();
-    let (_, text, _) =
-        run(&mut e.submit(request(chat_prompt("Is it raining?"), Some(c), 20)).unwrap());
+    let (_, text, _) = run(&mut e
+        .submit(request(chat_prompt("Is it raining?"), Some(c), 20))
+        .unwrap());
     assert!(
         text == "yes" || text == "no" || text.starts_with("maybe: "),
         "{text:?}"
@@ -152,7 +161,10 @@ fn bad_grammars_are_refused_at_compile_time() {
             None,
         )
         .unwrap_err();
-    assert!(err.contains("unknownKeywordX") || err.contains("no-such-format"), "{err}");
+    assert!(
+        err.contains("unknownKeywordX") || err.contains("no-such-format"),
+        "{err}"
+    );
     // The cache: the same schema compiles once.
     let spec = ConstraintSpec::JsonSchema(person_schema());
     assert!(!g.is_cached(&spec, None));
@@ -162,7 +174,10 @@ fn bad_grammars_are_refused_at_compile_time() {
     assert!(g.is_cached(&spec, None));
     let t = std::time::Instant::now();
     g.compile(&spec, None).unwrap();
-    assert!(t.elapsed() <= first, "a cached schema is no slower than compiling it");
+    assert!(
+        t.elapsed() <= first,
+        "a cached schema is no slower than compiling it"
+    );
 }
 
 /// Greedy under a constraint: 16 sessions at once (chunked prefill of 24 tokens a step, shared
@@ -188,7 +203,10 @@ fn constrained_greedy_is_batch_chunk_and_cache_invariant() {
         // Round 1 finds the prompts' shared prefix cached.
         let mut streams: Vec<_> = questions
             .iter()
-            .map(|q| e.submit(request(chat_prompt(q), Some(c.clone()), 60)).unwrap())
+            .map(|q| {
+                e.submit(request(chat_prompt(q), Some(c.clone()), 60))
+                    .unwrap()
+            })
             .collect();
         let outs: Vec<Vec<u32>> = streams.iter_mut().map(|s| run(s).0).collect();
         for (i, want) in alone.iter().enumerate() {
@@ -206,7 +224,9 @@ fn the_unconstrained_argmax_is_kept_when_allowed() {
     let spec = ConstraintSpec::JsonObject;
     let c = e.grammars.compile(&spec, None).unwrap();
     let prompt = chat_prompt("Give me a JSON object about a cat.");
-    let (tokens, _, _) = run(&mut e.submit(request(prompt.clone(), Some(c.clone()), 24)).unwrap());
+    let (tokens, _, _) = run(&mut e
+        .submit(request(prompt.clone(), Some(c.clone()), 24))
+        .unwrap());
     let mut state = c.new_state();
     let mut kept = 0;
     for (i, &t) in tokens.iter().enumerate() {
@@ -234,7 +254,9 @@ fn fifty_tools_compile_fast_and_decode_at_full_speed() {
     use edge_llm::api::tools::{self, ToolFormat};
     let e = engine(512);
     // The token trie is built once per model, at the first constraint: not part of the figure.
-    e.grammars.compile(&ConstraintSpec::JsonObject, None).unwrap();
+    e.grammars
+        .compile(&ConstraintSpec::JsonObject, None)
+        .unwrap();
     let defs: Vec<serde_json::Value> = (0..50)
         .map(|i| {
             json!({"type": "function", "function": {"name": format!("tool_{i}"), "description": format!("Tool number {i}"),
@@ -247,7 +269,8 @@ fn fifty_tools_compile_fast_and_decode_at_full_speed() {
         .collect();
     let body = json!({"tools": defs, "tool_choice": "required", "parallel_tool_calls": false});
     let req = tools::parse(body.as_object().unwrap()).unwrap().unwrap();
-    let (spec, trigger) = tools::grammar(&req, ToolFormat::Hermes, &shared_model().tokenizer).unwrap();
+    let (spec, trigger) =
+        tools::grammar(&req, ToolFormat::Hermes, &shared_model().tokenizer).unwrap();
     let t = std::time::Instant::now();
     let c = e.grammars.compile(&spec, trigger).unwrap();
     let compile_ms = t.elapsed().as_secs_f64() * 1000.0;
@@ -270,11 +293,15 @@ fn fifty_tools_compile_fast_and_decode_at_full_speed() {
                 Event::Error(err) => panic!("{err}"),
             }
         }
-        let per_token = (times[times.len() - 1] - times[0]).as_secs_f64() / (times.len() - 1) as f64;
+        let per_token =
+            (times[times.len() - 1] - times[0]).as_secs_f64() / (times.len() - 1) as f64;
         (per_token, times.len(), text)
     };
     let (_, n, text) = timed(Some(c.clone()), 120);
-    assert!(text.starts_with("<tool_call>\n{\"name\": \"tool_"), "{text}");
+    assert!(
+        text.starts_with("<tool_call>\n{\"name\": \"tool_"),
+        "{text}"
+    );
     let (mut with, mut without) = (Vec::new(), Vec::new());
     for _ in 0..3 {
         with.push(timed(Some(c.clone()), 120).0);
@@ -297,6 +324,9 @@ fn fifty_tools_compile_fast_and_decode_at_full_speed() {
         with[1] * 1000.0,
         without[1] * 1000.0
     );
-    assert!(ratio > 0.8, "constrained decoding at {ratio:.2}x the free speed");
+    assert!(
+        ratio > 0.8,
+        "constrained decoding at {ratio:.2}x the free speed"
+    );
     wait_blocks_back(&e);
 }

@@ -22,7 +22,11 @@ fn in_ci() -> bool {
 fn qwen_server() -> Option<Server> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(QWEN);
     if !path.is_file() {
-        assert!(!in_ci(), "{} is missing (scripts/fetch-extra-models.sh)", path.display());
+        assert!(
+            !in_ci(),
+            "{} is missing (scripts/fetch-extra-models.sh)",
+            path.display()
+        );
         eprintln!("skipping: {} is missing", path.display());
         return None;
     }
@@ -60,13 +64,22 @@ fn constraints_on_the_default_model_and_bad_constraints_are_400s() {
     // Completions: regex and grammar.
     let (_, r) = server.post(
         "/v1/completions",
-        &completion_body("The date today is", json!({"regex": "20[0-9]{2}-[01][0-9]-[0-3][0-9]", "max_tokens": 20})),
+        &completion_body(
+            "The date today is",
+            json!({"regex": "20[0-9]{2}-[01][0-9]-[0-3][0-9]", "max_tokens": 20}),
+        ),
     );
     let text = r["choices"][0]["text"].as_str().unwrap();
-    assert!(text.len() == 10 && text.starts_with("20") && &text[4..5] == "-", "{r}");
+    assert!(
+        text.len() == 10 && text.starts_with("20") && &text[4..5] == "-",
+        "{r}"
+    );
     let (_, r) = server.post(
         "/v1/completions",
-        &completion_body("Answer yes or no: is water wet?", json!({"grammar": "start: (\"yes\" | \"no\") \".\"", "max_tokens": 20})),
+        &completion_body(
+            "Answer yes or no: is water wet?",
+            json!({"grammar": "start: (\"yes\" | \"no\") \".\"", "max_tokens": 20}),
+        ),
     );
     let text = r["choices"][0]["text"].as_str().unwrap();
     assert!(text == "yes." || text == "no.", "{r}");
@@ -78,8 +91,18 @@ fn constraints_on_the_default_model_and_bad_constraints_are_400s() {
         &completion_body("aaaa", json!({"grammar": "start: x\nx: A | x x | x x x\nA: \"a\"", "max_tokens": 300, "ignore_eos": true})),
     );
     assert_eq!(status, 200, "{r}");
-    assert!(["stop", "length"].contains(&r["choices"][0]["finish_reason"].as_str().unwrap()), "{r}");
-    assert!(r["choices"][0]["text"].as_str().unwrap().chars().all(|c| c == 'a'), "{r}");
+    assert!(
+        ["stop", "length"].contains(&r["choices"][0]["finish_reason"].as_str().unwrap()),
+        "{r}"
+    );
+    assert!(
+        r["choices"][0]["text"]
+            .as_str()
+            .unwrap()
+            .chars()
+            .all(|c| c == 'a'),
+        "{r}"
+    );
 
     // Eight concurrent constrained requests give the outputs of one at a time.
     let bodies: Vec<Value> = (0..8)
@@ -92,12 +115,19 @@ fn constraints_on_the_default_model_and_bad_constraints_are_400s() {
         .collect();
     let alone: Vec<Value> = bodies
         .iter()
-        .map(|b| server.post("/v1/chat/completions", b).1["choices"][0]["message"]["content"].clone())
+        .map(|b| {
+            server.post("/v1/chat/completions", b).1["choices"][0]["message"]["content"].clone()
+        })
         .collect();
     let together: Vec<Value> = std::thread::scope(|s| {
         let handles: Vec<_> = bodies
             .iter()
-            .map(|b| s.spawn(|| server.post("/v1/chat/completions", b).1["choices"][0]["message"]["content"].clone()))
+            .map(|b| {
+                s.spawn(|| {
+                    server.post("/v1/chat/completions", b).1["choices"][0]["message"]["content"]
+                        .clone()
+                })
+            })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
@@ -106,22 +136,81 @@ fn constraints_on_the_default_model_and_bad_constraints_are_400s() {
     // Bad input: a 400 naming the field, and the server keeps serving.
     let chat = |extra: Value| chat_body("hi", extra).to_string().into_bytes();
     let cmpl = |extra: Value| completion_body("hi", extra).to_string().into_bytes();
-    assert_error(&server, "/v1/completions", &cmpl(json!({"regex": "[0-"})), 400, Some("regex"), "regular expression");
-    assert_error(&server, "/v1/completions", &cmpl(json!({"grammar": "start: foo("})), 400, Some("grammar"), "grammar");
-    assert_error(&server, "/v1/completions", &cmpl(json!({"regex": "a", "grammar": "start: \"a\""})), 400, Some("grammar"), "together");
-    assert_error(&server, "/v1/chat/completions", &chat(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"type": "string", "format": "made-up-format"}}}}}})), 400, Some("response_format"), "made-up-format");
-    assert_error(&server, "/v1/chat/completions", &chat(json!({"response_format": {"type": "yaml"}})), 400, Some("response_format.type"), "json_schema");
-    assert_error(&server, "/v1/chat/completions", &chat(json!({"tools": weather_tools()})), 400, Some("tools"), "tool-call format");
-    assert_error(&server, "/v1/completions", &cmpl(json!({"tools": weather_tools()})), 400, Some("tools"), "chat/completions");
-    let (status, _) = server.post("/v1/chat/completions", &chat_body("hi", json!({"max_tokens": 2})));
+    assert_error(
+        &server,
+        "/v1/completions",
+        &cmpl(json!({"regex": "[0-"})),
+        400,
+        Some("regex"),
+        "regular expression",
+    );
+    assert_error(
+        &server,
+        "/v1/completions",
+        &cmpl(json!({"grammar": "start: foo("})),
+        400,
+        Some("grammar"),
+        "grammar",
+    );
+    assert_error(
+        &server,
+        "/v1/completions",
+        &cmpl(json!({"regex": "a", "grammar": "start: \"a\""})),
+        400,
+        Some("grammar"),
+        "together",
+    );
+    assert_error(
+        &server,
+        "/v1/chat/completions",
+        &chat(
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"type": "string", "format": "made-up-format"}}}}}}),
+        ),
+        400,
+        Some("response_format"),
+        "made-up-format",
+    );
+    assert_error(
+        &server,
+        "/v1/chat/completions",
+        &chat(json!({"response_format": {"type": "yaml"}})),
+        400,
+        Some("response_format.type"),
+        "json_schema",
+    );
+    assert_error(
+        &server,
+        "/v1/chat/completions",
+        &chat(json!({"tools": weather_tools()})),
+        400,
+        Some("tools"),
+        "tool-call format",
+    );
+    assert_error(
+        &server,
+        "/v1/completions",
+        &cmpl(json!({"tools": weather_tools()})),
+        400,
+        Some("tools"),
+        "chat/completions",
+    );
+    let (status, _) = server.post(
+        "/v1/chat/completions",
+        &chat_body("hi", json!({"max_tokens": 2})),
+    );
     assert_eq!(status, 200);
 
     let (_, metrics) = server.get("/metrics");
-    for name in ["edge_llm_requests_constrained_total", "edge_llm_mask_seconds_per_token"] {
+    for name in [
+        "edge_llm_requests_constrained_total",
+        "edge_llm_mask_seconds_per_token",
+    ] {
         assert!(metrics.contains(name), "{name} missing:\n{metrics}");
     }
     assert!(server.metric("edge_llm_requests_constrained_total") >= 19.0);
-    server.wait_for_metrics("blocks back", |s| s.metric("edge_llm_kv_blocks{state=\"used\"}") == 0.0);
+    server.wait_for_metrics("blocks back", |s| {
+        s.metric("edge_llm_kv_blocks{state=\"used\"}") == 0.0
+    });
 }
 
 #[test]
@@ -131,12 +220,18 @@ fn tool_calls_on_qwen() {
     };
     let tools = weather_tools();
     let ask = |q: &str, extra: Value| {
-        let mut b = chat_body(q, json!({"tools": tools, "temperature": 0, "max_tokens": 100}));
+        let mut b = chat_body(
+            q,
+            json!({"tools": tools, "temperature": 0, "max_tokens": 100}),
+        );
         merge(&mut b, extra);
         b
     };
     // A named function: a valid call.
-    let body = ask("Hello!", json!({"tool_choice": {"type": "function", "function": {"name": "get_time"}}, "parallel_tool_calls": false}));
+    let body = ask(
+        "Hello!",
+        json!({"tool_choice": {"type": "function", "function": {"name": "get_time"}}, "parallel_tool_calls": false}),
+    );
     let (status, r) = server.post("/v1/chat/completions", &body);
     assert_eq!(status, 200, "{r}");
     let choice = &r["choices"][0];
@@ -144,7 +239,8 @@ fn tool_calls_on_qwen() {
     let call = &choice["message"]["tool_calls"][0];
     assert_eq!(call["type"], json!("function"));
     assert_eq!(call["function"]["name"], json!("get_time"));
-    let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    let args: Value =
+        serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
     assert!(args["city"].is_string(), "{r}");
     // Streamed: the deltas reassemble to the same call.
     let mut b = body.clone();
@@ -174,12 +270,40 @@ fn tool_calls_on_qwen() {
 
     // Bad tools: 400s naming the field; the server keeps serving.
     let bad = |extra: Value| ask("hi", extra).to_string().into_bytes();
-    assert_error(&server, "/v1/chat/completions", &bad(json!({"tool_choice": {"type": "function", "function": {"name": "nope"}}})), 400, Some("tool_choice"), "nope");
-    assert_error(&server, "/v1/chat/completions", &bad(json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]})), 400, Some("tools[0].function.parameters"), "object schema");
-    assert_error(&server, "/v1/chat/completions", &bad(json!({"tool_choice": "required", "response_format": {"type": "json_object"}})), 400, Some("response_format"), "tools");
-    let (status, _) = server.post("/v1/chat/completions", &chat_body("hi", json!({"max_tokens": 2})));
+    assert_error(
+        &server,
+        "/v1/chat/completions",
+        &bad(json!({"tool_choice": {"type": "function", "function": {"name": "nope"}}})),
+        400,
+        Some("tool_choice"),
+        "nope",
+    );
+    assert_error(
+        &server,
+        "/v1/chat/completions",
+        &bad(
+            json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]}),
+        ),
+        400,
+        Some("tools[0].function.parameters"),
+        "object schema",
+    );
+    assert_error(
+        &server,
+        "/v1/chat/completions",
+        &bad(json!({"tool_choice": "required", "response_format": {"type": "json_object"}})),
+        400,
+        Some("response_format"),
+        "tools",
+    );
+    let (status, _) = server.post(
+        "/v1/chat/completions",
+        &chat_body("hi", json!({"max_tokens": 2})),
+    );
     assert_eq!(status, 200);
-    server.wait_for_metrics("blocks back", |s| s.metric("edge_llm_kv_blocks{state=\"used\"}") == 0.0);
+    server.wait_for_metrics("blocks back", |s| {
+        s.metric("edge_llm_kv_blocks{state=\"used\"}") == 0.0
+    });
 }
 
 /// A virtual environment with `openai` and `jsonschema` (scripts/test.sh installs them; made
@@ -194,16 +318,33 @@ fn structured_python() -> Option<PathBuf> {
             .is_ok_and(|s| s.success())
     };
     if !ready(&python) {
-        let _ = Command::new("python3").args(["-m", "venv"]).arg(&venv).status();
+        let _ = Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .status();
         let _ = Command::new(&python)
-            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "openai", "jsonschema"])
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "openai",
+                "jsonschema",
+            ])
             .status();
     }
     if ready(&python) {
         return Some(python);
     }
-    assert!(!in_ci(), "openai and jsonschema could not be installed into {}", venv.display());
-    eprintln!("skipping the openai structured-output checks: pip could not install openai and jsonschema");
+    assert!(
+        !in_ci(),
+        "openai and jsonschema could not be installed into {}",
+        venv.display()
+    );
+    eprintln!(
+        "skipping the openai structured-output checks: pip could not install openai and jsonschema"
+    );
     None
 }
 
@@ -257,18 +398,49 @@ fn run_flags_and_jsonl_fields_constrain_the_output() {
     let bin = env!("CARGO_BIN_EXE_edge-llm");
     let run = |args: &[&str]| {
         let out = Command::new(bin).arg("run").args(args).output().unwrap();
-        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     };
-    let (ok, text, err) = run(&["-p", "The year is", "--regex", "(19|20)[0-9]{2}", "-n", "10"]);
+    let (ok, text, err) = run(&[
+        "-p",
+        "The year is",
+        "--regex",
+        "(19|20)[0-9]{2}",
+        "-n",
+        "10",
+    ]);
     assert!(ok, "{err}");
-    assert!(text.len() == 4 && (text.starts_with("19") || text.starts_with("20")), "{text:?}");
+    assert!(
+        text.len() == 4 && (text.starts_with("19") || text.starts_with("20")),
+        "{text:?}"
+    );
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
     let grammar = dir.join("yes-no.lark");
     std::fs::write(&grammar, "start: \"Answer: \" (\"yes\" | \"no\")\n").unwrap();
-    let (ok, text, err) = run(&["-p", "Is it?", "--grammar", grammar.to_str().unwrap(), "-n", "10"]);
-    assert!(ok && (text == "Answer: yes" || text == "Answer: no"), "{text:?} {err}");
+    let (ok, text, err) = run(&[
+        "-p",
+        "Is it?",
+        "--grammar",
+        grammar.to_str().unwrap(),
+        "-n",
+        "10",
+    ]);
+    assert!(
+        ok && (text == "Answer: yes" || text == "Answer: no"),
+        "{text:?} {err}"
+    );
     let schema = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/notes-schema.json");
-    let (ok, text, err) = run(&["-p", "<|im_start|>user\nA short note.<|im_end|>\n<|im_start|>assistant\n", "--json-schema", schema.to_str().unwrap(), "-n", "30"]);
+    let (ok, text, err) = run(&[
+        "-p",
+        "<|im_start|>user\nA short note.<|im_end|>\n<|im_start|>assistant\n",
+        "--json-schema",
+        schema.to_str().unwrap(),
+        "-n",
+        "30",
+    ]);
     assert!(ok, "{err}");
     assert!(text.starts_with("{\"title\": \""), "{text:?}");
     let (ok, _, err) = run(&["-p", "x", "--regex", "[a-"]);
@@ -292,9 +464,17 @@ fn run_flags_and_jsonl_fields_constrain_the_output() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    let by_id = |id: u64| lines.iter().find(|l| l["id"] == json!(id)).unwrap_or_else(|| panic!("{lines:?}"));
+    let by_id = |id: u64| {
+        lines
+            .iter()
+            .find(|l| l["id"] == json!(id))
+            .unwrap_or_else(|| panic!("{lines:?}"))
+    };
     assert_eq!(by_id(1)["text"].as_str().unwrap().len(), 4, "{lines:?}");
-    assert!(by_id(2)["error"].as_str().unwrap().contains("regex"), "{lines:?}");
+    assert!(
+        by_id(2)["error"].as_str().unwrap().contains("regex"),
+        "{lines:?}"
+    );
     let obj: Value = serde_json::from_str(by_id(3)["text"].as_str().unwrap()).unwrap();
     assert!(obj.is_object());
 }

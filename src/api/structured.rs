@@ -9,7 +9,9 @@ use super::FieldError;
 use crate::constraint::{Constraint, ConstraintSpec, Grammars};
 
 /// The constraint a body asks for, and the field it came from; None when it asks for none.
-pub fn spec(body: &Map<String, Value>) -> Result<Option<(ConstraintSpec, &'static str)>, FieldError> {
+pub fn spec(
+    body: &Map<String, Value>,
+) -> Result<Option<(ConstraintSpec, &'static str)>, FieldError> {
     let mut found: Vec<(ConstraintSpec, &'static str)> = Vec::new();
     if let Some(rf) = body.get("response_format").filter(|v| !v.is_null()) {
         if let Some(spec) = response_format(rf)? {
@@ -17,7 +19,10 @@ pub fn spec(body: &Map<String, Value>) -> Result<Option<(ConstraintSpec, &'stati
         }
     }
     for (field, make) in [
-        ("regex", ConstraintSpec::Regex as fn(String) -> ConstraintSpec),
+        (
+            "regex",
+            ConstraintSpec::Regex as fn(String) -> ConstraintSpec,
+        ),
         ("grammar", ConstraintSpec::Lark),
     ] {
         match body.get(field) {
@@ -104,7 +109,8 @@ fn response_format(rf: &Value) -> Result<Option<ConstraintSpec>, FieldError> {
 fn close_objects(schema: &mut Value) {
     match schema {
         Value::Object(o) => {
-            let is_object = o.get("type") == Some(&Value::from("object")) || o.contains_key("properties");
+            let is_object =
+                o.get("type") == Some(&Value::from("object")) || o.contains_key("properties");
             if is_object && !o.contains_key("additionalProperties") {
                 o.insert("additionalProperties".into(), Value::Bool(false));
             }
@@ -209,8 +215,10 @@ mod tests {
         assert_eq!(e.param, "response_format.type");
         let e = spec(&body(json!({"regex": 5}))).unwrap_err();
         assert_eq!(e.param, "regex");
-        let e = spec(&body(json!({"response_format": {"type": "json_schema", "json_schema": {"schema": [1]}}})))
-            .unwrap_err();
+        let e = spec(&body(
+            json!({"response_format": {"type": "json_schema", "json_schema": {"schema": [1]}}}),
+        ))
+        .unwrap_err();
         assert_eq!(e.param, "response_format.json_schema.schema");
     }
 }

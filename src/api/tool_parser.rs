@@ -13,9 +13,15 @@ use super::tools::{HERMES_CLOSE, HERMES_OPEN};
 pub enum ToolEvent {
     Content(String),
     /// Call `index` opened, with this function name.
-    CallStart { index: usize, name: String },
+    CallStart {
+        index: usize,
+        name: String,
+    },
     /// More of call `index`'s arguments (raw JSON text).
-    Arguments { index: usize, text: String },
+    Arguments {
+        index: usize,
+        text: String,
+    },
 }
 
 /// One parsed call.
@@ -224,7 +230,10 @@ enum Header {
     Incomplete,
     Mismatch,
     /// `{"name": "...", "arguments": ` read: the name and the bytes it took.
-    Done { name: String, consumed: usize },
+    Done {
+        name: String,
+        consumed: usize,
+    },
 }
 
 /// Reads `\s*{\s*"name"\s*:\s*"NAME"\s*,\s*"arguments"\s*:\s*` at the start of `s`.

@@ -60,8 +60,14 @@ impl ToolFormat {
 pub fn parse(body: &Map<String, Value>) -> Result<Option<ToolRequest>, FieldError> {
     let raw = match body.get("tools") {
         None | Some(Value::Null) => {
-            if body.get("tool_choice").is_some_and(|c| !c.is_null() && c != "none" && c != "auto") {
-                return Err(FieldError::new("tool_choice", "`tool_choice` needs `tools`"));
+            if body
+                .get("tool_choice")
+                .is_some_and(|c| !c.is_null() && c != "none" && c != "auto")
+            {
+                return Err(FieldError::new(
+                    "tool_choice",
+                    "`tool_choice` needs `tools`",
+                ));
             }
             return Ok(None);
         }
@@ -88,14 +94,17 @@ pub fn parse(body: &Map<String, Value>) -> Result<Option<ToolRequest>, FieldErro
             Some(Value::String(n))
                 if !n.is_empty()
                     && n.len() <= 64
-                    && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.') =>
+                    && n.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.') =>
             {
                 n.clone()
             }
             _ => {
                 return Err(FieldError::new(
                     &format!("{param}.function.name"),
-                    format!("`{param}.function.name` must be 1-64 letters, digits, `_`, `-` or `.`"),
+                    format!(
+                        "`{param}.function.name` must be 1-64 letters, digits, `_`, `-` or `.`"
+                    ),
                 ))
             }
         };
@@ -240,7 +249,11 @@ pub fn grammar(
     let extra = if req.parallel { max_calls(req) - 1 } else { 0 };
     let mut rules = String::new();
     for k in (1..=extra).rev() {
-        let next = if k == extra { String::new() } else { format!(" more{}?", k + 1) };
+        let next = if k == extra {
+            String::new()
+        } else {
+            format!(" more{}?", k + 1)
+        };
         rules.push_str(&format!(
             "more{k}: \"\\n\" {open} \"\\n\" call \"\\n\" {close}{next}\n"
         ));
@@ -309,10 +322,15 @@ mod tests {
         let e = parse(&body(json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]})))
             .unwrap_err();
         assert_eq!(e.param, "tools[0].function.parameters");
-        let e = parse(&body(json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": [1]}}]})))
-            .unwrap_err();
+        let e = parse(&body(
+            json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": [1]}}]}),
+        ))
+        .unwrap_err();
         assert_eq!(e.param, "tools[0].function.parameters");
-        let e = parse(&body(json!({"tools": weather(), "tool_choice": "sometimes"}))).unwrap_err();
+        let e = parse(&body(
+            json!({"tools": weather(), "tool_choice": "sometimes"}),
+        ))
+        .unwrap_err();
         assert_eq!(e.param, "tool_choice");
         let e = parse(&body(json!({"tool_choice": "required"}))).unwrap_err();
         assert_eq!(e.param, "tool_choice");

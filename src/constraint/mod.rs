@@ -53,9 +53,9 @@ impl ConstraintSpec {
     /// flexible grammar allows); a schema's own `x-guidance` options win.
     fn grammar(&self) -> TopLevelGrammar {
         match self {
-            ConstraintSpec::JsonObject => {
-                TopLevelGrammar::from_json_schema(with_json_options(&serde_json::json!({"type": "object"})))
-            }
+            ConstraintSpec::JsonObject => TopLevelGrammar::from_json_schema(with_json_options(
+                &serde_json::json!({"type": "object"}),
+            )),
             ConstraintSpec::JsonSchema(schema) => {
                 TopLevelGrammar::from_json_schema(with_json_options(schema))
             }
@@ -121,8 +121,16 @@ impl Constraint {
     pub fn new_state(&self) -> ConstraintState {
         let matcher = self.start.lock().map(|m| m.deep_clone()).ok();
         ConstraintState {
-            matcher: if self.trigger.is_some() { None } else { matcher.clone() },
-            pending: if self.trigger.is_some() { matcher } else { None },
+            matcher: if self.trigger.is_some() {
+                None
+            } else {
+                matcher.clone()
+            },
+            pending: if self.trigger.is_some() {
+                matcher
+            } else {
+                None
+            },
             trigger: self.trigger,
         }
     }
@@ -155,7 +163,10 @@ impl ConstraintState {
     /// The tokens allowed next, or an error (llguidance's step budget exhausted, or no token
     /// allowed). Only for active states.
     pub fn compute_mask(&mut self) -> Result<SimpleVob, String> {
-        let m = self.matcher.as_mut().ok_or("the constraint is not active")?;
+        let m = self
+            .matcher
+            .as_mut()
+            .ok_or("the constraint is not active")?;
         let mask = m
             .compute_mask()
             .map_err(|e| format!("the constraint failed: {}", first_line(&e.to_string())))?;
@@ -169,10 +180,12 @@ impl ConstraintState {
     pub fn consume(&mut self, token: u32) -> Result<Consumed, String> {
         match &mut self.matcher {
             Some(m) => {
-                m.consume_token(token)
-                    .map_err(|e| {
-                        format!("the constraint rejected token {token}: {}", first_line(&e.to_string()))
-                    })?;
+                m.consume_token(token).map_err(|e| {
+                    format!(
+                        "the constraint rejected token {token}: {}",
+                        first_line(&e.to_string())
+                    )
+                })?;
                 Ok(if m.is_stopped() {
                     Consumed::Done
                 } else {

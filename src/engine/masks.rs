@@ -17,9 +17,7 @@ pub(super) type MaskResult = Result<SimpleVob, String>;
 
 /// Masks of every state in `jobs`, by sequence id, and the time spent (summed over rows, in
 /// microseconds).
-pub(super) fn compute_all(
-    jobs: &mut [(u64, ConstraintState)],
-) -> (HashMap<u64, MaskResult>, u64) {
+pub(super) fn compute_all(jobs: &mut [(u64, ConstraintState)]) -> (HashMap<u64, MaskResult>, u64) {
     let results: Vec<(u64, MaskResult, u64)> = jobs
         .par_iter_mut()
         .map(|(id, state)| {

@@ -25,7 +25,10 @@ pub fn completion_constraint(
     engine: &EngineHandle,
     body: &Map<String, Value>,
 ) -> Result<Option<Constraint>, ApiError> {
-    if body.get("tools").is_some_and(|t| t.as_array().is_none_or(|a| !a.is_empty())) {
+    if body
+        .get("tools")
+        .is_some_and(|t| t.as_array().is_none_or(|a| !a.is_empty()))
+    {
         return Err(ApiError::invalid(
             "tools",
             "`tools` is for /v1/chat/completions; /v1/completions takes `response_format`, `regex` or `grammar`",
@@ -67,11 +70,18 @@ pub fn chat_plan(
             if let Some((_, param)) = &spec {
                 return Err(ApiError::invalid(
                     param,
-                    format!("`{param}` cannot be combined with `tools` unless `tool_choice` is `none`"),
+                    format!(
+                        "`{param}` cannot be combined with `tools` unless `tool_choice` is `none`"
+                    ),
                 ));
             }
             if let Some((spec, trigger)) = tools::grammar(t, format, &engine.model.tokenizer) {
-                constraint = Some(structured::compile(&engine.grammars, &spec, "tools", trigger)?);
+                constraint = Some(structured::compile(
+                    &engine.grammars,
+                    &spec,
+                    "tools",
+                    trigger,
+                )?);
             }
         }
     }
@@ -82,9 +92,10 @@ pub fn chat_plan(
     }
     let raw = body.get("messages").and_then(Value::as_array);
     let has_tool_turns = raw.is_some_and(|items| {
-        items
-            .iter()
-            .any(|m| m.get("tool_calls").is_some_and(|c| !c.is_null()) || m.get("role") == Some(&json!("tool")))
+        items.iter().any(|m| {
+            m.get("tool_calls").is_some_and(|c| !c.is_null())
+                || m.get("role") == Some(&json!("tool"))
+        })
     });
     let prompt = if tool_req.is_some() || has_tool_turns {
         let json_messages = messages_json(messages, raw.map(Vec::as_slice).unwrap_or(&[]))?;
@@ -125,7 +136,10 @@ fn messages_json(messages: &[ChatMessage], raw: &[Value]) -> Result<Vec<Value>, 
         if let Some(calls) = r.get("tool_calls").filter(|c| !c.is_null()) {
             let param = format!("messages[{i}].tool_calls");
             let Value::Array(calls) = calls else {
-                return Err(ApiError::invalid(&param, format!("`{param}` must be an array")));
+                return Err(ApiError::invalid(
+                    &param,
+                    format!("`{param}` must be an array"),
+                ));
             };
             let mut fixed = Vec::new();
             for (k, c) in calls.iter().enumerate() {
@@ -163,7 +177,10 @@ pub fn call_id(reply_id: &str, index: usize, k: usize) -> String {
 
 /// A whole chat choice's `message` and `finish_reason` with its tool calls parsed out.
 pub fn apply_to_choice(choice: &mut Value, reply_id: &str, index: usize) {
-    let text = choice["message"]["content"].as_str().unwrap_or("").to_string();
+    let text = choice["message"]["content"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
     let (content, calls) = parse_all(&text);
     if calls.is_empty() {
         return;
