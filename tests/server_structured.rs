@@ -478,3 +478,42 @@ fn run_flags_and_jsonl_fields_constrain_the_output() {
     let obj: Value = serde_json::from_str(by_id(3)["text"].as_str().unwrap()).unwrap();
     assert!(obj.is_object());
 }
+
+/// The chat terminal's `/schema FILE` (read from a pipe): the reply follows the schema, and
+/// `/schema off` frees the next one.
+#[test]
+fn chat_schema_command_constrains_replies() {
+    use std::io::Write;
+    if model_path().is_none() {
+        return;
+    }
+    let schema = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/notes-schema.json");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_edge-llm"))
+        .args(["chat", "--temp", "0", "-n", "40"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let input = format!(
+        "/schema {}\nWrite a short note.\n/schema off\n/schema\n/schema /no/such/file.json\n",
+        schema.display()
+    );
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("replies follow the JSON schema in"), "{text}");
+    assert!(text.contains("{\"title\": \""), "{text}");
+    assert!(text.contains("replies are free again"), "{text}");
+    assert!(text.contains("replies are free (no /schema)"), "{text}");
+    assert!(text.contains("/no/such/file.json"), "{text}");
+}
