@@ -1,7 +1,8 @@
 //! Request bodies to engine requests: the JSON body is read field by field, so that a wrong
 //! type or a value out of range is answered with a 400 naming the field (`param`). Unknown
 //! fields are ignored, as OpenAI clients send extras; fields this server cannot honour
-//! (`echo`, `logit_bias`, `tools`, ...) are refused rather than ignored.
+//! (`echo`, `logit_bias`, `functions`, ...) are refused rather than ignored; `response_format`,
+//! `regex`, `grammar` and `tools` are read by `structured` (crate::api).
 //! Called by the handlers in `routes`.
 
 use axum::body::Bytes;
