@@ -45,6 +45,16 @@ if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null
     || echo "warning: could not install $PKGS; tests/webui.rs will fail under CI=true" >&2
 fi
 # ---- end webui
+# --- structured output (issue 11) ---
+# tests/server_structured.rs drives the official `openai` client and validates replies with
+# `jsonschema`: both go into a virtual environment under target/ (made once, then reused).
+STRUCTURED_VENV="$PWD/target/structured-venv"
+if ! "$STRUCTURED_VENV/bin/python" -c "import openai, jsonschema" >/dev/null 2>&1; then
+  python3 -m venv "$STRUCTURED_VENV" \
+    && "$STRUCTURED_VENV/bin/python" -m pip install -q --disable-pip-version-check openai jsonschema \
+    || echo "warning: could not install openai and jsonschema; tests/server_structured.rs will fail under CI" >&2
+fi
+# --- end structured output ---
 # The default build (no CUDA) must compile; the suite then runs once on the build with the cuda
 # feature, so every test also drives a CUDA-enabled binary on this GPU-less machine.
 cargo build --release --locked

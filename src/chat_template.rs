@@ -66,6 +66,8 @@ impl ChatMessage {
 /// A compiled chat template and the special-token texts it may refer to.
 pub struct ChatTemplate {
     env: Environment<'static>,
+    /// The template's text (what it teaches about tool calls is read from it).
+    source: String,
     bos_token: String,
     eos_token: String,
 }
@@ -144,6 +146,7 @@ impl ChatTemplate {
             .map_err(|e| anyhow!("{}", describe(&e)))?;
         Ok(ChatTemplate {
             env,
+            source: source.to_string(),
             bos_token: String::new(),
             eos_token: String::new(),
         })
@@ -191,6 +194,36 @@ impl ChatTemplate {
             .map_err(|e| anyhow!("cannot render the chat template: {}", describe(&e)))
     }
 
+    /// The template's text.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Renders messages given as JSON objects, passed to the template as they are (assistant
+    /// `tool_calls`, `tool` messages with `tool_call_id`), and `tools` when given, the way Hugging
+    /// Face's `apply_chat_template(messages, tools=...)` does.
+    pub fn render_json(
+        &self,
+        messages: &[serde_json::Value],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        let ctx = minijinja::context! {
+            messages => messages.iter().map(from_json).collect::<Vec<_>>(),
+            tools => tools.map(from_json),
+            add_generation_prompt => add_generation_prompt,
+            bos_token => self.bos_token.as_str(),
+            eos_token => self.eos_token.as_str(),
+        };
+        let template = self
+            .env
+            .get_template("chat_template")
+            .map_err(|e| anyhow!("{}", describe(&e)))?;
+        template
+            .render(ctx)
+            .map_err(|e| anyhow!("cannot render the chat template: {}", describe(&e)))
+    }
+
     /// Renders `messages` and tokenizes the result (see [`encode_prompt`]).
     pub fn encode(
         &self,
@@ -200,6 +233,27 @@ impl ChatTemplate {
     ) -> Result<Vec<u32>> {
         let prompt = self.render(messages, add_generation_prompt)?;
         encode_prompt(tokenizer, &prompt)
+    }
+}
+
+/// A JSON value as a template value (objects with their keys sorted).
+fn from_json(v: &serde_json::Value) -> Value {
+    use serde_json::Value as J;
+    match v {
+        J::Null => Value::from(()),
+        J::Bool(b) => Value::from(*b),
+        J::Number(n) => match (n.as_i64(), n.as_f64()) {
+            (Some(i), _) => Value::from(i),
+            (None, Some(f)) => Value::from(f),
+            _ => Value::from(n.to_string()),
+        },
+        J::String(s) => Value::from(s.as_str()),
+        J::Array(items) => items.iter().map(from_json).collect::<Vec<_>>().into(),
+        J::Object(map) => {
+            let map: BTreeMap<String, Value> =
+                map.iter().map(|(k, v)| (k.clone(), from_json(v))).collect();
+            Value::from_object(map)
+        }
     }
 }
 

@@ -3,7 +3,9 @@
 //! Layers only look down: the command-line faces (`cli`) use the model; the model (GGUF
 //! reader, weights, forward pass) uses the kernels; the kernels wrap the C code in `csrc/`.
 
+pub mod api;
 pub mod chat_template;
+pub mod constraint;
 pub mod cli;
 #[cfg(feature = "cuda")]
 pub mod cuda;

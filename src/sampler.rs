@@ -20,6 +20,8 @@ pub struct SamplingParams {
     pub presence_penalty: f32,
     pub frequency_penalty: f32,
     pub seed: u64,
+    /// What the output must match (JSON schema, regex, grammar); None leaves it free.
+    pub constraint: Option<crate::constraint::Constraint>,
 }
 
 impl Default for SamplingParams {
@@ -34,6 +36,7 @@ impl Default for SamplingParams {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             seed: 0,
+            constraint: None,
         }
     }
 }

@@ -6,10 +6,11 @@
 use std::io::Write;
 use std::time::Instant;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 
 use super::{EngineArgs, ModelArgs, ThreadArgs};
+use crate::constraint::{Constraint, ConstraintSpec};
 use crate::engine::{EngineHandle, Event, Request, RequestStream};
 use crate::sampler::{Rng, SamplingParams};
 
@@ -39,6 +40,9 @@ pub struct BenchArgs {
     /// Print one JSON object on the last line of stdout.
     #[arg(long)]
     pub json: bool,
+    /// Constrain every sequence to this JSON schema (the same figures, with constrained decoding).
+    #[arg(long = "json-schema", value_name = "FILE")]
+    pub json_schema: Option<std::path::PathBuf>,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -79,10 +83,33 @@ fn drain(stream: &mut RequestStream) -> Result<(Instant, Instant, usize, Option<
     Ok((first.unwrap_or(last), last, n, ttft_ms))
 }
 
-fn request(prompt: Vec<u32>, n_gen: usize) -> Request {
-    let mut r = Request::new(prompt, SamplingParams::greedy(), n_gen);
+fn request(prompt: Vec<u32>, n_gen: usize, constraint: &Option<Constraint>) -> Request {
+    let sampling = SamplingParams {
+        constraint: constraint.clone(),
+        ..SamplingParams::greedy()
+    };
+    let mut r = Request::new(prompt, sampling, n_gen);
     r.ignore_eos = true;
     r
+}
+
+/// The constraint of `--json-schema FILE`, compiled for the engine's model.
+fn schema_constraint(engine: &EngineHandle, path: &std::path::Path) -> Result<Constraint> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading --json-schema {}", path.display()))?;
+    let schema: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("--json-schema {} is not JSON", path.display()))?;
+    let t = Instant::now();
+    let c = engine
+        .grammars
+        .compile(&ConstraintSpec::JsonSchema(schema), None)
+        .map_err(|e| anyhow::anyhow!("--json-schema {}: {e}", path.display()))?;
+    eprintln!(
+        "--json-schema {}: compiled in {:.1} ms",
+        path.display(),
+        t.elapsed().as_secs_f64() * 1000.0
+    );
+    Ok(c)
 }
 
 pub fn bench(args: &BenchArgs) -> Result<()> {
@@ -102,10 +129,14 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         engine_args.parallel = args.sessions.max(1);
     }
     let engine = engine_args.start(model, true)?;
+    let constraint = match &args.json_schema {
+        Some(path) => Some(schema_constraint(&engine, path)?),
+        None => None,
+    };
     let mut rng = Rng::new(1234);
     let mut out = std::io::stdout().lock();
     if args.sessions == 0 {
-        let (pp, tg) = single(&engine, &mut rng, vocab, args)?;
+        let (pp, tg) = single(&engine, &mut rng, vocab, args, &constraint)?;
         writeln!(out, "| model | threads | test | tokens/s |")?;
         writeln!(out, "|---|---|---|---|")?;
         let name = engine
@@ -132,7 +163,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
             writeln!(out, "{j}")?;
         }
     } else {
-        let r = sessions(&engine, &mut rng, vocab, args)?;
+        let r = sessions(&engine, &mut rng, vocab, args, &constraint)?;
         writeln!(out, "| sessions | shared prefix | prompt | gen | aggregate gen tokens/s | TTFT median ms | prefix-cache hit rate |")?;
         writeln!(out, "|---|---|---|---|---|---|---|")?;
         writeln!(
@@ -149,6 +180,14 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
             writeln!(out, "{j}")?;
         }
     }
+    if constraint.is_some() {
+        let m = engine.metrics().unwrap_or_default();
+        let per = m.mask_time_us as f64 / m.masks_computed.max(1) as f64;
+        eprintln!(
+            "constrained: {} token masks, {per:.0} us each on average (computed beside the forward pass)",
+            m.masks_computed
+        );
+    }
     Ok(())
 }
 
@@ -159,15 +198,17 @@ fn single(
     rng: &mut Rng,
     vocab: usize,
     args: &BenchArgs,
+    constraint: &Option<Constraint>,
 ) -> Result<(f64, Option<f64>)> {
     let (mut pp, mut tg) = (Vec::new(), Vec::new());
     // One warm-up run, not counted.
-    drain(&mut engine.submit(request(random_tokens(rng, 16, vocab), 4))?)?;
+    drain(&mut engine.submit(request(random_tokens(rng, 16, vocab), 4, constraint))?)?;
     for _ in 0..args.repetitions {
         let started = Instant::now();
         let mut s = engine.submit(request(
             random_tokens(rng, args.n_prompt, vocab),
             args.n_gen,
+            constraint,
         ))?;
         let (first, last, n, _) = drain(&mut s)?;
         pp.push(args.n_prompt as f64 / (first - started).as_secs_f64());
@@ -185,6 +226,7 @@ fn sessions(
     rng: &mut Rng,
     vocab: usize,
     args: &BenchArgs,
+    constraint: &Option<Constraint>,
 ) -> Result<(f64, f64, f64)> {
     let (mut agg, mut ttft, mut hit) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..args.repetitions {
@@ -195,7 +237,7 @@ fn sessions(
             .map(|_| {
                 let mut p = prefix.clone();
                 p.extend(random_tokens(rng, args.n_prompt, vocab));
-                engine.submit(request(p, args.n_gen))
+                engine.submit(request(p, args.n_gen, constraint))
             })
             .collect::<Result<Vec<_>, _>>()?;
         let mut generated = 0;

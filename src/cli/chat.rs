@@ -333,6 +333,8 @@ impl Chat {
             .settings
             .params(&self.base)
             .map_err(anyhow::Error::msg)?;
+        let mut params = params;
+        params.constraint = session.schema.as_ref().map(|(_, c)| c.clone());
         let request = Request::new(prompt, params, session.settings.max_tokens);
         let stream = self.engine.submit(request).map_err(|e| match e {
             SubmitError::PromptTooLong { .. } => anyhow!("{e}: /clear this session, or /new"),

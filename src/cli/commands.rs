@@ -126,6 +126,8 @@ pub struct RunArgs {
     /// With --jsonl: the Jinja chat template for `messages` [default: the model's]
     #[arg(long = "chat-template", requires = "jsonl")]
     pub chat_template: Option<PathBuf>,
+    #[command(flatten)]
+    pub constraint: super::constrain::ConstraintArgs,
 }
 
 pub fn run(args: &RunArgs) -> Result<()> {
@@ -156,6 +158,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let engine = engine_args.start(model, false)?;
     let mut request = Request::new(ids.clone(), sampling, max_tokens);
     request.ignore_eos = args.ignore_eos;
+    request.sampling.constraint = args.constraint.compile(&engine)?;
     let started = std::time::Instant::now();
     let mut stream = engine.submit(request)?;
     let mut out = std::io::stdout().lock();

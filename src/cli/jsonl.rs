@@ -143,7 +143,9 @@ impl Builder {
                     .map_err(internal)?
             }
         };
-        let mut request = Request::new(prompt, p.sampling, p.max_tokens.unwrap_or(self.max_tokens));
+        let mut sampling = p.sampling;
+        sampling.constraint = crate::api::structured::constraint(&self.engine.grammars, map)?;
+        let mut request = Request::new(prompt, sampling, p.max_tokens.unwrap_or(self.max_tokens));
         request.ignore_eos = p.ignore_eos || self.ignore_eos;
         request.stop = p.stop;
         Ok(request)

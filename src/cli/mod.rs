@@ -2,6 +2,7 @@
 //! subcommand, and errors come back to `main` as an `anyhow` chain. Called only by `main.rs`.
 
 mod bench;
+mod constrain;
 mod chat;
 mod commands;
 mod jsonl;

@@ -26,6 +26,11 @@ pub struct Metrics {
     pub ttft_ms: Vec<u64>,
     pub ttft_ms_sum: u64,
     pub ttft_count: u64,
+    /// Requests submitted with a constraint (JSON schema, regex, grammar, tool calls).
+    pub requests_constrained: u64,
+    /// Token masks computed for constrained rows, and the time spent on them (summed over rows).
+    pub masks_computed: u64,
+    pub mask_time_us: u64,
 }
 
 impl Metrics {

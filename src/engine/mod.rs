@@ -12,6 +12,7 @@
 pub mod batch_builder;
 pub mod block_manager;
 pub mod kv_events;
+mod masks;
 pub mod metrics;
 pub mod scheduler;
 pub mod sequence;
@@ -25,6 +26,7 @@ use tokio::sync::mpsc as events;
 
 pub use metrics::Metrics;
 
+use crate::constraint::Grammars;
 use crate::device::Executor;
 use crate::kv_cache::KvCache;
 use crate::model::Model;
@@ -233,6 +235,8 @@ pub struct EngineHandle {
     metrics: Arc<Mutex<Metrics>>,
     pub config: Arc<EngineConfig>,
     pub model: Arc<Model>,
+    /// Compiles and caches the constraints of requests for this model.
+    pub grammars: Arc<Grammars>,
 }
 
 /// The events of one request. Dropping it before the request finished aborts the request.
@@ -346,6 +350,7 @@ impl EngineHandle {
             in_flight,
             metrics,
             config,
+            grammars: Arc::new(Grammars::new(model.clone())),
             model,
         })
     }

@@ -11,10 +11,12 @@ use std::time::Instant;
 use tokio::sync::mpsc as events;
 
 use super::batch_builder::build_batch;
+use super::masks::{self, MaskResult};
 use super::block_manager::BlockManager;
 use super::kv_events::{coalesce, KvCacheEvent, KvEventSink};
 use super::scheduler::{Scheduler, SchedulerConfig};
 use super::{Command, EngineConfig, Event, FinishReason, Metrics, Request, TokenLogprobs, Usage};
+use crate::constraint::{ConstraintState, Consumed};
 use crate::device::Executor;
 use crate::model::Model;
 use crate::sampler::Sampler;
@@ -35,6 +37,8 @@ struct SeqState {
     submitted: Instant,
     ttft_ms: Option<u64>,
     num_cached: usize,
+    /// Where the sequence is in its grammar, for constrained requests.
+    constraint: Option<ConstraintState>,
 }
 
 pub(super) struct Worker {
@@ -151,6 +155,10 @@ impl Worker {
                 events,
             } => {
                 self.metrics.requests_submitted += 1;
+                let constraint = request.sampling.constraint.as_ref().map(|c| c.new_state());
+                if constraint.is_some() {
+                    self.metrics.requests_constrained += 1;
+                }
                 let seq_id = self.new_seq_id();
                 self.sched.add(seq_id, request.prompt.clone());
                 let request = Arc::new(request);
@@ -168,6 +176,7 @@ impl Worker {
                         submitted: Instant::now(),
                         ttft_ms: None,
                         num_cached: 0,
+                        constraint,
                     },
                 );
                 self.requests.insert(id, vec![seq_id]);
@@ -231,7 +240,25 @@ impl Worker {
             .iter()
             .try_for_each(|c| self.exec.copy_block(c.src, c.dst));
         let batch = build_batch(&self.sched, &out);
-        let logits = match copied.and_then(|()| self.exec.forward(&self.model, &batch)) {
+        // The constrained rows that sample this step have their masks computed on a helper
+        // thread while the forward pass runs.
+        let mut jobs = self.take_mask_jobs(&out.scheduled);
+        let (forward, (mut masks, mask_us)) = std::thread::scope(|s| {
+            let helper = (!jobs.is_empty()).then(|| s.spawn(|| masks::compute_all(&mut jobs)));
+            let forward = copied.and_then(|()| self.exec.forward(&self.model, &batch));
+            let masks = helper
+                .map(|h| h.join().expect("mask computation does not panic"))
+                .unwrap_or_default();
+            (forward, masks)
+        });
+        self.metrics.mask_time_us += mask_us;
+        self.metrics.masks_computed += masks.len() as u64;
+        for (id, state) in jobs {
+            if let Some(st) = self.seqs.get_mut(&id) {
+                st.constraint = Some(state);
+            }
+        }
+        let logits = match forward {
             Ok(l) => l,
             Err(e) => {
                 for &(id, _) in &out.scheduled {
@@ -253,12 +280,58 @@ impl Worker {
         let ready = self.sched.step_done(&out);
         let vocab = self.model.config.vocab_size;
         for (row, &seq_id) in ready.iter().enumerate() {
-            self.sample(seq_id, &logits[row * vocab..(row + 1) * vocab]);
+            let mask = masks.remove(&seq_id);
+            self.sample(seq_id, &logits[row * vocab..(row + 1) * vocab], mask);
         }
     }
 
+    /// Takes out the active constraint states of the scheduled sequences that will sample after
+    /// this step (every token computed), to compute their masks beside the forward pass.
+    fn take_mask_jobs(&mut self, scheduled: &[(u64, usize)]) -> Vec<(u64, ConstraintState)> {
+        let mut jobs = Vec::new();
+        for &(id, n) in scheduled {
+            let samples = self
+                .sched
+                .get(id)
+                .is_some_and(|seq| seq.num_computed + n == seq.len());
+            let Some(st) = self.seqs.get_mut(&id) else {
+                continue;
+            };
+            if samples && st.constraint.as_ref().is_some_and(|c| c.is_active()) {
+                jobs.push((id, st.constraint.take().expect("checked")));
+            }
+        }
+        jobs
+    }
+
+    /// The row's logits under its constraint: the mask computed beside the forward pass, or
+    /// one computed now (forks, lazily triggered rows). Err ends the request.
+    fn constrained_logits(
+        &mut self,
+        seq_id: u64,
+        logits: &[f32],
+        mask: Option<MaskResult>,
+    ) -> Result<Option<Vec<f32>>, String> {
+        let st = self.seqs.get_mut(&seq_id).expect("state of a live sequence");
+        let Some(state) = st.constraint.as_mut().filter(|c| c.is_active()) else {
+            return Ok(None);
+        };
+        let mask = match mask {
+            Some(m) => m?,
+            None => {
+                let t = Instant::now();
+                let m = state.compute_mask();
+                self.metrics.mask_time_us += t.elapsed().as_micros() as u64;
+                self.metrics.masks_computed += 1;
+                m?
+            }
+        };
+        let tok = &self.model.tokenizer;
+        Ok(Some(masks::apply(logits, &mask, tok.eos_id(), tok.eog_ids())))
+    }
+
     /// Samples the next token of `seq_id` from its logits and tells the client.
-    fn sample(&mut self, seq_id: u64, logits: &[f32]) {
+    fn sample(&mut self, seq_id: u64, logits: &[f32], mask: Option<MaskResult>) {
         let Some(seq) = self.sched.get(seq_id) else {
             return;
         };
@@ -290,6 +363,7 @@ impl Worker {
                     submitted: st.submitted,
                     ttft_ms: None,
                     num_cached,
+                    constraint: st.request.sampling.constraint.as_ref().map(|c| c.new_state()),
                 };
                 let request_id = state.request_id;
                 self.seqs.insert(child, state);
@@ -297,9 +371,17 @@ impl Worker {
                     .get_mut(&request_id)
                     .expect("request is live")
                     .push(child);
-                self.sample(child, logits);
+                self.sample(child, logits, None);
             }
         }
+        let constrained = match self.constrained_logits(seq_id, logits, mask) {
+            Ok(c) => c,
+            Err(e) => {
+                self.fail(seq_id, e);
+                return;
+            }
+        };
+        let logits = constrained.as_deref().unwrap_or(logits);
         let Some(seq) = self.sched.get(seq_id) else {
             return;
         };
@@ -316,10 +398,21 @@ impl Worker {
             st.ttft_ms = Some(ms);
             self.metrics.record_ttft(ms);
         }
-        if !st.request.ignore_eos && tokenizer.is_eog(token) {
+        // An end token ends a constrained sequence even with ignore_eos: the constraint allowed it
+        // only because its grammar is complete.
+        let constrained_end = st.constraint.as_ref().is_some_and(|c| c.is_active());
+        if (!st.request.ignore_eos || constrained_end) && tokenizer.is_eog(token) {
             self.finish(seq_id, FinishReason::Stop);
             return;
         }
+        let consumed = match st.constraint.as_mut().map(|c| c.consume(token)) {
+            Some(Err(e)) => {
+                self.fail(seq_id, e);
+                return;
+            }
+            Some(Ok(c)) => c,
+            None => Consumed::Continue,
+        };
         let logprobs = st
             .request
             .logprobs
@@ -340,7 +433,7 @@ impl Worker {
         if sent.is_err() {
             let request_id = st.request_id;
             self.handle(Command::Abort(request_id));
-        } else if stopped {
+        } else if stopped || consumed == Consumed::Done {
             self.finish(seq_id, FinishReason::Stop);
         } else if seq.generated().len() >= st.request.max_tokens
             || seq.len() >= self.config.max_seq_len

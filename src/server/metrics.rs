@@ -41,6 +41,31 @@ pub fn prometheus(m: &Metrics) -> String {
         &[("", c(m.requests_failed))],
     );
     metric(
+        "requests_constrained_total",
+        "counter",
+        "Requests with a constraint (JSON schema, regex, grammar, tool calls).",
+        &[("", c(m.requests_constrained))],
+    );
+    metric(
+        "mask_seconds_per_token",
+        "gauge",
+        "Mean time to compute one constrained row's token mask.",
+        &[(
+            "",
+            if m.masks_computed == 0 {
+                0.0
+            } else {
+                m.mask_time_us as f64 / 1e6 / m.masks_computed as f64
+            },
+        )],
+    );
+    metric(
+        "masks_computed_total",
+        "counter",
+        "Token masks computed for constrained rows.",
+        &[("", c(m.masks_computed))],
+    );
+    metric(
         "requests_running",
         "gauge",
         "Sequences running now.",

@@ -24,6 +24,7 @@ mod router_api;
 mod routes;
 mod stream;
 mod webui;
+mod structured;
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;

@@ -1,7 +1,8 @@
 //! Request bodies to engine requests: the JSON body is read field by field, so that a wrong
 //! type or a value out of range is answered with a 400 naming the field (`param`). Unknown
 //! fields are ignored, as OpenAI clients send extras; fields this server cannot honour
-//! (`echo`, `logit_bias`, `tools`, ...) are refused rather than ignored.
+//! (`echo`, `logit_bias`, `functions`, ...) are refused rather than ignored; `response_format`,
+//! `regex`, `grammar` and `tools` are read by `structured` (crate::api).
 //! Called by the handlers in `routes`.
 
 use axum::body::Bytes;
@@ -195,6 +196,7 @@ pub fn openai_sampling(seed: u64) -> SamplingParams {
         presence_penalty: 0.0,
         frequency_penalty: 0.0,
         seed,
+        constraint: None,
     }
 }
 
@@ -340,14 +342,8 @@ pub fn gen_params_over(
     f.unsupported("best_of", |v| v.as_u64() == Some(1))?;
     f.unsupported("echo", |v| v.as_bool() == Some(false))?;
     f.unsupported("suffix", |v| v.as_str() == Some(""))?;
-    f.unsupported("tools", |v| v.as_array().is_some_and(Vec::is_empty))?;
+    // `tools`, `tool_choice` and `response_format` are read by `structured` (crate::api).
     f.unsupported("functions", |v| v.as_array().is_some_and(Vec::is_empty))?;
-    f.unsupported("tool_choice", |v| {
-        v.as_str() == Some("none") || v.as_str() == Some("auto")
-    })?;
-    f.unsupported("response_format", |v| {
-        v.get("type").and_then(Value::as_str) == Some("text")
-    })?;
     Ok(GenParams {
         sampling,
         max_tokens,

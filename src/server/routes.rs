@@ -18,6 +18,7 @@ use super::middleware::{LogNote, RequestInfo};
 use super::params::{self, Endpoint, Fields, GenParams, Prompt};
 use super::response::{collect, full_response, log_note, Reply};
 use super::stream::sse_response;
+use super::structured;
 use super::AppState;
 use crate::chat_template::encode_prompt;
 use crate::engine::{Request, SubmitError};
@@ -99,9 +100,10 @@ pub async fn completions(
 ) -> Result<Response, ApiError> {
     let map = params::json_object(body, state.max_body_bytes)?;
     let f = Fields(&map);
-    let params = params::gen_params(&f, Endpoint::Completions, super::random_seed())?;
+    let mut params = params::gen_params(&f, Endpoint::Completions, super::random_seed())?;
+    params.sampling.constraint = structured::completion_constraint(&state.engine, &map)?;
     let ids = completion_prompt_ids(&state, &f)?;
-    generate(&state, info, Endpoint::Completions, ids, params, "prompt").await
+    generate(&state, info, Endpoint::Completions, ids, params, "prompt", false).await
 }
 
 /// The token ids a completions body runs (`/v1/completions` and its `/render`).
@@ -122,33 +124,42 @@ pub async fn chat_completions(
 ) -> Result<Response, ApiError> {
     let map = params::json_object(body, state.max_body_bytes)?;
     let f = Fields(&map);
-    let params = params::gen_params(&f, Endpoint::Chat, super::random_seed())?;
-    let ids = chat_prompt_ids(&state, &f)?;
-    generate(&state, info, Endpoint::Chat, ids, params, "messages").await
+    let mut params = params::gen_params(&f, Endpoint::Chat, super::random_seed())?;
+    let (ids, plan) = chat_prompt_plan(&state, &f)?;
+    params.sampling.constraint = plan.constraint;
+    generate(&state, info, Endpoint::Chat, ids, params, "messages", plan.tool_calls).await
 }
 
-/// The token ids a chat body runs: its messages through the template, then the tokenizer
-/// (`/v1/chat/completions` and its `/render`).
+/// The token ids a chat body runs: its messages (and `tools`) through the template, then the
+/// tokenizer (`/v1/chat/completions` and its `/render`).
 pub(super) fn chat_prompt_ids(state: &AppState, f: &Fields) -> Result<Vec<u32>, ApiError> {
+    chat_prompt_plan(state, f).map(|(ids, _)| ids)
+}
+
+/// The token ids of a chat body and its plan (the constraint, whether to parse tool calls).
+fn chat_prompt_plan(
+    state: &AppState,
+    f: &Fields,
+) -> Result<(Vec<u32>, structured::ChatPlan), ApiError> {
     let messages = params::messages(f)?;
     let add_generation_prompt = f.bool("add_generation_prompt")?.unwrap_or(true);
     let template = state
         .template
         .as_ref()
         .map_err(|why| ApiError::bad_request(why.clone()).with_code("no_chat_template"))?;
-    let prompt = template
-        .render(&messages, add_generation_prompt)
-        .map_err(|e| ApiError::invalid("messages", format!("{e:#}")))?;
-    encode_prompt(&state.engine.model.tokenizer, &prompt).map_err(|e| {
+    let plan = structured::chat_plan(&state.engine, template, f.0, &messages, add_generation_prompt)?;
+    let ids = encode_prompt(&state.engine.model.tokenizer, &plan.prompt).map_err(|e| {
         ApiError::invalid(
             "messages",
             format!("cannot tokenize the chat prompt: {e:#}"),
         )
-    })
+    })?;
+    Ok((ids, plan))
 }
 
 /// Checks the prompt and `max_tokens` against the context, submits, and answers with a
-/// stream or the whole response. `prompt_param` names the field the prompt came from.
+/// stream or the whole response. `prompt_param` names the field the prompt came from;
+/// `tool_calls` looks for tool calls in the reply.
 async fn generate(
     state: &AppState,
     info: RequestInfo,
@@ -156,6 +167,7 @@ async fn generate(
     prompt: Vec<u32>,
     params: GenParams,
     prompt_param: &str,
+    tool_calls: bool,
 ) -> Result<Response, ApiError> {
     let max_seq_len = state.engine.config.max_seq_len;
     let num_prompt = prompt.len();
@@ -222,15 +234,23 @@ async fn generate(
             params.include_usage,
             with_logprobs,
             info,
+            tool_calls,
         ));
     }
     let choices = collect(&mut stream, params.n).await?;
-    let body = full_response(
+    let mut body = full_response(
         &reply,
         &state.engine.model.tokenizer,
         &choices,
         with_logprobs,
     );
+    if tool_calls {
+        if let Some(items) = body["choices"].as_array_mut() {
+            for (index, choice) in items.iter_mut().enumerate() {
+                structured::apply_to_choice(choice, &reply.id, index);
+            }
+        }
+    }
     let usages: Vec<_> = choices.iter().map(|c| c.usage).collect();
     let finishes: Vec<_> = choices.iter().map(|c| c.finish).collect();
     let mut response = Json(body).into_response();

@@ -18,6 +18,8 @@ use super::params::Endpoint;
 use super::response::{
     chat_logprobs, completion_logprobs, finish_str, log_note, usage_json, Reply,
 };
+use super::structured;
+use crate::api::tool_parser::ToolCallParser;
 use crate::engine::{Event, FinishReason, RequestStream, TokenLogprobs, Usage};
 use crate::model::Model;
 
@@ -38,6 +40,8 @@ struct SseState {
     done: bool,
     info: RequestInfo,
     logged: bool,
+    /// Per choice, the parser that finds tool calls in the reply (requests with `tools`).
+    tool_parsers: Option<Vec<ToolCallParser>>,
 }
 
 /// A `text/event-stream` response fed by `stream`.
@@ -49,6 +53,7 @@ pub fn sse_response(
     include_usage: bool,
     with_logprobs: bool,
     info: RequestInfo,
+    tool_calls: bool,
 ) -> Response {
     let mut state = SseState {
         reply,
@@ -64,6 +69,7 @@ pub fn sse_response(
         done: false,
         info,
         logged: false,
+        tool_parsers: tool_calls.then(|| vec![ToolCallParser::new(); n]),
     };
     if state.reply.endpoint == Endpoint::Chat {
         // OpenAI opens each choice with the assistant's role; it also sends the headers now.
@@ -157,7 +163,9 @@ impl SseState {
                     }
                     let entries: Vec<(u32, TokenLogprobs)> =
                         logprobs.map(|l| (token, l)).into_iter().collect();
-                    if !text.is_empty() || (self.with_logprobs && !entries.is_empty()) {
+                    if self.tool_parsers.is_some() {
+                        self.push_tool_deltas(index, &text, None);
+                    } else if !text.is_empty() || (self.with_logprobs && !entries.is_empty()) {
                         let choice = self.choice(index, text, &entries, None);
                         self.push_chunk(vec![choice]);
                     }
@@ -173,6 +181,10 @@ impl SseState {
                     }
                     self.usages[index] = usage;
                     self.finishes[index] = Some(reason);
+                    if self.tool_parsers.is_some() {
+                        self.push_tool_deltas(index, &text, Some(reason));
+                        continue;
+                    }
                     let choice = self.choice(index, text, &[], Some(reason));
                     self.push_chunk(vec![choice]);
                 }
@@ -191,6 +203,28 @@ impl SseState {
                     self.end(&note);
                 }
             }
+        }
+    }
+
+    /// Chunks for a choice whose reply is parsed for tool calls: content and call deltas, and
+    /// at the end the finish reason (`tool_calls` when it made any).
+    fn push_tool_deltas(&mut self, index: usize, text: &str, finish: Option<FinishReason>) {
+        let Some(parser) = self.tool_parsers.as_mut().and_then(|p| p.get_mut(index)) else {
+            return;
+        };
+        let mut events = parser.push(text);
+        if finish.is_some() {
+            events.extend(parser.finish());
+        }
+        let made_calls = !parser.calls.is_empty();
+        for delta in structured::deltas(events, &self.reply.id, index) {
+            let choice = json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": null});
+            self.push_chunk(vec![choice]);
+        }
+        if let Some(reason) = finish {
+            let choice = json!({"index": index, "delta": {}, "logprobs": null,
+                                "finish_reason": structured::finish_reason(reason, made_calls)});
+            self.push_chunk(vec![choice]);
         }
     }
 

@@ -227,6 +227,12 @@ impl Tokenizer {
         String::from_utf8_lossy(&bytes).into_owned()
     }
 
+    /// Whether `id` is a control token (`<|im_end|>`, `<|im_start|>`, ...): text the model
+    /// writes only as that one token, never spelled out.
+    pub fn is_control(&self, id: u32) -> bool {
+        self.vocab.attr(id) & attr::CONTROL != 0
+    }
+
     /// The id of the token whose text is exactly `text`, if the vocabulary has one.
     pub fn find_token(&self, text: &str) -> Option<u32> {
         (0..self.vocab_size() as u32).find(|&id| self.token_text(id) == text)

@@ -59,10 +59,15 @@ impl Server {
         let lock = ONE_SERVER_AT_A_TIME
             .lock()
             .unwrap_or_else(|e| e.into_inner());
+        // `-m FILE` among `extra` serves another model.
+        let model_args = if extra.contains(&"-m") {
+            Vec::new()
+        } else {
+            vec!["-m".into(), model.into_os_string()]
+        };
         let mut child = Command::new(env!("CARGO_BIN_EXE_edge-llm"))
             .arg("serve")
-            .arg("-m")
-            .arg(&model)
+            .args(model_args)
             .args(["--port", "0"])
             .args(if extra.contains(&"-c") {
                 &[][..]

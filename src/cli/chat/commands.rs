@@ -25,6 +25,7 @@ generating; Enter on an empty line, or /switch N, shows it again).
   /regen               replace the last reply with a new one
   /save FILE           write the conversation and settings as JSON
   /load FILE           replace this session's conversation and settings with FILE's
+  /schema [FILE|off]   constrain replies to the JSON schema in FILE (no FILE: show it)
   /set [KEY VALUE]     change a setting: temp, top_p, top_k, min_p, seed (or random), max_tokens
   /stats               numbers of the last reply and of the engine
   /help                this text
@@ -155,6 +156,7 @@ pub fn run(chat: &mut Chat, line: &str) -> Result<Action> {
             }
             chat.say(chat.current().settings.to_string());
         }
+        "/schema" => schema(chat, arg)?,
         "/stats" => stats(chat),
         _ => bail!("unknown command {name}; /help lists them"),
     }
@@ -185,6 +187,35 @@ fn regen(chat: &mut Chat) -> Result<Action> {
     }
     chat.start_reply(id)?;
     Ok(Action::Reply(id))
+}
+
+/// `/schema FILE` constrains this session's replies to a JSON schema; `/schema off` frees them.
+fn schema(chat: &mut Chat, arg: &str) -> Result<()> {
+    match arg {
+        "" => match &chat.current().schema {
+            Some((path, _)) => chat.say(format!("replies follow the JSON schema in {}", path.display())),
+            None => chat.say("replies are free (no /schema)"),
+        },
+        "off" => {
+            chat.current_mut().schema = None;
+            chat.say("replies are free again");
+        }
+        path => {
+            let path = Path::new(path);
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| anyhow!("reading {}: {e}", path.display()))?;
+            let schema: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| anyhow!("{} is not JSON: {e}", path.display()))?;
+            let c = chat
+                .engine
+                .grammars
+                .compile(&crate::constraint::ConstraintSpec::JsonSchema(schema), None)
+                .map_err(|e| anyhow!("{}: {e}", path.display()))?;
+            chat.current_mut().schema = Some((path.to_path_buf(), c));
+            chat.say(format!("replies follow the JSON schema in {}", path.display()));
+        }
+    }
+    Ok(())
 }
 
 fn session_number(chat: &Chat, arg: &str) -> Result<usize> {

@@ -269,6 +269,8 @@ pub struct Session {
     pub settings: Settings,
     pub reply: Option<Reply>,
     pub last_stats: Option<ReplyStats>,
+    /// `/schema FILE`: replies are constrained to this JSON schema (the file, compiled).
+    pub schema: Option<(std::path::PathBuf, crate::constraint::Constraint)>,
 }
 
 impl Session {
@@ -280,6 +282,7 @@ impl Session {
             settings,
             reply: None,
             last_stats: None,
+            schema: None,
         }
     }
 
@@ -339,6 +342,7 @@ impl Session {
             settings: self.settings.clone(),
             reply: None,
             last_stats: None,
+            schema: self.schema.clone(),
         }
     }
 

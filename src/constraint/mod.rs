@@ -1,0 +1,300 @@
+//! Constrained decoding: what a request may generate (a JSON schema, any JSON object, a regular
+//! expression or a Lark grammar), compiled once by llguidance into a token-level matcher.
+//!
+//! - [`ConstraintSpec`] is what a face asks for; [`Grammars::compile`] turns it into a
+//!   [`Constraint`] (or an error naming what llguidance rejected) at submission, on the client's
+//!   thread, so a bad grammar never reaches the engine. Compiled grammars are cached by a hash of
+//!   their source: a repeated schema costs one clone.
+//! - A [`Constraint`] rides in the sequence's `SamplingParams`; the engine gives every sequence its
+//!   own [`ConstraintState`] and asks it for a token mask before sampling (`engine::masks`).
+//! - `tokenv` builds llguidance's token trie from our own vocabulary's bytes.
+//!
+//! Callers: the server and CLI faces (compile), the engine worker (masks, consume).
+
+mod tokenv;
+
+use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use llguidance::api::TopLevelGrammar;
+use llguidance::{Matcher, ParserFactory};
+use serde_json::Value;
+use toktrie::SimpleVob;
+
+use crate::model::Model;
+
+/// What a request asks its output to match.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ConstraintSpec {
+    /// Any JSON object.
+    JsonObject,
+    /// A JSON schema (the subset llguidance supports).
+    JsonSchema(Value),
+    /// A regular expression the whole output matches.
+    Regex(String),
+    /// A grammar in llguidance's Lark syntax.
+    Lark(String),
+}
+
+impl ConstraintSpec {
+    /// The kind, for messages and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ConstraintSpec::JsonObject => "json_object",
+            ConstraintSpec::JsonSchema(_) => "json_schema",
+            ConstraintSpec::Regex(_) => "regex",
+            ConstraintSpec::Lark(_) => "grammar",
+        }
+    }
+
+    /// llguidance's grammar for this constraint. JSON is written compactly with `", "` and
+    /// `": "` separators and no other whitespace (a small model can loop on whitespace that a
+    /// flexible grammar allows); a schema's own `x-guidance` options win.
+    fn grammar(&self) -> TopLevelGrammar {
+        match self {
+            ConstraintSpec::JsonObject => TopLevelGrammar::from_json_schema(with_json_options(
+                &serde_json::json!({"type": "object"}),
+            )),
+            ConstraintSpec::JsonSchema(schema) => {
+                TopLevelGrammar::from_json_schema(with_json_options(schema))
+            }
+            ConstraintSpec::Regex(rx) => TopLevelGrammar::from_regex(rx),
+            ConstraintSpec::Lark(src) => TopLevelGrammar::from_lark(src.clone()),
+        }
+    }
+
+    fn source_hash(&self, trigger: Option<u32>) -> u64 {
+        let mut h = DefaultHasher::new();
+        self.kind().hash(&mut h);
+        match self {
+            ConstraintSpec::JsonObject => {}
+            ConstraintSpec::JsonSchema(v) => v.to_string().hash(&mut h),
+            ConstraintSpec::Regex(s) | ConstraintSpec::Lark(s) => s.hash(&mut h),
+        }
+        trigger.hash(&mut h);
+        h.finish()
+    }
+}
+
+/// The JSON options we decode with, unless the schema sets its own.
+fn with_json_options(schema: &Value) -> Value {
+    let mut schema = schema.clone();
+    if let Some(obj) = schema.as_object_mut() {
+        obj.entry("x-guidance").or_insert_with(|| {
+            serde_json::json!({
+                "whitespace_flexible": false,
+                "item_separator": ", ",
+                "key_separator": ": ",
+            })
+        });
+    }
+    schema
+}
+
+/// A compiled constraint, ready to hand to the engine in `SamplingParams`. Cheap to clone.
+#[derive(Clone)]
+pub struct Constraint {
+    /// Hash of the grammar source (and trigger): the cache key and the identity.
+    pub hash: u64,
+    pub kind: &'static str,
+    /// Lazy constraints start after this token is generated; the token itself is free text.
+    pub trigger: Option<u32>,
+    /// The matcher at the grammar's start; every sequence deep-clones its own.
+    start: Arc<Mutex<Matcher>>,
+}
+
+impl PartialEq for Constraint {
+    fn eq(&self, other: &Self) -> bool {
+        self.hash == other.hash
+    }
+}
+
+impl std::fmt::Debug for Constraint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Constraint({}, {:016x})", self.kind, self.hash)
+    }
+}
+
+impl Constraint {
+    /// A fresh state for one sequence.
+    pub fn new_state(&self) -> ConstraintState {
+        let matcher = self.start.lock().map(|m| m.deep_clone()).ok();
+        ConstraintState {
+            matcher: if self.trigger.is_some() {
+                None
+            } else {
+                matcher.clone()
+            },
+            pending: if self.trigger.is_some() {
+                matcher
+            } else {
+                None
+            },
+            trigger: self.trigger,
+        }
+    }
+}
+
+/// One sequence's place in its grammar.
+pub struct ConstraintState {
+    /// The live matcher; None while a lazy constraint waits for its trigger.
+    matcher: Option<Matcher>,
+    /// A lazy constraint's matcher before the trigger.
+    pending: Option<Matcher>,
+    trigger: Option<u32>,
+}
+
+/// What consuming a token did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Consumed {
+    /// Generation goes on.
+    Continue,
+    /// The grammar is complete and allows nothing more.
+    Done,
+}
+
+impl ConstraintState {
+    /// Whether the next token is constrained (a lazy constraint is active once triggered).
+    pub fn is_active(&self) -> bool {
+        self.matcher.is_some()
+    }
+
+    /// The tokens allowed next, or an error (llguidance's step budget exhausted, or no token
+    /// allowed). Only for active states.
+    pub fn compute_mask(&mut self) -> Result<SimpleVob, String> {
+        let m = self
+            .matcher
+            .as_mut()
+            .ok_or("the constraint is not active")?;
+        let mask = m
+            .compute_mask()
+            .map_err(|e| format!("the constraint failed: {}", first_line(&e.to_string())))?;
+        if mask.is_zero() {
+            return Err("the constraint allows no further token".into());
+        }
+        Ok(mask)
+    }
+
+    /// Advances past a sampled token.
+    pub fn consume(&mut self, token: u32) -> Result<Consumed, String> {
+        match &mut self.matcher {
+            Some(m) => {
+                m.consume_token(token).map_err(|e| {
+                    format!(
+                        "the constraint rejected token {token}: {}",
+                        first_line(&e.to_string())
+                    )
+                })?;
+                Ok(if m.is_stopped() {
+                    Consumed::Done
+                } else {
+                    Consumed::Continue
+                })
+            }
+            None => {
+                if Some(token) == self.trigger {
+                    self.matcher = self.pending.take();
+                }
+                Ok(Consumed::Continue)
+            }
+        }
+    }
+
+    /// Whether the grammar could end here (then end-of-generation tokens are allowed).
+    pub fn is_accepting(&mut self) -> bool {
+        match &mut self.matcher {
+            Some(m) => m.is_accepting().unwrap_or(false),
+            None => true,
+        }
+    }
+}
+
+/// Compiles constraints for one model and caches them. Built lazily (the token trie of a large
+/// vocabulary takes a moment), shared by every face through the engine handle.
+pub struct Grammars {
+    factory: OnceLock<Result<ParserFactory, String>>,
+    cache: Mutex<HashMap<u64, Constraint>>,
+    model: Arc<Model>,
+}
+
+/// Compiled grammars kept; beyond this the cache starts over.
+const CACHE_CAPACITY: usize = 256;
+
+impl Grammars {
+    /// For `model`'s vocabulary; nothing is built until the first constraint.
+    pub fn new(model: Arc<Model>) -> Self {
+        Grammars {
+            factory: OnceLock::new(),
+            cache: Mutex::new(HashMap::new()),
+            model,
+        }
+    }
+
+    fn factory(&self) -> Result<&ParserFactory, String> {
+        self.factory
+            .get_or_init(|| {
+                let env = tokenv::tok_env(&self.model.tokenizer, self.model.config.vocab_size);
+                let mut f = ParserFactory::new_simple(&env)
+                    .map_err(|e| format!("building the token trie: {e}"))?;
+                f.quiet();
+                Ok(f)
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// Compiles `spec` (from the cache when seen before). `trigger` makes it lazy: free text
+    /// until that token, the grammar from the token after it. The error is llguidance's message.
+    pub fn compile(
+        &self,
+        spec: &ConstraintSpec,
+        trigger: Option<u32>,
+    ) -> Result<Constraint, String> {
+        let hash = spec.source_hash(trigger);
+        if let Some(c) = self.cache.lock().ok().and_then(|c| c.get(&hash).cloned()) {
+            return Ok(c);
+        }
+        let factory = self.factory()?;
+        let parser = factory
+            .create_parser(spec.grammar())
+            .map_err(|e| first_line(&e.to_string()))?;
+        let matcher = Matcher::new(Ok(parser));
+        let c = Constraint {
+            hash,
+            kind: spec.kind(),
+            trigger,
+            start: Arc::new(Mutex::new(matcher)),
+        };
+        if let Ok(mut cache) = self.cache.lock() {
+            if cache.len() >= CACHE_CAPACITY {
+                cache.clear();
+            }
+            cache.insert(hash, c.clone());
+        }
+        Ok(c)
+    }
+
+    /// Whether `spec` is compiled and cached.
+    pub fn is_cached(&self, spec: &ConstraintSpec, trigger: Option<u32>) -> bool {
+        let hash = spec.source_hash(trigger);
+        self.cache.lock().is_ok_and(|c| c.contains_key(&hash))
+    }
+}
+
+/// llguidance errors can run over many lines and carry the whole grammar and parser state (after
+/// `<state>`); one line of at most 300 characters is what a client needs.
+fn first_line(s: &str) -> String {
+    let s = s.split("<state>").next().unwrap_or(s);
+    let line = s
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut out: String = line.chars().take(300).collect();
+    if out.len() < line.len() {
+        out.push_str("...");
+    }
+    out
+}

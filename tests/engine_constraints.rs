@@ -1,0 +1,332 @@
+//! Constrained decoding in the engine, on the real default model: JSON-schema, regex and grammar
+//! outputs always match; greedy output under a constraint is the same alone, among 16 sessions,
+//! chunked and cached; where the unconstrained argmax is allowed the constrained greedy token is
+//! it; a grammar that cannot compile is refused at submission; every block comes back.
+
+mod support;
+
+use std::sync::Arc;
+
+use edge_llm::constraint::{Constraint, ConstraintSpec};
+use edge_llm::engine::{EngineConfig, EngineHandle, Event, FinishReason, Request};
+use edge_llm::model::Model;
+use edge_llm::sampler::SamplingParams;
+use serde_json::json;
+
+fn shared_model() -> Arc<Model> {
+    static MODEL: std::sync::OnceLock<Arc<Model>> = std::sync::OnceLock::new();
+    MODEL
+        .get_or_init(|| Arc::new(Model::load(&support::model_path()).unwrap()))
+        .clone()
+}
+
+fn engine(max_batched_tokens: usize) -> EngineHandle {
+    let config = EngineConfig {
+        block_size: 16,
+        num_blocks: 1024,
+        max_seq_len: 1024,
+        max_batched_tokens,
+        max_seqs: 64,
+        max_queue: 64,
+    };
+    EngineHandle::start(shared_model(), config).unwrap()
+}
+
+fn chat_prompt(question: &str) -> Vec<u32> {
+    let text = format!(
+        "<|im_start|>system\nYou answer in JSON.<|im_end|>\n<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+    );
+    shared_model().tokenizer.encode(&text, false, true).unwrap()
+}
+
+fn request(prompt: Vec<u32>, constraint: Option<Constraint>, max_tokens: usize) -> Request {
+    let sampling = SamplingParams {
+        constraint,
+        ..SamplingParams::greedy()
+    };
+    Request::new(prompt, sampling, max_tokens)
+}
+
+fn run(stream: &mut edge_llm::engine::RequestStream) -> (Vec<u32>, String, FinishReason) {
+    let mut tokens = Vec::new();
+    let mut text = String::new();
+    while let Some(e) = stream.next_blocking() {
+        match e {
+            Event::Token { token, text: t, .. } => {
+                tokens.push(token);
+                text.push_str(&t);
+            }
+            Event::Finished {
+                reason, text: t, ..
+            } => {
+                text.push_str(&t);
+                return (tokens, text, reason);
+            }
+            Event::Error(e) => panic!("engine error: {e}"),
+        }
+    }
+    panic!("stream ended without finishing")
+}
+
+fn wait_blocks_back(e: &EngineHandle) {
+    for _ in 0..200 {
+        let m = e.metrics().unwrap();
+        if m.num_running == 0 && m.num_waiting == 0 && m.blocks_used == 0 {
+            assert_eq!(m.blocks_free, m.blocks_total);
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    panic!("blocks did not come back: {:?}", e.metrics());
+}
+
+fn person_schema() -> serde_json::Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 20},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+            "city": {"enum": ["Paris", "London", "Tokyo"]}
+        },
+        "required": ["name", "age", "city"],
+        "additionalProperties": false
+    })
+}
+
+#[test]
+fn schema_output_validates_and_ends_the_request() {
+    let e = engine(512);
+    let c = e
+        .grammars
+        .compile(&ConstraintSpec::JsonSchema(person_schema()), None)
+        .unwrap();
+    let (_, text, reason) = run(&mut e
+        .submit(request(chat_prompt("Describe a person."), Some(c), 200))
+        .unwrap());
+    assert_eq!(reason, FinishReason::Stop, "{text}");
+    let v: serde_json::Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert!(v["name"].is_string() && v["age"].is_i64(), "{text}");
+    assert!(
+        ["Paris", "London", "Tokyo"].contains(&v["city"].as_str().unwrap()),
+        "{text}"
+    );
+    assert_eq!(v.as_object().unwrap().len(), 3);
+    // A regex, and a Lark grammar.
+    let c = e
+        .grammars
+        .compile(&ConstraintSpec::Regex("[0-9]{3}-[a-z]{2,4}".into()), None)
+        .unwrap();
+    let (_, text, _) = run(&mut e
+        .submit(request(chat_prompt("A code?"), Some(c), 50))
+        .unwrap());
+    let ok = text.len() >= 6
+        && text[..3].chars().all(|c| c.is_ascii_digit())
+        && &text[3..4] == "-"
+        && text[4..].chars().all(|c| c.is_ascii_lowercase());
+    assert!(ok, "{text:?}");
+    let lark = "start: \"yes\" | \"no\" | \"maybe: \" NUM\nNUM: /[0-9]+/\n";
+    let c = e
+        .grammars
+        .compile(&ConstraintSpec::Lark(lark.into()), None)
+        .unwrap();
+    let (_, text, _) = run(&mut e
+        .submit(request(chat_prompt("Is it raining?"), Some(c), 20))
+        .unwrap());
+    assert!(
+        text == "yes" || text == "no" || text.starts_with("maybe: "),
+        "{text:?}"
+    );
+    wait_blocks_back(&e);
+    let m = e.metrics().unwrap();
+    assert_eq!(m.requests_constrained, 3);
+    assert!(m.masks_computed > 5, "{m:?}");
+}
+
+#[test]
+fn bad_grammars_are_refused_at_compile_time() {
+    let e = engine(512);
+    let g = &e.grammars;
+    let err = g
+        .compile(&ConstraintSpec::Regex("[a-".into()), None)
+        .unwrap_err();
+    assert!(!err.is_empty());
+    let err = g
+        .compile(&ConstraintSpec::Lark("start: foo(".into()), None)
+        .unwrap_err();
+    assert!(!err.is_empty());
+    let err = g
+        .compile(
+            &ConstraintSpec::JsonSchema(json!({"type": "object", "properties": {"a": {"type": "string", "format": "no-such-format-xyz"}}, "unknownKeywordX": 1})),
+            None,
+        )
+        .unwrap_err();
+    assert!(
+        err.contains("unknownKeywordX") || err.contains("no-such-format"),
+        "{err}"
+    );
+    // The cache: the same schema compiles once.
+    let spec = ConstraintSpec::JsonSchema(person_schema());
+    assert!(!g.is_cached(&spec, None));
+    let t = std::time::Instant::now();
+    g.compile(&spec, None).unwrap();
+    let first = t.elapsed();
+    assert!(g.is_cached(&spec, None));
+    let t = std::time::Instant::now();
+    g.compile(&spec, None).unwrap();
+    assert!(
+        t.elapsed() <= first,
+        "a cached schema is no slower than compiling it"
+    );
+}
+
+/// Greedy under a constraint: 16 sessions at once (chunked prefill of 24 tokens a step, shared
+/// cached prompt prefix) give the outputs of one-at-a-time runs on fresh engines.
+#[test]
+fn constrained_greedy_is_batch_chunk_and_cache_invariant() {
+    let questions: Vec<String> = (0..16)
+        .map(|i| format!("Describe person number {i} who lives in a big city."))
+        .collect();
+    let spec = ConstraintSpec::JsonSchema(person_schema());
+    let alone: Vec<Vec<u32>> = questions
+        .iter()
+        .take(4)
+        .map(|q| {
+            let e = engine(512);
+            let c = e.grammars.compile(&spec, None).unwrap();
+            run(&mut e.submit(request(chat_prompt(q), Some(c), 60)).unwrap()).0
+        })
+        .collect();
+    let e = engine(24);
+    let c = e.grammars.compile(&spec, None).unwrap();
+    for round in 0..2 {
+        // Round 1 finds the prompts' shared prefix cached.
+        let mut streams: Vec<_> = questions
+            .iter()
+            .map(|q| {
+                e.submit(request(chat_prompt(q), Some(c.clone()), 60))
+                    .unwrap()
+            })
+            .collect();
+        let outs: Vec<Vec<u32>> = streams.iter_mut().map(|s| run(s).0).collect();
+        for (i, want) in alone.iter().enumerate() {
+            assert_eq!(&outs[i], want, "session {i}, round {round}");
+        }
+    }
+    wait_blocks_back(&e);
+}
+
+/// At every step of a constrained greedy run, when the unconstrained greedy next token is allowed
+/// by the constraint, it is the token chosen.
+#[test]
+fn the_unconstrained_argmax_is_kept_when_allowed() {
+    let e = engine(512);
+    let spec = ConstraintSpec::JsonObject;
+    let c = e.grammars.compile(&spec, None).unwrap();
+    let prompt = chat_prompt("Give me a JSON object about a cat.");
+    let (tokens, _, _) = run(&mut e
+        .submit(request(prompt.clone(), Some(c.clone()), 24))
+        .unwrap());
+    let mut state = c.new_state();
+    let mut kept = 0;
+    for (i, &t) in tokens.iter().enumerate() {
+        let mut p = prompt.clone();
+        p.extend_from_slice(&tokens[..i]);
+        let (free, _, _) = run(&mut e.submit(request(p, None, 1)).unwrap());
+        let mask = state.compute_mask().unwrap();
+        if let Some(&f) = free.first() {
+            if mask.is_allowed(f) {
+                assert_eq!(f, t, "step {i}");
+                kept += 1;
+            }
+        }
+        state.consume(t).unwrap();
+    }
+    assert!(kept > 0, "no step had its unconstrained argmax allowed");
+    wait_blocks_back(&e);
+}
+
+/// Fifty tools: the call grammar compiles in well under a second (the issue asks for 100 ms; the
+/// bound here leaves room for a shared CI machine and the figure is printed), and decoding under
+/// it runs at a speed comparable to free decoding (printed: the README's figure comes from here).
+#[test]
+fn fifty_tools_compile_fast_and_decode_at_full_speed() {
+    use edge_llm::api::tools::{self, ToolFormat};
+    let e = engine(512);
+    // The token trie is built once per model, at the first constraint: not part of the figure.
+    e.grammars
+        .compile(&ConstraintSpec::JsonObject, None)
+        .unwrap();
+    let defs: Vec<serde_json::Value> = (0..50)
+        .map(|i| {
+            json!({"type": "function", "function": {"name": format!("tool_{i}"), "description": format!("Tool number {i}"),
+                "parameters": {"type": "object", "properties": {
+                    "query": {"type": "string", "maxLength": 40},
+                    "limit": {"type": "integer", "minimum": 1, "maximum": 100},
+                    "mode": {"enum": ["fast", "slow", format!("m{i}")]}},
+                    "required": ["query", "mode"]}}})
+        })
+        .collect();
+    let body = json!({"tools": defs, "tool_choice": "required", "parallel_tool_calls": false});
+    let req = tools::parse(body.as_object().unwrap()).unwrap().unwrap();
+    let (spec, trigger) =
+        tools::grammar(&req, ToolFormat::Hermes, &shared_model().tokenizer).unwrap();
+    let t = std::time::Instant::now();
+    let c = e.grammars.compile(&spec, trigger).unwrap();
+    let compile_ms = t.elapsed().as_secs_f64() * 1000.0;
+    eprintln!("50 tools: grammar compiled in {compile_ms:.1} ms");
+    assert!(compile_ms < 1000.0, "{compile_ms} ms");
+
+    // Decode speed: the call under the grammar against free text of the same length, interleaved.
+    let prompt = chat_prompt("Search for cats with tool_7.");
+    let timed = |constraint: Option<Constraint>, n: usize| {
+        let mut s = e.submit(request(prompt.clone(), constraint, n)).unwrap();
+        let mut times = Vec::new();
+        let mut text = String::new();
+        while let Some(ev) = s.next_blocking() {
+            match ev {
+                Event::Token { text: t, .. } => {
+                    times.push(std::time::Instant::now());
+                    text.push_str(&t);
+                }
+                Event::Finished { text: t, .. } => text.push_str(&t),
+                Event::Error(err) => panic!("{err}"),
+            }
+        }
+        let per_token =
+            (times[times.len() - 1] - times[0]).as_secs_f64() / (times.len() - 1) as f64;
+        (per_token, times.len(), text)
+    };
+    let (_, n, text) = timed(Some(c.clone()), 120);
+    assert!(
+        text.starts_with("<tool_call>\n{\"name\": \"tool_"),
+        "{text}"
+    );
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        with.push(timed(Some(c.clone()), 120).0);
+        let mut free = request(prompt.clone(), None, n);
+        free.ignore_eos = true;
+        let mut s = e.submit(free).unwrap();
+        let mut times = Vec::new();
+        while let Some(ev) = s.next_blocking() {
+            if let Event::Token { .. } = ev {
+                times.push(std::time::Instant::now());
+            }
+        }
+        without.push((times[times.len() - 1] - times[0]).as_secs_f64() / (times.len() - 1) as f64);
+    }
+    with.sort_by(f64::total_cmp);
+    without.sort_by(f64::total_cmp);
+    let ratio = without[1] / with[1];
+    eprintln!(
+        "50 tools: {n} tokens, {:.2} ms/token constrained, {:.2} ms/token free: {ratio:.2}x the free speed",
+        with[1] * 1000.0,
+        without[1] * 1000.0
+    );
+    assert!(
+        ratio > 0.8,
+        "constrained decoding at {ratio:.2}x the free speed"
+    );
+    wait_blocks_back(&e);
+}
