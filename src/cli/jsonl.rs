@@ -28,7 +28,7 @@ use crate::sampler::SamplingParams;
 /// One input line.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct LineRequest {
+pub(crate) struct LineRequest {
     #[serde(default)]
     #[allow(dead_code)] // read from the raw object, so that error lines carry it too
     id: Option<Value>,
@@ -160,7 +160,7 @@ impl Builder {
 }
 
 /// The request in `value`; a wrong type is reported with the field's name.
-fn parse_fields(value: Value) -> Result<LineRequest> {
+pub(crate) fn parse_fields(value: Value) -> Result<LineRequest> {
     match serde_json::from_value::<LineRequest>(value.clone()) {
         Ok(r) => Ok(r),
         Err(e) => {

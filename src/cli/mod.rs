@@ -4,7 +4,7 @@
 mod bench;
 mod chat;
 mod commands;
-mod jsonl;
+pub(crate) mod jsonl;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;

@@ -10,10 +10,10 @@
 //!
 //! Called by the CLI (`Command::Serve`).
 
-mod error;
+pub(crate) mod error;
 mod metrics;
 mod middleware;
-mod params;
+pub(crate) mod params;
 mod response;
 mod routes;
 mod stream;
