@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use edge_llm::fuzz_entry;
 
-/// An input slower than this is a hang (the slowest seed takes a few milliseconds).
+/// An input slower than this twice in a row is a hang (the slowest seed takes milliseconds).
 const HANG_LIMIT: Duration = Duration::from_secs(2);
 /// Mutated inputs are cut to this size.
 const MAX_INPUT: usize = 64 << 10;
@@ -56,9 +56,16 @@ fn ready(target: &str) -> bool {
 /// Runs `data` through `target`; a panic or a hang is returned as the failure's description,
 /// with the input saved.
 fn run_one(target: &str, data: &[u8]) -> Result<(), String> {
-    let start = Instant::now();
-    let result = panic::catch_unwind(AssertUnwindSafe(|| fuzz_entry::run_target(target, data)));
-    let elapsed = start.elapsed();
+    let run = || {
+        let start = Instant::now();
+        let result = panic::catch_unwind(AssertUnwindSafe(|| fuzz_entry::run_target(target, data)));
+        (result, start.elapsed())
+    };
+    let (mut result, mut elapsed) = run();
+    if matches!(result, Ok(Ok(()))) && elapsed > HANG_LIMIT {
+        // Once more: on a busy machine a thread can wait that long for a core.
+        (result, elapsed) = run();
+    }
     let why = match result {
         Ok(Ok(())) if elapsed <= HANG_LIMIT => return Ok(()),
         Ok(Ok(())) => format!("took {elapsed:?} (limit {HANG_LIMIT:?})"),
