@@ -319,7 +319,8 @@ pub fn request(vocabs: &[Vocabulary], data: &[u8]) {
     }
     if let Ok(line) = std::str::from_utf8(data) {
         if let Err(e) = jsonl_line(v, line) {
-            check_message(&format!("{e:#}"));
+            assert!(e.status.is_client_error(), "--jsonl: status {}", e.status);
+            check_message(&e.message);
         }
     }
 }
@@ -353,17 +354,41 @@ fn http_body(
     }
 }
 
-/// What `run --jsonl` does with one input line before it reaches the engine.
-fn jsonl_line(v: &Vocabulary, line: &str) -> Result<Vec<u32>> {
-    let value: Value = serde_json::from_str(line).context("malformed JSON")?;
-    anyhow::ensure!(value.is_object(), "expected a JSON object");
-    crate::cli::jsonl::parse_fields(value.clone())?;
-    match (value.get("prompt"), value.get("messages")) {
-        (Some(Value::String(p)), None) => v.tokenizer.encode(p, false, true),
-        (None, Some(Value::Array(_))) => {
-            let messages: Vec<ChatMessage> = serde_json::from_value(value["messages"].clone())?;
-            v.template.encode(&v.tokenizer, &messages, true)
+/// What `run --jsonl` does with one input line before it reaches the engine (the steps of
+/// `cli::jsonl`'s `Builder::request`, which needs a running engine): the server's rules, with
+/// the endpoint chosen by `prompt` or `messages`.
+fn jsonl_line(
+    v: &Vocabulary,
+    line: &str,
+) -> std::result::Result<Vec<u32>, crate::server::error::ApiError> {
+    use crate::server::error::ApiError;
+    let value: Value = serde_json::from_str(line)
+        .map_err(|e| ApiError::bad_request(format!("malformed JSON: {e}")))?;
+    let Value::Object(map) = value else {
+        return Err(ApiError::bad_request("expected a JSON object"));
+    };
+    let f = Fields(&map);
+    let endpoint = match (f.get("prompt"), f.get("messages")) {
+        (Some(_), None) => Endpoint::Completions,
+        (None, Some(_)) => Endpoint::Chat,
+        _ => {
+            return Err(ApiError::bad_request(
+                "give exactly one of \"prompt\" and \"messages\"",
+            ))
         }
-        _ => anyhow::bail!("give exactly one of \"prompt\" and \"messages\""),
+    };
+    params::gen_params_over(&f, endpoint, params::openai_sampling(0))?;
+    let bad = |e: anyhow::Error| ApiError::bad_request(format!("{e:#}"));
+    match endpoint {
+        Endpoint::Completions => match params::prompt(&f)? {
+            Prompt::Text(p) => v.tokenizer.encode(&p, true, true).map_err(bad),
+            Prompt::Tokens(ids) => Ok(ids),
+        },
+        Endpoint::Chat => {
+            let messages = params::messages(&f)?;
+            v.template
+                .encode(&v.tokenizer, &messages, true)
+                .map_err(bad)
+        }
     }
 }

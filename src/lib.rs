@@ -14,6 +14,7 @@ pub mod generate;
 pub mod gguf;
 pub mod kernels;
 pub mod kv_cache;
+pub mod memory;
 pub mod model;
 pub mod perplexity;
 pub mod sampler;

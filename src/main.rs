@@ -17,9 +17,38 @@ fn main() -> ExitCode {
             }) {
                 return ExitCode::SUCCESS;
             }
-            let chain: Vec<String> = e.chain().map(|c| c.to_string()).collect();
-            eprintln!("error: {}", chain.join(": "));
+            eprintln!("error: {}", one_line(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// Longest cause printed in full; a longer one (a hostile file's string, say) is cut.
+const MAX_CAUSE_CHARS: usize = 400;
+
+/// The error's cause chain on one line: a cause that its parent's message already ends with
+/// (an io error shown by its wrapper, then again as the source) is printed once, and each
+/// cause is cut to `MAX_CAUSE_CHARS`.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if parts.last().is_some_and(|prev| prev.ends_with(&text)) {
+            continue;
+        }
+        parts.push(text);
+    }
+    parts
+        .iter()
+        .map(|p| {
+            let chars = p.chars().count();
+            if chars <= MAX_CAUSE_CHARS {
+                p.replace('\n', " ")
+            } else {
+                let head: String = p.chars().take(MAX_CAUSE_CHARS).collect();
+                format!("{}... ({chars} characters in all)", head.replace('\n', " "))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(": ")
 }

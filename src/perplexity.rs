@@ -62,9 +62,16 @@ pub fn perplexity_on(
     if n_ctx < 8 {
         bail!("context size {n_ctx} is too small for perplexity (at least 8)");
     }
+    if max_chunks == Some(0) {
+        bail!("--chunks must be at least 1");
+    }
     let tok = &model.tokenizer;
     let add_bos = tok.add_bos_default();
-    let tokens = tok.encode(text, add_bos, false)?;
+    let tokens = match max_chunks {
+        // Only as much text as the chunks need (a large file is not tokenized whole).
+        Some(m) => encode_prefix(tok, text, add_bos, m.max(2).saturating_mul(n_ctx))?,
+        None => tok.encode(text, add_bos, false)?,
+    };
     if tokens.len() < 2 * n_ctx {
         bail!(
             "the text has {} tokens; perplexity with context {n_ctx} needs at least {}",
@@ -100,4 +107,32 @@ pub fn perplexity_on(
         on_chunk(&stats);
     }
     Ok(stats)
+}
+
+/// The first `need` tokens of `text` (or all, if it has fewer), tokenizing growing prefixes:
+/// a prefix's last tokens may differ from the whole text's where it was cut, so a prefix counts
+/// only when it yields a margin past `need`.
+fn encode_prefix(
+    tok: &crate::tokenizer::Tokenizer,
+    text: &str,
+    add_bos: bool,
+    need: usize,
+) -> Result<Vec<u32>> {
+    const MARGIN: usize = 64;
+    let mut bytes = need.saturating_add(MARGIN).saturating_mul(8);
+    loop {
+        if bytes >= text.len() {
+            return tok.encode(text, add_bos, false);
+        }
+        let mut cut = bytes;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let mut tokens = tok.encode(&text[..cut], add_bos, false)?;
+        if tokens.len() >= need + MARGIN {
+            tokens.truncate(need);
+            return Ok(tokens);
+        }
+        bytes = bytes.saturating_mul(2);
+    }
 }

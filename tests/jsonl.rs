@@ -126,7 +126,7 @@ fn every_kind_of_bad_line_gets_its_own_error_and_the_rest_go_on() {
         r#"["not", "an", "object"]"#.to_string(),    // not an object
         r#"{"id": 3, "prompt": "a", "messages": []}"#.to_string(), // both
         r#"{"id": 4}"#.to_string(),                  // neither
-        r#"{"id": 5, "prompt": "a", "max_tokenz": 3}"#.to_string(), // unknown field
+        r#"{"id": 5, "prompt": "a", "max_tokens": 0}"#.to_string(), // out of range (unknown fields are ignored, as by the server)
         r#"{"id": 6, "prompt": "a", "temperature": "hot"}"#.to_string(), // wrong type
         r#"{"id": 7, "prompt": "a", "top_p": 7}"#.to_string(), // out of range
         serde_json::json!({"id": 8, "prompt": long_prompt}).to_string(), // too long
@@ -145,7 +145,7 @@ fn every_kind_of_bad_line_gets_its_own_error_and_the_rest_go_on() {
         (Value::Null, "expected a JSON object"),
         (Value::from(3), "exactly one of"),
         (Value::from(4), "exactly one of"),
-        (Value::from(5), "max_tokenz"),
+        (Value::from(5), "max_tokens"),
         (Value::from(6), "temperature"),
         (Value::from(7), "top_p"),
         (Value::from(8), "context"),

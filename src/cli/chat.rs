@@ -45,8 +45,9 @@ pub struct ChatArgs {
     #[command(flatten)]
     pub sampling: SamplingArgs,
     /// Most tokens per reply (`/set max_tokens` changes it per session).
-    #[arg(short = 'n', long = "max-tokens", default_value_t = 512)]
-    pub max_tokens: usize,
+    /// -1: no limit but the context.
+    #[arg(short = 'n', long = "max-tokens", default_value_t = 512, allow_negative_numbers = true)]
+    pub max_tokens: i64,
     /// A Jinja chat template file [default: the model's tokenizer.chat_template]
     #[arg(long = "chat-template")]
     pub chat_template: Option<PathBuf>,
@@ -56,21 +57,23 @@ pub struct ChatArgs {
     /// Neither read nor write the history file ($XDG_DATA_HOME/edge-llm/history).
     #[arg(long)]
     pub no_history: bool,
+    /// With stdin not a terminal: one JSON object per reply, on one line
+    /// ({"session", "text", "finish_reason", "usage"} or {"session", "error"}).
+    #[arg(long)]
+    pub json: bool,
 }
 
 pub fn run(args: &ChatArgs) -> Result<()> {
     args.threads.init()?;
     let base = args.sampling.params()?;
-    if args.max_tokens == 0 {
-        anyhow::bail!("--max-tokens must be at least 1");
-    }
+    let max_tokens = super::commands::max_tokens_flag(args.max_tokens, "-n/--max-tokens")?;
     let settings = Settings {
         temperature: base.temperature,
         top_p: base.top_p,
         top_k: base.top_k,
         min_p: base.min_p,
         seed: args.sampling.seed,
-        max_tokens: args.max_tokens,
+        max_tokens,
     };
     let model = args.model.load()?;
     let template = ChatTemplate::load(&model, args.chat_template.as_deref())?;
@@ -84,6 +87,9 @@ pub fn run(args: &ChatArgs) -> Result<()> {
             }
         })?;
     let terminal = std::io::stdin().is_terminal();
+    if terminal && args.json {
+        anyhow::bail!("--json is for a pipe (stdin not a terminal); on a terminal replies stream as text");
+    }
     let engine = args.engine.start(model, false)?;
     let mut chat = Chat::new(
         engine,
@@ -96,7 +102,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
     if terminal {
         repl::run(&mut chat, !args.no_history)
     } else {
-        pipe::run(&mut chat)
+        pipe::run(&mut chat, args.json)
     }
 }
 

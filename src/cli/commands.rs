@@ -38,21 +38,21 @@ pub fn tokenize(args: &ModelArgs, no_bos: bool, no_special: bool, text: &str) ->
 #[derive(Args, Debug, Clone)]
 pub struct SamplingArgs {
     /// Temperature; 0 is greedy.
-    #[arg(long = "temp", default_value_t = 0.8)]
+    #[arg(long = "temp", default_value_t = 0.8, allow_negative_numbers = true)]
     pub temperature: f32,
     /// Keep the K most likely tokens (0: all).
-    #[arg(long = "top-k", default_value_t = 40)]
+    #[arg(long = "top-k", default_value_t = 40, allow_negative_numbers = true)]
     pub top_k: usize,
     /// Keep the most likely tokens whose mass reaches P.
-    #[arg(long = "top-p", default_value_t = 0.95)]
+    #[arg(long = "top-p", default_value_t = 0.95, allow_negative_numbers = true)]
     pub top_p: f32,
     /// Drop tokens less likely than P times the best.
-    #[arg(long = "min-p", default_value_t = 0.05)]
+    #[arg(long = "min-p", default_value_t = 0.05, allow_negative_numbers = true)]
     pub min_p: f32,
     /// Penalty for repeating one of the last --repeat-last-n tokens (1.0: off).
-    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    #[arg(long = "repeat-penalty", default_value_t = 1.0, allow_negative_numbers = true)]
     pub repeat_penalty: f32,
-    #[arg(long = "repeat-last-n", default_value_t = 64)]
+    #[arg(long = "repeat-last-n", default_value_t = 64, allow_negative_numbers = true)]
     pub repeat_last_n: usize,
     /// Random seed [default: from the clock].
     #[arg(short = 's', long = "seed")]
@@ -73,6 +73,16 @@ impl SamplingArgs {
         };
         p.validate().map_err(anyhow::Error::msg)?;
         Ok(p)
+    }
+}
+
+/// A `-n` flag's value as the engine's `max_tokens`: at least 1, or -1 for no limit but the
+/// context (llama.cpp's meaning); anything else is refused, as `max_tokens: 0` is by the server.
+pub fn max_tokens_flag(n: i64, flag: &str) -> Result<usize> {
+    match n {
+        -1 => Ok(usize::MAX),
+        n if n >= 1 => Ok(usize::try_from(n).unwrap_or(usize::MAX)),
+        n => bail!("{flag} must be at least 1, or -1 for no limit but the context; got {n}"),
     }
 }
 
@@ -98,9 +108,9 @@ pub struct RunArgs {
     /// The prompt; read from stdin when absent.
     #[arg(short = 'p', long = "prompt")]
     pub prompt: Option<String>,
-    /// Tokens to generate at most.
-    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
-    pub n_predict: usize,
+    /// Tokens to generate at most; -1: no limit but the context (as llama.cpp's -n -1).
+    #[arg(short = 'n', long = "n-predict", default_value_t = 128, allow_negative_numbers = true)]
+    pub n_predict: i64,
     /// Keep generating past end-of-generation tokens.
     #[arg(long)]
     pub ignore_eos: bool,
@@ -124,6 +134,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     }
     args.threads.init()?;
     let sampling = args.sampling.params()?;
+    let max_tokens = max_tokens_flag(args.n_predict, "-n/--n-predict")?;
     let prompt = match &args.prompt {
         Some(p) => p.clone(),
         None => {
@@ -143,7 +154,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         engine_args.parallel = 1;
     }
     let engine = engine_args.start(model, false)?;
-    let mut request = Request::new(ids.clone(), sampling, args.n_predict);
+    let mut request = Request::new(ids.clone(), sampling, max_tokens);
     request.ignore_eos = args.ignore_eos;
     let started = std::time::Instant::now();
     let mut stream = engine.submit(request)?;
@@ -203,6 +214,12 @@ pub struct PerplexityArgs {
 }
 
 pub fn perplexity(args: &PerplexityArgs) -> Result<()> {
+    if args.chunks == Some(0) {
+        bail!("--chunks must be at least 1");
+    }
+    if args.ctx_size < 8 {
+        bail!("-c/--ctx-size must be at least 8 for perplexity, got {}", args.ctx_size);
+    }
     args.threads.init()?;
     // Before the file is read and tokenized, so a bad --device fails at once.
     let device = args.device.resolve()?;

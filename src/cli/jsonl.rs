@@ -3,10 +3,12 @@
 //! prefixes; one JSON result per line on stdout, in input order, each carrying its request's
 //! `id`. A bad line gets an error line and the rest go on.
 //!
-//! Input: `{"id": any, "prompt": "..."}` or `{"id": any, "messages": [{"role", "content"}...]}`
-//! (rendered with the chat template), plus optional `max_tokens`, `temperature`, `top_p`,
-//! `top_k`, `min_p`, `seed`, `stop` (a string or a list), `repeat_penalty`, `presence_penalty`,
-//! `frequency_penalty`, `ignore_eos`; absent fields take the command line's values.
+//! Input: the body of a `/v1/completions` request (`prompt`) or of a `/v1/chat/completions`
+//! one (`messages`, rendered with the chat template), plus an optional `id`; the fields are
+//! read and checked by the server's own rules (`server::params`), so a line is accepted or
+//! refused as the server would accept or refuse its body, and unknown fields are ignored.
+//! Absent fields take the command line's values. `n` must be 1, logprobs are not written and
+//! `stream` changes nothing (each result is one line).
 //! Output: `{"id", "text", "finish_reason", "usage": {...}}` or `{"id", "error"}`.
 //!
 //! Called by `commands::run` when `--jsonl` is given. Threads: one reads and submits lines,
@@ -17,42 +19,15 @@ use std::io::{BufRead, Write};
 use std::sync::mpsc;
 
 use anyhow::{anyhow, bail, Context, Result};
-use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde::Serialize;
+use serde_json::{Map, Value};
 
 use super::commands::RunArgs;
-use crate::chat_template::{ChatMessage, ChatTemplate};
+use crate::chat_template::ChatTemplate;
 use crate::engine::{EngineHandle, Event, Request, RequestStream, SubmitError, Usage};
+use crate::server::error::ApiError;
+use crate::server::params::{self, Endpoint, Fields, Prompt};
 use crate::sampler::SamplingParams;
-
-/// One input line.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct LineRequest {
-    #[serde(default)]
-    #[allow(dead_code)] // read from the raw object, so that error lines carry it too
-    id: Option<Value>,
-    prompt: Option<String>,
-    messages: Option<Vec<ChatMessage>>,
-    max_tokens: Option<usize>,
-    temperature: Option<f32>,
-    top_p: Option<f32>,
-    top_k: Option<usize>,
-    min_p: Option<f32>,
-    seed: Option<u64>,
-    stop: Option<Stop>,
-    repeat_penalty: Option<f32>,
-    presence_penalty: Option<f32>,
-    frequency_penalty: Option<f32>,
-    ignore_eos: Option<bool>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum Stop {
-    One(String),
-    Many(Vec<String>),
-}
 
 #[derive(Serialize)]
 struct Completion<'a> {
@@ -119,62 +94,69 @@ struct Builder {
 }
 
 impl Builder {
-    fn request(&mut self, value: Value) -> Result<Request> {
-        let r = parse_fields(value)?;
+    /// The request in one line's object, checked by the server's rules
+    /// (`server::params`), so that a body is accepted or refused the same way by both.
+    fn request(&mut self, map: &Map<String, Value>) -> Result<Request, ApiError> {
+        let f = Fields(map);
+        let endpoint = match (f.get("prompt"), f.get("messages")) {
+            (Some(_), None) => Endpoint::Completions,
+            (None, Some(_)) => Endpoint::Chat,
+            _ => {
+                return Err(ApiError::bad_request(
+                    "give exactly one of \"prompt\" and \"messages\"",
+                ))
+            }
+        };
+        let p = params::gen_params_over(&f, endpoint, self.base.clone())?;
+        if p.n != 1 {
+            return Err(ApiError::invalid(
+                "n",
+                "`n` must be 1 in --jsonl (one result per line)",
+            ));
+        }
+        if p.logprobs.is_some() {
+            let name = match endpoint {
+                Endpoint::Completions => "logprobs",
+                Endpoint::Chat => "top_logprobs",
+            };
+            return Err(ApiError::invalid(name, "logprobs are not written by --jsonl"));
+        }
         let tokenizer = &self.engine.model.tokenizer;
-        let prompt = match (r.prompt, r.messages) {
-            (Some(p), None) => tokenizer.encode(&p, self.add_bos, true)?,
-            (None, Some(messages)) => {
+        let internal = |e: anyhow::Error| ApiError::bad_request(format!("{e:#}"));
+        let prompt = match endpoint {
+            Endpoint::Completions => match params::prompt(&f)? {
+                Prompt::Text(p) => tokenizer.encode(&p, self.add_bos, true).map_err(internal)?,
+                Prompt::Tokens(ids) => ids,
+            },
+            Endpoint::Chat => {
+                let messages = params::messages(&f)?;
                 let engine = &self.engine;
                 let path = self.template_path.as_deref();
                 let template = self.template.get_or_insert_with(|| {
                     ChatTemplate::load(&engine.model, path).map_err(|e| format!("{e:#}"))
                 });
-                let template = template.as_ref().map_err(|e| anyhow!("{e}"))?;
-                template.encode(tokenizer, &messages, true)?
+                let template = template
+                    .as_ref()
+                    .map_err(|e| ApiError::bad_request(e.clone()))?;
+                template
+                    .encode(tokenizer, &messages, true)
+                    .map_err(internal)?
             }
-            _ => bail!("give exactly one of \"prompt\" and \"messages\""),
         };
-        let mut sampling = self.base.clone();
-        sampling.temperature = r.temperature.unwrap_or(sampling.temperature);
-        sampling.top_p = r.top_p.unwrap_or(sampling.top_p);
-        sampling.top_k = r.top_k.unwrap_or(sampling.top_k);
-        sampling.min_p = r.min_p.unwrap_or(sampling.min_p);
-        sampling.seed = r.seed.unwrap_or(sampling.seed);
-        sampling.repeat_penalty = r.repeat_penalty.unwrap_or(sampling.repeat_penalty);
-        sampling.presence_penalty = r.presence_penalty.unwrap_or(sampling.presence_penalty);
-        sampling.frequency_penalty = r.frequency_penalty.unwrap_or(sampling.frequency_penalty);
-        let max_tokens = r.max_tokens.unwrap_or(self.max_tokens);
-        if max_tokens == 0 {
-            bail!("max_tokens must be at least 1");
-        }
-        let mut request = Request::new(prompt, sampling, max_tokens);
-        request.ignore_eos = r.ignore_eos.unwrap_or(self.ignore_eos);
-        request.stop = match r.stop {
-            None => Vec::new(),
-            Some(Stop::One(s)) => vec![s],
-            Some(Stop::Many(v)) => v,
-        };
+        let mut request = Request::new(prompt, p.sampling, p.max_tokens.unwrap_or(self.max_tokens));
+        request.ignore_eos = p.ignore_eos || self.ignore_eos;
+        request.stop = p.stop;
         Ok(request)
     }
 }
 
-/// The request in `value`; a wrong type is reported with the field's name.
-pub(crate) fn parse_fields(value: Value) -> Result<LineRequest> {
-    match serde_json::from_value::<LineRequest>(value.clone()) {
-        Ok(r) => Ok(r),
-        Err(e) => {
-            // serde names the type, not the field: find the field that fails alone.
-            if let Value::Object(map) = value {
-                for (key, v) in map {
-                    let alone = Value::Object([(key.clone(), v)].into_iter().collect());
-                    if let Err(e) = serde_json::from_value::<LineRequest>(alone) {
-                        return Err(anyhow!("{key}: {e}"));
-                    }
-                }
-            }
-            Err(e.into())
+/// One error line's text: the line number, then the field at fault if one is.
+fn line_error(line_no: usize, e: &ApiError) -> String {
+    match &e.param {
+        Some(param) if !e.message.contains(param.as_str()) => {
+            format!("line {line_no}: {param}: {}", e.message)
         }
+        _ => format!("line {line_no}: {}", e.message),
     }
 }
 
@@ -193,7 +175,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let builder = Builder {
         engine: engine.clone(),
         base,
-        max_tokens: args.n_predict,
+        max_tokens: super::commands::max_tokens_flag(args.n_predict, "-n/--n-predict")?,
         ignore_eos: args.ignore_eos,
         add_bos,
         template_path: args.chat_template.clone(),
@@ -239,24 +221,41 @@ pub fn run(args: &RunArgs) -> Result<()> {
 /// The reader thread: parses each line, submits it when a place is free, and starts a
 /// collector for it; bad lines become error results at once.
 fn read_and_submit(mut builder: Builder, tx: mpsc::Sender<Msg>, permits: mpsc::SyncSender<()>) {
-    let stdin = std::io::stdin().lock();
+    let mut stdin = std::io::stdin().lock();
     let mut index = 0;
-    for (line_no, line) in stdin.lines().enumerate() {
-        let line = match line {
-            Ok(l) => l,
+    let mut bytes = Vec::new();
+    for line_no in 0.. {
+        bytes.clear();
+        match stdin.read_until(b'\n', &mut bytes) {
+            Ok(0) => break,
+            Ok(_) => {}
             Err(e) => {
                 let _ = tx.send(Msg::Fatal(
                     anyhow!(e).context(format!("reading stdin line {}", line_no + 1)),
                 ));
                 return;
             }
+        }
+        // A line that is not UTF-8 is one bad line, not the end of the input.
+        let line = match std::str::from_utf8(&bytes) {
+            Ok(l) => Some(l.trim_end_matches(['\n', '\r'])),
+            Err(_) => None,
         };
-        if line.trim().is_empty() {
+        if line.is_some_and(|l| l.trim().is_empty()) {
             continue;
         }
         let this = index;
         index += 1;
-        let value: Value = match serde_json::from_str(&line) {
+        let Some(line) = line else {
+            let error = format!("line {}: not valid UTF-8", line_no + 1);
+            let _ = tx.send(Msg::Result {
+                index: this,
+                line: error_line(&Value::Null, error),
+                permit: false,
+            });
+            continue;
+        };
+        let value: Value = match serde_json::from_str(line) {
             Ok(v) => v,
             Err(e) => {
                 let error = format!("line {}: malformed JSON: {e}", line_no + 1);
@@ -281,10 +280,10 @@ fn read_and_submit(mut builder: Builder, tx: mpsc::Sender<Msg>, permits: mpsc::S
             });
             continue;
         }
-        let request = match builder.request(value) {
+        let request = match builder.request(value.as_object().expect("checked above")) {
             Ok(r) => r,
             Err(e) => {
-                let error = format!("line {}: {e:#}", line_no + 1);
+                let error = line_error(line_no + 1, &e);
                 let _ = tx.send(Msg::Result {
                     index: this,
                     line: error_line(&id, error),

@@ -4,7 +4,7 @@
 mod bench;
 mod chat;
 mod commands;
-pub(crate) mod jsonl;
+mod jsonl;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -123,7 +123,23 @@ impl EngineArgs {
     /// terminal (`verbose` logs it anywhere).
     pub fn start(&self, model: Model, verbose: bool) -> Result<EngineHandle> {
         let config = self.config(&model)?;
-        let exec = Executor::new(&model, self.device, config.block_size, config.num_blocks)?;
+        if let Some(ctx) = self.ctx_size.filter(|&c| c > model.config.n_ctx_train) {
+            // As llama.cpp does: allowed, with a warning, for models that extrapolate.
+            eprintln!(
+                "warning: -c {ctx} is above the {} tokens this model was trained on; past them its output degrades",
+                model.config.n_ctx_train
+            );
+        }
+        let device = self.device.resolve()?;
+        if device == Device::Cpu {
+            let flag = if self.kv_mem.is_some() {
+                "--kv-mem"
+            } else {
+                "-c/--ctx-size or --parallel"
+            };
+            crate::memory::admit(&config.footprint(&model), &crate::memory::limits(), flag)?;
+        }
+        let exec = Executor::new(&model, device, config.block_size, config.num_blocks)?;
         if verbose || std::io::stderr().is_terminal() {
             eprintln!(
                 "KV cache on {}: {} blocks of {} tokens ({} tokens, {:.1} MiB); max {} tokens per sequence, {} per step",

@@ -348,6 +348,11 @@ impl Worker {
                 .iter()
                 .any(|s| !s.is_empty() && text.contains(s.as_str()))
         {
+            if reason == FinishReason::Length {
+                // Cut by max_tokens or the context inside a multi-byte char: that char was
+                // never completed, so it is left out rather than shown as U+FFFD.
+                st.decoder.drop_incomplete();
+            }
             text.push_str(&st.decoder.finish());
         }
         let usage = Usage {

@@ -142,7 +142,7 @@ impl<'a> Cursor<'a> {
             Err(_) => Err(GgufError::InvalidUtf8 {
                 what: self.describe(what),
                 offset,
-                lossy: String::from_utf8_lossy(bytes).into_owned(),
+                lossy: preview(bytes),
             }),
         }
     }
@@ -173,4 +173,20 @@ impl<'a> Cursor<'a> {
             })
             .collect())
     }
+}
+
+/// Most bytes of a bad string quoted in an error.
+const PREVIEW_BYTES: usize = 64;
+
+/// The start of a string that is not UTF-8, for an error message: at most `PREVIEW_BYTES`
+/// bytes (lossily decoded), then its full length, so a hostile 30 MB string is not printed.
+fn preview(bytes: &[u8]) -> String {
+    if bytes.len() <= PREVIEW_BYTES {
+        return String::from_utf8_lossy(bytes).into_owned();
+    }
+    format!(
+        "{}... ({} bytes in all)",
+        String::from_utf8_lossy(&bytes[..PREVIEW_BYTES]),
+        bytes.len()
+    )
 }

@@ -57,6 +57,12 @@ impl GgufFile {
             source,
         };
         let file = File::open(&path).map_err(io_error)?;
+        if file.metadata().map_err(io_error)?.is_dir() {
+            return Err(io_error(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "is a directory, not a GGUF file",
+            )));
+        }
         // SAFETY: the map is read-only and lives as long as `GgufFile`. Like every mmap-based
         // model loader (llama.cpp, candle) we assume no one truncates or rewrites the file
         // while it is open; doing so is outside what a safe API can guard against.

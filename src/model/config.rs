@@ -197,6 +197,12 @@ impl ModelConfig {
             ),
         };
         let rms_eps = g.get_f32(&key("attention.layer_norm_rms_epsilon"))?;
+        if !(rms_eps.is_finite() && rms_eps > 0.0) {
+            bail!(
+                "{} is {rms_eps}; it must be a positive finite number",
+                key("attention.layer_norm_rms_epsilon")
+            );
+        }
         let n_ctx_train = usize_key("context_length")?;
         let embd = g.tensor("token_embd.weight")?;
         let vocab_size = if has("vocab_size") {

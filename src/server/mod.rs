@@ -7,10 +7,13 @@
 //! - `routes`: the handlers; `response` and `stream`: whole and streamed OpenAI bodies.
 //! - `middleware`: the log line, the API-key guard, 404/405; `error`: OpenAI-style errors.
 //! - `metrics`: Prometheus text.
+//! - `listener`: the accept loop and connection limits (timeouts, the connection cap, the
+//!   body-read timeout and early 413).
 //!
 //! Called by the CLI (`Command::Serve`).
 
 pub(crate) mod error;
+mod listener;
 mod metrics;
 mod middleware;
 pub(crate) mod params;
@@ -62,6 +65,8 @@ pub struct ServeArgs {
     /// The model id reported by /v1/models and in responses [default: the file's stem]
     #[arg(long)]
     pub alias: Option<String>,
+    #[command(flatten)]
+    pub limits: listener::LimitArgs,
 }
 
 /// The environment variable read when --api-key is not given.
@@ -75,6 +80,8 @@ pub struct AppState {
     pub model_id: String,
     pub api_key: Option<String>,
     pub max_body_bytes: usize,
+    /// How long a request body may take to arrive (`--body-timeout`).
+    pub body_timeout: std::time::Duration,
     /// Unix time the server started (`created` of the model).
     pub created: u64,
     /// Distinguishes response ids across restarts.
@@ -99,6 +106,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/chat/completions", post(chat_completions))
         .fallback(middleware::not_found)
         .layer(DefaultBodyLimit::max(state.max_body_bytes))
+        .layer(axum::middleware::from_fn({
+            let (max, timeout) = (state.max_body_bytes, state.body_timeout);
+            move |req, next| listener::read_body(max, timeout, req, next)
+        }))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             middleware::require_api_key,
@@ -120,6 +131,7 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
     if args.max_body_bytes == 0 {
         bail!("--max-body-bytes must be at least 1");
     }
+    let limits = args.limits.limits()?;
     let addr: SocketAddr = (args.host.as_str(), args.port)
         .to_socket_addrs()
         .with_context(|| format!("resolving --host {}", args.host))?
@@ -152,6 +164,7 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         model_id: model_id.clone(),
         api_key,
         max_body_bytes: args.max_body_bytes,
+        body_timeout: limits.body_timeout,
         created,
         instance: random_seed() & 0xffff_ffff,
     });
@@ -174,11 +187,15 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
                 ""
             }
         );
-        let app = router(state).into_make_service_with_connect_info::<SocketAddr>();
-        axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown_signal())
-            .await
-            .context("serving HTTP")
+        eprintln!(
+            "edge-llm serve: at most {} connections; timeouts: headers {} s, body {} s, keep-alive {} s",
+            limits.max_connections,
+            limits.header_timeout.as_secs_f64(),
+            limits.body_timeout.as_secs_f64(),
+            limits.keep_alive_timeout.as_secs_f64()
+        );
+        listener::serve(listener, router(state), limits, shutdown_signal()).await;
+        anyhow::Ok(())
     })?;
     eprintln!("edge-llm serve: stopped");
     Ok(())

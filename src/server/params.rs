@@ -19,6 +19,8 @@ pub const MAX_N: u64 = 16;
 pub const MAX_TOP_LOGPROBS: u64 = 20;
 /// Most stop strings.
 pub const MAX_STOP: usize = 16;
+/// The roles a message may have; OpenAI's `developer` is read as `system`.
+pub const MESSAGE_ROLES: [&str; 4] = ["system", "user", "assistant", "tool"];
 
 /// The body as a JSON object, or the 400/413 that says why not.
 pub fn json_object(
@@ -178,7 +180,12 @@ pub fn gen_params(
     endpoint: Endpoint,
     seed_default: u64,
 ) -> Result<GenParams, ApiError> {
-    let mut sampling = SamplingParams {
+    gen_params_over(f, endpoint, openai_sampling(seed_default))
+}
+
+/// OpenAI's sampling defaults: temperature 1, top_p 1, no top-k, min-p or penalties.
+pub fn openai_sampling(seed: u64) -> SamplingParams {
+    SamplingParams {
         temperature: 1.0,
         top_k: 0,
         top_p: 1.0,
@@ -187,8 +194,19 @@ pub fn gen_params(
         repeat_last_n: 64,
         presence_penalty: 0.0,
         frequency_penalty: 0.0,
-        seed: seed_default,
-    };
+        seed,
+    }
+}
+
+/// The one set of rules for a request body's generation fields, shared by the server and
+/// `run --jsonl`: absent fields keep `base`'s values (OpenAI's defaults for the server, the
+/// command line's for `--jsonl`); present ones are checked the same way for both.
+pub fn gen_params_over(
+    f: &Fields,
+    endpoint: Endpoint,
+    base: SamplingParams,
+) -> Result<GenParams, ApiError> {
+    let mut sampling = base;
     if let Some(t) = f.number("temperature", 0.0, 2.0)? {
         sampling.temperature = t as f32;
     }
@@ -382,8 +400,9 @@ pub fn token_ids(items: &[Value]) -> Result<Vec<u32>, String> {
         .collect()
 }
 
-/// `messages`: an array of `{role, content}`; content a string, null, or an array of text
-/// parts. OpenAI's `developer` role is passed to templates as `system`.
+/// `messages`: a non-empty array of `{role, content}`; the role one of [`MESSAGE_ROLES`] or
+/// `developer` (passed to templates as `system`); content a string or an array of text parts,
+/// or null/absent on an assistant message only.
 pub fn messages(f: &Fields) -> Result<Vec<ChatMessage>, ApiError> {
     let items = match f.get("messages") {
         None => return Err(ApiError::invalid("messages", "`messages` is required")),
@@ -419,9 +438,24 @@ pub fn messages(f: &Fields) -> Result<Vec<ChatMessage>, ApiError> {
             }
         };
         let role = if role == "developer" { "system" } else { role };
+        if !MESSAGE_ROLES.contains(&role) {
+            return Err(ApiError::invalid(
+                &format!("messages[{i}].role"),
+                format!(
+                    "`messages[{i}].role` must be one of system, developer, user, assistant, tool; got {role:?}"
+                ),
+            ));
+        }
         let param = format!("messages[{i}].content");
         let content = match m.get("content") {
-            None | Some(Value::Null) => String::new(),
+            // OpenAI allows no content only on an assistant turn (one that called tools).
+            None | Some(Value::Null) if role == "assistant" => String::new(),
+            None | Some(Value::Null) => {
+                return Err(ApiError::invalid(
+                    &param,
+                    format!("`{param}` is required on a {role} message (a string or an array of text parts)"),
+                ))
+            }
             Some(Value::String(s)) => s.clone(),
             Some(Value::Array(parts)) => {
                 let mut text = String::new();
@@ -545,6 +579,16 @@ mod tests {
                 ChatMessage::new("assistant", "")
             ]
         );
+        for (bad, param) in [
+            (json!([]), "messages"),
+            (json!([{"role": "wizard", "content": "hi"}]), "messages[0].role"),
+            (json!([{"role": "user", "content": null}]), "messages[0].content"),
+            (json!([{"role": "system", "content": "s"}, {"role": "user"}]), "messages[1].content"),
+        ] {
+            let m = fields(json!({ "messages": bad }));
+            let e = messages(&Fields(&m)).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{bad}: {}", e.message);
+        }
         let m = fields(json!({"messages": [{"role": "user", "content": 5}]}));
         assert_eq!(
             messages(&Fields(&m)).unwrap_err().param.as_deref(),

@@ -51,6 +51,16 @@ impl StreamDecoder {
         out
     }
 
+    /// Forgets the bytes of a char still incomplete (for a stream cut by a token limit, whose
+    /// next token would have completed it); bytes that can never be valid stay for `finish`.
+    pub fn drop_incomplete(&mut self) {
+        if let Err(e) = std::str::from_utf8(&self.pending) {
+            if e.error_len().is_none() {
+                self.pending.truncate(e.valid_up_to());
+            }
+        }
+    }
+
     /// Flushes what is left at the end of the stream (an incomplete char becomes U+FFFD).
     pub fn finish(&mut self) -> String {
         let out = String::from_utf8_lossy(&self.pending).into_owned();

@@ -208,6 +208,16 @@ impl Vocab {
             VocabKind::Spm => (in_range(1), in_range(2), in_range(0)),
             VocabKind::Bpe => (in_range(11), in_range(11), None),
         };
+        // BOS and EOS outside the vocabulary are refused, not replaced: a wrong EOS would end
+        // every reply at once (or never), silently.
+        for (key, id) in [
+            ("tokenizer.ggml.bos_token_id", meta.bos_id),
+            ("tokenizer.ggml.eos_token_id", meta.eos_id),
+        ] {
+            if let Some(id) = id.filter(|&id| id >= n_tokens as u64) {
+                bail!("{key} is {id}, outside the vocabulary of {n_tokens} tokens");
+            }
+        }
         let pick = |key: Option<u64>, default: Option<u32>| key.and_then(in_range).or(default);
         let bos_id = pick(meta.bos_id, default_bos);
         let eos_id = pick(meta.eos_id, default_eos);

@@ -101,6 +101,11 @@ impl Server {
         Some(server)
     }
 
+    /// The server's process id (for /proc/PID/fd).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn log_text(&self) -> String {
         self.log.lock().unwrap().join("\n")
     }
