@@ -16,7 +16,7 @@ use edge_llm::fuzz_entry;
 /// An input slower than this twice in a row is a hang (the slowest seed takes milliseconds).
 const HANG_LIMIT: Duration = Duration::from_secs(2);
 /// Mutated inputs are cut to this size.
-const MAX_INPUT: usize = 64 << 10;
+const MAX_INPUT: usize = 1 << 20;
 
 fn fuzz_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz")
