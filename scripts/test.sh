@@ -57,6 +57,12 @@ fi
 # --- end structured output ---
 # The default build (no CUDA) must compile; the suite then runs once on the build with the cuda
 # feature, so every test also drives a CUDA-enabled binary on this GPU-less machine.
+# ---- fuzzing (issue 12) ----
+# tests/fuzz_regressions.rs replays every fuzz finding and the kept corpus (tests/fuzz/), then
+# mutates the corpus for this many seconds per target through the same entry points as the AFL++
+# campaign (scripts/fuzz.sh, too slow to build here: it compiles everything a second time).
+export EDGE_LLM_FUZZ_SECONDS="${EDGE_LLM_FUZZ_SECONDS:-20}"
+# ---- end fuzzing ----
 cargo build --release --locked
 cargo build --release --locked --features cuda
 cargo test --release --locked --no-fail-fast --features cuda "$@"

@@ -40,7 +40,8 @@ const BUILTIN_TEMPLATES: [(&str, &str, &str); 2] = [
     ),
 ];
 
-fn builtin_for(tokenizer: &Tokenizer) -> Option<(&'static str, &'static str)> {
+/// The built-in template (name, source) for a vocabulary with a known turn marker.
+pub fn builtin_for(tokenizer: &Tokenizer) -> Option<(&'static str, &'static str)> {
     BUILTIN_TEMPLATES
         .iter()
         .find(|(marker, _, _)| tokenizer.find_token(marker).is_some())

@@ -11,6 +11,7 @@ pub mod cli;
 pub mod cuda;
 pub mod device;
 pub mod engine;
+pub mod fuzz_entry;
 pub mod generate;
 pub mod gguf;
 pub mod kernels;

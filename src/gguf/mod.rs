@@ -81,6 +81,35 @@ impl GgufFile {
         })
     }
 
+    /// Validates `bytes` as a GGUF file held in memory (a copy goes into an anonymous map);
+    /// `name` stands for the path in messages. Used by the fuzz targets (`crate::fuzz_entry`),
+    /// which must not touch the disk for every input.
+    pub fn from_bytes(name: &str, bytes: &[u8]) -> Result<GgufFile, GgufError> {
+        let path = PathBuf::from(name);
+        let io_error = |source| GgufError::Io {
+            path: path.clone(),
+            source,
+        };
+        let mut map = memmap2::MmapOptions::new()
+            .len(bytes.len())
+            .map_anon()
+            .map_err(io_error)?;
+        map.copy_from_slice(bytes);
+        let mmap = map.make_read_only().map_err(io_error)?;
+        let parsed = parse::parse(&mmap)?;
+        Ok(GgufFile {
+            version: parsed.version,
+            alignment: parsed.alignment,
+            path,
+            mmap,
+            metadata: parsed.metadata,
+            metadata_index: parsed.metadata_index,
+            tensors: parsed.tensors,
+            tensor_index: parsed.tensor_index,
+            data_start: parsed.data_start,
+        })
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }

@@ -328,6 +328,10 @@ impl TempFile {
             std::process::id()
         ));
         std::fs::write(&path, bytes).expect("write temp GGUF");
+        // `scripts/fuzz.sh` collects the files the tests make as seeds for the GGUF fuzz target.
+        if let Some(dir) = std::env::var_os("EDGE_LLM_GGUF_SEED_DIR") {
+            let _ = std::fs::write(Path::new(&dir).join(format!("{n}-{tag}.gguf")), bytes);
+        }
         TempFile { path }
     }
 

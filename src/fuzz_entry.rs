@@ -1,0 +1,394 @@
+//! Entry points for the fuzz targets: each takes arbitrary bytes, runs them through the same
+//! library functions the faces call, and panics only when it finds a bug (a panic inside the
+//! library, or a broken invariant checked here). A clean error for bad input is a pass.
+//!
+//! Callers: the coverage-guided targets in `fuzz/` (AFL++ through `cargo afl`), and
+//! `tests/fuzz_regressions.rs`, which replays the kept findings and corpus and runs a short
+//! mutation loop in CI through these same functions.
+//!
+//! Targets:
+//! - [`gguf`]: the GGUF reader on a file held in memory, then what is built from a file that
+//!   opens (info report, hyper-parameters, weights, tokenizer, chat template).
+//! - [`tokenizer`]: decode of arbitrary token-id sequences (whole and streamed) and encode of
+//!   arbitrary bytes, on the real models' vocabularies.
+//! - [`chat_template`]: the real models' chat templates rendered with hostile messages.
+//! - [`request`]: the JSON bodies of `/v1/completions` and `/v1/chat/completions` and the
+//!   lines of `run --jsonl`, through to the token ids they would submit.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use anyhow::{Context, Result};
+use serde_json::Value;
+
+use crate::chat_template::{encode_prompt, ChatMessage, ChatTemplate, TEMPLATE_KEY};
+use crate::gguf::GgufFile;
+use crate::model::{ModelConfig, Weights};
+use crate::server::params::{self, Endpoint, Fields, Prompt};
+use crate::tokenizer::{StreamDecoder, Tokenizer};
+
+/// The names of the fuzz targets, as `run_target` takes them.
+pub const TARGETS: [&str; 4] = ["gguf", "tokenizer", "chat_template", "request"];
+
+/// The models whose vocabularies and templates the targets use: the default model first, then
+/// the two extra ones (`scripts/fetch-extra-models.sh`) when present.
+const MODEL_FILES: [&str; 3] = [
+    "SmolLM2-135M-Instruct.Q4_1.gguf",
+    "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    "gemma-3-270m-q4_k_m.gguf",
+];
+
+/// Largest request body the server takes by default (`--max-body-bytes`).
+const MAX_BODY_BYTES: usize = 2 << 20;
+
+/// One real model's tokenizer and chat template (no weights).
+pub struct Vocabulary {
+    pub name: String,
+    pub tokenizer: Tokenizer,
+    pub template: ChatTemplate,
+    /// Bytes that no token decodes to on its own.
+    pub bytes_without_token: [bool; 256],
+}
+
+/// `EDGE_LLM_MODELS_DIR`, or `models/` of this crate.
+pub fn models_dir() -> PathBuf {
+    std::env::var_os("EDGE_LLM_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("models"))
+}
+
+/// The tokenizer and chat template of the model file at `path`.
+pub fn load_vocabulary(path: &Path) -> Result<Vocabulary> {
+    let file = GgufFile::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let tokenizer = Tokenizer::from_gguf(&file)
+        .with_context(|| format!("building the tokenizer of {}", path.display()))?;
+    // As `ChatTemplate::from_model` chooses: the file's template, else the built-in one.
+    let source = match file.get(TEMPLATE_KEY) {
+        Some(_) => file
+            .get_str(TEMPLATE_KEY)
+            .with_context(|| format!("reading {TEMPLATE_KEY} of {}", path.display()))?,
+        None => {
+            crate::chat_template::builtin_for(&tokenizer)
+                .with_context(|| format!("{} has no chat template", path.display()))?
+                .1
+        }
+    };
+    let template = ChatTemplate::from_source(source)?.with_tokens_of(&tokenizer);
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut bytes_without_token = [true; 256];
+    for id in 0..tokenizer.vocab_size() as u32 {
+        if let [b] = tokenizer.token_bytes(id)[..] {
+            bytes_without_token[usize::from(b)] = false;
+        }
+    }
+    Ok(Vocabulary {
+        name,
+        tokenizer,
+        template,
+        bytes_without_token,
+    })
+}
+
+/// The vocabularies of every model found, loaded once per process. The default model is
+/// required (an error names it); the extra ones are used when present.
+pub fn vocabularies() -> Result<&'static [Vocabulary]> {
+    static LOADED: OnceLock<std::result::Result<Vec<Vocabulary>, String>> = OnceLock::new();
+    let loaded = LOADED.get_or_init(|| {
+        let dir = models_dir();
+        let mut out = Vec::new();
+        for (i, name) in MODEL_FILES.iter().enumerate() {
+            let path = dir.join(name);
+            if i > 0 && !path.exists() {
+                continue;
+            }
+            out.push(load_vocabulary(&path).map_err(|e| format!("{e:#}"))?);
+        }
+        Ok(out)
+    });
+    loaded.as_deref().map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+/// Runs the target called `name` on `data`.
+pub fn run_target(name: &str, data: &[u8]) -> Result<()> {
+    match name {
+        "gguf" => gguf(data),
+        "tokenizer" => tokenizer(vocabularies()?, data),
+        "chat_template" => chat_template(vocabularies()?, data),
+        "request" => request(vocabularies()?, data),
+        other => anyhow::bail!("no fuzz target {other:?}; targets: {}", TARGETS.join(", ")),
+    }
+    Ok(())
+}
+
+// ---- gguf ----
+
+/// The GGUF reader on `data`, then everything a model load builds from a file that opens.
+pub fn gguf(data: &[u8]) {
+    let Ok(file) = GgufFile::from_bytes("fuzz.gguf", data) else {
+        return;
+    };
+    let mut sink = ByteCount(0);
+    file.write_info(&mut sink)
+        .expect("the info report writes to a sink");
+    for t in file.tensors() {
+        let bytes = file.tensor_data(t);
+        assert_eq!(bytes.len() as u64, t.n_bytes, "tensor {} data size", t.name);
+    }
+    if let Ok(config) = ModelConfig::from_gguf(&file) {
+        let _ = Weights::from_gguf(&file, &config);
+    }
+    let Ok(tokenizer) = Tokenizer::from_gguf(&file) else {
+        return;
+    };
+    check_decode(&tokenizer, &[0, 1, 2, 3, 255, 256, u32::MAX]);
+    let _ = tokenizer.encode("Hello, world! <|im_start|> 123 héllo\n\n  x", true, true);
+    if let Ok(source) = file.get_str(TEMPLATE_KEY) {
+        if let Ok(template) = ChatTemplate::from_source(source) {
+            let template = template.with_tokens_of(&tokenizer);
+            let messages = [
+                ChatMessage::new("system", "s"),
+                ChatMessage::new("user", "u"),
+            ];
+            let _ = template.render(&messages, true);
+        }
+    }
+}
+
+/// A writer that only counts.
+struct ByteCount(u64);
+
+impl std::io::Write for ByteCount {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.len() as u64;
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+// ---- tokenizer ----
+
+/// Byte 0 picks the vocabulary and the mode: even, the rest is little-endian u32 token ids
+/// (decoded whole and streamed); odd, the rest is text to encode (lossy UTF-8), then decoded.
+pub fn tokenizer(vocabs: &[Vocabulary], data: &[u8]) {
+    let Some((&head, rest)) = data.split_first() else {
+        return;
+    };
+    let v = &vocabs[usize::from(head >> 2) % vocabs.len()];
+    let tok = &v.tokenizer;
+    if head & 1 == 0 {
+        let ids: Vec<u32> = rest
+            .chunks(4)
+            .map(|c| {
+                let mut b = [0u8; 4];
+                b[..c.len()].copy_from_slice(c);
+                // Mostly ids inside the vocabulary, some outside (bit 31 keeps the raw value).
+                let raw = u32::from_le_bytes(b);
+                if raw & 0x8000_0000 != 0 {
+                    raw & 0x7fff_ffff
+                } else {
+                    raw % (tok.vocab_size() as u32 + 8)
+                }
+            })
+            .collect();
+        check_decode(tok, &ids);
+    } else {
+        let text = String::from_utf8_lossy(rest);
+        let parse_special = head & 2 != 0;
+        let ids = tok
+            .encode(&text, false, parse_special)
+            .unwrap_or_else(|e| panic!("{}: encode failed on valid UTF-8: {e:#}", v.name));
+        for &id in &ids {
+            assert!(
+                (id as usize) < tok.vocab_size(),
+                "{}: encode gave id {id} outside the vocabulary",
+                v.name
+            );
+        }
+        check_decode(tok, &ids);
+        // Byte-level BPE loses nothing when control tokens are not parsed, except the bytes
+        // the vocabulary has no one-byte token for (the default model lacks some C0 controls
+        // and UTF-8 lead bytes such as 0xF2): those are dropped, as llama.cpp drops them.
+        if !parse_special && is_bpe(v) {
+            let kept: Vec<u8> = text
+                .bytes()
+                .filter(|&b| !v.bytes_without_token[usize::from(b)])
+                .collect();
+            assert_eq!(
+                tok.decode(&ids),
+                String::from_utf8_lossy(&kept),
+                "{}: decode(encode(text))",
+                v.name
+            );
+        }
+    }
+}
+
+/// Whether the vocabulary is byte-level BPE (the default model's and qwen's), whose encode
+/// and decode are exact inverses on plain text.
+fn is_bpe(v: &Vocabulary) -> bool {
+    !v.name.starts_with("gemma")
+}
+
+/// Decoding `ids` whole and streamed token by token must give the same text.
+fn check_decode(tok: &Tokenizer, ids: &[u32]) {
+    let whole = tok.decode(ids);
+    let mut stream = StreamDecoder::new();
+    let mut streamed = String::new();
+    for &id in ids {
+        streamed.push_str(&stream.push(tok, id));
+    }
+    streamed.push_str(&stream.finish());
+    assert_eq!(
+        streamed, whole,
+        "streamed decode differs from decode of {ids:?}"
+    );
+}
+
+// ---- chat templates ----
+
+/// Byte 0 picks the vocabulary and `add_generation_prompt`; the rest is split on NUL bytes
+/// into role, content, role, content, ... (lossy UTF-8). The rendered prompt is tokenized as
+/// the server does.
+pub fn chat_template(vocabs: &[Vocabulary], data: &[u8]) {
+    let Some((&head, rest)) = data.split_first() else {
+        return;
+    };
+    let v = &vocabs[usize::from(head >> 1) % vocabs.len()];
+    let mut parts = rest.split(|&b| b == 0);
+    let mut messages = Vec::new();
+    while let Some(role) = parts.next() {
+        let content = parts.next().unwrap_or_default();
+        messages.push(ChatMessage::new(
+            String::from_utf8_lossy(role),
+            String::from_utf8_lossy(content),
+        ));
+    }
+    render_and_encode(v, &messages, head & 1 == 0);
+}
+
+/// Renders and tokenizes; a refusal must be a one-line error.
+fn render_and_encode(v: &Vocabulary, messages: &[ChatMessage], add_generation_prompt: bool) {
+    match v.template.render(messages, add_generation_prompt) {
+        Ok(prompt) => {
+            let ids = encode_prompt(&v.tokenizer, &prompt)
+                .unwrap_or_else(|e| panic!("{}: cannot tokenize a rendered prompt: {e:#}", v.name));
+            assert!(ids
+                .iter()
+                .all(|&id| (id as usize) < v.tokenizer.vocab_size()));
+        }
+        Err(e) => check_message(&format!("{e:#}")),
+    }
+}
+
+/// An error for the user: one line, not empty, of a readable size.
+fn check_message(message: &str) {
+    assert!(!message.is_empty(), "an empty error message");
+    assert!(
+        !message.contains('\n'),
+        "an error message of several lines: {message:?}"
+    );
+    assert!(
+        message.len() <= 4096,
+        "an error message of {} bytes: {:?}...",
+        message.len(),
+        &message[..message.floor_char_boundary(200)]
+    );
+}
+
+// ---- request bodies ----
+
+/// `data` as the body of `/v1/completions` and of `/v1/chat/completions` (with the default
+/// model's vocabulary and template), and as a `run --jsonl` line.
+pub fn request(vocabs: &[Vocabulary], data: &[u8]) {
+    let v = &vocabs[0];
+    for endpoint in [Endpoint::Completions, Endpoint::Chat] {
+        if let Err(e) = http_body(v, data, endpoint) {
+            assert!(
+                e.status.is_client_error(),
+                "{endpoint:?}: status {} for {:?}",
+                e.status,
+                e.message
+            );
+            check_message(&e.message);
+        }
+    }
+    if let Ok(line) = std::str::from_utf8(data) {
+        if let Err(e) = jsonl_line(v, line) {
+            assert!(e.status.is_client_error(), "--jsonl: status {}", e.status);
+            check_message(&e.message);
+        }
+    }
+}
+
+/// What the server's handler does with a body before it reaches the engine.
+fn http_body(
+    v: &Vocabulary,
+    data: &[u8],
+    endpoint: Endpoint,
+) -> std::result::Result<Vec<u32>, crate::server::error::ApiError> {
+    let map = params::json_object(Ok(axum::body::Bytes::copy_from_slice(data)), MAX_BODY_BYTES)?;
+    let f = Fields(&map);
+    params::gen_params(&f, endpoint, 0)?;
+    let tok = &v.tokenizer;
+    let bad =
+        |e: anyhow::Error| crate::server::error::ApiError::invalid("prompt", format!("{e:#}"));
+    match endpoint {
+        Endpoint::Completions => match params::prompt(&f)? {
+            Prompt::Text(text) => encode_prompt(tok, &text).map_err(bad),
+            Prompt::Tokens(ids) => Ok(ids),
+        },
+        Endpoint::Chat => {
+            let messages = params::messages(&f)?;
+            let add_generation_prompt = f.bool("add_generation_prompt")?.unwrap_or(true);
+            let prompt = v
+                .template
+                .render(&messages, add_generation_prompt)
+                .map_err(bad)?;
+            encode_prompt(tok, &prompt).map_err(bad)
+        }
+    }
+}
+
+/// What `run --jsonl` does with one input line before it reaches the engine (the steps of
+/// `cli::jsonl`'s `Builder::request`, which needs a running engine): the server's rules, with
+/// the endpoint chosen by `prompt` or `messages`.
+fn jsonl_line(
+    v: &Vocabulary,
+    line: &str,
+) -> std::result::Result<Vec<u32>, crate::server::error::ApiError> {
+    use crate::server::error::ApiError;
+    let value: Value = serde_json::from_str(line)
+        .map_err(|e| ApiError::bad_request(format!("malformed JSON: {e}")))?;
+    let Value::Object(map) = value else {
+        return Err(ApiError::bad_request("expected a JSON object"));
+    };
+    let f = Fields(&map);
+    let endpoint = match (f.get("prompt"), f.get("messages")) {
+        (Some(_), None) => Endpoint::Completions,
+        (None, Some(_)) => Endpoint::Chat,
+        _ => {
+            return Err(ApiError::bad_request(
+                "give exactly one of \"prompt\" and \"messages\"",
+            ))
+        }
+    };
+    params::gen_params_over(&f, endpoint, params::openai_sampling(0))?;
+    let bad = |e: anyhow::Error| ApiError::bad_request(format!("{e:#}"));
+    match endpoint {
+        Endpoint::Completions => match params::prompt(&f)? {
+            Prompt::Text(p) => v.tokenizer.encode(&p, true, true).map_err(bad),
+            Prompt::Tokens(ids) => Ok(ids),
+        },
+        Endpoint::Chat => {
+            let messages = params::messages(&f)?;
+            v.template
+                .encode(&v.tokenizer, &messages, true)
+                .map_err(bad)
+        }
+    }
+}
