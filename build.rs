@@ -124,7 +124,10 @@ fn cuda_emulator() {
     }
     cc::Build::new()
         .cpp(true)
-        .files(["csrc/cuda/emu/el_cuda_emu.cpp", "csrc/cuda/emu/el_emu_kernels.cpp"])
+        .files([
+            "csrc/cuda/emu/el_cuda_emu.cpp",
+            "csrc/cuda/emu/el_emu_kernels.cpp",
+        ])
         .include("csrc/cuda")
         .opt_level(2)
         .debug(false)

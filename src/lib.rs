@@ -5,8 +5,8 @@
 
 pub mod api;
 pub mod chat_template;
-pub mod constraint;
 pub mod cli;
+pub mod constraint;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod device;
@@ -16,8 +16,8 @@ pub mod generate;
 pub mod gguf;
 pub mod kernels;
 pub mod kv_cache;
-pub mod memory;
 pub mod kv_events;
+pub mod memory;
 pub mod model;
 pub mod perplexity;
 pub mod sampler;

@@ -128,10 +128,10 @@ fn every_kind_of_bad_line_gets_its_own_error_and_the_rest_go_on() {
         r#"{"id": 4}"#.to_string(),                  // neither
         r#"{"id": 5, "prompt": "a", "max_tokens": 0}"#.to_string(), // out of range (unknown fields are ignored, as by the server)
         r#"{"id": 6, "prompt": "a", "temperature": "hot"}"#.to_string(), // wrong type
-        r#"{"id": 7, "prompt": "a", "top_p": 7}"#.to_string(), // out of range
+        r#"{"id": 7, "prompt": "a", "top_p": 7}"#.to_string(),      // out of range
         serde_json::json!({"id": 8, "prompt": long_prompt}).to_string(), // too long
         r#"{"id": 9, "messages": [{"role": "user"}]}"#.to_string(), // no content
-        String::new(),                               // skipped
+        String::new(),                                              // skipped
         r#"{"id": "ok", "prompt": "Hello", "max_tokens": 2, "temperature": 0}"#.to_string(),
     ]
     .join("\n");

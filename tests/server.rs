@@ -67,16 +67,18 @@ fn concurrent_streaming_and_plain_clients_match_the_same_requests_run_alone() {
         "batched greedy output differs from one-at-a-time output"
     );
     // The log is read from the server's stderr by another thread: give it a moment.
-    let logged = |s: &Server| s.log_text().lines().filter(|l| l.contains("POST /v1/")).count();
+    let logged = |s: &Server| {
+        s.log_text()
+            .lines()
+            .filter(|l| l.contains("POST /v1/"))
+            .count()
+    };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     while logged(&server) < 12 && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     let log = server.log_text();
-    assert!(
-        logged(&server) >= 12,
-        "one log line per request:\n{log}"
-    );
+    assert!(logged(&server) >= 12, "one log line per request:\n{log}");
     assert_eq!(server.metric("edge_llm_kv_blocks{state=\"used\"}"), 0.0);
 }
 

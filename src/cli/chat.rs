@@ -46,7 +46,12 @@ pub struct ChatArgs {
     pub sampling: SamplingArgs,
     /// Most tokens per reply (`/set max_tokens` changes it per session).
     /// -1: no limit but the context.
-    #[arg(short = 'n', long = "max-tokens", default_value_t = 512, allow_negative_numbers = true)]
+    #[arg(
+        short = 'n',
+        long = "max-tokens",
+        default_value_t = 512,
+        allow_negative_numbers = true
+    )]
     pub max_tokens: i64,
     /// A Jinja chat template file [default: the model's tokenizer.chat_template]
     #[arg(long = "chat-template")]
@@ -88,7 +93,9 @@ pub fn run(args: &ChatArgs) -> Result<()> {
         })?;
     let terminal = std::io::stdin().is_terminal();
     if terminal && args.json {
-        anyhow::bail!("--json is for a pipe (stdin not a terminal); on a terminal replies stream as text");
+        anyhow::bail!(
+            "--json is for a pipe (stdin not a terminal); on a terminal replies stream as text"
+        );
     }
     let engine = args.engine.start(model, false)?;
     let mut chat = Chat::new(

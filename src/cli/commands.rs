@@ -50,9 +50,17 @@ pub struct SamplingArgs {
     #[arg(long = "min-p", default_value_t = 0.05, allow_negative_numbers = true)]
     pub min_p: f32,
     /// Penalty for repeating one of the last --repeat-last-n tokens (1.0: off).
-    #[arg(long = "repeat-penalty", default_value_t = 1.0, allow_negative_numbers = true)]
+    #[arg(
+        long = "repeat-penalty",
+        default_value_t = 1.0,
+        allow_negative_numbers = true
+    )]
     pub repeat_penalty: f32,
-    #[arg(long = "repeat-last-n", default_value_t = 64, allow_negative_numbers = true)]
+    #[arg(
+        long = "repeat-last-n",
+        default_value_t = 64,
+        allow_negative_numbers = true
+    )]
     pub repeat_last_n: usize,
     /// Random seed [default: from the clock].
     #[arg(short = 's', long = "seed")]
@@ -109,7 +117,12 @@ pub struct RunArgs {
     #[arg(short = 'p', long = "prompt")]
     pub prompt: Option<String>,
     /// Tokens to generate at most; -1: no limit but the context (as llama.cpp's -n -1).
-    #[arg(short = 'n', long = "n-predict", default_value_t = 128, allow_negative_numbers = true)]
+    #[arg(
+        short = 'n',
+        long = "n-predict",
+        default_value_t = 128,
+        allow_negative_numbers = true
+    )]
     pub n_predict: i64,
     /// Keep generating past end-of-generation tokens.
     #[arg(long)]
@@ -221,7 +234,10 @@ pub fn perplexity(args: &PerplexityArgs) -> Result<()> {
         bail!("--chunks must be at least 1");
     }
     if args.ctx_size < 8 {
-        bail!("-c/--ctx-size must be at least 8 for perplexity, got {}", args.ctx_size);
+        bail!(
+            "-c/--ctx-size must be at least 8 for perplexity, got {}",
+            args.ctx_size
+        );
     }
     args.threads.init()?;
     // Before the file is read and tokenized, so a bad --device fails at once.

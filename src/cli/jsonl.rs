@@ -25,9 +25,9 @@ use serde_json::{Map, Value};
 use super::commands::RunArgs;
 use crate::chat_template::ChatTemplate;
 use crate::engine::{EngineHandle, Event, Request, RequestStream, SubmitError, Usage};
+use crate::sampler::SamplingParams;
 use crate::server::error::ApiError;
 use crate::server::params::{self, Endpoint, Fields, Prompt};
-use crate::sampler::SamplingParams;
 
 #[derive(Serialize)]
 struct Completion<'a> {
@@ -119,7 +119,10 @@ impl Builder {
                 Endpoint::Completions => "logprobs",
                 Endpoint::Chat => "top_logprobs",
             };
-            return Err(ApiError::invalid(name, "logprobs are not written by --jsonl"));
+            return Err(ApiError::invalid(
+                name,
+                "logprobs are not written by --jsonl",
+            ));
         }
         let tokenizer = &self.engine.model.tokenizer;
         let internal = |e: anyhow::Error| ApiError::bad_request(format!("{e:#}"));

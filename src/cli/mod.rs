@@ -2,9 +2,9 @@
 //! subcommand, and errors come back to `main` as an `anyhow` chain. Called only by `main.rs`.
 
 mod bench;
-mod constrain;
 mod chat;
 mod commands;
+mod constrain;
 mod jsonl;
 
 use std::io::IsTerminal;

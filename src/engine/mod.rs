@@ -66,14 +66,17 @@ impl EngineConfig {
         }
         let per_block = KvCache::bytes_per_block(&model.config, block_size);
         let num_blocks = match kv_mem_mib {
-            Some(mib) => mib
-                .checked_mul(1 << 20)
-                .with_context(|| format!("--kv-mem {mib} MiB is more memory than can be addressed"))?
-                / per_block,
+            Some(mib) => {
+                mib.checked_mul(1 << 20).with_context(|| {
+                    format!("--kv-mem {mib} MiB is more memory than can be addressed")
+                })? / per_block
+            }
             None => ctx_size
                 .div_ceil(block_size)
                 .checked_mul(parallel)
-                .with_context(|| format!("--ctx-size {ctx_size} times --parallel {parallel} is too large"))?,
+                .with_context(|| {
+                    format!("--ctx-size {ctx_size} times --parallel {parallel} is too large")
+                })?,
         };
         if num_blocks * block_size < ctx_size.min(2 * block_size) {
             bail!("the KV memory budget holds {} blocks of {block_size} tokens: too small for one sequence", num_blocks);
@@ -99,9 +102,11 @@ impl EngineConfig {
         let c = &model.config;
         let per_token = 4 * c.n_embd + 3 * c.n_ff + c.q_dim() + 2 * c.kv_dim();
         let rows = self.max_batched_tokens.min(self.max_seqs) as u64;
-        let scratch = (self.max_batched_tokens * per_token * 4) as u64 + rows * c.vocab_size as u64 * 4;
+        let scratch =
+            (self.max_batched_tokens * per_token * 4) as u64 + rows * c.vocab_size as u64 * 4;
         crate::memory::Footprint {
-            kv: (self.num_blocks as u64).saturating_mul(KvCache::bytes_per_block(c, self.block_size) as u64),
+            kv: (self.num_blocks as u64)
+                .saturating_mul(KvCache::bytes_per_block(c, self.block_size) as u64),
             weights: model.file.file_bytes(),
             scratch,
         }
@@ -376,9 +381,7 @@ impl EngineHandle {
             )));
         }
         if request.max_tokens == 0 {
-            return Err(SubmitError::Invalid(
-                "max_tokens must be at least 1".into(),
-            ));
+            return Err(SubmitError::Invalid("max_tokens must be at least 1".into()));
         }
         if request.n == 0 || request.n > 16 {
             return Err(SubmitError::Invalid(format!(

@@ -11,9 +11,9 @@ use std::time::Instant;
 use tokio::sync::mpsc as events;
 
 use super::batch_builder::build_batch;
-use super::masks::{self, MaskResult};
 use super::block_manager::BlockManager;
 use super::kv_events::{coalesce, KvCacheEvent, KvEventSink};
+use super::masks::{self, MaskResult};
 use super::scheduler::{Scheduler, SchedulerConfig};
 use super::{Command, EngineConfig, Event, FinishReason, Metrics, Request, TokenLogprobs, Usage};
 use crate::constraint::{ConstraintState, Consumed};
@@ -312,7 +312,10 @@ impl Worker {
         logits: &[f32],
         mask: Option<MaskResult>,
     ) -> Result<Option<Vec<f32>>, String> {
-        let st = self.seqs.get_mut(&seq_id).expect("state of a live sequence");
+        let st = self
+            .seqs
+            .get_mut(&seq_id)
+            .expect("state of a live sequence");
         let Some(state) = st.constraint.as_mut().filter(|c| c.is_active()) else {
             return Ok(None);
         };
@@ -327,7 +330,12 @@ impl Worker {
             }
         };
         let tok = &self.model.tokenizer;
-        Ok(Some(masks::apply(logits, &mask, tok.eos_id(), tok.eog_ids())))
+        Ok(Some(masks::apply(
+            logits,
+            &mask,
+            tok.eos_id(),
+            tok.eog_ids(),
+        )))
     }
 
     /// Samples the next token of `seq_id` from its logits and tells the client.
@@ -363,7 +371,12 @@ impl Worker {
                     submitted: st.submitted,
                     ttft_ms: None,
                     num_cached,
-                    constraint: st.request.sampling.constraint.as_ref().map(|c| c.new_state()),
+                    constraint: st
+                        .request
+                        .sampling
+                        .constraint
+                        .as_ref()
+                        .map(|c| c.new_state()),
                 };
                 let request_id = state.request_id;
                 self.seqs.insert(child, state);

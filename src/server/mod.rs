@@ -23,8 +23,8 @@ mod response;
 mod router_api;
 mod routes;
 mod stream;
-mod webui;
 mod structured;
+mod webui;
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;

@@ -577,9 +577,18 @@ mod tests {
         );
         for (bad, param) in [
             (json!([]), "messages"),
-            (json!([{"role": "wizard", "content": "hi"}]), "messages[0].role"),
-            (json!([{"role": "user", "content": null}]), "messages[0].content"),
-            (json!([{"role": "system", "content": "s"}, {"role": "user"}]), "messages[1].content"),
+            (
+                json!([{"role": "wizard", "content": "hi"}]),
+                "messages[0].role",
+            ),
+            (
+                json!([{"role": "user", "content": null}]),
+                "messages[0].content",
+            ),
+            (
+                json!([{"role": "system", "content": "s"}, {"role": "user"}]),
+                "messages[1].content",
+            ),
         ] {
             let m = fields(json!({ "messages": bad }));
             let e = messages(&Fields(&m)).unwrap_err();

@@ -103,7 +103,16 @@ pub async fn completions(
     let mut params = params::gen_params(&f, Endpoint::Completions, super::random_seed())?;
     params.sampling.constraint = structured::completion_constraint(&state.engine, &map)?;
     let ids = completion_prompt_ids(&state, &f)?;
-    generate(&state, info, Endpoint::Completions, ids, params, "prompt", false).await
+    generate(
+        &state,
+        info,
+        Endpoint::Completions,
+        ids,
+        params,
+        "prompt",
+        false,
+    )
+    .await
 }
 
 /// The token ids a completions body runs (`/v1/completions` and its `/render`).
@@ -127,7 +136,16 @@ pub async fn chat_completions(
     let mut params = params::gen_params(&f, Endpoint::Chat, super::random_seed())?;
     let (ids, plan) = chat_prompt_plan(&state, &f)?;
     params.sampling.constraint = plan.constraint;
-    generate(&state, info, Endpoint::Chat, ids, params, "messages", plan.tool_calls).await
+    generate(
+        &state,
+        info,
+        Endpoint::Chat,
+        ids,
+        params,
+        "messages",
+        plan.tool_calls,
+    )
+    .await
 }
 
 /// The token ids a chat body runs: its messages (and `tools`) through the template, then the
@@ -147,7 +165,13 @@ fn chat_prompt_plan(
         .template
         .as_ref()
         .map_err(|why| ApiError::bad_request(why.clone()).with_code("no_chat_template"))?;
-    let plan = structured::chat_plan(&state.engine, template, f.0, &messages, add_generation_prompt)?;
+    let plan = structured::chat_plan(
+        &state.engine,
+        template,
+        f.0,
+        &messages,
+        add_generation_prompt,
+    )?;
     let ids = encode_prompt(&state.engine.model.tokenizer, &plan.prompt).map_err(|e| {
         ApiError::invalid(
             "messages",

@@ -218,7 +218,8 @@ impl SseState {
         }
         let made_calls = !parser.calls.is_empty();
         for delta in structured::deltas(events, &self.reply.id, index) {
-            let choice = json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": null});
+            let choice =
+                json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": null});
             self.push_chunk(vec![choice]);
         }
         if let Some(reason) = finish {

@@ -193,7 +193,10 @@ fn regen(chat: &mut Chat) -> Result<Action> {
 fn schema(chat: &mut Chat, arg: &str) -> Result<()> {
     match arg {
         "" => match &chat.current().schema {
-            Some((path, _)) => chat.say(format!("replies follow the JSON schema in {}", path.display())),
+            Some((path, _)) => chat.say(format!(
+                "replies follow the JSON schema in {}",
+                path.display()
+            )),
             None => chat.say("replies are free (no /schema)"),
         },
         "off" => {
@@ -212,7 +215,10 @@ fn schema(chat: &mut Chat, arg: &str) -> Result<()> {
                 .compile(&crate::constraint::ConstraintSpec::JsonSchema(schema), None)
                 .map_err(|e| anyhow!("{}: {e}", path.display()))?;
             chat.current_mut().schema = Some((path.to_path_buf(), c));
-            chat.say(format!("replies follow the JSON schema in {}", path.display()));
+            chat.say(format!(
+                "replies follow the JSON schema in {}",
+                path.display()
+            ));
         }
     }
     Ok(())
