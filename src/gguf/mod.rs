@@ -67,6 +67,11 @@ impl GgufFile {
         // model loader (llama.cpp, candle) we assume no one truncates or rewrites the file
         // while it is open; doing so is outside what a safe API can guard against.
         let mmap = unsafe { Mmap::map(&file) }.map_err(io_error)?;
+        Self::from_mmap(path, mmap)
+    }
+
+    /// Parses and validates the GGUF held in `mmap`; `path` names it in messages.
+    fn from_mmap(path: PathBuf, mmap: Mmap) -> Result<GgufFile, GgufError> {
         let parsed = parse::parse(&mmap)?;
         Ok(GgufFile {
             version: parsed.version,
@@ -96,18 +101,7 @@ impl GgufFile {
             .map_err(io_error)?;
         map.copy_from_slice(bytes);
         let mmap = map.make_read_only().map_err(io_error)?;
-        let parsed = parse::parse(&mmap)?;
-        Ok(GgufFile {
-            version: parsed.version,
-            alignment: parsed.alignment,
-            path,
-            mmap,
-            metadata: parsed.metadata,
-            metadata_index: parsed.metadata_index,
-            tensors: parsed.tensors,
-            tensor_index: parsed.tensor_index,
-            data_start: parsed.data_start,
-        })
+        Self::from_mmap(path, mmap)
     }
 
     pub fn path(&self) -> &Path {
