@@ -186,6 +186,11 @@ impl ChatTemplate {
             bos_token => self.bos_token.as_str(),
             eos_token => self.eos_token.as_str(),
         };
+        self.render_context(ctx)
+    }
+
+    /// Renders the template with `ctx`; both render paths end here.
+    fn render_context(&self, ctx: minijinja::Value) -> Result<String> {
         let template = self
             .env
             .get_template("chat_template")
@@ -216,13 +221,7 @@ impl ChatTemplate {
             bos_token => self.bos_token.as_str(),
             eos_token => self.eos_token.as_str(),
         };
-        let template = self
-            .env
-            .get_template("chat_template")
-            .map_err(|e| anyhow!("{}", describe(&e)))?;
-        template
-            .render(ctx)
-            .map_err(|e| anyhow!("cannot render the chat template: {}", describe(&e)))
+        self.render_context(ctx)
     }
 
     /// Renders `messages` and tokenizes the result (see [`encode_prompt`]).
