@@ -224,7 +224,18 @@ fn page_streams_stops_runs_two_chats_at_once_forks_and_shows_cached_tokens() {
 
     // 4. Two conversations at once: both marked generating in the list, and the engine panel
     // shows two sessions running.
-    settings(&b, &[("max-tokens", "160")]);
+    // A fixed system prompt under which both poems run to the token limit (greedy), so the
+    // two generations overlap for seconds on any machine.
+    settings(
+        &b,
+        &[
+            (
+                "system",
+                "You are a poet. You write long, detailed poems with many stanzas.",
+            ),
+            ("max-tokens", "400"),
+        ],
+    );
     b.click("#new-chat");
     send(&b, "Describe the sea in a long poem.");
     b.wait("the first to stream", 60, |b| !streaming_text(b).is_empty());
@@ -244,6 +255,7 @@ fn page_streams_stops_runs_two_chats_at_once_forks_and_shows_cached_tokens() {
         assert_eq!(c["messages"].as_array().unwrap().len(), 2, "{c}");
         assert!(!c["messages"][1]["content"].as_str().unwrap().is_empty());
     }
+    settings(&b, &[("system", &system)]);
 
     // 5. Fork the first chat at its reply: the fork has the two messages, goes on from the
     // cache, and the original stays as it was.

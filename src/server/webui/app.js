@@ -429,9 +429,15 @@
     }
   }
 
+  // The panel polls every second, four times a second while a reply streams in this tab.
+  let engineTick = 0;
   function startEngineTimer() {
     clearInterval(engineTimer);
-    engineTimer = setInterval(() => { if (!document.hidden) refreshEngine(); }, 1000);
+    engineTimer = setInterval(() => {
+      engineTick += 1;
+      if (document.hidden) return;
+      if (running.size > 0 || engineTick % 4 === 0) refreshEngine();
+    }, 250);
     refreshEngine();
   }
 
