@@ -15,7 +15,6 @@
 #[path = "common/gguf_writer.rs"]
 mod gguf_writer;
 
-use edge_llm::cuda::forward::CudaModel;
 use edge_llm::cuda::Emu;
 use edge_llm::device::Executor;
 use edge_llm::gguf::{MetaArray, MetaValue};
@@ -300,7 +299,7 @@ fn step(
     what: &str,
     model: &Model,
     cpu: &mut Executor,
-    emu: &mut CudaModel<Emu>,
+    emu: &mut Executor,
     b: &Batch,
     worst: &mut f64,
 ) -> Vec<f32> {
@@ -340,7 +339,7 @@ fn run_family(s: Spec, seed: u64) {
         assert!(c.final_logit_softcap.is_some());
     }
     let mut cpu = Executor::cpu(&model, BLOCK, NUM_BLOCKS);
-    let mut emu = CudaModel::new(Emu::new(), &model, BLOCK, NUM_BLOCKS)
+    let mut emu = Executor::cuda_emulated(&model, Emu::new(), BLOCK, NUM_BLOCKS)
         .expect("the model loads onto the emulator");
     let mut worst = 0f64;
     let prompt: Vec<u32> = (0..13)
