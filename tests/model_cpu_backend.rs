@@ -62,7 +62,8 @@ fn bad_batches_are_errors_before_any_kernel_runs() {
     let want = exec.forward(model, &good).expect("a good batch runs");
     assert_eq!(want.len(), model.config.vocab_size);
 
-    let cases: Vec<(&str, Box<dyn Fn(&mut Batch)>, &str)> = vec![
+    type Spoil = Box<dyn Fn(&mut Batch)>;
+    let cases: Vec<(&str, Spoil, &str)> = vec![
         (
             "token",
             Box::new(|b| b.tokens[1] = 1 << 30),
