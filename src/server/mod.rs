@@ -14,11 +14,11 @@
 //!
 //! Called by the CLI (`Command::Serve`).
 
+pub(crate) mod body;
 pub(crate) mod error;
 mod listener;
 mod metrics;
 mod middleware;
-pub(crate) mod params;
 mod response;
 mod router_api;
 mod routes;

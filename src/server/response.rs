@@ -5,7 +5,7 @@
 use serde_json::{json, Value};
 
 use super::error::ApiError;
-use super::params::Endpoint;
+use crate::api::request::Endpoint;
 use crate::engine::{Event, FinishReason, RequestStream, TokenLogprobs, Usage};
 use crate::tokenizer::Tokenizer;
 

@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::middleware::{LoggedByBody, RequestInfo};
-use super::params::Endpoint;
+use crate::api::request::Endpoint;
 use super::response::{
     chat_logprobs, completion_logprobs, finish_str, log_note, usage_json, Reply,
 };
