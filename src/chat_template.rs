@@ -503,7 +503,7 @@ mod tests {
     fn default_model() -> Option<Model> {
         let path = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("models")
-            .join(crate::cli::DEFAULT_MODEL_FILE);
+            .join(crate::flags::DEFAULT_MODEL_FILE);
         if !path.is_file() {
             eprintln!(
                 "skipping: {} is missing (scripts/fetch-model.sh)",

@@ -10,6 +10,7 @@ pub mod constraint;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod device;
+pub mod flags;
 pub mod engine;
 pub mod fuzz_entry;
 pub mod generate;

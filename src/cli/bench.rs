@@ -9,9 +9,9 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
-use super::{EngineArgs, ModelArgs, ThreadArgs};
 use crate::constraint::{Constraint, ConstraintSpec};
 use crate::engine::{EngineHandle, Event, Request, RequestStream};
+use crate::flags::{EngineArgs, ModelArgs, ThreadArgs};
 use crate::sampler::{Rng, SamplingParams};
 
 #[derive(Args, Debug)]

@@ -14,11 +14,11 @@ use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::middleware::{LoggedByBody, RequestInfo};
-use crate::api::request::Endpoint;
 use super::response::{
     chat_logprobs, completion_logprobs, finish_str, log_note, usage_json, Reply,
 };
 use super::structured;
+use crate::api::request::Endpoint;
 use crate::api::tool_parser::ToolCallParser;
 use crate::engine::{Event, FinishReason, RequestStream, TokenLogprobs, Usage};
 use crate::model::Model;
