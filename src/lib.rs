@@ -1,6 +1,9 @@
 //! edge-llm: a Rust inference engine for GGUF language models on edge machines.
 //!
-//! Layers only look down: the command-line faces (`cli`) use the model; the model (GGUF
+//! Layers only look down: the faces (`cli`: `run`, `run --jsonl`, `chat`, `bench`; `server`:
+//! `serve`), siblings that never import each other, share `flags` (the flags every face takes)
+//! and `api` (a request body read by one set of rules into an engine request); they use the
+//! engine (`engine`: one thread batching every sequence over the paged KV cache); the model (GGUF
 //! reader, weights, forward pass) uses the kernels; the kernels wrap the C code in `csrc/`.
 
 pub mod api;
