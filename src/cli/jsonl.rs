@@ -9,7 +9,12 @@
 //! refused as the server would accept or refuse its body, and unknown fields are ignored.
 //! Absent fields take the command line's values. `n` must be 1, logprobs are not written and
 //! `stream` changes nothing (each result is one line).
-//! Output: `{"id", "text", "finish_reason", "usage": {...}}` or `{"id", "error"}`.
+//! `response_format`, `regex`, `grammar`, and on `messages` lines `tools`, `tool_choice` and
+//! `parallel_tool_calls`, go through the server's own code (`server::structured`) too.
+//! Output: `{"id", "text", "finish_reason", "usage": {...}}` or `{"id", "error"}`; a chat line
+//! whose reply called tools adds `tool_calls` (as the server's `message.tool_calls`, `text`
+//! then holds the rest, `finish_reason` is `tool_calls`), and one whose template thinks adds
+//! `reasoning_content`.
 //!
 //! Called by `commands::run` when `--jsonl` is given. Threads: one reads and submits lines,
 //! one per request in flight collects its tokens, and the calling thread writes results.
@@ -23,17 +28,22 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::commands::RunArgs;
-use crate::chat_template::ChatTemplate;
+use crate::chat_template::{encode_prompt, ChatTemplate};
 use crate::engine::{EngineHandle, Event, Request, RequestStream, SubmitError, Usage};
 use crate::sampler::SamplingParams;
 use crate::server::error::ApiError;
 use crate::server::params::{self, Endpoint, Fields, Prompt};
+use crate::server::structured::{self, ReplyParsing};
 
 #[derive(Serialize)]
 struct Completion<'a> {
     id: &'a Value,
     text: String,
-    finish_reason: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<Value>,
+    finish_reason: String,
     usage: UsageOut,
 }
 
@@ -95,8 +105,9 @@ struct Builder {
 
 impl Builder {
     /// The request in one line's object, checked by the server's rules
-    /// (`server::params`), so that a body is accepted or refused the same way by both.
-    fn request(&mut self, map: &Map<String, Value>) -> Result<Request, ApiError> {
+    /// (`server::params`, `server::structured`), so that a body is accepted or refused the same
+    /// way by both; and what to take apart in its reply.
+    fn request(&mut self, map: &Map<String, Value>) -> Result<(Request, ReplyParsing), ApiError> {
         let f = Fields(map);
         let endpoint = match (f.get("prompt"), f.get("messages")) {
             (Some(_), None) => Endpoint::Completions,
@@ -126,11 +137,18 @@ impl Builder {
         }
         let tokenizer = &self.engine.model.tokenizer;
         let internal = |e: anyhow::Error| ApiError::bad_request(format!("{e:#}"));
+        let mut sampling = p.sampling;
+        let mut parsing = ReplyParsing::default();
         let prompt = match endpoint {
-            Endpoint::Completions => match params::prompt(&f)? {
-                Prompt::Text(p) => tokenizer.encode(&p, self.add_bos, true).map_err(internal)?,
-                Prompt::Tokens(ids) => ids,
-            },
+            Endpoint::Completions => {
+                sampling.constraint = structured::completion_constraint(&self.engine, map)?;
+                match params::prompt(&f)? {
+                    Prompt::Text(p) => {
+                        tokenizer.encode(&p, self.add_bos, true).map_err(internal)?
+                    }
+                    Prompt::Tokens(ids) => ids,
+                }
+            }
             Endpoint::Chat => {
                 let messages = params::messages(&f)?;
                 let engine = &self.engine;
@@ -141,17 +159,16 @@ impl Builder {
                 let template = template
                     .as_ref()
                     .map_err(|e| ApiError::bad_request(e.clone()))?;
-                template
-                    .encode(tokenizer, &messages, true)
-                    .map_err(internal)?
+                let plan = structured::chat_plan(engine, template, map, &messages, true)?;
+                sampling.constraint = plan.constraint;
+                parsing = plan.parsing;
+                encode_prompt(tokenizer, &plan.prompt).map_err(internal)?
             }
         };
-        let mut sampling = p.sampling;
-        sampling.constraint = crate::api::structured::constraint(&self.engine.grammars, map)?;
         let mut request = Request::new(prompt, sampling, p.max_tokens.unwrap_or(self.max_tokens));
         request.ignore_eos = p.ignore_eos || self.ignore_eos;
         request.stop = p.stop;
-        Ok(request)
+        Ok((request, parsing))
     }
 }
 
@@ -285,7 +302,7 @@ fn read_and_submit(mut builder: Builder, tx: mpsc::Sender<Msg>, permits: mpsc::S
             });
             continue;
         }
-        let request = match builder.request(value.as_object().expect("checked above")) {
+        let (request, parsing) = match builder.request(value.as_object().expect("checked above")) {
             Ok(r) => r,
             Err(e) => {
                 let error = line_error(line_no + 1, &e);
@@ -306,7 +323,7 @@ fn read_and_submit(mut builder: Builder, tx: mpsc::Sender<Msg>, permits: mpsc::S
                 let spawned = std::thread::Builder::new()
                     .name(format!("edge-llm-jsonl-{this}"))
                     .spawn(move || {
-                        let line = collect(stream, &id);
+                        let line = collect(stream, &id, this, parsing);
                         let _ = results.send(Msg::Result {
                             index: this,
                             line,
@@ -347,8 +364,9 @@ fn submit(engine: &EngineHandle, request: Request) -> Result<RequestStream, Subm
     }
 }
 
-/// Reads one request's events to the end; its output line.
-fn collect(mut stream: RequestStream, id: &Value) -> String {
+/// Reads one request's events to the end; its output line (the reply of input `index` taken
+/// apart as `parsing` says).
+fn collect(mut stream: RequestStream, id: &Value, index: usize, parsing: ReplyParsing) -> String {
     let mut text = String::new();
     while let Some(event) = stream.next_blocking() {
         match event {
@@ -360,10 +378,20 @@ fn collect(mut stream: RequestStream, id: &Value) -> String {
                 ..
             } => {
                 text.push_str(&t);
+                let reply = structured::assistant_reply(
+                    &text,
+                    &format!("jsonl-{index}"),
+                    0,
+                    parsing.tool_calls,
+                    parsing.reasoning,
+                );
+                let finish_reason = structured::finish_reason(reason, !reply.tool_calls.is_empty());
                 let done = Completion {
                     id,
-                    text,
-                    finish_reason: reason.as_str(),
+                    text: reply.content,
+                    reasoning_content: reply.reasoning,
+                    tool_calls: reply.tool_calls,
+                    finish_reason: finish_reason.as_str().unwrap_or("stop").to_string(),
                     usage: usage.into(),
                 };
                 return serde_json::to_string(&done).expect("serialisable");

@@ -18,7 +18,7 @@ use super::middleware::{LogNote, RequestInfo};
 use super::params::{self, Endpoint, Fields, GenParams, Prompt};
 use super::response::{collect, full_response, log_note, Reply};
 use super::stream::sse_response;
-use super::structured;
+use super::structured::{self, ReplyParsing};
 use super::AppState;
 use crate::chat_template::encode_prompt;
 use crate::engine::{Request, SubmitError};
@@ -110,7 +110,7 @@ pub async fn completions(
         ids,
         params,
         "prompt",
-        false,
+        ReplyParsing::default(),
     )
     .await
 }
@@ -143,7 +143,7 @@ pub async fn chat_completions(
         ids,
         params,
         "messages",
-        plan.tool_calls,
+        plan.parsing,
     )
     .await
 }
@@ -183,7 +183,7 @@ fn chat_prompt_plan(
 
 /// Checks the prompt and `max_tokens` against the context, submits, and answers with a
 /// stream or the whole response. `prompt_param` names the field the prompt came from;
-/// `tool_calls` looks for tool calls in the reply.
+/// `parsing` says what to take apart in the reply.
 async fn generate(
     state: &AppState,
     info: RequestInfo,
@@ -191,7 +191,7 @@ async fn generate(
     prompt: Vec<u32>,
     params: GenParams,
     prompt_param: &str,
-    tool_calls: bool,
+    parsing: ReplyParsing,
 ) -> Result<Response, ApiError> {
     let max_seq_len = state.engine.config.max_seq_len;
     let num_prompt = prompt.len();
@@ -258,7 +258,7 @@ async fn generate(
             params.include_usage,
             with_logprobs,
             info,
-            tool_calls,
+            parsing,
         ));
     }
     let choices = collect(&mut stream, params.n).await?;
@@ -268,10 +268,16 @@ async fn generate(
         &choices,
         with_logprobs,
     );
-    if tool_calls {
+    if parsing.tool_calls || parsing.reasoning.is_some() {
         if let Some(items) = body["choices"].as_array_mut() {
             for (index, choice) in items.iter_mut().enumerate() {
-                structured::apply_to_choice(choice, &reply.id, index);
+                structured::apply_to_choice(
+                    choice,
+                    &reply.id,
+                    index,
+                    parsing.tool_calls,
+                    parsing.reasoning,
+                );
             }
         }
     }

@@ -9,9 +9,9 @@ use serde_json::{json, Map, Value};
 use super::error::ApiError;
 use crate::api::tool_parser::{parse_all, ToolEvent};
 use crate::api::tools::{self, ToolChoice, ToolFormat};
-use crate::api::{structured, FieldError};
+use crate::api::{reasoning, structured, FieldError};
 use crate::chat_template::{ChatMessage, ChatTemplate};
-use crate::constraint::Constraint;
+use crate::constraint::{Constraint, ConstraintSpec};
 use crate::engine::{EngineHandle, FinishReason};
 
 impl From<FieldError> for ApiError {
@@ -37,15 +37,24 @@ pub fn completion_constraint(
     Ok(structured::constraint(&engine.grammars, body)?)
 }
 
+/// What to take apart in a chat reply: tool calls, `<think>` reasoning (Some(whether the
+/// prompt opened the block)).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ReplyParsing {
+    pub tool_calls: bool,
+    pub reasoning: Option<bool>,
+}
+
 /// What a chat body needs beyond the plain fields.
 pub struct ChatPlan {
     pub prompt: String,
     pub constraint: Option<Constraint>,
-    /// Look for tool calls in the reply.
-    pub tool_calls: bool,
+    /// What to take apart in the reply.
+    pub parsing: ReplyParsing,
 }
 
-/// Renders the chat prompt and compiles its constraint.
+/// Renders the chat prompt and compiles its constraint. Where the template thinks, the
+/// constraint applies only after the reply's `</think>` (`api::reasoning`).
 pub fn chat_plan(
     engine: &EngineHandle,
     template: &ChatTemplate,
@@ -55,7 +64,9 @@ pub fn chat_plan(
 ) -> Result<ChatPlan, ApiError> {
     let tool_req = tools::parse(body)?;
     let spec = structured::spec(body)?;
-    let mut constraint = None;
+    let split = reasoning::split_requested(body)?;
+    // The constraint to compile: its spec, the field it came from, its lazy trigger.
+    let mut wanted: Option<(ConstraintSpec, &str, Option<u32>)> = None;
     let mut tool_calls = false;
     if let Some(t) = &tool_req {
         let format = ToolFormat::of_template(template.source()).ok_or_else(|| {
@@ -76,18 +87,13 @@ pub fn chat_plan(
                 ));
             }
             if let Some((spec, trigger)) = tools::grammar(t, format, &engine.model.tokenizer) {
-                constraint = Some(structured::compile(
-                    &engine.grammars,
-                    &spec,
-                    "tools",
-                    trigger,
-                )?);
+                wanted = Some((spec, "tools", trigger));
             }
         }
     }
-    if constraint.is_none() {
-        if let Some((spec, param)) = &spec {
-            constraint = Some(structured::compile(&engine.grammars, spec, param, None)?);
+    if wanted.is_none() {
+        if let Some((spec, param)) = spec {
+            wanted = Some((spec, param, None));
         }
     }
     let raw = body.get("messages").and_then(Value::as_array);
@@ -110,10 +116,32 @@ pub fn chat_plan(
         template.render(messages, add_generation_prompt)
     }
     .map_err(|e| ApiError::invalid("messages", format!("{e:#}")))?;
+    let thinks = reasoning::template_thinks(template.source());
+    let forced_open = thinks && reasoning::prompt_opens_thinking(&prompt);
+    let constraint = match wanted {
+        None => None,
+        Some((spec, param, trigger)) => {
+            // A lazy (triggered) grammar leaves the thoughts free already.
+            let spec = if thinks && trigger.is_none() {
+                reasoning::constraint_after_thinking(spec, forced_open, &engine.model.tokenizer)
+            } else {
+                spec
+            };
+            Some(structured::compile(
+                &engine.grammars,
+                &spec,
+                param,
+                trigger,
+            )?)
+        }
+    };
     Ok(ChatPlan {
         prompt,
         constraint,
-        tool_calls,
+        parsing: ReplyParsing {
+            tool_calls,
+            reasoning: (thinks && split).then_some(forced_open),
+        },
     })
 }
 
@@ -175,17 +203,33 @@ pub fn call_id(reply_id: &str, index: usize, k: usize) -> String {
     format!("call_{base}_{index}_{k}")
 }
 
-/// A whole chat choice's `message` and `finish_reason` with its tool calls parsed out.
-pub fn apply_to_choice(choice: &mut Value, reply_id: &str, index: usize) {
-    let text = choice["message"]["content"]
-        .as_str()
-        .unwrap_or("")
-        .to_string();
-    let (content, calls) = parse_all(&text);
-    if calls.is_empty() {
-        return;
-    }
-    let calls: Vec<Value> = calls
+/// A whole assistant reply taken apart: its thoughts, its text and its tool calls (as
+/// `message.tool_calls` holds them). Shared by the server and `run --jsonl`.
+pub struct AssistantReply {
+    pub reasoning: Option<String>,
+    pub content: String,
+    pub tool_calls: Vec<Value>,
+}
+
+/// Splits `text` (reply `reply_id`, choice `index`): reasoning first when `reasoning` is
+/// Some(forced_open), then tool calls in the rest when `tool_calls`.
+pub fn assistant_reply(
+    text: &str,
+    reply_id: &str,
+    index: usize,
+    tool_calls: bool,
+    reasoning: Option<bool>,
+) -> AssistantReply {
+    let (thoughts, rest) = match reasoning {
+        Some(forced_open) => reasoning::split_all(text, forced_open),
+        None => (None, text.to_string()),
+    };
+    let (content, calls) = if tool_calls {
+        parse_all(&rest)
+    } else {
+        (rest, Vec::new())
+    };
+    let calls = calls
         .iter()
         .enumerate()
         .map(|(k, c)| {
@@ -193,12 +237,40 @@ pub fn apply_to_choice(choice: &mut Value, reply_id: &str, index: usize) {
                    "function": {"name": c.name, "arguments": c.arguments}})
         })
         .collect();
-    choice["message"]["content"] = if content.is_empty() {
+    AssistantReply {
+        reasoning: thoughts,
+        content,
+        tool_calls: calls,
+    }
+}
+
+/// A whole chat choice's `message` and `finish_reason` with its reasoning and tool calls
+/// parsed out.
+pub fn apply_to_choice(
+    choice: &mut Value,
+    reply_id: &str,
+    index: usize,
+    tool_calls: bool,
+    reasoning: Option<bool>,
+) {
+    let text = choice["message"]["content"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    let reply = assistant_reply(&text, reply_id, index, tool_calls, reasoning);
+    if let Some(thoughts) = reply.reasoning {
+        choice["message"]["reasoning_content"] = json!(thoughts);
+    }
+    if reply.tool_calls.is_empty() {
+        choice["message"]["content"] = json!(reply.content);
+        return;
+    }
+    choice["message"]["content"] = if reply.content.is_empty() {
         Value::Null
     } else {
-        json!(content)
+        json!(reply.content)
     };
-    choice["message"]["tool_calls"] = Value::Array(calls);
+    choice["message"]["tool_calls"] = Value::Array(reply.tool_calls);
     if choice["finish_reason"] == json!("stop") {
         choice["finish_reason"] = json!("tool_calls");
     }
