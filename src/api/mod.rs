@@ -1,17 +1,22 @@
 //! Request bodies, read once for every face: the HTTP server (`serve`) and `run --jsonl` both
 //! hand a JSON body to [`plan::plan`], which reads its fields by one set of rules (`request`:
-//! sampling, limits, prompt, messages; `structured`: `response_format`, `regex`, `grammar`;
-//! `tools`: `tools`, `tool_choice`, `parallel_tool_calls` with the grammar a call must follow),
-//! renders and tokenizes the prompt and checks it against the context, and answers the engine
-//! request or a [`RequestError`] naming the bad field. `tool_parser` finds tool calls in
-//! generated text, whole or streamed.
+//! sampling, limits, prompt, messages; `structured`: `response_format`, `regex`, `grammar`, with
+//! the JSON-schema keywords checked by `schema_keywords`; `tools`: `tools`, `tool_choice`,
+//! `parallel_tool_calls` with the grammar a call must follow), renders and tokenizes the prompt
+//! and checks it against the context, and answers the engine request (with what to take apart in
+//! its reply) or a [`RequestError`] naming the bad field. `tool_parser` finds tool calls in
+//! generated text, whole or streamed; `reasoning` splits a `<think>` reply into
+//! `reasoning_content` and `content`; `reply` takes a whole reply apart for every face.
 //!
 //! Layers: the faces (`cli`, `server`) use this module; it uses the engine, the chat template and
 //! the tokenizer, and never a face. The faces turn a [`RequestError`] into their own error (an
 //! HTTP 400, a jsonl error line).
 
 pub mod plan;
+pub mod reasoning;
+pub mod reply;
 pub mod request;
+pub mod schema_keywords;
 pub mod structured;
 pub mod tool_parser;
 pub mod tools;

@@ -2,7 +2,9 @@
 //! (`request`), the constraint (`structured`, or the grammar of `tools`), the prompt (a
 //! completions `prompt` tokenized, or a chat's `messages` rendered with the template and its
 //! `tools`), and `max_tokens` checked against the context. What the body cannot say (sampling
-//! defaults, the template, the context length) comes from the face in a [`Setting`].
+//! defaults, the template, the context length) comes from the face in a [`Setting`]. Where the
+//! chat template thinks (`reasoning`), the constraint applies only after the reply's `</think>`
+//! and the plan says to split the thoughts out of the reply ([`ReplyParsing`]).
 //!
 //! The engine's `submit` makes the prompt's own checks (empty, longer than the context, token ids
 //! outside the vocabulary); a face maps its refusal with [`super::RequestError::from_submit`]
@@ -11,9 +13,10 @@
 
 use serde_json::{json, Map, Value};
 
+use super::reply::ReplyParsing;
 use super::request::{self, Endpoint, Fields, GenParams, Prompt};
 use super::tools::{self, ToolChoice, ToolFormat};
-use super::{structured, RequestError};
+use super::{reasoning, structured, RequestError};
 use crate::chat_template::{encode_prompt, ChatMessage, ChatTemplate};
 use crate::constraint::{Constraint, ConstraintSpec, Grammars};
 use crate::engine::Request;
@@ -53,8 +56,9 @@ pub struct Plan {
     pub params: GenParams,
     /// The field the prompt came from (`prompt` or `messages`), for the engine's refusals.
     pub prompt_param: &'static str,
-    /// Look for tool calls in the reply.
-    pub tool_calls: bool,
+    /// What to take apart in the reply (tool calls, `<think>` reasoning); nothing for
+    /// completions.
+    pub parsing: ReplyParsing,
 }
 
 /// The endpoint a line of `--jsonl` is for: a body holds exactly one of `prompt` and
@@ -78,14 +82,15 @@ pub fn plan(
 ) -> Result<Plan, RequestError> {
     let f = Fields(body);
     let params = request::gen_params_over(&f, endpoint, setting.sampling.clone())?;
-    let (prompt, constraint, tool_calls) = match endpoint {
+    let (prompt, constraint, parsing) = match endpoint {
         Endpoint::Completions => {
             let constraint = completion_constraint(setting, body)?;
-            (completion_prompt(setting, &f)?, constraint, false)
+            let prompt = completion_prompt(setting, &f)?;
+            (prompt, constraint, ReplyParsing::default())
         }
         Endpoint::Chat => {
             let chat = chat(setting, body)?;
-            (chat.prompt, chat.constraint, chat.tool_calls)
+            (chat.prompt, chat.constraint, chat.parsing)
         }
     };
     let max_tokens = max_tokens(setting, endpoint, &params, prompt.len())?;
@@ -103,7 +108,7 @@ pub fn plan(
             Endpoint::Completions => "prompt",
             Endpoint::Chat => "messages",
         },
-        tool_calls,
+        parsing,
     })
 }
 
@@ -195,11 +200,11 @@ fn completion_constraint(
 struct Chat {
     prompt: Vec<u32>,
     constraint: Option<Constraint>,
-    tool_calls: bool,
+    parsing: ReplyParsing,
 }
 
-/// A chat body's prompt (its messages and `tools` through the template, then the tokenizer) and
-/// its constraint.
+/// A chat body's prompt (its messages and `tools` through the template, then the tokenizer), its
+/// constraint (after `</think>` where the template thinks) and what to take apart in its reply.
 fn chat(setting: &Setting, body: &Map<String, Value>) -> Result<Chat, RequestError> {
     let f = Fields(body);
     let messages = request::messages(&f)?;
@@ -209,13 +214,10 @@ fn chat(setting: &Setting, body: &Map<String, Value>) -> Result<Chat, RequestErr
         .map_err(|why| RequestError::bad_request(why).with_code("no_chat_template"))?;
     let tool_req = tools::parse(body)?;
     let spec = structured::spec(body)?;
-    let mut constraint = None;
+    let split = reasoning::split_requested(body)?;
+    // The constraint to compile: its spec, the field it came from, its lazy trigger.
+    let mut wanted: Option<(ConstraintSpec, &str, Option<u32>)> = None;
     let mut tool_calls = false;
-    let compile = |spec: &ConstraintSpec, param: &str, trigger: Option<u32>| match setting.grammars
-    {
-        Some(grammars) => structured::compile(grammars, spec, param, trigger).map(Some),
-        None => Ok(None),
-    };
     if let Some(t) = &tool_req {
         let format = ToolFormat::of_template(template.source()).ok_or_else(|| {
             RequestError::invalid(
@@ -235,13 +237,13 @@ fn chat(setting: &Setting, body: &Map<String, Value>) -> Result<Chat, RequestErr
                 ));
             }
             if let Some((spec, trigger)) = tools::grammar(t, format, setting.tokenizer) {
-                constraint = compile(&spec, "tools", trigger)?;
+                wanted = Some((spec, "tools", trigger));
             }
         }
     }
-    if constraint.is_none() {
-        if let Some((spec, param)) = &spec {
-            constraint = compile(spec, param, None)?;
+    if wanted.is_none() {
+        if let Some((spec, param)) = spec {
+            wanted = Some((spec, param, None));
         }
     }
     let raw = body.get("messages").and_then(Value::as_array);
@@ -264,6 +266,20 @@ fn chat(setting: &Setting, body: &Map<String, Value>) -> Result<Chat, RequestErr
         template.render(&messages, add_generation_prompt)
     }
     .map_err(|e| RequestError::invalid("messages", format!("{e:#}")))?;
+    let thinks = reasoning::template_thinks(template.source());
+    let forced_open = thinks && reasoning::prompt_opens_thinking(&prompt);
+    let constraint = match (wanted, setting.grammars) {
+        (Some((spec, param, trigger)), Some(grammars)) => {
+            // A lazy (triggered) grammar leaves the thoughts free already.
+            let spec = if thinks && trigger.is_none() {
+                reasoning::constraint_after_thinking(spec, forced_open, setting.tokenizer)
+            } else {
+                spec
+            };
+            Some(structured::compile(grammars, &spec, param, trigger)?)
+        }
+        _ => None,
+    };
     let prompt = encode_prompt(setting.tokenizer, &prompt).map_err(|e| {
         RequestError::invalid(
             "messages",
@@ -273,7 +289,10 @@ fn chat(setting: &Setting, body: &Map<String, Value>) -> Result<Chat, RequestErr
     Ok(Chat {
         prompt,
         constraint,
-        tool_calls,
+        parsing: ReplyParsing {
+            tool_calls,
+            reasoning: (thinks && split).then_some(forced_open),
+        },
     })
 }
 

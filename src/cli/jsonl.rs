@@ -9,7 +9,13 @@
 //! refused as the server would accept or refuse its body, and unknown fields are ignored.
 //! Absent fields take the command line's values. `n` must be 1, logprobs are not written and
 //! `stream` changes nothing (each result is one line).
-//! Output: `{"id", "text", "finish_reason", "usage": {...}}` or `{"id", "error"}`.
+//! `response_format`, `regex`, `grammar`, and on `messages` lines `tools`, `tool_choice` and
+//! `parallel_tool_calls`, are read there too, and the reply is taken apart as the server's is
+//! (`crate::api::reply`).
+//! Output: `{"id", "text", "finish_reason", "usage": {...}}` or `{"id", "error"}`; a chat line
+//! whose reply called tools adds `tool_calls` (as the server's `message.tool_calls`, `text`
+//! then holds the rest, `finish_reason` is `tool_calls`), and one whose template thinks adds
+//! `reasoning_content`.
 //!
 //! Called by `commands::run` when `--jsonl` is given. Threads: one reads and submits lines,
 //! one per request in flight collects its tokens, and the calling thread writes results.
@@ -24,6 +30,7 @@ use serde_json::{Map, Value};
 
 use super::commands::RunArgs;
 use crate::api::plan::{self, Setting};
+use crate::api::reply::{self, ReplyParsing};
 use crate::api::request::Endpoint;
 use crate::api::RequestError;
 use crate::chat_template::ChatTemplate;
@@ -34,6 +41,10 @@ use crate::sampler::SamplingParams;
 struct Completion<'a> {
     id: &'a Value,
     text: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<Value>,
     finish_reason: &'static str,
     usage: UsageOut,
 }
@@ -97,11 +108,11 @@ struct Builder {
 impl Builder {
     /// The request in one line's object, read by the rules the server reads a body by
     /// (`crate::api::plan`), so that a body is accepted or refused the same way by both; the
-    /// field that carried its prompt.
+    /// field that carried its prompt; what to take apart in its reply.
     fn request(
         &mut self,
         map: &Map<String, Value>,
-    ) -> Result<(Request, &'static str), RequestError> {
+    ) -> Result<(Request, &'static str, ReplyParsing), RequestError> {
         let endpoint = plan::endpoint_of(map)?;
         if endpoint == Endpoint::Chat && self.template.is_none() {
             let loaded = ChatTemplate::load(&self.engine.model, self.template_path.as_deref());
@@ -139,7 +150,7 @@ impl Builder {
                 "logprobs are not written by --jsonl",
             ));
         }
-        Ok((p.request, p.prompt_param))
+        Ok((p.request, p.prompt_param, p.parsing))
     }
 }
 
@@ -273,7 +284,7 @@ fn read_and_submit(mut builder: Builder, tx: mpsc::Sender<Msg>, permits: mpsc::S
             });
             continue;
         }
-        let (request, prompt_param) =
+        let (request, prompt_param, parsing) =
             match builder.request(value.as_object().expect("checked above")) {
                 Ok(r) => r,
                 Err(e) => {
@@ -295,7 +306,7 @@ fn read_and_submit(mut builder: Builder, tx: mpsc::Sender<Msg>, permits: mpsc::S
                 let spawned = std::thread::Builder::new()
                     .name(format!("edge-llm-jsonl-{this}"))
                     .spawn(move || {
-                        let line = collect(stream, &id);
+                        let line = collect(stream, &id, this, parsing);
                         let _ = results.send(Msg::Result {
                             index: this,
                             line,
@@ -339,8 +350,9 @@ fn submit(engine: &EngineHandle, request: Request) -> Result<RequestStream, Subm
     }
 }
 
-/// Reads one request's events to the end; its output line.
-fn collect(mut stream: RequestStream, id: &Value) -> String {
+/// Reads one request's events to the end; its output line (the reply of input `index` taken
+/// apart as `parsing` says).
+fn collect(mut stream: RequestStream, id: &Value, index: usize, parsing: ReplyParsing) -> String {
     let mut text = String::new();
     while let Some(event) = stream.next_blocking() {
         match event {
@@ -352,10 +364,14 @@ fn collect(mut stream: RequestStream, id: &Value) -> String {
                 ..
             } => {
                 text.push_str(&t);
+                let reply = reply::assistant_reply(&text, &format!("jsonl-{index}"), 0, parsing);
+                let finish_reason = reply::finish_reason(reason, !reply.tool_calls.is_empty());
                 let done = Completion {
                     id,
-                    text,
-                    finish_reason: reason.as_str(),
+                    text: reply.content,
+                    reasoning_content: reply.reasoning,
+                    tool_calls: reply.tool_calls,
+                    finish_reason,
                     usage: usage.into(),
                 };
                 return serde_json::to_string(&done).expect("serialisable");

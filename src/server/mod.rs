@@ -25,7 +25,7 @@ mod response;
 mod router_api;
 mod routes;
 mod stream;
-mod structured;
+pub(crate) mod structured;
 mod webui;
 
 use std::net::{SocketAddr, ToSocketAddrs};

@@ -134,7 +134,7 @@ async fn generate(
         request,
         params,
         prompt_param,
-        tool_calls,
+        parsing,
     } = plan::plan(&setting(state), endpoint, &map)?;
     let mut stream = state
         .engine
@@ -161,7 +161,7 @@ async fn generate(
             params.include_usage,
             with_logprobs,
             info,
-            tool_calls,
+            parsing,
         ));
     }
     let choices = collect(&mut stream, params.n).await?;
@@ -171,10 +171,10 @@ async fn generate(
         &choices,
         with_logprobs,
     );
-    if tool_calls {
+    if parsing.any() {
         if let Some(items) = body["choices"].as_array_mut() {
             for (index, choice) in items.iter_mut().enumerate() {
-                structured::apply_to_choice(choice, &reply.id, index);
+                structured::apply_to_choice(choice, &reply.id, index, parsing);
             }
         }
     }

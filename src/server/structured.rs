@@ -1,43 +1,36 @@
-//! The server's side of tool calls: the calls found in a reply, whole (`message.tool_calls`) or
-//! streamed (`delta.tool_calls`). (A request's constraint and its prompt rendered with `tools`
-//! are read in `crate::api::plan`, the same way for every face.) Called by `routes` and
+//! The server's side of tool calls and reasoning: a whole choice's `message` taken apart
+//! (`message.reasoning_content`, `message.tool_calls`, by `crate::api::reply`) and the deltas of
+//! streamed calls (`delta.tool_calls`). (A request's constraint and its prompt rendered with
+//! `tools` are read in `crate::api::plan`, the same way for every face.) Called by `routes` and
 //! `stream`.
 
 use serde_json::{json, Value};
 
-use crate::api::tool_parser::{parse_all, ToolEvent};
+use crate::api::reply::{self, call_id, ReplyParsing};
+use crate::api::tool_parser::ToolEvent;
 use crate::engine::FinishReason;
 
-/// The id of call `k` of choice `index` in response `reply_id`.
-pub fn call_id(reply_id: &str, index: usize, k: usize) -> String {
-    let base = reply_id.rsplit('-').next().unwrap_or(reply_id);
-    format!("call_{base}_{index}_{k}")
-}
-
-/// A whole chat choice's `message` and `finish_reason` with its tool calls parsed out.
-pub fn apply_to_choice(choice: &mut Value, reply_id: &str, index: usize) {
+/// A whole chat choice's `message` and `finish_reason` with its reasoning and tool calls
+/// parsed out as `parsing` says.
+pub fn apply_to_choice(choice: &mut Value, reply_id: &str, index: usize, parsing: ReplyParsing) {
     let text = choice["message"]["content"]
         .as_str()
         .unwrap_or("")
         .to_string();
-    let (content, calls) = parse_all(&text);
-    if calls.is_empty() {
+    let reply = reply::assistant_reply(&text, reply_id, index, parsing);
+    if let Some(thoughts) = reply.reasoning {
+        choice["message"]["reasoning_content"] = json!(thoughts);
+    }
+    if reply.tool_calls.is_empty() {
+        choice["message"]["content"] = json!(reply.content);
         return;
     }
-    let calls: Vec<Value> = calls
-        .iter()
-        .enumerate()
-        .map(|(k, c)| {
-            json!({"id": call_id(reply_id, index, k), "type": "function",
-                   "function": {"name": c.name, "arguments": c.arguments}})
-        })
-        .collect();
-    choice["message"]["content"] = if content.is_empty() {
+    choice["message"]["content"] = if reply.content.is_empty() {
         Value::Null
     } else {
-        json!(content)
+        json!(reply.content)
     };
-    choice["message"]["tool_calls"] = Value::Array(calls);
+    choice["message"]["tool_calls"] = Value::Array(reply.tool_calls);
     if choice["finish_reason"] == json!("stop") {
         choice["finish_reason"] = json!("tool_calls");
     }
@@ -62,9 +55,5 @@ pub fn deltas(events: Vec<ToolEvent>, reply_id: &str, index: usize) -> Vec<Value
 
 /// `finish_reason` of a streamed choice that made calls.
 pub fn finish_reason(reason: FinishReason, made_calls: bool) -> Value {
-    if made_calls && reason == FinishReason::Stop {
-        json!("tool_calls")
-    } else {
-        json!(reason.as_str())
-    }
+    json!(reply::finish_reason(reason, made_calls))
 }
