@@ -15,7 +15,7 @@ use std::path::Path;
 
 use anyhow::{anyhow, Context, Result};
 use minijinja::syntax::SyntaxConfig;
-use minijinja::value::{Kwargs, Value, ValueKind};
+use minijinja::value::{Kwargs, Value};
 use minijinja::{Environment, Error, ErrorKind};
 use serde::{Deserialize, Serialize};
 
@@ -319,95 +319,111 @@ fn tojson(value: Value, indent: Option<Value>, kwargs: Kwargs) -> Result<Value, 
     let _: Option<bool> = kwargs.get("sort_keys")?;
     let _: Option<Value> = kwargs.get("separators")?;
     kwargs.assert_all_used()?;
-    let mut out = String::new();
-    write_json(&value, indent, 0, &mut out)?;
+    let mut out = Vec::new();
+    let mut writer = serde_json::Serializer::with_formatter(&mut out, PythonJson::new(indent));
+    value
+        .serialize(&mut writer)
+        .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
+    let out = String::from_utf8(out).expect("serde_json writes UTF-8");
     Ok(Value::from_safe_string(out))
 }
 
-fn write_json(
-    value: &Value,
+/// serde_json's output in Python's `json.dumps` layout: `", "` and `": "` on one line; with an
+/// indent, `","` then a new line and `indent` spaces per level (serde_json's own pretty printer
+/// with Python's separators). Non-finite floats come out as `null`, as serde_json writes them.
+struct PythonJson {
     indent: Option<usize>,
     depth: usize,
-    out: &mut String,
-) -> Result<(), Error> {
-    let newline = |out: &mut String, depth: usize| {
-        if let Some(n) = indent {
-            out.push('\n');
-            out.extend(std::iter::repeat_n(' ', n * depth));
-        }
-    };
-    let item_sep = if indent.is_some() { "," } else { ", " };
-    match value.kind() {
-        ValueKind::Undefined | ValueKind::None => out.push_str("null"),
-        ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
-        ValueKind::Number => {
-            let f = f64::try_from(value.clone()).unwrap_or(0.0);
-            if value.as_i64().is_some() || f.is_finite() {
-                out.push_str(&value.to_string());
-            } else if f.is_nan() {
-                out.push_str("NaN");
-            } else {
-                out.push_str(if f > 0.0 { "Infinity" } else { "-Infinity" });
-            }
-        }
-        ValueKind::String | ValueKind::Plain => {
-            let s = value
-                .as_str()
-                .map(str::to_string)
-                .unwrap_or_else(|| value.to_string());
-            out.push_str(
-                &serde_json::to_string(&s)
-                    .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?,
-            );
-        }
-        ValueKind::Map => {
-            let keys: Vec<Value> = value.try_iter()?.collect();
-            if keys.is_empty() {
-                out.push_str("{}");
-                return Ok(());
-            }
-            out.push('{');
-            for (i, key) in keys.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(item_sep);
-                }
-                newline(out, depth + 1);
-                let k = key
-                    .as_str()
-                    .map(str::to_string)
-                    .unwrap_or_else(|| key.to_string());
-                out.push_str(&serde_json::to_string(&k).unwrap_or_default());
-                out.push_str(": ");
-                write_json(&value.get_item(key)?, indent, depth + 1, out)?;
-            }
-            newline(out, depth);
-            out.push('}');
-        }
-        ValueKind::Seq | ValueKind::Iterable | ValueKind::Bytes => {
-            let items: Vec<Value> = value.try_iter()?.collect();
-            if items.is_empty() {
-                out.push_str("[]");
-                return Ok(());
-            }
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(item_sep);
-                }
-                newline(out, depth + 1);
-                write_json(item, indent, depth + 1, out)?;
-            }
-            newline(out, depth);
-            out.push(']');
-        }
-        _ => {
-            return Err(Error::new(
-                ErrorKind::InvalidOperation,
-                format!("cannot serialize a {} to JSON", value.kind()),
-            ))
+    /// The container just closed held something (its closing bracket goes on a new line).
+    has_value: bool,
+}
+
+impl PythonJson {
+    fn new(indent: Option<usize>) -> Self {
+        PythonJson {
+            indent,
+            depth: 0,
+            has_value: false,
         }
     }
-    Ok(())
+
+    /// Before an item: the separator, then (indented) a new line.
+    fn item<W: ?Sized + std::io::Write>(&self, w: &mut W, first: bool) -> std::io::Result<()> {
+        match self.indent {
+            None if first => Ok(()),
+            None => w.write_all(b", "),
+            Some(n) => {
+                w.write_all(if first { b"\n" } else { b",\n" })?;
+                w.write_all(" ".repeat(n * self.depth).as_bytes())
+            }
+        }
+    }
+
+    fn close<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        bracket: &[u8],
+    ) -> std::io::Result<()> {
+        self.depth -= 1;
+        if let (Some(n), true) = (self.indent, self.has_value) {
+            w.write_all(b"\n")?;
+            w.write_all(" ".repeat(n * self.depth).as_bytes())?;
+        }
+        self.has_value = true;
+        w.write_all(bracket)
+    }
+}
+
+impl serde_json::ser::Formatter for PythonJson {
+    fn begin_array<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.depth += 1;
+        self.has_value = false;
+        w.write_all(b"[")
+    }
+
+    fn end_array<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.close(w, b"]")
+    }
+
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        self.item(w, first)
+    }
+
+    fn end_array_value<W: ?Sized + std::io::Write>(&mut self, _: &mut W) -> std::io::Result<()> {
+        self.has_value = true;
+        Ok(())
+    }
+
+    fn begin_object<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.depth += 1;
+        self.has_value = false;
+        w.write_all(b"{")
+    }
+
+    fn end_object<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.close(w, b"}")
+    }
+
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        self.item(w, first)
+    }
+
+    fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        w.write_all(b": ")
+    }
+
+    fn end_object_value<W: ?Sized + std::io::Write>(&mut self, _: &mut W) -> std::io::Result<()> {
+        self.has_value = true;
+        Ok(())
+    }
 }
 
 /// `strftime_now(fmt)`: the current UTC time in a C `strftime` format (the common fields:
@@ -503,7 +519,7 @@ mod tests {
     fn default_model() -> Option<Model> {
         let path = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("models")
-            .join(crate::cli::DEFAULT_MODEL_FILE);
+            .join(crate::flags::DEFAULT_MODEL_FILE);
         if !path.is_file() {
             eprintln!(
                 "skipping: {} is missing (scripts/fetch-model.sh)",
@@ -612,6 +628,18 @@ mod tests {
         assert_eq!(
             t.render(&[], false).unwrap(),
             "{\n  \"a\": [\n    1,\n    2.5,\n    null,\n    true\n  ]\n}"
+        );
+        // Python's one-line separators, empty containers, nesting, no escaping of non-ASCII
+        // or `<`, and an indent of 0 (new lines, no spaces).
+        let t = ChatTemplate::from_source(
+            "{{ {'b': [], 'c': {}, 'd': [{'e': 'é<'}, [1]]} | tojson }}|\
+             {{ [1, {'x': [2]}] | tojson(indent=0) }}|{{ [] | tojson(indent=2) }}",
+        )
+        .unwrap();
+        assert_eq!(
+            t.render(&[], false).unwrap(),
+            "{\"b\": [], \"c\": {}, \"d\": [{\"e\": \"é<\"}, [1]]}|\
+             [\n1,\n{\n\"x\": [\n2\n]\n}\n]|[]"
         );
         // 2024-02-29 13:05:09 UTC, a Thursday.
         assert_eq!(

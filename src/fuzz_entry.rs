@@ -13,7 +13,8 @@
 //!   arbitrary bytes, on the real models' vocabularies.
 //! - [`chat_template`]: the real models' chat templates rendered with hostile messages.
 //! - [`request`]: the JSON bodies of `/v1/completions` and `/v1/chat/completions` and the
-//!   lines of `run --jsonl`, through to the token ids they would submit.
+//!   lines of `run --jsonl`, through the faces' shared rules (`crate::api::plan`) to the token
+//!   ids they would submit.
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -21,10 +22,12 @@ use std::sync::OnceLock;
 use anyhow::{Context, Result};
 use serde_json::Value;
 
+use crate::api::plan::{self, Setting};
+use crate::api::request::{self, Endpoint};
+use crate::api::RequestError;
 use crate::chat_template::{encode_prompt, ChatMessage, ChatTemplate, TEMPLATE_KEY};
 use crate::gguf::GgufFile;
 use crate::model::{ModelConfig, Weights};
-use crate::server::params::{self, Endpoint, Fields, Prompt};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 
 /// The names of the fuzz targets, as `run_target` takes them.
@@ -319,9 +322,23 @@ pub fn request(vocabs: &[Vocabulary], data: &[u8]) {
     }
     if let Ok(line) = std::str::from_utf8(data) {
         if let Err(e) = jsonl_line(v, line) {
-            assert!(e.status.is_client_error(), "--jsonl: status {}", e.status);
             check_message(&e.message);
         }
+    }
+}
+
+/// What the faces know that a body does not, for the fuzz target: the vocabulary's template,
+/// no grammar cache (constraints are not compiled: there is no engine), a context of 4096.
+fn setting(v: &Vocabulary, max_tokens: Option<usize>) -> Setting<'_> {
+    Setting {
+        tokenizer: &v.tokenizer,
+        template: Ok(&v.template),
+        grammars: None,
+        max_seq_len: 4096,
+        sampling: request::openai_sampling(0),
+        max_tokens,
+        add_bos: true,
+        ignore_eos: false,
     }
 }
 
@@ -331,64 +348,23 @@ fn http_body(
     data: &[u8],
     endpoint: Endpoint,
 ) -> std::result::Result<Vec<u32>, crate::server::error::ApiError> {
-    let map = params::json_object(Ok(axum::body::Bytes::copy_from_slice(data)), MAX_BODY_BYTES)?;
-    let f = Fields(&map);
-    params::gen_params(&f, endpoint, 0)?;
-    let tok = &v.tokenizer;
-    let bad =
-        |e: anyhow::Error| crate::server::error::ApiError::invalid("prompt", format!("{e:#}"));
-    match endpoint {
-        Endpoint::Completions => match params::prompt(&f)? {
-            Prompt::Text(text) => encode_prompt(tok, &text).map_err(bad),
-            Prompt::Tokens(ids) => Ok(ids),
-        },
-        Endpoint::Chat => {
-            let messages = params::messages(&f)?;
-            let add_generation_prompt = f.bool("add_generation_prompt")?.unwrap_or(true);
-            let prompt = v
-                .template
-                .render(&messages, add_generation_prompt)
-                .map_err(bad)?;
-            encode_prompt(tok, &prompt).map_err(bad)
-        }
-    }
+    let body = axum::body::Bytes::copy_from_slice(data);
+    let map = crate::server::body::json_object(Ok(body), MAX_BODY_BYTES)?;
+    Ok(plan::plan(&setting(v, None), endpoint, &map)?
+        .request
+        .prompt)
 }
 
-/// What `run --jsonl` does with one input line before it reaches the engine (the steps of
-/// `cli::jsonl`'s `Builder::request`, which needs a running engine): the server's rules, with
-/// the endpoint chosen by `prompt` or `messages`.
-fn jsonl_line(
-    v: &Vocabulary,
-    line: &str,
-) -> std::result::Result<Vec<u32>, crate::server::error::ApiError> {
-    use crate::server::error::ApiError;
+/// What `run --jsonl` does with one input line before it reaches the engine: the shared rules,
+/// with the endpoint chosen by `prompt` or `messages`.
+fn jsonl_line(v: &Vocabulary, line: &str) -> std::result::Result<Vec<u32>, RequestError> {
     let value: Value = serde_json::from_str(line)
-        .map_err(|e| ApiError::bad_request(format!("malformed JSON: {e}")))?;
+        .map_err(|e| RequestError::bad_request(format!("malformed JSON: {e}")))?;
     let Value::Object(map) = value else {
-        return Err(ApiError::bad_request("expected a JSON object"));
+        return Err(RequestError::bad_request("expected a JSON object"));
     };
-    let f = Fields(&map);
-    let endpoint = match (f.get("prompt"), f.get("messages")) {
-        (Some(_), None) => Endpoint::Completions,
-        (None, Some(_)) => Endpoint::Chat,
-        _ => {
-            return Err(ApiError::bad_request(
-                "give exactly one of \"prompt\" and \"messages\"",
-            ))
-        }
-    };
-    params::gen_params_over(&f, endpoint, params::openai_sampling(0))?;
-    let bad = |e: anyhow::Error| ApiError::bad_request(format!("{e:#}"));
-    match endpoint {
-        Endpoint::Completions => match params::prompt(&f)? {
-            Prompt::Text(p) => v.tokenizer.encode(&p, true, true).map_err(bad),
-            Prompt::Tokens(ids) => Ok(ids),
-        },
-        Endpoint::Chat => {
-            let messages = params::messages(&f)?;
-            v.template
-                .encode(&v.tokenizer, &messages, true)
-                .map_err(bad)
-        }
-    }
+    let endpoint = plan::endpoint_of(&map)?;
+    Ok(plan::plan(&setting(v, Some(usize::MAX)), endpoint, &map)?
+        .request
+        .prompt)
 }

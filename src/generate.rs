@@ -1,13 +1,14 @@
-//! One sequence run straight through the paged KV cache: the path `run` and `perplexity` use.
-//! It builds the same flat [`Batch`] the engine builds for many sequences, with a block table
-//! that grows one block at a time, so a single sequence walks the KV cache exactly as many will.
+//! One sequence's logits straight through the paged KV cache, for scoring text: `perplexity` and
+//! the model tests (logits along a text, on every family) use it. Generation goes through the
+//! engine (`crate::engine`), for one sequence as for many. It builds the same flat [`Batch`] the
+//! engine builds, with a block table that grows one block at a time, so a single sequence walks
+//! the KV cache exactly as many do; its pool is sized for its one sequence, so block `i` of the
+//! table is simply block `i` of the pool (no allocator).
 
 use anyhow::{bail, Result};
 
 use crate::device::{Device, Executor};
-use crate::kv_cache::BlockAllocator;
 use crate::model::{Batch, Model};
-use crate::sampler::{Sampler, SamplingParams};
 
 /// Default KV block size in tokens.
 pub const DEFAULT_BLOCK_SIZE: usize = 16;
@@ -18,8 +19,7 @@ pub struct SequenceRunner<'m> {
     model: &'m Model,
     /// The KV pool and the device the forward pass runs on.
     exec: Executor,
-    allocator: BlockAllocator,
-    /// This sequence's block table.
+    /// This sequence's block table: `0..n`, as the pool holds this sequence only.
     block_table: Vec<u32>,
     /// Tokens whose keys and values are in the cache.
     num_computed: usize,
@@ -45,11 +45,9 @@ impl<'m> SequenceRunner<'m> {
     }
 
     fn with_executor(model: &'m Model, n_ctx: usize, exec: Executor) -> Self {
-        let num_blocks = n_ctx.div_ceil(exec.block_size()).max(1);
         SequenceRunner {
             model,
             exec,
-            allocator: BlockAllocator::new(num_blocks),
             block_table: Vec::new(),
             num_computed: 0,
             n_ctx,
@@ -65,15 +63,10 @@ impl<'m> SequenceRunner<'m> {
         self.num_computed
     }
 
-    /// Forgets the sequence and returns its blocks to the pool.
+    /// Forgets the sequence: the next `eval` starts a new one at position 0.
     pub fn reset(&mut self) {
-        self.allocator.free(self.block_table.drain(..));
+        self.block_table.clear();
         self.num_computed = 0;
-    }
-
-    /// Number of free KV blocks (all of them after `reset`).
-    pub fn num_free_blocks(&self) -> usize {
-        self.allocator.num_free()
     }
 
     /// Appends `tokens` to the sequence and runs them, at most `batch_tokens` per step.
@@ -93,12 +86,9 @@ impl<'m> SequenceRunner<'m> {
         for (ci, chunk) in tokens.chunks(self.batch_tokens.max(1)).enumerate() {
             let is_last_chunk = (ci + 1) * self.batch_tokens.max(1) >= tokens.len();
             let end = self.num_computed + chunk.len();
+            // The pool holds n_ctx tokens, checked above: the next block is always there.
             while self.block_table.len() * bs < end {
-                let b = self
-                    .allocator
-                    .allocate()
-                    .expect("runner sized its pool for n_ctx");
-                self.block_table.push(b);
+                self.block_table.push(self.block_table.len() as u32);
             }
             let mut batch = Batch {
                 max_blocks_per_seq: self.block_table.len(),
@@ -116,62 +106,4 @@ impl<'m> SequenceRunner<'m> {
         }
         Ok(logits)
     }
-}
-
-/// Why generation ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FinishReason {
-    /// The model produced an end-of-generation token.
-    Stop,
-    /// `n_predict` tokens were generated.
-    Length,
-    /// The callback asked to stop.
-    Abort,
-}
-
-/// Options of one plain generation.
-#[derive(Clone, Debug)]
-pub struct GenerateOptions {
-    pub n_predict: usize,
-    pub ignore_eos: bool,
-    pub sampling: SamplingParams,
-}
-
-/// Runs `prompt` then samples up to `n_predict` tokens, handing each to `on_token` (which
-/// returns false to stop). The end-of-generation token itself is not handed over.
-pub fn generate(
-    runner: &mut SequenceRunner<'_>,
-    prompt: &[u32],
-    opts: &GenerateOptions,
-    mut on_token: impl FnMut(u32) -> bool,
-) -> Result<FinishReason> {
-    if prompt.is_empty() {
-        bail!("the prompt is empty");
-    }
-    if prompt.len() >= runner.n_ctx() {
-        bail!(
-            "the prompt has {} tokens, but the context holds {}",
-            prompt.len(),
-            runner.n_ctx()
-        );
-    }
-    let tokenizer = &runner.model.tokenizer;
-    let mut sampler = Sampler::new(opts.sampling.clone());
-    let mut generated = Vec::new();
-    let mut logits = runner.eval(prompt, false)?;
-    while generated.len() < opts.n_predict {
-        let tok = sampler.sample(&logits, prompt, &generated);
-        if !opts.ignore_eos && tokenizer.is_eog(tok) {
-            return Ok(FinishReason::Stop);
-        }
-        generated.push(tok);
-        if !on_token(tok) {
-            return Ok(FinishReason::Abort);
-        }
-        if generated.len() == opts.n_predict || runner.num_computed() + 1 > runner.n_ctx() {
-            break;
-        }
-        logits = runner.eval(&[tok], false)?;
-    }
-    Ok(FinishReason::Length)
 }

@@ -1,8 +1,8 @@
 //! The paged KV cache: one pool of fixed-size blocks per layer, holding keys and values in f16.
 //! A sequence owns a block table (block ids in order); token `j` of a sequence lives in slot
 //! `block_table[j / block_size] * block_size + j % block_size`. This module owns the memory only;
-//! which blocks belong to whom is integer bookkeeping kept by the caller (`BlockAllocator`
-//! here for single sequences; the engine's block manager for many).
+//! which blocks belong to whom is integer bookkeeping kept by the caller (the engine's block
+//! manager; `generate::SequenceRunner`, alone in its pool, takes blocks in order).
 
 use crate::kernels::AttentionShape;
 use crate::model::ModelConfig;
@@ -59,30 +59,5 @@ impl KvCache {
         for cache in self.k.iter_mut().chain(self.v.iter_mut()) {
             cache.copy_within(s..s + n, d);
         }
-    }
-}
-
-/// A plain free list of block ids, for callers that run sequences one at a time.
-pub struct BlockAllocator {
-    free: Vec<u32>,
-}
-
-impl BlockAllocator {
-    pub fn new(num_blocks: usize) -> Self {
-        BlockAllocator {
-            free: (0..num_blocks as u32).rev().collect(),
-        }
-    }
-
-    pub fn allocate(&mut self) -> Option<u32> {
-        self.free.pop()
-    }
-
-    pub fn free(&mut self, blocks: impl IntoIterator<Item = u32>) {
-        self.free.extend(blocks);
-    }
-
-    pub fn num_free(&self) -> usize {
-        self.free.len()
     }
 }

@@ -1,8 +1,10 @@
 //! edge-llm: a Rust inference engine for GGUF language models on edge machines.
 //!
 //! Layers only look down:
-//! - the faces (`cli`: `run`, `chat`, `--jsonl`, `bench`; `server`: the OpenAI-compatible HTTP
-//!   server) send requests to the engine and read token events back;
+//! - the faces (`cli`: `run`, `run --jsonl`, `chat`, `bench`; `server`: `serve`), siblings that
+//!   never import each other, share `flags` (the flags every face takes) and `api` (a request
+//!   body read by one set of rules into an engine request), send requests to the engine and read
+//!   token events back;
 //! - the engine (`engine`: sequences, block manager, scheduler, the one thread that steps) turns
 //!   scheduled sequences into a flat `model::Batch` and runs it on a `device::Executor`;
 //! - the model (`gguf` reader, `tokenizer`, `model`: config, weights, the `Backend` trait and the
@@ -20,6 +22,7 @@ pub mod constraint;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod device;
+pub mod flags;
 pub mod engine;
 pub mod fuzz_entry;
 pub mod generate;

@@ -1,13 +1,15 @@
-//! The `edge-llm` binary: parses the command line and reports errors; everything else lives in
-//! the library (`edge_llm::cli`).
+//! The `edge-llm` binary: the subcommands, which face runs each (the terminal faces in
+//! `edge_llm::cli`, the HTTP server in `edge_llm::server`), and errors reported on one line;
+//! everything else lives in the library.
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
+use edge_llm::{cli, server};
 
 fn main() -> ExitCode {
-    let cli = edge_llm::cli::Cli::parse();
-    match edge_llm::cli::run(cli) {
+    let cli = Cli::parse();
+    match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // A closed stdout pipe (`edge-llm run ... | head -c 10`) is not an error.
@@ -20,6 +22,67 @@ fn main() -> ExitCode {
             eprintln!("error: {}", one_line(&e));
             ExitCode::FAILURE
         }
+    }
+}
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "edge-llm",
+    version,
+    about = "Run GGUF language models on edge machines"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Print a GGUF file's metadata and tensor table.
+    Info {
+        #[command(flatten)]
+        model: cli::ModelArgs,
+    },
+    /// Print the token ids of TEXT as a JSON array.
+    Tokenize {
+        #[command(flatten)]
+        model: cli::ModelArgs,
+        /// Do not add the BOS token even if the model asks for one.
+        #[arg(long)]
+        no_bos: bool,
+        /// Treat special tokens in TEXT (like <|im_start|>) as plain text.
+        #[arg(long)]
+        no_special: bool,
+        /// The text to tokenize.
+        text: String,
+    },
+    /// Complete a prompt (from -p, or from stdin) and print only the completion.
+    Run(cli::RunArgs),
+    /// Compute perplexity over a text file, like llama-perplexity.
+    Perplexity(cli::PerplexityArgs),
+    /// Measure prompt and generation speed, for one sequence or many sessions.
+    Bench(cli::BenchArgs),
+    /// Chat in the terminal: several sessions at once, streaming replies (/help inside).
+    Chat(cli::ChatArgs),
+    /// Serve an OpenAI-compatible HTTP API (completions, chat, streaming, metrics).
+    Serve(server::ServeArgs),
+}
+
+/// Runs the parsed command line.
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Info { model } => cli::info(&model),
+        Command::Tokenize {
+            model,
+            no_bos,
+            no_special,
+            text,
+        } => cli::tokenize(&model, no_bos, no_special, &text),
+        Command::Run(args) => cli::run(&args),
+        Command::Perplexity(args) => cli::perplexity(&args),
+        Command::Bench(args) => cli::bench(&args),
+        Command::Chat(args) => cli::chat(&args),
+        Command::Serve(args) => server::serve(&args),
     }
 }
 

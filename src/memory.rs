@@ -4,7 +4,7 @@
 //! limit (`RLIMIT_AS`, from /proc/self/limits) and the cgroup's `memory.max` (v2) or
 //! `memory.limit_in_bytes` (v1). Too much is one error line naming the size, the limit and
 //! the flag to change, instead of an allocation failure that aborts the process.
-//! Called by `cli::EngineArgs::start` for the CPU device.
+//! Called by `flags::EngineArgs::start` for the CPU device.
 
 use anyhow::{bail, Result};
 

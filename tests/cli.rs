@@ -6,9 +6,6 @@ mod support;
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
-use edge_llm::generate::{generate, GenerateOptions, SequenceRunner};
-use edge_llm::sampler::SamplingParams;
-
 fn edge_llm(args: &[&str], stdin: Option<&str>) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_edge-llm"))
         .args(args)
@@ -61,19 +58,8 @@ fn run_prints_only_the_completion_from_flag_and_pipe() {
     // llama.cpp, which leaves this text at a near-tie at token 14, is tests/greedy_reference.rs's).
     let expected: String = {
         let model = support::model();
-        let mut runner = SequenceRunner::new(model, 256, 16);
-        let opts = GenerateOptions {
-            n_predict: 16,
-            ignore_eos: false,
-            sampling: SamplingParams::greedy(),
-        };
-        let mut ids = Vec::new();
         let prompt_ids = support::ids(&case["prompt_ids"]);
-        generate(&mut runner, &prompt_ids, &opts, |t| {
-            ids.push(t);
-            true
-        })
-        .unwrap();
+        let (ids, _) = support::engine_greedy(&prompt_ids, 16, false, 16, 512);
         assert_eq!(
             ids[..13],
             support::ids(&case["ids"])[..13],

@@ -330,3 +330,59 @@ fn fifty_tools_compile_fast_and_decode_at_full_speed() {
     );
     wait_blocks_back(&e);
 }
+
+/// `api::reasoning`'s wrapping on the real vocabulary, token by token: the thoughts before
+/// `</think>` are free text (braces, quotes, a partial tag), the schema holds after it, and
+/// without a forced-open block the reply may skip thinking and start with the JSON at once.
+#[test]
+fn a_constraint_after_thinking_leaves_the_thoughts_free() {
+    use edge_llm::api::reasoning::constraint_after_thinking;
+    let model = shared_model();
+    let tok = &model.tokenizer;
+    let e = engine(512);
+    let ids = |s: &str| tok.encode(s, false, false).unwrap();
+    let word = ids(" hello")[0];
+    let brace = ids("{")[0];
+    for forced_open in [false, true] {
+        let spec = constraint_after_thinking(
+            ConstraintSpec::JsonSchema(person_schema()),
+            forced_open,
+            tok,
+        );
+        let c = e.grammars.compile(&spec, None).unwrap();
+        let mut state = c.new_state();
+        let start = state.compute_mask().unwrap();
+        // Both may open with the JSON (forced: as thoughts); only the forced block may open
+        // with free text.
+        assert!(start.is_allowed(brace));
+        assert_eq!(
+            start.is_allowed(word),
+            forced_open,
+            "free text at the start"
+        );
+        let head = if forced_open {
+            "I could"
+        } else {
+            "<think>\nI could"
+        };
+        let tail = " write anything: x = {1, \"a\"} or </thin.\n</think>\n\n";
+        for (k, id) in ids(head).into_iter().chain(ids(tail)).enumerate() {
+            let mask = state.compute_mask().unwrap();
+            assert!(
+                mask.is_allowed(id),
+                "token {k} ({id}) refused in the thoughts"
+            );
+            state.consume(id).unwrap();
+            if k + 1 == ids(head).len() {
+                let free = state.compute_mask().unwrap();
+                assert!(free.is_allowed(word) && free.is_allowed(brace));
+            }
+        }
+        let after = state.compute_mask().unwrap();
+        assert!(
+            after.is_allowed(brace),
+            "the schema's `{{` refused after </think>"
+        );
+        assert!(!after.is_allowed(word), "free text allowed after </think>");
+    }
+}

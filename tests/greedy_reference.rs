@@ -1,35 +1,18 @@
-//! Greedy continuations of the real default model against llama.cpp's, token for token, and
-//! the paged KV path: the same output whatever the block size and however the prompt is
-//! chunked into steps.
+//! Greedy continuations of the real default model (through the engine) against llama.cpp's,
+//! token for token, and the paged KV path: the same output whatever the block size and however
+//! the prompt is chunked into steps.
 
 mod support;
 
-use edge_llm::generate::{generate, FinishReason, GenerateOptions, SequenceRunner};
-use edge_llm::sampler::SamplingParams;
+use edge_llm::engine::FinishReason;
+use edge_llm::generate::SequenceRunner;
 
+/// The greedy continuation through the engine (blocks of `block_size`, prompts cut into steps of
+/// `batch_tokens`); every block comes back (checked by `engine_greedy`).
 fn greedy(block_size: usize, batch_tokens: usize, prompt: &[u32], n: usize) -> Vec<u32> {
-    let model = support::model();
-    let mut runner = SequenceRunner::new(model, 256, block_size);
-    runner.batch_tokens = batch_tokens;
     // EOS is a token like any other here: where we would stop, llama.cpp went on (a divergence).
-    let opts = GenerateOptions {
-        n_predict: n,
-        ignore_eos: true,
-        sampling: SamplingParams::greedy(),
-    };
-    let mut out = Vec::new();
-    let reason = generate(&mut runner, prompt, &opts, |t| {
-        out.push(t);
-        true
-    })
-    .expect("generation runs");
+    let (out, reason) = support::engine_greedy(prompt, n, true, block_size, batch_tokens);
     assert_eq!(reason, FinishReason::Length);
-    runner.reset();
-    assert_eq!(
-        runner.num_free_blocks(),
-        256usize.div_ceil(block_size),
-        "every block comes back"
-    );
     out
 }
 

@@ -1,8 +1,9 @@
-//! One rule for every face (issue 12, item 6): the same request body is accepted or refused
-//! the same way by `serve` (`/v1/completions`, `/v1/chat/completions`) and by `run --jsonl`,
-//! because both read it with `server::params`. Each body below goes to both on the real default
-//! model; an accepted one must be accepted by both, a refused one refused by both, naming the
-//! same field.
+//! One rule for every face (issue 12, item 6; issue 13's one request parser): the same request
+//! body is accepted or refused the same way by `serve` (`/v1/completions`,
+//! `/v1/chat/completions`) and by `run --jsonl`, because both read it with `crate::api::plan`.
+//! Each body below goes to both on the real default model with the same context (256); an
+//! accepted one must be accepted by both, a refused one refused by both with the same message,
+//! naming the same field (or none, for a refusal of the whole request).
 
 #[path = "server/harness.rs"]
 mod harness;
@@ -13,7 +14,10 @@ use std::process::{Command, Stdio};
 use harness::*;
 use serde_json::{json, Value};
 
-/// (body, the field a refusal must name; None: accepted).
+/// The context both faces run with.
+const CONTEXT: &str = "256";
+
+/// The field a refusal must name: `None`: accepted; `Some("")`: refused without naming a field.
 fn cases() -> Vec<(Value, Option<&'static str>)> {
     let user = |extra: Value| {
         let mut b = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "temperature": 0});
@@ -60,6 +64,32 @@ fn cases() -> Vec<(Value, Option<&'static str>)> {
         (text(json!({"stop": [1]})), Some("stop")),
         (text(json!({"prompt": 42})), Some("prompt")),
         (text(json!({"logit_bias": {"1": 2}})), Some("logit_bias")),
+        // The context (256): `max_tokens` beyond the room the prompt leaves, a prompt that
+        // does not fit (refused by the engine's `submit`, named by the face).
+        (text(json!({"max_tokens": 256})), Some("max_tokens")),
+        (
+            user(json!({"max_completion_tokens": 400})),
+            Some("max_completion_tokens"),
+        ),
+        (text(json!({"prompt": vec![28; 300]})), Some("prompt")),
+        (text(json!({"prompt": []})), Some("prompt")),
+        // A token id outside the vocabulary: the engine refuses the whole request.
+        (text(json!({"prompt": [9906, 999_999_999]})), Some("")),
+        // Constraints are read and compiled the same way.
+        (
+            text(json!({"tools": [{"type": "function", "function": {"name": "f"}}]})),
+            Some("tools"),
+        ),
+        (
+            text(json!({"response_format": {"type": "bogus"}})),
+            Some("response_format.type"),
+        ),
+        (text(json!({"regex": "("})), Some("regex")),
+        (
+            text(json!({"regex": "[ab]+", "grammar": "start: \"a\""})),
+            Some("grammar"),
+        ),
+        (text(json!({"regex": "[ab]+"})), None),
     ]
 }
 
@@ -69,7 +99,7 @@ fn the_same_request_is_accepted_or_refused_the_same_way_by_serve_and_jsonl() {
     // run --jsonl: all bodies at once, one result line each, in order.
     let model = model_path().expect("the default model (scripts/fetch-model.sh)");
     let mut child = Command::new(env!("CARGO_BIN_EXE_edge-llm"))
-        .args(["run", "--jsonl", "-c", "256", "-m"])
+        .args(["run", "--jsonl", "-c", CONTEXT, "-m"])
         .arg(&model)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -96,7 +126,7 @@ fn the_same_request_is_accepted_or_refused_the_same_way_by_serve_and_jsonl() {
         .collect();
     assert_eq!(lines.len(), cases.len(), "{lines:?}");
 
-    let Some(server) = Server::start(&[]) else {
+    let Some(server) = Server::start(&["-c", CONTEXT]) else {
         return;
     };
     for ((body, refused), line) in cases.iter().zip(&lines) {
@@ -113,13 +143,24 @@ fn the_same_request_is_accepted_or_refused_the_same_way_by_serve_and_jsonl() {
             }
             Some(param) => {
                 assert_eq!(status, 400, "serve accepted {body}: {reply}");
-                assert_eq!(reply["error"]["param"], json!(param), "{body}: {reply}");
+                let want_param = if param.is_empty() {
+                    Value::Null
+                } else {
+                    json!(param)
+                };
+                assert_eq!(reply["error"]["param"], want_param, "{body}: {reply}");
                 let error = line["error"]
                     .as_str()
                     .unwrap_or_else(|| panic!("--jsonl accepted {body}: {line}"));
                 assert!(
                     error.contains(param),
                     "{body}: {error:?} should name {param}"
+                );
+                // The same message: the line's error is `line N: [param: ]MESSAGE`.
+                let message = reply["error"]["message"].as_str().unwrap();
+                assert!(
+                    error.ends_with(message),
+                    "{body}: --jsonl said {error:?}, serve said {message:?}"
                 );
             }
         }

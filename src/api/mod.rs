@@ -1,14 +1,27 @@
-//! Request fields for structured output and tool calls, shared by the HTTP server and
-//! `run --jsonl`: `response_format`, `regex`, `grammar` (`structured`), `tools`, `tool_choice`
-//! and `parallel_tool_calls` with the grammar a call must follow (`tools`), and the parser that
-//! finds tool calls in generated text, whole or streamed (`tool_parser`).
+//! Request bodies, read once for every face: the HTTP server (`serve`) and `run --jsonl` both
+//! hand a JSON body to [`plan::plan`], which reads its fields by one set of rules (`request`:
+//! sampling, limits, prompt, messages; `structured`: `response_format`, `regex`, `grammar`, with
+//! the JSON-schema keywords checked by `schema_keywords`; `tools`: `tools`, `tool_choice`,
+//! `parallel_tool_calls` with the grammar a call must follow), renders and tokenizes the prompt
+//! and checks it against the context, and answers the engine request (with what to take apart in
+//! its reply) or a [`RequestError`] naming the bad field. `tool_parser` finds tool calls in
+//! generated text, whole or streamed; `reasoning` splits a `<think>` reply into
+//! `reasoning_content` and `content`; `reply` takes a whole reply apart for every face.
 //!
-//! Everything here reads a JSON body and answers a [`FieldError`] naming the bad field; the faces
-//! turn it into their own error (a 400, a jsonl error line).
+//! Layers: the faces (`cli`, `server`) use this module; it uses the engine, the chat template and
+//! the tokenizer, and never a face. The faces turn a [`RequestError`] into their own error (an
+//! HTTP 400, a jsonl error line).
 
+pub mod plan;
+pub mod reasoning;
+pub mod reply;
+pub mod request;
+pub mod schema_keywords;
 pub mod structured;
 pub mod tool_parser;
 pub mod tools;
+
+use crate::engine::SubmitError;
 
 /// A request field that cannot be honoured: which field, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -27,6 +40,72 @@ impl FieldError {
 }
 
 impl std::fmt::Display for FieldError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl From<FieldError> for RequestError {
+    fn from(e: FieldError) -> Self {
+        RequestError::invalid(&e.param, e.message)
+    }
+}
+
+/// Why a request body is refused: the message, the field at fault if one is, and OpenAI's
+/// error `code` where one applies (`context_length_exceeded`). Always the client's fault: the
+/// server answers it with a 400.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestError {
+    pub message: String,
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+}
+
+impl RequestError {
+    /// About one request field.
+    pub fn invalid(param: &str, message: impl Into<String>) -> Self {
+        RequestError {
+            param: Some(param.to_string()),
+            ..RequestError::bad_request(message)
+        }
+    }
+
+    /// About the request as a whole.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        RequestError {
+            message: message.into(),
+            param: None,
+            code: None,
+        }
+    }
+
+    pub fn with_code(mut self, code: &'static str) -> Self {
+        self.code = Some(code);
+        self
+    }
+
+    /// Why the engine refused a request for its content (an empty or too long prompt, a token
+    /// id outside the vocabulary...); `param` names the field that carried the prompt. `None`
+    /// for refusals that are not the request's fault (a full queue, a stopped engine), which
+    /// each face answers in its own way.
+    pub fn from_submit(e: &SubmitError, param: &str) -> Option<Self> {
+        Some(match e {
+            SubmitError::EmptyPrompt => RequestError::invalid(param, "the prompt is empty"),
+            SubmitError::PromptTooLong { prompt, max } => RequestError::invalid(
+                param,
+                format!(
+                    "This model's maximum context length is {max} tokens, but the prompt has {prompt} tokens \
+                     (the prompt and the completion must fit together). Please shorten the prompt."
+                ),
+            )
+            .with_code("context_length_exceeded"),
+            SubmitError::Invalid(message) => RequestError::bad_request(message.clone()),
+            SubmitError::QueueFull(_) | SubmitError::Stopped => return None,
+        })
+    }
+}
+
+impl std::fmt::Display for RequestError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.message)
     }

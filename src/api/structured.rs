@@ -5,7 +5,7 @@
 
 use serde_json::{Map, Value};
 
-use super::FieldError;
+use super::{schema_keywords, FieldError};
 use crate::constraint::{Constraint, ConstraintSpec, Grammars};
 
 /// The constraint a body asks for, and the field it came from; None when it asks for none.
@@ -83,9 +83,18 @@ fn response_format(rf: &Value) -> Result<Option<ConstraintSpec>, FieldError> {
             let strict = js.get("strict").and_then(Value::as_bool).unwrap_or(false);
             match js.get("schema").filter(|v| !v.is_null()) {
                 Some(schema) => {
-                    let mut schema =
-                        schema_object(schema, "response_format.json_schema.schema")?;
+                    let param = "response_format.json_schema.schema";
+                    let mut schema = schema_object(schema, param)?;
                     if strict {
+                        if let Some((keyword, at)) = schema_keywords::first_unknown(&schema, param) {
+                            return Err(FieldError::new(
+                                param,
+                                format!(
+                                    "`{param}`: `{keyword}` (in `{at}`) is not a JSON Schema keyword; \
+                                     `strict: true` refuses unknown keywords"
+                                ),
+                            ));
+                        }
                         close_objects(&mut schema);
                     }
                     Ok(Some(ConstraintSpec::JsonSchema(schema)))
@@ -145,6 +154,29 @@ pub fn compile(
     trigger: Option<u32>,
 ) -> Result<Constraint, FieldError> {
     grammars.compile(spec, trigger).map_err(|e| {
+        let unsupported = schema_keywords::unimplemented_in(&e);
+        if let Some(keyword) = unsupported.first() {
+            let at = match spec {
+                ConstraintSpec::JsonSchema(schema) => {
+                    schema_keywords::locate(schema, "schema", keyword)
+                }
+                ConstraintSpec::AfterThinking { inner, .. } => match inner.as_ref() {
+                    ConstraintSpec::JsonSchema(schema) => {
+                        schema_keywords::locate(schema, "schema", keyword)
+                    }
+                    _ => None,
+                },
+                _ => None,
+            };
+            let at = at.map(|p| format!(" (in `{p}`)")).unwrap_or_default();
+            return FieldError::new(
+                param,
+                format!(
+                    "`{param}`: the JSON schema keyword `{keyword}`{at} is not supported \
+                     (llguidance: {e})"
+                ),
+            );
+        }
         FieldError::new(
             param,
             format!("`{param}`: the {} cannot be used: {e}", describe(spec)),
@@ -157,6 +189,7 @@ fn describe(spec: &ConstraintSpec) -> &'static str {
         ConstraintSpec::JsonObject | ConstraintSpec::JsonSchema(_) => "JSON schema",
         ConstraintSpec::Regex(_) => "regular expression",
         ConstraintSpec::Lark(_) => "grammar",
+        ConstraintSpec::AfterThinking { inner, .. } => describe(inner),
     }
 }
 

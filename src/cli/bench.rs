@@ -9,9 +9,9 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
-use super::{EngineArgs, ModelArgs, ThreadArgs};
 use crate::constraint::{Constraint, ConstraintSpec};
 use crate::engine::{EngineHandle, Event, Request, RequestStream};
+use crate::flags::{EngineArgs, ModelArgs, ThreadArgs};
 use crate::sampler::{Rng, SamplingParams};
 
 #[derive(Args, Debug)]
@@ -241,16 +241,27 @@ fn sessions(
             })
             .collect::<Result<Vec<_>, _>>()?;
         let mut generated = 0;
+        let mut lengths = Vec::new();
         let mut first_ms = Vec::new();
         let mut end = started;
         for s in &mut streams {
             let (first, last, n, ttft_ms) = drain(s)?;
             generated += n;
+            lengths.push(n);
             first_ms.push(ttft_ms.map_or((first - started).as_secs_f64() * 1000.0, |ms| ms as f64));
             end = end.max(last);
         }
         let after = engine.metrics().unwrap_or_default().prefix_cache;
         agg.push(generated as f64 / (end - started).as_secs_f64());
+        if constraint.is_some() {
+            // A constraint may end sessions early and unevenly: fewer rows in the last steps.
+            let (min, max) = (lengths.iter().min(), lengths.iter().max());
+            eprintln!(
+                "constrained sessions generated {generated} tokens ({}..{} each)",
+                min.unwrap_or(&0),
+                max.unwrap_or(&0)
+            );
+        }
         ttft.push(median(first_ms));
         let lookups = after.lookup_tokens - before.lookup_tokens;
         hit.push((after.hit_tokens - before.hit_tokens) as f64 / lookups.max(1) as f64);

@@ -9,7 +9,7 @@
 //! - `pipe`: stdin not a terminal: one message per line in, one reply per message out.
 //! - `input`: multi-line input and type-ahead; `terminal`: key mode and the SIGINT flag.
 //!
-//! Called by `cli::run`.
+//! Called by `main.rs` through `cli::chat`.
 
 mod commands;
 mod input;
@@ -27,9 +27,9 @@ use anyhow::{anyhow, Context, Result};
 use clap::Args;
 
 use super::commands::SamplingArgs;
-use super::{EngineArgs, ModelArgs, ThreadArgs};
 use crate::chat_template::{ChatMessage, ChatTemplate};
 use crate::engine::{EngineHandle, FinishReason, Request, SubmitError};
+use crate::flags::{EngineArgs, ModelArgs, ThreadArgs};
 use crate::sampler::SamplingParams;
 use session::{Reply, Session, Settings};
 

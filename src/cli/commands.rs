@@ -7,9 +7,9 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
-use super::{EngineArgs, ModelArgs, ThreadArgs};
 use crate::device::Device;
 use crate::engine::{Event, FinishReason, Request};
+use crate::flags::{EngineArgs, ModelArgs, ThreadArgs};
 use crate::gguf::GgufFile;
 use crate::sampler::SamplingParams;
 use crate::tokenizer::Tokenizer;

@@ -4,12 +4,18 @@
 //! `id`. A bad line gets an error line and the rest go on.
 //!
 //! Input: the body of a `/v1/completions` request (`prompt`) or of a `/v1/chat/completions`
-//! one (`messages`, rendered with the chat template), plus an optional `id`; the fields are
-//! read and checked by the server's own rules (`server::params`), so a line is accepted or
+//! one (`messages`, rendered with the chat template), plus an optional `id`; the body is read
+//! by the rules the server reads its bodies by (`crate::api::plan`), so a line is accepted or
 //! refused as the server would accept or refuse its body, and unknown fields are ignored.
 //! Absent fields take the command line's values. `n` must be 1, logprobs are not written and
 //! `stream` changes nothing (each result is one line).
-//! Output: `{"id", "text", "finish_reason", "usage": {...}}` or `{"id", "error"}`.
+//! `response_format`, `regex`, `grammar`, and on `messages` lines `tools`, `tool_choice` and
+//! `parallel_tool_calls`, are read there too, and the reply is taken apart as the server's is
+//! (`crate::api::reply`).
+//! Output: `{"id", "text", "finish_reason", "usage": {...}}` or `{"id", "error"}`; a chat line
+//! whose reply called tools adds `tool_calls` (as the server's `message.tool_calls`, `text`
+//! then holds the rest, `finish_reason` is `tool_calls`), and one whose template thinks adds
+//! `reasoning_content`.
 //!
 //! Called by `commands::run` when `--jsonl` is given. Threads: one reads and submits lines,
 //! one per request in flight collects its tokens, and the calling thread writes results.
@@ -23,16 +29,22 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::commands::RunArgs;
+use crate::api::plan::{self, Setting};
+use crate::api::reply::{self, ReplyParsing};
+use crate::api::request::Endpoint;
+use crate::api::RequestError;
 use crate::chat_template::ChatTemplate;
 use crate::engine::{EngineHandle, Event, Request, RequestStream, SubmitError, Usage};
 use crate::sampler::SamplingParams;
-use crate::server::error::ApiError;
-use crate::server::params::{self, Endpoint, Fields, Prompt};
 
 #[derive(Serialize)]
 struct Completion<'a> {
     id: &'a Value,
     text: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<Value>,
     finish_reason: &'static str,
     usage: UsageOut,
 }
@@ -94,69 +106,56 @@ struct Builder {
 }
 
 impl Builder {
-    /// The request in one line's object, checked by the server's rules
-    /// (`server::params`), so that a body is accepted or refused the same way by both.
-    fn request(&mut self, map: &Map<String, Value>) -> Result<Request, ApiError> {
-        let f = Fields(map);
-        let endpoint = match (f.get("prompt"), f.get("messages")) {
-            (Some(_), None) => Endpoint::Completions,
-            (None, Some(_)) => Endpoint::Chat,
-            _ => {
-                return Err(ApiError::bad_request(
-                    "give exactly one of \"prompt\" and \"messages\"",
-                ))
-            }
+    /// The request in one line's object, read by the rules the server reads a body by
+    /// (`crate::api::plan`), so that a body is accepted or refused the same way by both; the
+    /// field that carried its prompt; what to take apart in its reply.
+    fn request(
+        &mut self,
+        map: &Map<String, Value>,
+    ) -> Result<(Request, &'static str, ReplyParsing), RequestError> {
+        let endpoint = plan::endpoint_of(map)?;
+        if endpoint == Endpoint::Chat && self.template.is_none() {
+            let loaded = ChatTemplate::load(&self.engine.model, self.template_path.as_deref());
+            self.template = Some(loaded.map_err(|e| format!("{e:#}")));
+        }
+        let template = match &self.template {
+            Some(Ok(t)) => Ok(t),
+            Some(Err(why)) => Err(why.as_str()),
+            None => Err("no chat template was loaded"),
         };
-        let p = params::gen_params_over(&f, endpoint, self.base.clone())?;
-        if p.n != 1 {
-            return Err(ApiError::invalid(
+        let setting = Setting {
+            tokenizer: &self.engine.model.tokenizer,
+            template,
+            grammars: Some(&self.engine.grammars),
+            max_seq_len: self.engine.config.max_seq_len,
+            sampling: self.base.clone(),
+            max_tokens: Some(self.max_tokens),
+            add_bos: self.add_bos,
+            ignore_eos: self.ignore_eos,
+        };
+        let p = plan::plan(&setting, endpoint, map)?;
+        if p.params.n != 1 {
+            return Err(RequestError::invalid(
                 "n",
                 "`n` must be 1 in --jsonl (one result per line)",
             ));
         }
-        if p.logprobs.is_some() {
+        if p.params.logprobs.is_some() {
             let name = match endpoint {
                 Endpoint::Completions => "logprobs",
                 Endpoint::Chat => "top_logprobs",
             };
-            return Err(ApiError::invalid(
+            return Err(RequestError::invalid(
                 name,
                 "logprobs are not written by --jsonl",
             ));
         }
-        let tokenizer = &self.engine.model.tokenizer;
-        let internal = |e: anyhow::Error| ApiError::bad_request(format!("{e:#}"));
-        let prompt = match endpoint {
-            Endpoint::Completions => match params::prompt(&f)? {
-                Prompt::Text(p) => tokenizer.encode(&p, self.add_bos, true).map_err(internal)?,
-                Prompt::Tokens(ids) => ids,
-            },
-            Endpoint::Chat => {
-                let messages = params::messages(&f)?;
-                let engine = &self.engine;
-                let path = self.template_path.as_deref();
-                let template = self.template.get_or_insert_with(|| {
-                    ChatTemplate::load(&engine.model, path).map_err(|e| format!("{e:#}"))
-                });
-                let template = template
-                    .as_ref()
-                    .map_err(|e| ApiError::bad_request(e.clone()))?;
-                template
-                    .encode(tokenizer, &messages, true)
-                    .map_err(internal)?
-            }
-        };
-        let mut sampling = p.sampling;
-        sampling.constraint = crate::api::structured::constraint(&self.engine.grammars, map)?;
-        let mut request = Request::new(prompt, sampling, p.max_tokens.unwrap_or(self.max_tokens));
-        request.ignore_eos = p.ignore_eos || self.ignore_eos;
-        request.stop = p.stop;
-        Ok(request)
+        Ok((p.request, p.prompt_param, p.parsing))
     }
 }
 
 /// One error line's text: the line number, then the field at fault if one is.
-fn line_error(line_no: usize, e: &ApiError) -> String {
+fn line_error(line_no: usize, e: &RequestError) -> String {
     match &e.param {
         Some(param) if !e.message.contains(param.as_str()) => {
             format!("line {line_no}: {param}: {}", e.message)
@@ -285,18 +284,19 @@ fn read_and_submit(mut builder: Builder, tx: mpsc::Sender<Msg>, permits: mpsc::S
             });
             continue;
         }
-        let request = match builder.request(value.as_object().expect("checked above")) {
-            Ok(r) => r,
-            Err(e) => {
-                let error = line_error(line_no + 1, &e);
-                let _ = tx.send(Msg::Result {
-                    index: this,
-                    line: error_line(&id, error),
-                    permit: false,
-                });
-                continue;
-            }
-        };
+        let (request, prompt_param, parsing) =
+            match builder.request(value.as_object().expect("checked above")) {
+                Ok(r) => r,
+                Err(e) => {
+                    let error = line_error(line_no + 1, &e);
+                    let _ = tx.send(Msg::Result {
+                        index: this,
+                        line: error_line(&id, error),
+                        permit: false,
+                    });
+                    continue;
+                }
+            };
         if permits.send(()).is_err() {
             return;
         }
@@ -306,7 +306,7 @@ fn read_and_submit(mut builder: Builder, tx: mpsc::Sender<Msg>, permits: mpsc::S
                 let spawned = std::thread::Builder::new()
                     .name(format!("edge-llm-jsonl-{this}"))
                     .spawn(move || {
-                        let line = collect(stream, &id);
+                        let line = collect(stream, &id, this, parsing);
                         let _ = results.send(Msg::Result {
                             index: this,
                             line,
@@ -321,7 +321,10 @@ fn read_and_submit(mut builder: Builder, tx: mpsc::Sender<Msg>, permits: mpsc::S
                 }
             }
             Err(e) => {
-                let error = format!("line {}: {e}", line_no + 1);
+                let error = match RequestError::from_submit(&e, prompt_param) {
+                    Some(refused) => line_error(line_no + 1, &refused),
+                    None => format!("line {}: {e}", line_no + 1),
+                };
                 let _ = tx.send(Msg::Result {
                     index: this,
                     line: error_line(&id, error),
@@ -347,8 +350,9 @@ fn submit(engine: &EngineHandle, request: Request) -> Result<RequestStream, Subm
     }
 }
 
-/// Reads one request's events to the end; its output line.
-fn collect(mut stream: RequestStream, id: &Value) -> String {
+/// Reads one request's events to the end; its output line (the reply of input `index` taken
+/// apart as `parsing` says).
+fn collect(mut stream: RequestStream, id: &Value, index: usize, parsing: ReplyParsing) -> String {
     let mut text = String::new();
     while let Some(event) = stream.next_blocking() {
         match event {
@@ -360,10 +364,14 @@ fn collect(mut stream: RequestStream, id: &Value) -> String {
                 ..
             } => {
                 text.push_str(&t);
+                let reply = reply::assistant_reply(&text, &format!("jsonl-{index}"), 0, parsing);
+                let finish_reason = reply::finish_reason(reason, !reply.tool_calls.is_empty());
                 let done = Completion {
                     id,
-                    text,
-                    finish_reason: reason.as_str(),
+                    text: reply.content,
+                    reasoning_content: reply.reasoning,
+                    tool_calls: reply.tool_calls,
+                    finish_reason,
                     usage: usage.into(),
                 };
                 return serde_json::to_string(&done).expect("serialisable");

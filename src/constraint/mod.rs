@@ -35,6 +35,16 @@ pub enum ConstraintSpec {
     Regex(String),
     /// A grammar in llguidance's Lark syntax.
     Lark(String),
+    /// `inner` after a reasoning block (`api::reasoning`): free thoughts up to the first
+    /// `close` tag, the whitespace after it, then `inner`. `open`/`close` are Lark atoms (a
+    /// quoted string or a `<[id]>` token); `forced_open`: the prompt already opened the block,
+    /// else the block is optional and starts with `open`.
+    AfterThinking {
+        inner: Box<ConstraintSpec>,
+        open: String,
+        close: String,
+        forced_open: bool,
+    },
 }
 
 impl ConstraintSpec {
@@ -45,6 +55,7 @@ impl ConstraintSpec {
             ConstraintSpec::JsonSchema(_) => "json_schema",
             ConstraintSpec::Regex(_) => "regex",
             ConstraintSpec::Lark(_) => "grammar",
+            ConstraintSpec::AfterThinking { inner, .. } => inner.kind(),
         }
     }
 
@@ -61,6 +72,33 @@ impl ConstraintSpec {
             }
             ConstraintSpec::Regex(rx) => TopLevelGrammar::from_regex(rx),
             ConstraintSpec::Lark(src) => TopLevelGrammar::from_lark(src.clone()),
+            ConstraintSpec::AfterThinking {
+                inner,
+                open,
+                close,
+                forced_open,
+            } => {
+                // The thoughts are one lazy lexeme: the shortest text that ends with `close`
+                // (a special token cannot occur in text: then plain text and the token).
+                let thoughts = if close.starts_with("<[") {
+                    format!("thoughts: {close} | THOUGHT {close}\nTHOUGHT: /(.|\\n)+/")
+                } else {
+                    format!("thoughts[lazy]: /(.|\\n)*/ {close}")
+                };
+                let start = if *forced_open {
+                    "start: thoughts ws? @answer".to_string()
+                } else {
+                    format!("start: ({open} thoughts ws?)? @answer")
+                };
+                let wrapper = format!("{start}\n{thoughts}\nws: /[ \\t\\r\\n]+/\n");
+                let mut top = TopLevelGrammar::from_lark(wrapper);
+                let mut answer = inner.grammar();
+                let mut body = answer.grammars.remove(0);
+                body.name = Some("answer".into());
+                top.grammars.push(body);
+                top.grammars.extend(answer.grammars);
+                top
+            }
         }
     }
 
@@ -71,6 +109,15 @@ impl ConstraintSpec {
             ConstraintSpec::JsonObject => {}
             ConstraintSpec::JsonSchema(v) => v.to_string().hash(&mut h),
             ConstraintSpec::Regex(s) | ConstraintSpec::Lark(s) => s.hash(&mut h),
+            ConstraintSpec::AfterThinking {
+                inner,
+                open,
+                close,
+                forced_open,
+            } => {
+                inner.source_hash(None).hash(&mut h);
+                (open, close, forced_open).hash(&mut h);
+            }
         }
         trigger.hash(&mut h);
         h.finish()
@@ -280,6 +327,12 @@ impl Grammars {
         let hash = spec.source_hash(trigger);
         self.cache.lock().is_ok_and(|c| c.contains_key(&hash))
     }
+}
+
+/// Whether an engine error message is a constraint's failure (every message of
+/// [`ConstraintState`] starts so): the request's grammar, not the server, is at fault.
+pub fn is_constraint_error(message: &str) -> bool {
+    message.starts_with("the constraint ")
 }
 
 /// llguidance errors can run over many lines and carry the whole grammar and parser state (after

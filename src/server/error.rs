@@ -6,6 +6,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
+use crate::api::{FieldError, RequestError};
 use crate::engine::SubmitError;
 
 #[derive(Clone, Debug)]
@@ -58,26 +59,36 @@ impl ApiError {
 
     /// Why the engine refused a request; `param` names the field that carried the prompt.
     pub fn from_submit(e: SubmitError, param: &str) -> Self {
+        if let Some(refused) = RequestError::from_submit(&e, param) {
+            return refused.into();
+        }
         match e {
-            SubmitError::EmptyPrompt => ApiError::invalid(param, "the prompt is empty"),
-            SubmitError::PromptTooLong { prompt, max } => ApiError::invalid(
-                param,
-                format!(
-                    "This model's maximum context length is {max} tokens, but the prompt has {prompt} tokens \
-                     (the prompt and the completion must fit together). Please shorten the prompt."
-                ),
-            )
-            .with_code("context_length_exceeded"),
-            SubmitError::Invalid(message) => ApiError::bad_request(message),
             SubmitError::QueueFull(queued) => ApiError::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 "rate_limit_error",
                 format!("the server is busy: {queued} requests are already queued or running (--max-queue); retry later"),
             )
             .with_code("queue_full"),
-            SubmitError::Stopped => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "the engine has stopped")
+            _ => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "the engine has stopped")
                 .with_code("engine_stopped"),
         }
+    }
+}
+
+/// A request the shared rules refused (`crate::api`): a 400 naming the field.
+impl From<RequestError> for ApiError {
+    fn from(e: RequestError) -> Self {
+        ApiError {
+            param: e.param,
+            code: e.code,
+            ..ApiError::bad_request(e.message)
+        }
+    }
+}
+
+impl From<FieldError> for ApiError {
+    fn from(e: FieldError) -> Self {
+        ApiError::invalid(&e.param, e.message)
     }
 }
 

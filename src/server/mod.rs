@@ -3,7 +3,8 @@
 //! `EngineHandle`, so concurrent requests are batched together and share cached prefixes;
 //! the HTTP side never touches model state.
 //!
-//! - `params`: request bodies to engine requests, field by field.
+//! - `body`: a request body as a JSON object; its fields are read by `crate::api`, the rules
+//!   every face shares.
 //! - `routes`: the handlers; `response` and `stream`: whole and streamed OpenAI bodies.
 //! - `middleware`: the log line, the API-key guard, 404/405; `error`: OpenAI-style errors.
 //! - `metrics`: Prometheus text.
@@ -12,18 +13,19 @@
 //! - `webui`: the chat page at `/` and its embedded assets.
 //! - `router_api`: `/render`, `/get_load` and vLLM's gauges, for routers in front of workers.
 //!
-//! Called by the CLI (`Command::Serve`).
+//! Called by `main.rs` (`edge-llm serve`). A sibling of `crate::cli`: neither imports the other;
+//! the flags both take live in `crate::flags`.
 
+pub(crate) mod body;
 pub(crate) mod error;
 mod listener;
 mod metrics;
 mod middleware;
-pub(crate) mod params;
 mod response;
 mod router_api;
 mod routes;
 mod stream;
-mod structured;
+pub(crate) mod structured;
 mod webui;
 
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -38,8 +40,8 @@ use axum::Router;
 use clap::Args;
 
 use crate::chat_template::ChatTemplate;
-use crate::cli::{EngineArgs, ModelArgs, ThreadArgs};
 use crate::engine::EngineHandle;
+use crate::flags::{EngineArgs, ModelArgs, ThreadArgs};
 use crate::kv_events::KvEventPublisher;
 
 pub use error::ApiError;

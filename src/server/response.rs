@@ -2,10 +2,11 @@
 //! and `/v1/chat/completions` (after [`collect`] has gathered every choice), the chunk JSON
 //! that `stream` sends, `usage`, and both endpoints' `logprobs` layouts.
 
+use axum::http::StatusCode;
 use serde_json::{json, Value};
 
 use super::error::ApiError;
-use super::params::Endpoint;
+use crate::api::request::Endpoint;
 use crate::engine::{Event, FinishReason, RequestStream, TokenLogprobs, Usage};
 use crate::tokenizer::Tokenizer;
 
@@ -76,10 +77,25 @@ pub async fn collect(stream: &mut RequestStream, n: usize) -> Result<Vec<Choice>
                     c.usage = usage;
                 }
             }
-            Event::Error(e) => return Err(ApiError::internal(format!("generation failed: {e}"))),
+            Event::Error(e) => return Err(generation_error(&e)),
         }
     }
     Ok(choices)
+}
+
+/// The error of a request the engine ended: a 400 when the request's own constraint failed
+/// (its grammar exceeded llguidance's per-token budget, or allows no token), else a 500.
+pub fn generation_error(e: &str) -> ApiError {
+    if crate::constraint::is_constraint_error(e) {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            format!("generation stopped: {e}"),
+        )
+        .with_code("constraint_failed")
+    } else {
+        ApiError::internal(format!("generation failed: {e}"))
+    }
 }
 
 pub fn finish_str(reason: Option<FinishReason>) -> Value {

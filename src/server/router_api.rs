@@ -13,10 +13,12 @@ use axum::extract::State;
 use axum::Json;
 use serde_json::{json, Value};
 
+use super::body::json_object;
 use super::error::ApiError;
-use super::params::{self, Fields};
-use super::routes::{chat_prompt_ids, completion_prompt_ids};
+use super::routes::setting;
 use super::AppState;
+use crate::api::plan;
+use crate::api::request::Endpoint;
 use crate::engine::Metrics;
 
 type Shared = State<Arc<AppState>>;
@@ -24,8 +26,8 @@ type Body = Result<Bytes, BytesRejection>;
 
 /// `POST /v1/chat/completions/render`: `{"token_ids": [...]}` for a chat request body.
 pub async fn render_chat(State(state): Shared, body: Body) -> Result<Json<Value>, ApiError> {
-    let map = params::json_object(body, state.max_body_bytes)?;
-    let ids = chat_prompt_ids(&state, &Fields(&map))?;
+    let map = json_object(body, state.max_body_bytes)?;
+    let ids = plan::prompt_ids(&setting(&state), Endpoint::Chat, &map)?;
     Ok(Json(
         json!({"token_ids": ids, "num_tokens": ids.len(), "model": state.model_id}),
     ))
@@ -34,8 +36,8 @@ pub async fn render_chat(State(state): Shared, body: Body) -> Result<Json<Value>
 /// `POST /v1/completions/render`: `[{"token_ids": [...]}]` for a completions request body
 /// (a list, one entry per prompt, as vLLM answers).
 pub async fn render_completions(State(state): Shared, body: Body) -> Result<Json<Value>, ApiError> {
-    let map = params::json_object(body, state.max_body_bytes)?;
-    let ids = completion_prompt_ids(&state, &Fields(&map))?;
+    let map = json_object(body, state.max_body_bytes)?;
+    let ids = plan::prompt_ids(&setting(&state), Endpoint::Completions, &map)?;
     Ok(Json(
         json!([{"token_ids": ids, "num_tokens": ids.len(), "model": state.model_id}]),
     ))

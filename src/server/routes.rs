@@ -1,7 +1,7 @@
 //! The handlers: `/v1/completions` and `/v1/chat/completions` (prompt to engine request,
 //! then a whole JSON response or a stream), `/v1/models`, `/health`, `/metrics`,
-//! `/tokenize` and `/detokenize`. Each reads its body through `params` and answers errors
-//! as `ApiError`.
+//! `/tokenize` and `/detokenize`. Each reads its body by the rules every face shares
+//! (`crate::api`) and answers errors as `ApiError`.
 
 use std::sync::Arc;
 
@@ -13,22 +13,19 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde_json::{json, Value};
 
+use super::body::json_object;
 use super::error::ApiError;
 use super::middleware::{LogNote, RequestInfo};
-use super::params::{self, Endpoint, Fields, GenParams, Prompt};
 use super::response::{collect, full_response, log_note, Reply};
 use super::stream::sse_response;
 use super::structured;
 use super::AppState;
+use crate::api::plan::{self, Plan, Setting};
+use crate::api::request::{self, Endpoint, Fields};
 use crate::chat_template::encode_prompt;
-use crate::engine::{Request, SubmitError};
 
 type Shared = State<Arc<AppState>>;
 type Body = Result<Bytes, BytesRejection>;
-
-/// `max_tokens` when the client gives none: OpenAI's 16 for completions, the rest of the
-/// context for chat.
-const COMPLETIONS_DEFAULT_MAX_TOKENS: usize = 16;
 
 pub async fn health() -> Json<Value> {
     Json(json!({"status": "ok"}))
@@ -98,32 +95,7 @@ pub async fn completions(
     Extension(info): Extension<RequestInfo>,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let map = params::json_object(body, state.max_body_bytes)?;
-    let f = Fields(&map);
-    let mut params = params::gen_params(&f, Endpoint::Completions, super::random_seed())?;
-    params.sampling.constraint = structured::completion_constraint(&state.engine, &map)?;
-    let ids = completion_prompt_ids(&state, &f)?;
-    generate(
-        &state,
-        info,
-        Endpoint::Completions,
-        ids,
-        params,
-        "prompt",
-        false,
-    )
-    .await
-}
-
-/// The token ids a completions body runs (`/v1/completions` and its `/render`).
-pub(super) fn completion_prompt_ids(state: &AppState, f: &Fields) -> Result<Vec<u32>, ApiError> {
-    let tok = &state.engine.model.tokenizer;
-    Ok(match params::prompt(f)? {
-        // BOS as the model wants it, but not twice if the prompt already starts with it.
-        Prompt::Text(text) => encode_prompt(tok, &text)
-            .map_err(|e| ApiError::invalid("prompt", format!("cannot tokenize `prompt`: {e:#}")))?,
-        Prompt::Tokens(ids) => ids,
-    })
+    generate(&state, info, Endpoint::Completions, body).await
 }
 
 pub async fn chat_completions(
@@ -131,108 +103,39 @@ pub async fn chat_completions(
     Extension(info): Extension<RequestInfo>,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let map = params::json_object(body, state.max_body_bytes)?;
-    let f = Fields(&map);
-    let mut params = params::gen_params(&f, Endpoint::Chat, super::random_seed())?;
-    let (ids, plan) = chat_prompt_plan(&state, &f)?;
-    params.sampling.constraint = plan.constraint;
-    generate(
-        &state,
-        info,
-        Endpoint::Chat,
-        ids,
-        params,
-        "messages",
-        plan.tool_calls,
-    )
-    .await
+    generate(&state, info, Endpoint::Chat, body).await
 }
 
-/// The token ids a chat body runs: its messages (and `tools`) through the template, then the
-/// tokenizer (`/v1/chat/completions` and its `/render`).
-pub(super) fn chat_prompt_ids(state: &AppState, f: &Fields) -> Result<Vec<u32>, ApiError> {
-    chat_prompt_plan(state, f).map(|(ids, _)| ids)
+/// What the server knows that a body does not: OpenAI's sampling defaults with a fresh seed,
+/// the template, the grammar cache and the context length.
+pub(super) fn setting(state: &AppState) -> Setting<'_> {
+    Setting {
+        tokenizer: &state.engine.model.tokenizer,
+        template: state.template.as_ref().map_err(String::as_str),
+        grammars: Some(&state.engine.grammars),
+        max_seq_len: state.engine.config.max_seq_len,
+        sampling: request::openai_sampling(super::random_seed()),
+        max_tokens: None,
+        add_bos: true,
+        ignore_eos: false,
+    }
 }
 
-/// The token ids of a chat body and its plan (the constraint, whether to parse tool calls).
-fn chat_prompt_plan(
-    state: &AppState,
-    f: &Fields,
-) -> Result<(Vec<u32>, structured::ChatPlan), ApiError> {
-    let messages = params::messages(f)?;
-    let add_generation_prompt = f.bool("add_generation_prompt")?.unwrap_or(true);
-    let template = state
-        .template
-        .as_ref()
-        .map_err(|why| ApiError::bad_request(why.clone()).with_code("no_chat_template"))?;
-    let plan = structured::chat_plan(
-        &state.engine,
-        template,
-        f.0,
-        &messages,
-        add_generation_prompt,
-    )?;
-    let ids = encode_prompt(&state.engine.model.tokenizer, &plan.prompt).map_err(|e| {
-        ApiError::invalid(
-            "messages",
-            format!("cannot tokenize the chat prompt: {e:#}"),
-        )
-    })?;
-    Ok((ids, plan))
-}
-
-/// Checks the prompt and `max_tokens` against the context, submits, and answers with a
-/// stream or the whole response. `prompt_param` names the field the prompt came from;
-/// `tool_calls` looks for tool calls in the reply.
+/// Reads the body by the shared rules (`crate::api::plan`), submits, and answers with a stream
+/// or the whole response.
 async fn generate(
     state: &AppState,
     info: RequestInfo,
     endpoint: Endpoint,
-    prompt: Vec<u32>,
-    params: GenParams,
-    prompt_param: &str,
-    tool_calls: bool,
+    body: Body,
 ) -> Result<Response, ApiError> {
-    let max_seq_len = state.engine.config.max_seq_len;
-    let num_prompt = prompt.len();
-    if num_prompt == 0 {
-        return Err(ApiError::from_submit(
-            SubmitError::EmptyPrompt,
-            prompt_param,
-        ));
-    }
-    if num_prompt >= max_seq_len {
-        return Err(ApiError::from_submit(
-            SubmitError::PromptTooLong {
-                prompt: num_prompt,
-                max: max_seq_len,
-            },
-            prompt_param,
-        ));
-    }
-    let room = max_seq_len - num_prompt;
-    let max_tokens = match params.max_tokens {
-        Some(m) if m > room => {
-            return Err(ApiError::invalid(
-                params.max_tokens_field,
-                format!(
-                    "This model's maximum context length is {max_seq_len} tokens. However, you requested {} tokens \
-                     ({num_prompt} in the prompt, {m} for the completion). Please reduce `{}` or the prompt.",
-                    num_prompt + m,
-                    params.max_tokens_field
-                ),
-            )
-            .with_code("context_length_exceeded"))
-        }
-        Some(m) => m,
-        None if endpoint == Endpoint::Completions => COMPLETIONS_DEFAULT_MAX_TOKENS.min(room),
-        None => room,
-    };
-    let mut request = Request::new(prompt, params.sampling, max_tokens);
-    request.n = params.n;
-    request.stop = params.stop;
-    request.ignore_eos = params.ignore_eos;
-    request.logprobs = params.logprobs;
+    let map = json_object(body, state.max_body_bytes)?;
+    let Plan {
+        request,
+        params,
+        prompt_param,
+        parsing,
+    } = plan::plan(&setting(state), endpoint, &map)?;
     let mut stream = state
         .engine
         .submit(request)
@@ -258,7 +161,7 @@ async fn generate(
             params.include_usage,
             with_logprobs,
             info,
-            tool_calls,
+            parsing,
         ));
     }
     let choices = collect(&mut stream, params.n).await?;
@@ -268,10 +171,10 @@ async fn generate(
         &choices,
         with_logprobs,
     );
-    if tool_calls {
+    if parsing.any() {
         if let Some(items) = body["choices"].as_array_mut() {
             for (index, choice) in items.iter_mut().enumerate() {
-                structured::apply_to_choice(choice, &reply.id, index);
+                structured::apply_to_choice(choice, &reply.id, index, parsing);
             }
         }
     }
@@ -287,14 +190,14 @@ async fn generate(
 /// llama-server's `/tokenize`: `{"content": TEXT, "add_special": false, "parse_special": true,
 /// "with_pieces": false}`, or `{"messages": [...]}` to tokenize a chat through the template.
 pub async fn tokenize(State(state): Shared, body: Body) -> Result<Json<Value>, ApiError> {
-    let map = params::json_object(body, state.max_body_bytes)?;
+    let map = json_object(body, state.max_body_bytes)?;
     let f = Fields(&map);
     let tok = &state.engine.model.tokenizer;
     let add_special = f.bool("add_special")?.unwrap_or(false);
     let parse_special = f.bool("parse_special")?.unwrap_or(true);
     let with_pieces = f.bool("with_pieces")?.unwrap_or(false);
     let ids = if f.get("messages").is_some() {
-        let messages = params::messages(&f)?;
+        let messages = request::messages(&f)?;
         let template = state
             .template
             .as_ref()
@@ -330,18 +233,18 @@ pub async fn tokenize(State(state): Shared, body: Body) -> Result<Json<Value>, A
 
 /// llama-server's `/detokenize`: `{"tokens": [ids]}` to `{"content": TEXT}`.
 pub async fn detokenize(State(state): Shared, body: Body) -> Result<Json<Value>, ApiError> {
-    let map = params::json_object(body, state.max_body_bytes)?;
+    let map = json_object(body, state.max_body_bytes)?;
     let f = Fields(&map);
     let ids = match f.get("tokens") {
         Some(Value::Array(items)) => {
-            params::token_ids(items).map_err(|e| ApiError::invalid("tokens", e))?
+            request::token_ids(items).map_err(|e| ApiError::invalid("tokens", e))?
         }
         Some(other) => {
             return Err(ApiError::invalid(
                 "tokens",
                 format!(
                     "`tokens` must be an array of token ids, got {}",
-                    params::type_name(other)
+                    request::type_name(other)
                 ),
             ))
         }

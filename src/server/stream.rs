@@ -12,13 +12,14 @@ use axum::http::{header, StatusCode};
 use axum::response::Response;
 use serde_json::{json, Value};
 
-use super::error::ApiError;
 use super::middleware::{LoggedByBody, RequestInfo};
-use super::params::Endpoint;
 use super::response::{
-    chat_logprobs, completion_logprobs, finish_str, log_note, usage_json, Reply,
+    chat_logprobs, completion_logprobs, finish_str, generation_error, log_note, usage_json, Reply,
 };
 use super::structured;
+use crate::api::reasoning::{Piece, ReasoningSplitter};
+use crate::api::reply::ReplyParsing;
+use crate::api::request::Endpoint;
 use crate::api::tool_parser::ToolCallParser;
 use crate::engine::{Event, FinishReason, RequestStream, TokenLogprobs, Usage};
 use crate::model::Model;
@@ -42,6 +43,8 @@ struct SseState {
     logged: bool,
     /// Per choice, the parser that finds tool calls in the reply (requests with `tools`).
     tool_parsers: Option<Vec<ToolCallParser>>,
+    /// Per choice, the splitter of `<think>` reasoning (templates that think).
+    splitters: Option<Vec<ReasoningSplitter>>,
 }
 
 /// A `text/event-stream` response fed by `stream`.
@@ -53,7 +56,7 @@ pub fn sse_response(
     include_usage: bool,
     with_logprobs: bool,
     info: RequestInfo,
-    tool_calls: bool,
+    parsing: ReplyParsing,
 ) -> Response {
     let mut state = SseState {
         reply,
@@ -69,7 +72,10 @@ pub fn sse_response(
         done: false,
         info,
         logged: false,
-        tool_parsers: tool_calls.then(|| vec![ToolCallParser::new(); n]),
+        tool_parsers: parsing.tool_calls.then(|| vec![ToolCallParser::new(); n]),
+        splitters: parsing
+            .reasoning
+            .map(|forced_open| vec![ReasoningSplitter::new(forced_open); n]),
     };
     if state.reply.endpoint == Endpoint::Chat {
         // OpenAI opens each choice with the assistant's role; it also sends the headers now.
@@ -163,8 +169,8 @@ impl SseState {
                     }
                     let entries: Vec<(u32, TokenLogprobs)> =
                         logprobs.map(|l| (token, l)).into_iter().collect();
-                    if self.tool_parsers.is_some() {
-                        self.push_tool_deltas(index, &text, None);
+                    if self.tool_parsers.is_some() || self.splitters.is_some() {
+                        self.push_parsed(index, &text, None);
                     } else if !text.is_empty() || (self.with_logprobs && !entries.is_empty()) {
                         let choice = self.choice(index, text, &entries, None);
                         self.push_chunk(vec![choice]);
@@ -181,15 +187,15 @@ impl SseState {
                     }
                     self.usages[index] = usage;
                     self.finishes[index] = Some(reason);
-                    if self.tool_parsers.is_some() {
-                        self.push_tool_deltas(index, &text, Some(reason));
+                    if self.tool_parsers.is_some() || self.splitters.is_some() {
+                        self.push_parsed(index, &text, Some(reason));
                         continue;
                     }
                     let choice = self.choice(index, text, &[], Some(reason));
                     self.push_chunk(vec![choice]);
                 }
                 Some(Event::Error(e)) => {
-                    let err = ApiError::internal(format!("generation failed: {e}"));
+                    let err = generation_error(&e);
                     self.push_data(&err.body());
                     self.end(&format!("error: {e}"));
                 }
@@ -206,18 +212,43 @@ impl SseState {
         }
     }
 
-    /// Chunks for a choice whose reply is parsed for tool calls: content and call deltas, and
-    /// at the end the finish reason (`tool_calls` when it made any).
-    fn push_tool_deltas(&mut self, index: usize, text: &str, finish: Option<FinishReason>) {
-        let Some(parser) = self.tool_parsers.as_mut().and_then(|p| p.get_mut(index)) else {
+    /// Chunks for a choice whose reply is taken apart: reasoning (`delta.reasoning_content`),
+    /// content and tool-call deltas, and at the end the finish reason (`tool_calls` when it
+    /// made any).
+    fn push_parsed(&mut self, index: usize, text: &str, finish: Option<FinishReason>) {
+        if index >= self.usages.len() {
             return;
-        };
-        let mut events = parser.push(text);
-        if finish.is_some() {
-            events.extend(parser.finish());
         }
-        let made_calls = !parser.calls.is_empty();
-        for delta in structured::deltas(events, &self.reply.id, index) {
+        let pieces = match self.splitters.as_mut().map(|s| &mut s[index]) {
+            Some(splitter) => {
+                let mut pieces = splitter.push(text);
+                if finish.is_some() {
+                    pieces.extend(splitter.finish());
+                }
+                pieces
+            }
+            None => vec![Piece::Content(text.to_string())],
+        };
+        let mut parser = self.tool_parsers.as_mut().map(|p| &mut p[index]);
+        let mut deltas = Vec::new();
+        for piece in pieces {
+            match (piece, parser.as_deref_mut()) {
+                (Piece::Reasoning(t), _) => deltas.push(json!({"reasoning_content": t})),
+                (Piece::Content(t), Some(p)) => {
+                    deltas.extend(structured::deltas(p.push(&t), &self.reply.id, index))
+                }
+                (Piece::Content(t), None) if !t.is_empty() => deltas.push(json!({"content": t})),
+                (Piece::Content(_), None) => {}
+            }
+        }
+        let mut made_calls = false;
+        if let Some(p) = parser {
+            if finish.is_some() {
+                deltas.extend(structured::deltas(p.finish(), &self.reply.id, index));
+            }
+            made_calls = !p.calls.is_empty();
+        }
+        for delta in deltas {
             let choice =
                 json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": null});
             self.push_chunk(vec![choice]);

@@ -1,204 +1,36 @@
-//! The server's side of structured output and tool calls: a request's constraint
-//! (`response_format`, `regex`, `grammar`, or the grammar of its `tools`) compiled before
-//! anything is queued; the chat prompt rendered with `tools` and the messages as sent (assistant
-//! `tool_calls`, `tool` results); and the tool calls found in a reply, whole (`message.tool_calls`)
-//! or streamed (`delta.tool_calls`). Called by `routes` and `stream`.
+//! The server's side of tool calls and reasoning: a whole choice's `message` taken apart
+//! (`message.reasoning_content`, `message.tool_calls`, by `crate::api::reply`) and the deltas of
+//! streamed calls (`delta.tool_calls`). (A request's constraint and its prompt rendered with
+//! `tools` are read in `crate::api::plan`, the same way for every face.) Called by `routes` and
+//! `stream`.
 
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
-use super::error::ApiError;
-use crate::api::tool_parser::{parse_all, ToolEvent};
-use crate::api::tools::{self, ToolChoice, ToolFormat};
-use crate::api::{structured, FieldError};
-use crate::chat_template::{ChatMessage, ChatTemplate};
-use crate::constraint::Constraint;
-use crate::engine::{EngineHandle, FinishReason};
+use crate::api::reply::{self, call_id, ReplyParsing};
+use crate::api::tool_parser::ToolEvent;
+use crate::engine::FinishReason;
 
-impl From<FieldError> for ApiError {
-    fn from(e: FieldError) -> Self {
-        ApiError::invalid(&e.param, e.message)
-    }
-}
-
-/// The constraint of a `/v1/completions` body.
-pub fn completion_constraint(
-    engine: &EngineHandle,
-    body: &Map<String, Value>,
-) -> Result<Option<Constraint>, ApiError> {
-    if body
-        .get("tools")
-        .is_some_and(|t| t.as_array().is_none_or(|a| !a.is_empty()))
-    {
-        return Err(ApiError::invalid(
-            "tools",
-            "`tools` is for /v1/chat/completions; /v1/completions takes `response_format`, `regex` or `grammar`",
-        ));
-    }
-    Ok(structured::constraint(&engine.grammars, body)?)
-}
-
-/// What a chat body needs beyond the plain fields.
-pub struct ChatPlan {
-    pub prompt: String,
-    pub constraint: Option<Constraint>,
-    /// Look for tool calls in the reply.
-    pub tool_calls: bool,
-}
-
-/// Renders the chat prompt and compiles its constraint.
-pub fn chat_plan(
-    engine: &EngineHandle,
-    template: &ChatTemplate,
-    body: &Map<String, Value>,
-    messages: &[ChatMessage],
-    add_generation_prompt: bool,
-) -> Result<ChatPlan, ApiError> {
-    let tool_req = tools::parse(body)?;
-    let spec = structured::spec(body)?;
-    let mut constraint = None;
-    let mut tool_calls = false;
-    if let Some(t) = &tool_req {
-        let format = ToolFormat::of_template(template.source()).ok_or_else(|| {
-            ApiError::invalid(
-                "tools",
-                "this model's chat template teaches no tool-call format (Hermes `<tool_call>`); \
-                 `tools` cannot be used with it",
-            )
-        })?;
-        if t.choice != ToolChoice::None {
-            tool_calls = true;
-            if let Some((_, param)) = &spec {
-                return Err(ApiError::invalid(
-                    param,
-                    format!(
-                        "`{param}` cannot be combined with `tools` unless `tool_choice` is `none`"
-                    ),
-                ));
-            }
-            if let Some((spec, trigger)) = tools::grammar(t, format, &engine.model.tokenizer) {
-                constraint = Some(structured::compile(
-                    &engine.grammars,
-                    &spec,
-                    "tools",
-                    trigger,
-                )?);
-            }
-        }
-    }
-    if constraint.is_none() {
-        if let Some((spec, param)) = &spec {
-            constraint = Some(structured::compile(&engine.grammars, spec, param, None)?);
-        }
-    }
-    let raw = body.get("messages").and_then(Value::as_array);
-    let has_tool_turns = raw.is_some_and(|items| {
-        items.iter().any(|m| {
-            m.get("tool_calls").is_some_and(|c| !c.is_null())
-                || m.get("role") == Some(&json!("tool"))
-        })
-    });
-    let prompt = if tool_req.is_some() || has_tool_turns {
-        let json_messages = messages_json(messages, raw.map(Vec::as_slice).unwrap_or(&[]))?;
-        // As vLLM does, `tool_choice: none` leaves the tools out of the prompt: the model
-        // answers in text instead of being taught to call.
-        let offered = tool_req
-            .as_ref()
-            .filter(|t| t.choice != ToolChoice::None)
-            .map(|t| &t.raw);
-        template.render_json(&json_messages, offered, add_generation_prompt)
-    } else {
-        template.render(messages, add_generation_prompt)
-    }
-    .map_err(|e| ApiError::invalid("messages", format!("{e:#}")))?;
-    Ok(ChatPlan {
-        prompt,
-        constraint,
-        tool_calls,
-    })
-}
-
-/// The messages for a template that knows tools: role and text content as checked by
-/// `params::messages`, plus `tool_calls` (arguments as objects, as Hugging Face templates expect
-/// them), `tool_call_id` and `name` as sent.
-fn messages_json(messages: &[ChatMessage], raw: &[Value]) -> Result<Vec<Value>, ApiError> {
-    let mut out = Vec::with_capacity(messages.len());
-    for (i, m) in messages.iter().enumerate() {
-        let mut v = json!({"role": m.role, "content": m.content});
-        let Some(r) = raw.get(i) else {
-            out.push(v);
-            continue;
-        };
-        for key in ["tool_call_id", "name"] {
-            if let Some(s) = r.get(key).and_then(Value::as_str) {
-                v[key] = json!(s);
-            }
-        }
-        if let Some(calls) = r.get("tool_calls").filter(|c| !c.is_null()) {
-            let param = format!("messages[{i}].tool_calls");
-            let Value::Array(calls) = calls else {
-                return Err(ApiError::invalid(
-                    &param,
-                    format!("`{param}` must be an array"),
-                ));
-            };
-            let mut fixed = Vec::new();
-            for (k, c) in calls.iter().enumerate() {
-                let f = c.get("function");
-                let name = f.and_then(|f| f.get("name")).and_then(Value::as_str);
-                let Some(name) = name else {
-                    return Err(ApiError::invalid(
-                        &format!("{param}[{k}].function.name"),
-                        format!("`{param}[{k}].function.name` must be a string"),
-                    ));
-                };
-                let arguments = match f.and_then(|f| f.get("arguments")) {
-                    Some(Value::String(s)) => serde_json::from_str(s).unwrap_or(json!(s)),
-                    Some(other) => other.clone(),
-                    None => json!({}),
-                };
-                fixed.push(json!({
-                    "id": c.get("id").cloned().unwrap_or(Value::Null),
-                    "type": "function",
-                    "function": {"name": name, "arguments": arguments},
-                }));
-            }
-            v["tool_calls"] = Value::Array(fixed);
-        }
-        out.push(v);
-    }
-    Ok(out)
-}
-
-/// The id of call `k` of choice `index` in response `reply_id`.
-pub fn call_id(reply_id: &str, index: usize, k: usize) -> String {
-    let base = reply_id.rsplit('-').next().unwrap_or(reply_id);
-    format!("call_{base}_{index}_{k}")
-}
-
-/// A whole chat choice's `message` and `finish_reason` with its tool calls parsed out.
-pub fn apply_to_choice(choice: &mut Value, reply_id: &str, index: usize) {
+/// A whole chat choice's `message` and `finish_reason` with its reasoning and tool calls
+/// parsed out as `parsing` says.
+pub fn apply_to_choice(choice: &mut Value, reply_id: &str, index: usize, parsing: ReplyParsing) {
     let text = choice["message"]["content"]
         .as_str()
         .unwrap_or("")
         .to_string();
-    let (content, calls) = parse_all(&text);
-    if calls.is_empty() {
+    let reply = reply::assistant_reply(&text, reply_id, index, parsing);
+    if let Some(thoughts) = reply.reasoning {
+        choice["message"]["reasoning_content"] = json!(thoughts);
+    }
+    if reply.tool_calls.is_empty() {
+        choice["message"]["content"] = json!(reply.content);
         return;
     }
-    let calls: Vec<Value> = calls
-        .iter()
-        .enumerate()
-        .map(|(k, c)| {
-            json!({"id": call_id(reply_id, index, k), "type": "function",
-                   "function": {"name": c.name, "arguments": c.arguments}})
-        })
-        .collect();
-    choice["message"]["content"] = if content.is_empty() {
+    choice["message"]["content"] = if reply.content.is_empty() {
         Value::Null
     } else {
-        json!(content)
+        json!(reply.content)
     };
-    choice["message"]["tool_calls"] = Value::Array(calls);
+    choice["message"]["tool_calls"] = Value::Array(reply.tool_calls);
     if choice["finish_reason"] == json!("stop") {
         choice["finish_reason"] = json!("tool_calls");
     }
@@ -223,9 +55,5 @@ pub fn deltas(events: Vec<ToolEvent>, reply_id: &str, index: usize) -> Vec<Value
 
 /// `finish_reason` of a streamed choice that made calls.
 pub fn finish_reason(reason: FinishReason, made_calls: bool) -> Value {
-    if made_calls && reason == FinishReason::Stop {
-        json!("tool_calls")
-    } else {
-        json!(reason.as_str())
-    }
+    json!(reply::finish_reason(reason, made_calls))
 }

@@ -4,9 +4,11 @@
 #![allow(dead_code)]
 
 use std::path::PathBuf;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
+use edge_llm::engine::{EngineConfig, EngineHandle, Event, FinishReason, Request};
 use edge_llm::model::Model;
+use edge_llm::sampler::SamplingParams;
 
 pub fn model_path() -> PathBuf {
     let p =
@@ -21,8 +23,59 @@ pub fn model_path() -> PathBuf {
 
 /// The default model, loaded once and shared by the tests of one binary.
 pub fn model() -> &'static Model {
-    static MODEL: OnceLock<Model> = OnceLock::new();
-    MODEL.get_or_init(|| Model::load(&model_path()).expect("the default model loads"))
+    shared()
+}
+
+/// The same model, as the engine takes it.
+pub fn shared_model() -> Arc<Model> {
+    shared().clone()
+}
+
+fn shared() -> &'static Arc<Model> {
+    static MODEL: OnceLock<Arc<Model>> = OnceLock::new();
+    MODEL.get_or_init(|| Arc::new(Model::load(&model_path()).expect("the default model loads")))
+}
+
+/// The greedy continuation of `prompt` (at most `n` tokens) through an engine of its own with
+/// blocks of `block_size` tokens, a context of `n_ctx` and at most `max_batched_tokens` per step
+/// (chunked prefill below the prompt's length); checks that every block came back after.
+pub fn engine_greedy(
+    prompt: &[u32],
+    n: usize,
+    ignore_eos: bool,
+    block_size: usize,
+    max_batched_tokens: usize,
+) -> (Vec<u32>, FinishReason) {
+    let n_ctx: usize = 256;
+    let config = EngineConfig {
+        block_size,
+        num_blocks: n_ctx.div_ceil(block_size),
+        max_seq_len: n_ctx,
+        max_batched_tokens,
+        max_seqs: 1,
+        max_queue: 1,
+    };
+    let engine = EngineHandle::start(shared_model(), config).expect("the engine starts");
+    let mut request = Request::new(prompt.to_vec(), SamplingParams::greedy(), n);
+    request.ignore_eos = ignore_eos;
+    let mut stream = engine.submit(request).expect("the request is accepted");
+    let mut tokens = Vec::new();
+    let reason = loop {
+        match stream.next_blocking().expect("the stream finishes") {
+            Event::Token { token, .. } => tokens.push(token),
+            Event::Finished { reason, .. } => break reason,
+            Event::Error(e) => panic!("engine error: {e}"),
+        }
+    };
+    // The engine counts the request as finished after its last event: wait for it.
+    for _ in 0..1000 {
+        let m = engine.metrics().expect("the engine answers");
+        if m.num_running == 0 && m.blocks_used == 0 {
+            return (tokens, reason);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    panic!("KV blocks still in use after the request finished");
 }
 
 /// llama.cpp's outputs on the default model (tests/reference/llamacpp-smollm2.json, copied from ../shared/reference).

@@ -1,0 +1,349 @@
+//! A request body to an engine request, the same way for every face: the generation fields
+//! (`request`), the constraint (`structured`, or the grammar of `tools`), the prompt (a
+//! completions `prompt` tokenized, or a chat's `messages` rendered with the template and its
+//! `tools`), and `max_tokens` checked against the context. What the body cannot say (sampling
+//! defaults, the template, the context length) comes from the face in a [`Setting`]. Where the
+//! chat template thinks (`reasoning`), the constraint applies only after the reply's `</think>`
+//! and the plan says to split the thoughts out of the reply ([`ReplyParsing`]).
+//!
+//! The engine's `submit` makes the prompt's own checks (empty, longer than the context, token ids
+//! outside the vocabulary); a face maps its refusal with [`super::RequestError::from_submit`]
+//! naming [`Plan::prompt_param`]. Called by the server's handlers, `run --jsonl` and the
+//! `request` fuzz target.
+
+use serde_json::{json, Map, Value};
+
+use super::reply::ReplyParsing;
+use super::request::{self, Endpoint, Fields, GenParams, Prompt};
+use super::tools::{self, ToolChoice, ToolFormat};
+use super::{reasoning, structured, RequestError};
+use crate::chat_template::{encode_prompt, ChatMessage, ChatTemplate};
+use crate::constraint::{Constraint, ConstraintSpec, Grammars};
+use crate::engine::Request;
+use crate::sampler::SamplingParams;
+use crate::tokenizer::Tokenizer;
+
+/// `max_tokens` when neither the body nor the face gives one: OpenAI's 16 for completions (the
+/// rest of the context for chat).
+pub const COMPLETIONS_DEFAULT_MAX_TOKENS: usize = 16;
+
+/// What a face knows that the body does not.
+pub struct Setting<'a> {
+    pub tokenizer: &'a Tokenizer,
+    /// The chat template, or why there is none (a `messages` body is then refused).
+    pub template: Result<&'a ChatTemplate, &'a str>,
+    /// Where constraints are compiled; `None` leaves them out (the fuzz target has no engine).
+    pub grammars: Option<&'a Grammars>,
+    /// Tokens the prompt and the completion share.
+    pub max_seq_len: usize,
+    /// The values of absent sampling fields: OpenAI's defaults for the server, the command
+    /// line's for `--jsonl`.
+    pub sampling: SamplingParams,
+    /// `max_tokens` when the body has none (capped by the context); `None`: the endpoint's
+    /// default (16 for completions, the rest of the context for chat).
+    pub max_tokens: Option<usize>,
+    /// Put BOS before a text prompt when the model wants one (`--no-bos` turns it off).
+    pub add_bos: bool,
+    /// Ignore end-of-generation tokens whatever the body says (`--ignore-eos`).
+    pub ignore_eos: bool,
+}
+
+/// A body read by the rules: what to submit and how to answer.
+pub struct Plan {
+    pub request: Request,
+    /// The fields as read (`stream`, `include_usage`, `n`, `logprobs` for the answer; the
+    /// sampling values went to `request`).
+    pub params: GenParams,
+    /// The field the prompt came from (`prompt` or `messages`), for the engine's refusals.
+    pub prompt_param: &'static str,
+    /// What to take apart in the reply (tool calls, `<think>` reasoning); nothing for
+    /// completions.
+    pub parsing: ReplyParsing,
+}
+
+/// The endpoint a line of `--jsonl` is for: a body holds exactly one of `prompt` and
+/// `messages`.
+pub fn endpoint_of(body: &Map<String, Value>) -> Result<Endpoint, RequestError> {
+    let f = Fields(body);
+    match (f.get("prompt"), f.get("messages")) {
+        (Some(_), None) => Ok(Endpoint::Completions),
+        (None, Some(_)) => Ok(Endpoint::Chat),
+        _ => Err(RequestError::bad_request(
+            "give exactly one of \"prompt\" and \"messages\"",
+        )),
+    }
+}
+
+/// The engine request of a body sent to `endpoint`.
+pub fn plan(
+    setting: &Setting,
+    endpoint: Endpoint,
+    body: &Map<String, Value>,
+) -> Result<Plan, RequestError> {
+    let f = Fields(body);
+    let params = request::gen_params_over(&f, endpoint, setting.sampling.clone())?;
+    let (prompt, constraint, parsing) = match endpoint {
+        Endpoint::Completions => {
+            let constraint = completion_constraint(setting, body)?;
+            let prompt = completion_prompt(setting, &f)?;
+            (prompt, constraint, ReplyParsing::default())
+        }
+        Endpoint::Chat => {
+            let chat = chat(setting, body)?;
+            (chat.prompt, chat.constraint, chat.parsing)
+        }
+    };
+    let max_tokens = max_tokens(setting, endpoint, &params, prompt.len())?;
+    let mut sampling = params.sampling.clone();
+    sampling.constraint = constraint;
+    let mut request = Request::new(prompt, sampling, max_tokens);
+    request.n = params.n;
+    request.stop = params.stop.clone();
+    request.ignore_eos = params.ignore_eos || setting.ignore_eos;
+    request.logprobs = params.logprobs;
+    Ok(Plan {
+        request,
+        params,
+        prompt_param: match endpoint {
+            Endpoint::Completions => "prompt",
+            Endpoint::Chat => "messages",
+        },
+        parsing,
+    })
+}
+
+/// The token ids a body would run, and nothing else (the routers' `/render` endpoints); a chat
+/// body's constraint is still compiled, as its `tools` shape the prompt.
+pub fn prompt_ids(
+    setting: &Setting,
+    endpoint: Endpoint,
+    body: &Map<String, Value>,
+) -> Result<Vec<u32>, RequestError> {
+    match endpoint {
+        Endpoint::Completions => completion_prompt(setting, &Fields(body)),
+        Endpoint::Chat => chat(setting, body).map(|c| c.prompt),
+    }
+}
+
+/// `max_tokens` as asked, or the default, checked against the room the prompt leaves. A prompt
+/// that does not fit is left for the engine to refuse (it names the prompt, not `max_tokens`).
+fn max_tokens(
+    setting: &Setting,
+    endpoint: Endpoint,
+    params: &GenParams,
+    num_prompt: usize,
+) -> Result<usize, RequestError> {
+    let max_seq_len = setting.max_seq_len;
+    let fits = num_prompt > 0 && num_prompt < max_seq_len;
+    let room = max_seq_len.saturating_sub(num_prompt);
+    Ok(match params.max_tokens {
+        Some(m) if fits && m > room => {
+            let field = params.max_tokens_field;
+            return Err(RequestError::invalid(
+                field,
+                format!(
+                    "This model's maximum context length is {max_seq_len} tokens. However, you requested {} tokens \
+                     ({num_prompt} in the prompt, {m} for the completion). Please reduce `{field}` or the prompt.",
+                    num_prompt + m,
+                ),
+            )
+            .with_code("context_length_exceeded"));
+        }
+        Some(m) => m,
+        None => match (setting.max_tokens, endpoint) {
+            (Some(m), _) => m.min(room),
+            (None, Endpoint::Completions) => COMPLETIONS_DEFAULT_MAX_TOKENS.min(room),
+            (None, Endpoint::Chat) => room,
+        },
+    })
+}
+
+/// A completions body's `prompt` as token ids: BOS as the model wants it, but not twice if the
+/// prompt already starts with it.
+fn completion_prompt(setting: &Setting, f: &Fields) -> Result<Vec<u32>, RequestError> {
+    let tok = setting.tokenizer;
+    Ok(match request::prompt(f)? {
+        Prompt::Text(text) => if setting.add_bos {
+            encode_prompt(tok, &text)
+        } else {
+            tok.encode(&text, false, true)
+        }
+        .map_err(|e| RequestError::invalid("prompt", format!("cannot tokenize `prompt`: {e:#}")))?,
+        Prompt::Tokens(ids) => ids,
+    })
+}
+
+/// The constraint of a `/v1/completions` body (which takes no `tools`).
+fn completion_constraint(
+    setting: &Setting,
+    body: &Map<String, Value>,
+) -> Result<Option<Constraint>, RequestError> {
+    if body
+        .get("tools")
+        .is_some_and(|t| t.as_array().is_none_or(|a| !a.is_empty()))
+    {
+        return Err(RequestError::invalid(
+            "tools",
+            "`tools` is for /v1/chat/completions; /v1/completions takes `response_format`, `regex` or `grammar`",
+        ));
+    }
+    let Some((spec, param)) = structured::spec(body)? else {
+        return Ok(None);
+    };
+    match setting.grammars {
+        Some(grammars) => Ok(Some(structured::compile(grammars, &spec, param, None)?)),
+        None => Ok(None),
+    }
+}
+
+/// What a chat body runs beyond the plain fields.
+struct Chat {
+    prompt: Vec<u32>,
+    constraint: Option<Constraint>,
+    parsing: ReplyParsing,
+}
+
+/// A chat body's prompt (its messages and `tools` through the template, then the tokenizer), its
+/// constraint (after `</think>` where the template thinks) and what to take apart in its reply.
+fn chat(setting: &Setting, body: &Map<String, Value>) -> Result<Chat, RequestError> {
+    let f = Fields(body);
+    let messages = request::messages(&f)?;
+    let add_generation_prompt = f.bool("add_generation_prompt")?.unwrap_or(true);
+    let template = setting
+        .template
+        .map_err(|why| RequestError::bad_request(why).with_code("no_chat_template"))?;
+    let tool_req = tools::parse(body)?;
+    let spec = structured::spec(body)?;
+    let split = reasoning::split_requested(body)?;
+    // The constraint to compile: its spec, the field it came from, its lazy trigger.
+    let mut wanted: Option<(ConstraintSpec, &str, Option<u32>)> = None;
+    let mut tool_calls = false;
+    if let Some(t) = &tool_req {
+        let format = ToolFormat::of_template(template.source()).ok_or_else(|| {
+            RequestError::invalid(
+                "tools",
+                "this model's chat template teaches no tool-call format (Hermes `<tool_call>`); \
+                 `tools` cannot be used with it",
+            )
+        })?;
+        if t.choice != ToolChoice::None {
+            tool_calls = true;
+            if let Some((_, param)) = &spec {
+                return Err(RequestError::invalid(
+                    param,
+                    format!(
+                        "`{param}` cannot be combined with `tools` unless `tool_choice` is `none`"
+                    ),
+                ));
+            }
+            if let Some((spec, trigger)) = tools::grammar(t, format, setting.tokenizer) {
+                wanted = Some((spec, "tools", trigger));
+            }
+        }
+    }
+    if wanted.is_none() {
+        if let Some((spec, param)) = spec {
+            wanted = Some((spec, param, None));
+        }
+    }
+    let raw = body.get("messages").and_then(Value::as_array);
+    let has_tool_turns = raw.is_some_and(|items| {
+        items.iter().any(|m| {
+            m.get("tool_calls").is_some_and(|c| !c.is_null())
+                || m.get("role") == Some(&json!("tool"))
+        })
+    });
+    let prompt = if tool_req.is_some() || has_tool_turns {
+        let json_messages = messages_json(&messages, raw.map(Vec::as_slice).unwrap_or(&[]))?;
+        // As vLLM does, `tool_choice: none` leaves the tools out of the prompt: the model
+        // answers in text instead of being taught to call.
+        let offered = tool_req
+            .as_ref()
+            .filter(|t| t.choice != ToolChoice::None)
+            .map(|t| &t.raw);
+        template.render_json(&json_messages, offered, add_generation_prompt)
+    } else {
+        template.render(&messages, add_generation_prompt)
+    }
+    .map_err(|e| RequestError::invalid("messages", format!("{e:#}")))?;
+    let thinks = reasoning::template_thinks(template.source());
+    let forced_open = thinks && reasoning::prompt_opens_thinking(&prompt);
+    let constraint = match (wanted, setting.grammars) {
+        (Some((spec, param, trigger)), Some(grammars)) => {
+            // A lazy (triggered) grammar leaves the thoughts free already.
+            let spec = if thinks && trigger.is_none() {
+                reasoning::constraint_after_thinking(spec, forced_open, setting.tokenizer)
+            } else {
+                spec
+            };
+            Some(structured::compile(grammars, &spec, param, trigger)?)
+        }
+        _ => None,
+    };
+    let prompt = encode_prompt(setting.tokenizer, &prompt).map_err(|e| {
+        RequestError::invalid(
+            "messages",
+            format!("cannot tokenize the chat prompt: {e:#}"),
+        )
+    })?;
+    Ok(Chat {
+        prompt,
+        constraint,
+        parsing: ReplyParsing {
+            tool_calls,
+            reasoning: (thinks && split).then_some(forced_open),
+        },
+    })
+}
+
+/// The messages for a template that knows tools: role and text content as checked by
+/// `request::messages`, plus `tool_calls` (arguments as objects, as Hugging Face templates
+/// expect them), `tool_call_id` and `name` as sent.
+fn messages_json(messages: &[ChatMessage], raw: &[Value]) -> Result<Vec<Value>, RequestError> {
+    let mut out = Vec::with_capacity(messages.len());
+    for (i, m) in messages.iter().enumerate() {
+        let mut v = json!({"role": m.role, "content": m.content});
+        let Some(r) = raw.get(i) else {
+            out.push(v);
+            continue;
+        };
+        for key in ["tool_call_id", "name"] {
+            if let Some(s) = r.get(key).and_then(Value::as_str) {
+                v[key] = json!(s);
+            }
+        }
+        if let Some(calls) = r.get("tool_calls").filter(|c| !c.is_null()) {
+            let param = format!("messages[{i}].tool_calls");
+            let Value::Array(calls) = calls else {
+                return Err(RequestError::invalid(
+                    &param,
+                    format!("`{param}` must be an array"),
+                ));
+            };
+            let mut fixed = Vec::new();
+            for (k, c) in calls.iter().enumerate() {
+                let f = c.get("function");
+                let name = f.and_then(|f| f.get("name")).and_then(Value::as_str);
+                let Some(name) = name else {
+                    return Err(RequestError::invalid(
+                        &format!("{param}[{k}].function.name"),
+                        format!("`{param}[{k}].function.name` must be a string"),
+                    ));
+                };
+                let arguments = match f.and_then(|f| f.get("arguments")) {
+                    Some(Value::String(s)) => serde_json::from_str(s).unwrap_or(json!(s)),
+                    Some(other) => other.clone(),
+                    None => json!({}),
+                };
+                fixed.push(json!({
+                    "id": c.get("id").cloned().unwrap_or(Value::Null),
+                    "type": "function",
+                    "function": {"name": name, "arguments": arguments},
+                }));
+            }
+            v["tool_calls"] = Value::Array(fixed);
+        }
+        out.push(v);
+    }
+    Ok(out)
+}

@@ -1,0 +1,229 @@
+//! The flags every face shares (`run`, `run --jsonl`, `chat`, `bench`, `perplexity`, `serve`):
+//! which model to load (`ModelArgs`), the engine's sizes and device (`EngineArgs`, which also
+//! starts the engine), and the compute threads (`ThreadArgs`). The faces (`cli`, `server`) are
+//! siblings that both flatten these into their own flags; neither imports the other.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+
+use crate::device::{Device, Executor};
+use crate::engine::{EngineConfig, EngineHandle};
+use crate::model::Model;
+
+/// File name of the default model in `models/`.
+pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// Which model to load.
+#[derive(Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// GGUF model file [default: models/SmolLM2-135M-Instruct.Q4_1.gguf]
+    #[arg(short = 'm', long = "model")]
+    pub model: Option<PathBuf>,
+    /// Lock the model's weights in RAM (mlock), so the OS never pages them out
+    #[arg(long = "mlock")]
+    pub mlock: bool,
+}
+
+/// Sizes of the engine: the KV pool and the step budget.
+#[derive(Args, Debug, Clone)]
+pub struct EngineArgs {
+    /// KV cache memory in MiB [default: enough for --ctx-size tokens times --parallel]
+    #[arg(long = "kv-mem")]
+    pub kv_mem: Option<usize>,
+    /// Most tokens one sequence holds [default: the model's training context, at most 4096]
+    #[arg(short = 'c', long = "ctx-size")]
+    pub ctx_size: Option<usize>,
+    /// Sequences the KV pool is sized for when --kv-mem is not given.
+    #[arg(long = "parallel", default_value_t = 4)]
+    pub parallel: usize,
+    /// Tokens per KV block.
+    #[arg(long = "block-size", default_value_t = crate::generate::DEFAULT_BLOCK_SIZE)]
+    pub block_size: usize,
+    /// Most tokens one forward step runs (prompts are cut into chunks to fit).
+    #[arg(long = "max-batched-tokens", default_value_t = 512)]
+    pub max_batched_tokens: usize,
+    /// Most requests queued or running; more are refused.
+    #[arg(long = "max-queue", default_value_t = 256)]
+    pub max_queue: usize,
+    /// Where the model runs: cuda when built with it and a GPU is usable (auto), or cpu, or cuda.
+    #[arg(long = "device", value_enum, default_value_t = Device::Auto)]
+    pub device: Device,
+}
+
+impl EngineArgs {
+    /// The engine configuration for `model`.
+    pub fn config(&self, model: &Model) -> Result<EngineConfig> {
+        let ctx = match self.ctx_size {
+            Some(c) => c,
+            None => model.config.n_ctx_train.min(4096),
+        };
+        let mut config =
+            EngineConfig::sized(model, self.block_size, self.kv_mem, ctx, self.parallel)?;
+        if self.max_batched_tokens == 0 {
+            anyhow::bail!("--max-batched-tokens must be at least 1");
+        }
+        if self.max_queue == 0 {
+            anyhow::bail!("--max-queue must be at least 1");
+        }
+        config.max_batched_tokens = self.max_batched_tokens;
+        config.max_queue = self.max_queue;
+        Ok(config)
+    }
+
+    /// Starts the engine thread on `model` and `--device`, logging the KV pool's size on a
+    /// terminal (`verbose` logs it anywhere).
+    pub fn start(&self, model: Model, verbose: bool) -> Result<EngineHandle> {
+        self.start_with_events(model, verbose, None)
+    }
+
+    /// As [`EngineArgs::start`], publishing the prefix cache's changes to `kv_events`.
+    pub fn start_with_events(
+        &self,
+        model: Model,
+        verbose: bool,
+        kv_events: Option<crate::engine::kv_events::KvEventSink>,
+    ) -> Result<EngineHandle> {
+        let config = self.config(&model)?;
+        if let Some(ctx) = self.ctx_size.filter(|&c| c > model.config.n_ctx_train) {
+            // As llama.cpp does: allowed, with a warning, for models that extrapolate.
+            eprintln!(
+                "warning: -c {ctx} is above the {} tokens this model was trained on; past them its output degrades",
+                model.config.n_ctx_train
+            );
+        }
+        let device = self.device.resolve()?;
+        if device == Device::Cpu {
+            let flag = if self.kv_mem.is_some() {
+                "--kv-mem"
+            } else {
+                "-c/--ctx-size or --parallel"
+            };
+            crate::memory::admit(&config.footprint(&model), &crate::memory::limits(), flag)?;
+        }
+        let exec = Executor::new(&model, device, config.block_size, config.num_blocks)?;
+        if verbose || std::io::stderr().is_terminal() {
+            eprintln!(
+                "KV cache on {}: {} blocks of {} tokens ({} tokens, {:.1} MiB); max {} tokens per sequence, {} per step",
+                exec.describe(),
+                config.num_blocks,
+                config.block_size,
+                config.num_blocks * config.block_size,
+                config.kv_bytes(&model) as f64 / (1 << 20) as f64,
+                config.max_seq_len,
+                config.max_batched_tokens
+            );
+        }
+        EngineHandle::start_with_events(std::sync::Arc::new(model), config, exec, kv_events)
+    }
+}
+
+/// Compute threads.
+#[derive(Args, Debug, Clone)]
+pub struct ThreadArgs {
+    /// Threads for computation [default: physical cores]
+    #[arg(short = 't', long = "threads")]
+    pub threads: Option<usize>,
+}
+
+impl ModelArgs {
+    /// The model path: -m, or the default model in ./models or in the source tree's models/.
+    pub fn path(&self) -> Result<PathBuf> {
+        if let Some(p) = &self.model {
+            return Ok(p.clone());
+        }
+        let candidates = [
+            PathBuf::from("models").join(DEFAULT_MODEL_FILE),
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("models")
+                .join(DEFAULT_MODEL_FILE),
+        ];
+        candidates
+            .iter()
+            .find(|p| p.is_file())
+            .cloned()
+            .with_context(|| format!("no -m given and the default model {DEFAULT_MODEL_FILE} is not in models/; run scripts/fetch-model.sh"))
+    }
+
+    /// Loads the model, with a spinner on a terminal and silence in a pipe.
+    pub fn load(&self) -> Result<Model> {
+        let path = self.path()?;
+        let spinner = std::io::stderr().is_terminal().then(|| {
+            let s = indicatif::ProgressBar::new_spinner();
+            s.set_message(format!("loading {}", path.display()));
+            s.enable_steady_tick(std::time::Duration::from_millis(100));
+            s
+        });
+        let started = std::time::Instant::now();
+        let model = Model::load(&path);
+        if let Some(s) = spinner {
+            match &model {
+                Ok(m) => s.finish_with_message(format!(
+                    "loaded {} ({}, {} layers, {} MB) in {:.2} s",
+                    path.display(),
+                    m.config.architecture,
+                    m.config.num_layers,
+                    m.file.file_bytes() / 1_000_000,
+                    started.elapsed().as_secs_f64()
+                )),
+                Err(_) => s.finish_and_clear(),
+            }
+        }
+        let model = model?;
+        if self.mlock {
+            // As llama.cpp does: a failed lock is a warning, the model still runs (paged).
+            match model.file.lock_in_memory() {
+                Ok(()) => eprintln!("locked {} MB of weights in RAM", model.file.file_bytes() / 1_000_000),
+                Err(e) => eprintln!(
+                    "warning: --mlock: could not lock {} MB in RAM ({e}); raise the limit with `ulimit -l` (RLIMIT_MEMLOCK) or run without --mlock",
+                    model.file.file_bytes() / 1_000_000
+                ),
+            }
+        }
+        Ok(model)
+    }
+}
+
+impl ThreadArgs {
+    /// Sets up the global compute pool once.
+    pub fn init(&self) -> Result<()> {
+        let n = match self.threads {
+            Some(0) => anyhow::bail!("--threads must be at least 1"),
+            Some(n) => n,
+            None => physical_cores(),
+        };
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()
+            .context("starting the compute threads")
+    }
+}
+
+/// Physical cores (distinct core ids in /proc/cpuinfo), else the available parallelism.
+pub fn physical_cores() -> usize {
+    let logical = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else {
+        return logical;
+    };
+    let mut cores = std::collections::HashSet::new();
+    let mut physical = "";
+    for line in info.lines() {
+        let mut kv = line.splitn(2, ':').map(str::trim);
+        match (kv.next(), kv.next()) {
+            (Some("physical id"), Some(v)) => physical = v,
+            (Some("core id"), Some(v)) => {
+                cores.insert((physical.to_string(), v.to_string()));
+            }
+            _ => {}
+        }
+    }
+    if cores.is_empty() {
+        logical
+    } else {
+        cores.len().min(logical)
+    }
+}
