@@ -78,11 +78,26 @@ impl SpecConfig {
 /// Steps between probes while proposals are switched off, so acceptance is measured again.
 const PROBE_EVERY: u64 = 64;
 
+/// Weight of a sequence's older verifications against its newest (it adapts within a few).
+const SEQ_DECAY: f64 = 0.7;
+
+/// Break-even acceptance assumed until step times are known.
+const DEFAULT_BREAK_EVEN: f64 = 0.25;
+
+/// A sequence's recent verifications: proposed tokens kept, and proposals cut by a rejection.
+#[derive(Clone, Copy, Debug, Default)]
+struct SeqStats {
+    accepted: f64,
+    rejected: f64,
+}
+
 /// Proposes tokens for decoding sequences and learns from what was accepted.
 pub struct Speculator {
     pub config: SpecConfig,
-    /// Proposal length of each sequence (adaptive).
-    lengths: HashMap<u64, usize>,
+    /// Recent acceptance of each sequence (adaptive lengths).
+    stats: HashMap<u64, SeqStats>,
+    /// The acceptance a proposed row must beat in the current step (see `gate`).
+    break_even: f64,
     cost: StepCost,
     /// Decayed sums of proposed and accepted tokens over recent steps.
     recent_proposed: f64,
@@ -96,7 +111,8 @@ impl Speculator {
     pub fn new(config: SpecConfig) -> Self {
         Speculator {
             config,
-            lengths: HashMap::new(),
+            stats: HashMap::new(),
+            break_even: DEFAULT_BREAK_EVEN,
             cost: StepCost::default(),
             recent_proposed: 0.0,
             recent_accepted: 0.0,
@@ -118,6 +134,7 @@ impl Speculator {
         }
         if self.recent_proposed >= 4.0 {
             if let Some(threshold) = self.cost.break_even(num_decoding) {
+                self.break_even = threshold;
                 self.on = self.acceptance() > threshold;
             }
         }
@@ -138,15 +155,25 @@ impl Speculator {
         }
     }
 
-    /// How many tokens to propose for `seq_id` now.
+    /// The chance that a sequence's next proposed token is accepted after the ones before it
+    /// were: its accepted tokens over accepted plus rejections, recent ones weighing more
+    /// (one pseudo-count each way to start).
+    pub fn seq_acceptance(&self, seq_id: u64) -> f64 {
+        let s = self.stats.get(&seq_id).copied().unwrap_or_default();
+        (s.accepted + 1.0) / (s.accepted + s.rejected + 2.0)
+    }
+
+    /// How many tokens to propose for `seq_id` now. The k-th proposed token is kept with
+    /// probability about a^k (a: the sequence's acceptance) and costs a row; it pays while
+    /// a^k beats the break-even of this step, so k = ln(break_even) / ln(a).
     pub fn length(&self, seq_id: u64) -> usize {
+        let max = self.config.max_tokens;
         if !self.config.adaptive {
-            return self.config.max_tokens;
+            return max;
         }
-        *self
-            .lengths
-            .get(&seq_id)
-            .unwrap_or(&self.config.max_tokens.min(4))
+        let a = self.seq_acceptance(seq_id).min(0.99);
+        let k = self.break_even.clamp(1e-3, 0.99).ln() / a.ln();
+        (k.floor() as usize).clamp(1, max)
     }
 
     /// The proposal for a decoding sequence whose tokens are `tokens` (prompt and output).
@@ -155,19 +182,14 @@ impl Speculator {
         ngram::propose(tokens, c.ngram_min, c.ngram_max, self.length(seq_id))
     }
 
-    /// Learns from one verification: `accepted` of `proposed` tokens kept. A fully accepted
-    /// proposal grows the next one; a rejection shortens it to what was accepted plus one.
+    /// Learns from one verification: `accepted` of `proposed` tokens kept.
     pub fn record(&mut self, seq_id: u64, proposed: usize, accepted: usize) {
         if proposed == 0 {
             return;
         }
-        let max = self.config.max_tokens;
-        let next = if accepted == proposed {
-            (self.length(seq_id) + 2).min(max)
-        } else {
-            (accepted + 1).min(max)
-        };
-        self.lengths.insert(seq_id, next);
+        let s = self.stats.entry(seq_id).or_default();
+        s.accepted = s.accepted * SEQ_DECAY + accepted as f64;
+        s.rejected = s.rejected * SEQ_DECAY + f64::from(u8::from(accepted < proposed));
         self.recent_proposed += proposed as f64;
         self.recent_accepted += accepted as f64;
     }
@@ -181,7 +203,7 @@ impl Speculator {
 
     /// Forgets a finished sequence.
     pub fn forget(&mut self, seq_id: u64) {
-        self.lengths.remove(&seq_id);
+        self.stats.remove(&seq_id);
     }
 }
 
@@ -192,18 +214,22 @@ mod tests {
     #[test]
     fn lengths_follow_acceptance() {
         let mut s = Speculator::new(SpecConfig::ngram());
-        assert_eq!(s.length(1), 4);
+        // Break-even 0.25, acceptance 1/2 to start: 0.5^2 = 0.25 is the last that pays.
+        assert_eq!(s.length(1), 2);
+        s.record(1, 2, 2);
         s.record(1, 4, 4);
-        assert_eq!(s.length(1), 6);
-        s.record(1, 6, 6);
-        s.record(1, 8, 8);
-        assert_eq!(s.length(1), 8);
-        s.record(1, 8, 2);
-        assert_eq!(s.length(1), 3);
-        s.record(1, 3, 0);
-        assert_eq!(s.length(1), 1);
+        assert_eq!(s.length(1), 8, "acceptance {}", s.seq_acceptance(1));
+        for _ in 0..3 {
+            s.record(1, 8, 0);
+        }
+        assert_eq!(s.length(1), 1, "acceptance {}", s.seq_acceptance(1));
         s.forget(1);
-        assert_eq!(s.length(1), 4);
+        assert_eq!(s.length(1), 2);
+        // A dearer row (break-even 0.6) shortens proposals at the same acceptance.
+        s.record(1, 4, 4);
+        let cheap = s.length(1);
+        s.break_even = 0.6;
+        assert!(s.length(1) < cheap);
     }
 
     #[test]
