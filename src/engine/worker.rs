@@ -305,8 +305,13 @@ impl Worker {
                 self.verify(seq_id, rows, &draft, mask);
             }
         }
-        self.speculator
-            .record_step(batch.n_tokens(), started.elapsed().as_secs_f64());
+        // Only steps whose every row wants logits (decoding and verifying, no prompt chunk)
+        // teach the cost of a proposed row: a prompt row skips the output matrix.
+        self.speculator.record_step(
+            batch.n_tokens(),
+            started.elapsed().as_secs_f64(),
+            batch.logits_rows.len() == batch.n_tokens(),
+        );
     }
 
     /// Takes out the active constraint states of the scheduled sequences that will sample after

@@ -1,6 +1,7 @@
 //! What a step costs: a least-squares fit of step time against tokens per step,
-//! `time = fixed + per_token * tokens`, over recent steps (older ones decay). The fixed part is
-//! reading the weights once; the per-token part is compute. Speculation pays while the step is
+//! `time = fixed + per_token * tokens`, over recent decoding steps (older ones decay; every
+//! row computes logits, as a proposed row does). The fixed part is reading the weights once;
+//! the per-token part is compute. Speculation pays while the step is
 //! bound by the fixed part (few sessions) and stops paying when it is compute-bound (many).
 
 /// Weight of a step one step older (about the last 200 steps count).

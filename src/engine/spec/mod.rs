@@ -194,9 +194,12 @@ impl Speculator {
         self.recent_accepted += accepted as f64;
     }
 
-    /// Records one step: its tokens and time; the acceptance sums decay once per step.
-    pub fn record_step(&mut self, num_tokens: usize, secs: f64) {
-        self.cost.record(num_tokens, secs);
+    /// Records one step: its tokens and time (learnt from only when every row was a decoding
+    /// or verifying row, `all_logits`); the acceptance sums decay once per step.
+    pub fn record_step(&mut self, num_tokens: usize, secs: f64, all_logits: bool) {
+        if all_logits {
+            self.cost.record(num_tokens, secs);
+        }
         self.recent_proposed *= 0.97;
         self.recent_accepted *= 0.97;
     }
@@ -239,7 +242,7 @@ mod tests {
         // only if more than 16/26 of proposals are accepted.
         for t in [1usize, 5, 9, 16, 40, 16, 20, 100] {
             for _ in 0..5 {
-                s.record_step(t, 0.010 + 0.001 * t as f64);
+                s.record_step(t, 0.010 + 0.001 * t as f64, true);
             }
         }
         for _ in 0..10 {
