@@ -115,7 +115,7 @@ fn prompts() -> Vec<(Vec<u32>, usize)> {
                 )
                 .unwrap(),
         );
-        out.push((p, 96));
+        out.push((p, 64));
     }
     out
 }
@@ -327,4 +327,52 @@ fn rollback_gives_back_blocks_of_rejected_tokens_and_never_caches_them() {
     s.finish(1);
     s.check_invariants().unwrap();
     assert_eq!(s.blocks.num_free(), 16);
+}
+
+#[test]
+fn run_with_spec_ngram_prints_the_same_text_and_bad_flags_fail_in_one_line() {
+    let bin = env!("CARGO_BIN_EXE_edge-llm");
+    let prompt = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/spec-rewrite-prompt.txt"),
+    )
+    .unwrap();
+    let run = |extra: &[&str]| {
+        let out = std::process::Command::new(bin)
+            .args(["run", "-m"])
+            .arg(support::model_path())
+            .args(["-n", "48", "--temp", "0", "-p", &prompt])
+            .args(extra)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, off, err) = run(&[]);
+    assert!(ok, "{err}");
+    let (ok, on, err) = run(&["--spec", "ngram", "--spec-max-tokens", "6"]);
+    assert!(ok, "{err}");
+    assert!(!off.trim().is_empty());
+    assert_eq!(on, off, "--spec ngram changed the output");
+    for (flags, want) in [
+        (
+            &["--spec", "ngram", "--spec-ngram", "4..2"][..],
+            "--spec-ngram",
+        ),
+        (
+            &["--spec", "ngram", "--spec-ngram", "two"][..],
+            "--spec-ngram",
+        ),
+        (
+            &["--spec", "ngram", "--spec-max-tokens", "0"][..],
+            "--spec-max-tokens",
+        ),
+        (&["--spec", "sometimes"][..], "--spec"),
+    ] {
+        let (ok, _, err) = run(flags);
+        assert!(!ok, "{flags:?} was accepted");
+        assert!(err.contains(want), "{flags:?}: {err}");
+    }
 }
