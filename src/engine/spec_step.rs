@@ -33,12 +33,14 @@ impl Worker {
                 (ok && room > 0).then_some((id, room))
             })
             .collect();
-        if !self.speculator.gate(decoding.len()) {
-            return;
-        }
+        let on = self.speculator.gate(decoding.len());
         for (id, room) in decoding {
             let seq = self.sched.get(id).expect("listed above");
-            let mut draft = self.speculator.propose(id, &seq.tokens);
+            let mut draft = if on {
+                self.speculator.propose(id, &seq.tokens)
+            } else {
+                Vec::new()
+            };
             draft.truncate(room);
             self.sched.get_mut(id).expect("listed above").draft = draft;
         }
