@@ -51,9 +51,53 @@ pub struct EngineArgs {
     /// Where the model runs: cuda when built with it and a GPU is usable (auto), or cpu, or cuda.
     #[arg(long = "device", value_enum, default_value_t = Device::Auto)]
     pub device: Device,
+    /// Speculative decoding: ngram (prompt lookup: proposals from the sequence's own prompt and
+    /// output, checked in the batched step) or off. It never changes the output.
+    #[arg(long = "spec", value_enum, default_value_t = SpecMode::Off)]
+    pub spec: SpecMode,
+    /// Most tokens proposed per sequence and step (speculative decoding).
+    #[arg(long = "spec-max-tokens", default_value_t = 8)]
+    pub spec_max_tokens: usize,
+    /// N-gram sizes prompt lookup matches, MIN..MAX (longest first).
+    #[arg(long = "spec-ngram", default_value = "2..4", value_name = "MIN..MAX")]
+    pub spec_ngram: String,
+    /// Always propose --spec-max-tokens when there is a match, instead of following acceptance
+    /// and switching off when proposals do not pay.
+    #[arg(long = "spec-fixed")]
+    pub spec_fixed: bool,
+}
+
+/// `--spec`: which proposer speculative decoding uses.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpecMode {
+    Off,
+    Ngram,
 }
 
 impl EngineArgs {
+    /// The speculative-decoding configuration the `--spec*` flags ask for.
+    pub fn spec_config(&self) -> Result<crate::engine::SpecConfig> {
+        let (min, max) = self
+            .spec_ngram
+            .split_once("..")
+            .and_then(|(a, b)| Some((a.trim().parse().ok()?, b.trim().parse().ok()?)))
+            .with_context(|| {
+                format!(
+                    "--spec-ngram must look like 2..4 (MIN..MAX), got {:?}",
+                    self.spec_ngram
+                )
+            })?;
+        let spec = crate::engine::SpecConfig {
+            enabled: self.spec == SpecMode::Ngram,
+            max_tokens: self.spec_max_tokens,
+            ngram_min: min,
+            ngram_max: max,
+            adaptive: !self.spec_fixed,
+        };
+        spec.validate().map_err(anyhow::Error::msg)?;
+        Ok(spec)
+    }
+
     /// The engine configuration for `model`.
     pub fn config(&self, model: &Model) -> Result<EngineConfig> {
         let ctx = match self.ctx_size {
@@ -87,6 +131,7 @@ impl EngineArgs {
         kv_events: Option<crate::engine::kv_events::KvEventSink>,
     ) -> Result<EngineHandle> {
         let config = self.config(&model)?;
+        let spec = self.spec_config()?;
         if let Some(ctx) = self.ctx_size.filter(|&c| c > model.config.n_ctx_train) {
             // As llama.cpp does: allowed, with a warning, for models that extrapolate.
             eprintln!(
@@ -116,7 +161,7 @@ impl EngineArgs {
                 config.max_batched_tokens
             );
         }
-        EngineHandle::start_with_events(std::sync::Arc::new(model), config, exec, kv_events)
+        EngineHandle::start_full(std::sync::Arc::new(model), config, exec, kv_events, spec)
     }
 }
 

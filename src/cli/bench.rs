@@ -43,9 +43,13 @@ pub struct BenchArgs {
     /// Constrain every sequence to this JSON schema (the same figures, with constrained decoding).
     #[arg(long = "json-schema", value_name = "FILE")]
     pub json_schema: Option<std::path::PathBuf>,
+    /// Single sequence: the prompt is this file's text (special tokens such as <|im_start|>
+    /// parsed) instead of -p random tokens; every repetition uses it.
+    #[arg(long = "prompt-file", value_name = "FILE")]
+    pub prompt_file: Option<std::path::PathBuf>,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(super) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     match v.len() {
         0 => f64::NAN,
@@ -83,13 +87,19 @@ fn drain(stream: &mut RequestStream) -> Result<(Instant, Instant, usize, Option<
     Ok((first.unwrap_or(last), last, n, ttft_ms))
 }
 
-fn request(prompt: Vec<u32>, n_gen: usize, constraint: &Option<Constraint>) -> Request {
+fn request(
+    prompt: Vec<u32>,
+    n_gen: usize,
+    constraint: &Option<Constraint>,
+    speculate: bool,
+) -> Request {
     let sampling = SamplingParams {
         constraint: constraint.clone(),
         ..SamplingParams::greedy()
     };
     let mut r = Request::new(prompt, sampling, n_gen);
     r.ignore_eos = true;
+    r.speculate = speculate;
     r
 }
 
@@ -119,11 +129,11 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     }
     let threads = rayon::current_num_threads();
     let model = args.model.load()?;
-    let vocab = model.config.vocab_size;
     let mut engine_args = args.engine.clone();
     let per_seq = args.shared_prefix + args.n_prompt + args.n_gen + 1;
     if engine_args.ctx_size.is_none() {
-        engine_args.ctx_size = Some(per_seq.max(256));
+        let least = if args.prompt_file.is_some() { 4096 } else { 256 };
+        engine_args.ctx_size = Some(per_seq.max(least));
     }
     if engine_args.kv_mem.is_none() {
         engine_args.parallel = args.sessions.max(1);
@@ -134,9 +144,12 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         None => None,
     };
     let mut rng = Rng::new(1234);
+    if engine_args.spec != crate::flags::SpecMode::Off {
+        return super::bench_spec::compare(&engine, &mut rng, args, &constraint);
+    }
     let mut out = std::io::stdout().lock();
     if args.sessions == 0 {
-        let (pp, tg) = single(&engine, &mut rng, vocab, args, &constraint)?;
+        let (pp, tg) = single(&engine, &mut rng, args, &constraint, args.repetitions, true)?;
         writeln!(out, "| model | threads | test | tokens/s |")?;
         writeln!(out, "|---|---|---|---|")?;
         let name = engine
@@ -163,7 +176,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
             writeln!(out, "{j}")?;
         }
     } else {
-        let r = sessions(&engine, &mut rng, vocab, args, &constraint)?;
+        let r = sessions(&engine, &mut rng, args, &constraint, args.repetitions, true)?;
         writeln!(out, "| sessions | shared prefix | prompt | gen | aggregate gen tokens/s | TTFT median ms | prefix-cache hit rate |")?;
         writeln!(out, "|---|---|---|---|---|---|---|")?;
         writeln!(
@@ -193,25 +206,36 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
 
 /// Medians of prompt tokens/s (prefill: submission to first token) and generated tokens/s
 /// (first to last token), each repetition with a fresh random prompt so nothing is cached.
-fn single(
+pub(super) fn single(
     engine: &EngineHandle,
     rng: &mut Rng,
-    vocab: usize,
     args: &BenchArgs,
     constraint: &Option<Constraint>,
+    repetitions: usize,
+    speculate: bool,
 ) -> Result<(f64, Option<f64>)> {
+    let vocab = engine.model.config.vocab_size;
+    let fixed = match &args.prompt_file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading --prompt-file {}", path.display()))?;
+            let tok = &engine.model.tokenizer;
+            Some(tok.encode(&text, tok.add_bos_default(), true)?)
+        }
+        None => None,
+    };
     let (mut pp, mut tg) = (Vec::new(), Vec::new());
     // One warm-up run, not counted.
-    drain(&mut engine.submit(request(random_tokens(rng, 16, vocab), 4, constraint))?)?;
-    for _ in 0..args.repetitions {
+    drain(&mut engine.submit(request(random_tokens(rng, 16, vocab), 4, constraint, false))?)?;
+    for _ in 0..repetitions {
         let started = Instant::now();
-        let mut s = engine.submit(request(
-            random_tokens(rng, args.n_prompt, vocab),
-            args.n_gen,
-            constraint,
-        ))?;
+        let prompt = fixed
+            .clone()
+            .unwrap_or_else(|| random_tokens(rng, args.n_prompt, vocab));
+        let n_prompt = prompt.len();
+        let mut s = engine.submit(request(prompt, args.n_gen, constraint, speculate))?;
         let (first, last, n, _) = drain(&mut s)?;
-        pp.push(args.n_prompt as f64 / (first - started).as_secs_f64());
+        pp.push(n_prompt as f64 / (first - started).as_secs_f64());
         if n > 1 {
             tg.push((n - 1) as f64 / (last - first).as_secs_f64());
         }
@@ -221,15 +245,17 @@ fn single(
 
 /// Medians over repetitions of (aggregate generated tokens/s, median TTFT in ms, hit rate).
 /// Each repetition uses a fresh shared prefix, so its first session computes it.
-fn sessions(
+pub(super) fn sessions(
     engine: &EngineHandle,
     rng: &mut Rng,
-    vocab: usize,
     args: &BenchArgs,
     constraint: &Option<Constraint>,
+    repetitions: usize,
+    speculate: bool,
 ) -> Result<(f64, f64, f64)> {
+    let vocab = engine.model.config.vocab_size;
     let (mut agg, mut ttft, mut hit) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..args.repetitions {
+    for _ in 0..repetitions {
         let before = engine.metrics().unwrap_or_default().prefix_cache;
         let prefix = random_tokens(rng, args.shared_prefix, vocab);
         let started = Instant::now();
@@ -237,7 +263,7 @@ fn sessions(
             .map(|_| {
                 let mut p = prefix.clone();
                 p.extend(random_tokens(rng, args.n_prompt, vocab));
-                engine.submit(request(p, args.n_gen, constraint))
+                engine.submit(request(p, args.n_gen, constraint, speculate))
             })
             .collect::<Result<Vec<_>, _>>()?;
         let mut generated = 0;

@@ -5,6 +5,7 @@
 //! the subcommand list and calls either.
 
 mod bench;
+mod bench_spec;
 mod chat;
 mod commands;
 mod constrain;

@@ -5,7 +5,9 @@ use super::scheduler::{Scheduler, SchedulerOutput};
 use crate::model::Batch;
 
 /// Builds the batch of one step. A sequence's row wants logits when the step computes its last
-/// token; the rows of the returned batch's logits follow `out.scheduled` order.
+/// token, and so does every proposed token after it (speculative decoding: positions past
+/// `tokens` take the sequence's `draft`); the rows of the returned batch's logits follow
+/// `out.scheduled` order.
 pub fn build_batch(sched: &Scheduler, out: &SchedulerOutput) -> Batch {
     let bs = sched.blocks.block_size;
     let max_blocks = out
@@ -28,9 +30,15 @@ pub fn build_batch(sched: &Scheduler, out: &SchedulerOutput) -> Batch {
         let seq = sched.get(id).expect("scheduled sequences are live");
         let row = batch.push_block_table(&seq.block_table);
         let end = seq.num_computed + n;
+        let len = seq.tokens.len();
         for pos in seq.num_computed..end {
             let slot = seq.block_table[pos / bs] as usize * bs + pos % bs;
-            batch.push_token(seq.tokens[pos], pos, slot, row, pos + 1 == seq.tokens.len());
+            let token = if pos < len {
+                seq.tokens[pos]
+            } else {
+                seq.draft[pos - len]
+            };
+            batch.push_token(token, pos, slot, row, pos + 1 >= len);
         }
     }
     batch

@@ -354,6 +354,18 @@ impl BlockManager {
         table.clear();
     }
 
+    /// Shrinks `table` to its first `keep` blocks, releasing the rest (the last first), as
+    /// speculative decoding's rollback does. Returns how many were released.
+    pub fn truncate(&mut self, table: &mut Vec<u32>, keep: usize) -> usize {
+        let mut released = 0;
+        while table.len() > keep {
+            let id = table.pop().expect("longer than keep");
+            self.release_block(id);
+            released += 1;
+        }
+        released
+    }
+
     /// Checks the invariants against the block tables of every live sequence: reference counts
     /// equal the number of tables holding each block; a block is free exactly when nobody holds
     /// it; the prefix cache maps only to registered blocks with that hash.

@@ -31,6 +31,11 @@ pub struct Metrics {
     /// Token masks computed for constrained rows, and the time spent on them (summed over rows).
     pub masks_computed: u64,
     pub mask_time_us: u64,
+    /// Speculative decoding: tokens proposed and accepted, and blocks that held only rejected
+    /// proposals given back to the pool.
+    pub spec_proposed_tokens: u64,
+    pub spec_accepted_tokens: u64,
+    pub spec_blocks_rolled_back: u64,
 }
 
 impl Metrics {

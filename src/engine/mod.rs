@@ -16,6 +16,7 @@ mod masks;
 pub mod metrics;
 pub mod scheduler;
 pub mod sequence;
+pub mod spec;
 mod worker;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,6 +26,7 @@ use anyhow::{bail, Context, Result};
 use tokio::sync::mpsc as events;
 
 pub use metrics::Metrics;
+pub use spec::SpecConfig;
 
 use crate::constraint::Grammars;
 use crate::device::Executor;
@@ -127,6 +129,9 @@ pub struct Request {
     pub ignore_eos: bool,
     /// Report the sampled token's log-probability and this many top alternatives.
     pub logprobs: Option<usize>,
+    /// Whether the engine may speculate for this request when speculation is on (it never
+    /// changes the output; off only to compare).
+    pub speculate: bool,
 }
 
 impl Request {
@@ -139,6 +144,7 @@ impl Request {
             stop: Vec::new(),
             ignore_eos: false,
             logprobs: None,
+            speculate: true,
         }
     }
 }
@@ -327,6 +333,28 @@ impl EngineHandle {
         exec: Executor,
         kv_events: Option<kv_events::KvEventSink>,
     ) -> Result<EngineHandle> {
+        Self::start_full(model, config, exec, kv_events, SpecConfig::default())
+    }
+
+    /// Starts the engine on the CPU with speculative decoding as `spec` says.
+    pub fn start_with_spec(
+        model: Arc<Model>,
+        config: EngineConfig,
+        spec: SpecConfig,
+    ) -> Result<EngineHandle> {
+        let exec = Executor::cpu(&model, config.block_size, config.num_blocks);
+        Self::start_full(model, config, exec, None, spec)
+    }
+
+    /// As [`EngineHandle::start_with_events`], speculating as `spec` says.
+    pub fn start_full(
+        model: Arc<Model>,
+        config: EngineConfig,
+        exec: Executor,
+        kv_events: Option<kv_events::KvEventSink>,
+        spec: SpecConfig,
+    ) -> Result<EngineHandle> {
+        spec.validate().map_err(anyhow::Error::msg)?;
         if exec.block_size() != config.block_size {
             bail!(
                 "the executor's KV blocks hold {} tokens, the engine's {}",
@@ -345,6 +373,7 @@ impl EngineHandle {
             in_flight.clone(),
             metrics.clone(),
             kv_events,
+            spec,
         );
         std::thread::Builder::new()
             .name("edge-llm-engine".into())

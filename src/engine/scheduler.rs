@@ -118,12 +118,21 @@ impl Scheduler {
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let id = self.running[i];
-            let seq = &self.seqs[&id];
-            let n = seq.num_uncomputed().min(budget);
+            let seq = self.seqs.get_mut(&id).expect("running ids are live");
+            let uncomputed = seq.num_uncomputed();
+            let mut n = uncomputed.min(budget);
             if n == 0 {
                 i += 1;
                 continue;
             }
+            // Proposed tokens ride along when the sequence's own tokens all fit.
+            let extra = if n == uncomputed {
+                seq.draft.len().min(budget - n)
+            } else {
+                0
+            };
+            seq.draft.truncate(extra);
+            n += extra;
             loop {
                 let seq = self.seqs.get_mut(&id).expect("running ids are live");
                 let target = seq.num_computed + n;
@@ -136,6 +145,12 @@ impl Scheduler {
                     budget -= n;
                     i += 1;
                     break;
+                }
+                // Out of blocks: drop the proposal before preempting anyone for it.
+                if !seq.draft.is_empty() {
+                    n -= seq.draft.len();
+                    seq.draft.clear();
+                    continue;
                 }
                 // Out of blocks: preempt the latest arrival (possibly this sequence itself).
                 let victim = *self.running.last().expect("this sequence is running");
@@ -223,6 +238,7 @@ impl Scheduler {
         self.clear_in_flight(seq_id, usize::MAX);
         let seq = self.seqs.get_mut(&seq_id).expect("live");
         self.blocks.free(&mut seq.block_table);
+        seq.draft.clear();
         seq.num_computed = 0;
         seq.num_cached = 0;
         seq.status = SeqStatus::Waiting;
@@ -241,13 +257,14 @@ impl Scheduler {
 
     /// Records that a step computed what `out` scheduled, and registers newly full blocks in
     /// the prefix cache. Returns the ids whose every token is now computed (they need a sample).
+    /// Proposed tokens do not count as computed: they wait for `settle_draft`.
     pub fn step_done(&mut self, out: &SchedulerOutput) -> Vec<u64> {
         let mut ready = Vec::new();
         for &(id, n) in &out.scheduled {
             let Some(seq) = self.seqs.get_mut(&id) else {
                 continue;
             };
-            seq.num_computed += n;
+            seq.num_computed += n.min(seq.num_uncomputed());
             self.blocks
                 .register_full_blocks(&seq.block_table, &seq.tokens, seq.num_computed);
             let full = seq.num_computed / self.blocks.block_size;
@@ -258,6 +275,23 @@ impl Scheduler {
             }
         }
         ready
+    }
+
+    /// Ends a verification: the first `accepted` proposed tokens were appended to the sequence
+    /// (their keys and values, written by the step, are now computed), the rest are rolled back.
+    /// Blocks holding only rejected tokens go back to the pool; full blocks of verified tokens
+    /// enter the prefix cache. Returns the blocks given back.
+    pub fn settle_draft(&mut self, seq_id: u64, accepted: usize) -> usize {
+        let Some(seq) = self.seqs.get_mut(&seq_id) else {
+            return 0;
+        };
+        debug_assert!(accepted <= seq.draft.len());
+        seq.draft.clear();
+        seq.num_computed = (seq.num_computed + accepted).min(seq.tokens.len());
+        self.blocks
+            .register_full_blocks(&seq.block_table, &seq.tokens, seq.num_computed);
+        let keep = self.blocks.blocks_for(seq.tokens.len());
+        self.blocks.truncate(&mut seq.block_table, keep)
     }
 
     /// Appends a sampled token to a sequence.

@@ -29,6 +29,9 @@ pub struct Sequence {
     pub pending_hashes: Vec<(usize, u64)>,
     /// Times the sequence was preempted.
     pub num_preemptions: u32,
+    /// Proposed tokens (speculative decoding) to score after `tokens` in the next step; never
+    /// part of `tokens` until verified.
+    pub draft: Vec<u32>,
 }
 
 impl Sequence {
@@ -44,6 +47,7 @@ impl Sequence {
             status: SeqStatus::Waiting,
             pending_hashes: Vec::new(),
             num_preemptions: 0,
+            draft: Vec::new(),
         }
     }
 

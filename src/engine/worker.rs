@@ -22,6 +22,10 @@ use crate::model::Model;
 use crate::sampler::Sampler;
 use crate::tokenizer::StreamDecoder;
 
+// Speculative decoding's part of the step: proposals before, verification after.
+#[path = "spec_step.rs"]
+mod spec_step;
+
 /// What the engine keeps per sequence beyond the scheduler's integers.
 struct SeqState {
     request_id: u64,
@@ -57,6 +61,8 @@ pub(super) struct Worker {
     published: Arc<Mutex<Metrics>>,
     /// Where the prefix cache's changes go after every step (`--kv-events`).
     kv_events: Option<KvEventSink>,
+    /// Proposals and their adaptive lengths (speculative decoding; off by default).
+    speculator: super::spec::Speculator,
 }
 
 impl Worker {
@@ -67,6 +73,7 @@ impl Worker {
         in_flight: Arc<AtomicU64>,
         published: Arc<Mutex<Metrics>>,
         kv_events: Option<KvEventSink>,
+        spec: super::spec::SpecConfig,
     ) -> Self {
         // The salt names what the cached keys and values depend on besides the tokens.
         let salt = {
@@ -104,6 +111,7 @@ impl Worker {
             metrics: Metrics::default(),
             published,
             kv_events,
+            speculator: super::spec::Speculator::new(spec),
         }
     }
 
@@ -225,6 +233,7 @@ impl Worker {
 
     /// One step: schedule, copy shared blocks about to be written, run the batch, sample.
     fn step(&mut self) {
+        self.propose();
         let out = self.sched.schedule();
         if out.is_empty() {
             // Nothing fits even alone (cannot happen with a pool of at least max_seq_len
@@ -240,6 +249,7 @@ impl Worker {
             .iter()
             .try_for_each(|c| self.exec.copy_block(c.src, c.dst));
         let batch = build_batch(&self.sched, &out);
+        let started = Instant::now();
         // The constrained rows that sample this step have their masks computed on a helper
         // thread while the forward pass runs.
         let mut jobs = self.take_mask_jobs(&out.scheduled);
@@ -279,10 +289,29 @@ impl Worker {
         }
         let ready = self.sched.step_done(&out);
         let vocab = self.model.config.vocab_size;
-        for (row, &seq_id) in ready.iter().enumerate() {
+        // Each ready sequence has one row of logits, and one more per proposed token.
+        let drafts: Vec<Vec<u32>> = ready
+            .iter()
+            .map(|&id| self.sched.get(id).map(|s| s.draft.clone()).unwrap_or_default())
+            .collect();
+        let mut row = 0;
+        for (&seq_id, draft) in ready.iter().zip(drafts) {
             let mask = masks.remove(&seq_id);
-            self.sample(seq_id, &logits[row * vocab..(row + 1) * vocab], mask);
+            let rows = &logits[row * vocab..(row + 1 + draft.len()) * vocab];
+            row += 1 + draft.len();
+            if draft.is_empty() {
+                self.sample(seq_id, rows, mask);
+            } else {
+                self.verify(seq_id, rows, &draft, mask);
+            }
         }
+        // Only steps whose every row wants logits (decoding and verifying, no prompt chunk)
+        // teach the cost of a proposed row: a prompt row skips the output matrix.
+        self.speculator.record_step(
+            batch.n_tokens(),
+            started.elapsed().as_secs_f64(),
+            batch.logits_rows.len() == batch.n_tokens(),
+        );
     }
 
     /// Takes out the active constraint states of the scheduled sequences that will sample after
@@ -338,11 +367,10 @@ impl Worker {
         )))
     }
 
-    /// Samples the next token of `seq_id` from its logits and tells the client.
-    fn sample(&mut self, seq_id: u64, logits: &[f32], mask: Option<MaskResult>) {
-        let Some(seq) = self.sched.get(seq_id) else {
-            return;
-        };
+    /// Samples the next token of `seq_id` from its logits and tells the client. Returns the
+    /// token when it was appended to the sequence.
+    fn sample(&mut self, seq_id: u64, logits: &[f32], mask: Option<MaskResult>) -> Option<u32> {
+        let seq = self.sched.get(seq_id)?;
         let first = seq.generated().is_empty();
         if first {
             let num_cached = seq.num_cached;
@@ -391,13 +419,11 @@ impl Worker {
             Ok(c) => c,
             Err(e) => {
                 self.fail(seq_id, e);
-                return;
+                return None;
             }
         };
         let logits = constrained.as_deref().unwrap_or(logits);
-        let Some(seq) = self.sched.get(seq_id) else {
-            return;
-        };
+        let seq = self.sched.get(seq_id)?;
         let tokenizer = &self.model.tokenizer;
         let st = self
             .seqs
@@ -416,12 +442,12 @@ impl Worker {
         let constrained_end = st.constraint.as_ref().is_some_and(|c| c.is_active());
         if (!st.request.ignore_eos || constrained_end) && tokenizer.is_eog(token) {
             self.finish(seq_id, FinishReason::Stop);
-            return;
+            return None;
         }
         let consumed = match st.constraint.as_mut().map(|c| c.consume(token)) {
             Some(Err(e)) => {
                 self.fail(seq_id, e);
-                return;
+                return None;
             }
             Some(Ok(c)) => c,
             None => Consumed::Continue,
@@ -453,10 +479,12 @@ impl Worker {
         {
             self.finish(seq_id, FinishReason::Length);
         }
+        Some(token)
     }
 
     /// Ends a sequence: the client hears why, its blocks go back at once.
     fn finish(&mut self, seq_id: u64, reason: FinishReason) {
+        self.speculator.forget(seq_id);
         let Some(seq) = self.sched.finish(seq_id) else {
             return;
         };
@@ -498,6 +526,7 @@ impl Worker {
     }
 
     fn fail(&mut self, seq_id: u64, message: String) {
+        self.speculator.forget(seq_id);
         self.sched.finish(seq_id);
         if let Some(st) = self.seqs.remove(&seq_id) {
             self.metrics.requests_failed += 1;

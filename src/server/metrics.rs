@@ -96,6 +96,18 @@ pub fn prometheus(m: &Metrics) -> String {
         &[("", c(m.steps))],
     );
     metric(
+        "spec_proposed_tokens_total",
+        "counter",
+        "Speculative decoding: tokens proposed (prompt lookup).",
+        &[("", c(m.spec_proposed_tokens))],
+    );
+    metric(
+        "spec_accepted_tokens_total",
+        "counter",
+        "Speculative decoding: proposed tokens the model's own choice confirmed.",
+        &[("", c(m.spec_accepted_tokens))],
+    );
+    metric(
         "preemptions_total",
         "counter",
         "Sequences preempted for lack of KV blocks.",

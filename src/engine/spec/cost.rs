@@ -1,0 +1,80 @@
+//! What a step costs: a least-squares fit of step time against tokens per step,
+//! `time = fixed + per_token * tokens`, over recent decoding steps (older ones decay; every
+//! row computes logits, as a proposed row does). The fixed part is reading the weights once;
+//! the per-token part is compute. Speculation pays while the step is
+//! bound by the fixed part (few sessions) and stops paying when it is compute-bound (many).
+
+/// Weight of a step one step older (about the last 200 steps count).
+const DECAY: f64 = 0.995;
+
+/// Decayed least-squares sums over (tokens, seconds) of recent steps.
+#[derive(Clone, Debug, Default)]
+pub struct StepCost {
+    w: f64,
+    t: f64,
+    y: f64,
+    tt: f64,
+    ty: f64,
+}
+
+impl StepCost {
+    pub fn record(&mut self, num_tokens: usize, secs: f64) {
+        let t = num_tokens as f64;
+        self.w = self.w * DECAY + 1.0;
+        self.t = self.t * DECAY + t;
+        self.y = self.y * DECAY + secs;
+        self.tt = self.tt * DECAY + t * t;
+        self.ty = self.ty * DECAY + t * secs;
+    }
+
+    /// (fixed seconds per step, seconds per token), or None while recent steps are too alike
+    /// in size to tell them apart.
+    pub fn fit(&self) -> Option<(f64, f64)> {
+        if self.w < 2.0 {
+            return None;
+        }
+        let mean_t = self.t / self.w;
+        let var_t = self.tt / self.w - mean_t * mean_t;
+        if var_t < 0.25 {
+            return None;
+        }
+        let cov = self.ty / self.w - mean_t * self.y / self.w;
+        let per_token = (cov / var_t).max(0.0);
+        let fixed = (self.y / self.w - per_token * mean_t).max(0.0);
+        Some((fixed, per_token))
+    }
+
+    /// The acceptance rate (accepted per proposed token) above which proposing pays in a step
+    /// of `num_decoding` sequences: adding X rows that bring Y tokens beats not adding them
+    /// when Y / X > N * per_token / (fixed + N * per_token).
+    pub fn break_even(&self, num_decoding: usize) -> Option<f64> {
+        let (fixed, per_token) = self.fit()?;
+        let n = num_decoding as f64;
+        let step = fixed + n * per_token;
+        (step > 0.0).then(|| n * per_token / step)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fits_fixed_and_per_token_cost() {
+        let mut c = StepCost::default();
+        assert!(c.fit().is_none());
+        for _ in 0..10 {
+            c.record(1, 0.020);
+        }
+        assert!(c.fit().is_none(), "all steps the same size");
+        for t in [1usize, 4, 9, 100, 3] {
+            c.record(t, 0.020 + 0.002 * t as f64 - 0.002);
+        }
+        let (fixed, per) = c.fit().unwrap();
+        assert!((fixed - 0.018).abs() < 1e-6, "{fixed}");
+        assert!((per - 0.002).abs() < 1e-6, "{per}");
+        let one = c.break_even(1).unwrap();
+        let many = c.break_even(64).unwrap();
+        assert!(one < 0.1 && many > 0.8, "{one} {many}");
+    }
+}

@@ -1,0 +1,74 @@
+//! The worker's speculative-decoding part of a step (see `engine::spec`): before scheduling,
+//! decoding sequences get proposals; after the forward pass, a sequence with proposals samples
+//! row by row with its own sampler while the sampled token equals the proposal, and the
+//! scheduler rolls back the keys and values of the rest.
+
+use super::masks::MaskResult;
+use super::Worker;
+
+impl Worker {
+    /// Gives every decoding sequence that may speculate a proposal for this step (or none, when
+    /// the gate says proposals do not pay now).
+    pub(super) fn propose(&mut self) {
+        if !self.speculator.config.enabled {
+            return;
+        }
+        let max_seq_len = self.config.max_seq_len;
+        // Decoding: one token to compute, past its first, unconstrained, speculation allowed.
+        let decoding: Vec<(u64, usize)> = self
+            .seqs
+            .iter()
+            .filter_map(|(&id, st)| {
+                let seq = self.sched.get(id)?;
+                let ok = seq.status == super::super::sequence::SeqStatus::Running
+                    && seq.num_uncomputed() == 1
+                    && !seq.generated().is_empty()
+                    && st.request.speculate
+                    && st.constraint.is_none();
+                // Never propose past max_tokens or the context: what is accepted plus the
+                // target's own token must still fit.
+                let room = (st.request.max_tokens.saturating_sub(seq.generated().len()))
+                    .min(max_seq_len.saturating_sub(seq.len()))
+                    .saturating_sub(1);
+                (ok && room > 0).then_some((id, room))
+            })
+            .collect();
+        let on = self.speculator.gate(decoding.len());
+        for (id, room) in decoding {
+            let seq = self.sched.get(id).expect("listed above");
+            let mut draft = if on {
+                self.speculator.propose(id, &seq.tokens)
+            } else {
+                Vec::new()
+            };
+            draft.truncate(room);
+            self.sched.get_mut(id).expect("listed above").draft = draft;
+        }
+    }
+
+    /// Verifies `draft` against `rows` (one row of logits per proposed token, plus one): each
+    /// row's token is sampled as without speculation; the run goes on while it equals the
+    /// proposal. Then the rejected proposals' keys and values are rolled back.
+    pub(super) fn verify(
+        &mut self,
+        seq_id: u64,
+        rows: &[f32],
+        draft: &[u32],
+        mut mask: Option<MaskResult>,
+    ) {
+        let vocab = self.model.config.vocab_size;
+        let mut accepted = 0;
+        for (i, logits) in rows.chunks_exact(vocab).enumerate() {
+            let token = self.sample(seq_id, logits, mask.take());
+            let live = self.sched.get(seq_id).is_some();
+            if !live || token.is_none() || draft.get(i) != token.as_ref() {
+                break;
+            }
+            accepted += 1;
+        }
+        self.metrics.spec_proposed_tokens += draft.len() as u64;
+        self.metrics.spec_accepted_tokens += accepted as u64;
+        self.speculator.record(seq_id, draft.len(), accepted);
+        self.metrics.spec_blocks_rolled_back += self.sched.settle_draft(seq_id, accepted) as u64;
+    }
+}
