@@ -31,6 +31,10 @@ pub struct Metrics {
     /// Token masks computed for constrained rows, and the time spent on them (summed over rows).
     pub masks_computed: u64,
     pub mask_time_us: u64,
+    /// Blocks held by pinned prompts.
+    pub blocks_pinned: usize,
+    /// The disk tier's counters; None when it is off.
+    pub disk_cache: Option<super::disk_cache::DiskCacheStats>,
 }
 
 impl Metrics {

@@ -8,9 +8,12 @@
 //! - `batch_builder`: the one bridge from scheduled sequences to the model's flat batch.
 //! - `worker`: the loop that runs steps, samples, and reports to clients.
 //! - `kv_events`: prefix-cache changes for routers, queued without ever blocking the engine.
+//! - `disk_cache`: the prefix cache's disk tier (blocks that survive restarts), with its own
+//!   I/O thread.
 
 pub mod batch_builder;
 pub mod block_manager;
+pub mod disk_cache;
 pub mod kv_events;
 mod masks;
 pub mod metrics;
@@ -127,6 +130,12 @@ pub struct Request {
     pub ignore_eos: bool,
     /// Report the sampled token's log-probability and this many top alternatives.
     pub logprobs: Option<usize>,
+    /// Salts the prompt's prefix-cache blocks (a tenant's API key): requests with another key
+    /// never reuse them. None shares the one cache.
+    pub cache_key: Option<u64>,
+    /// Compute the prompt and pin its full blocks (never evicted) instead of generating: the
+    /// request finishes with no tokens.
+    pub pin: bool,
 }
 
 impl Request {
@@ -139,6 +148,8 @@ impl Request {
             stop: Vec::new(),
             ignore_eos: false,
             logprobs: None,
+            cache_key: None,
+            pin: false,
         }
     }
 }
@@ -179,6 +190,10 @@ pub struct Usage {
     pub completion_tokens: usize,
     /// Prompt tokens served from the prefix cache.
     pub cached_tokens: usize,
+    /// Of those, the ones loaded from the disk tier for this request, and the ones held by
+    /// pinned prompts (the rest were in memory).
+    pub cached_disk_tokens: usize,
+    pub cached_pinned_tokens: usize,
     /// Time from submission to the first token.
     pub ttft_ms: u64,
 }
@@ -327,6 +342,18 @@ impl EngineHandle {
         exec: Executor,
         kv_events: Option<kv_events::KvEventSink>,
     ) -> Result<EngineHandle> {
+        Self::start_with_cache(model, config, exec, kv_events, None)
+    }
+
+    /// As [`EngineHandle::start_with_events`], with the prefix cache's disk tier in `disk`
+    /// (CPU pools only; on a GPU it is left off with a warning).
+    pub fn start_with_cache(
+        model: Arc<Model>,
+        config: EngineConfig,
+        exec: Executor,
+        kv_events: Option<kv_events::KvEventSink>,
+        disk: Option<disk_cache::DiskCacheConfig>,
+    ) -> Result<EngineHandle> {
         if exec.block_size() != config.block_size {
             bail!(
                 "the executor's KV blocks hold {} tokens, the engine's {}",
@@ -345,6 +372,7 @@ impl EngineHandle {
             in_flight.clone(),
             metrics.clone(),
             kv_events,
+            disk,
         );
         std::thread::Builder::new()
             .name("edge-llm-engine".into())

@@ -29,6 +29,8 @@ pub struct Sequence {
     pub pending_hashes: Vec<(usize, u64)>,
     /// Times the sequence was preempted.
     pub num_preemptions: u32,
+    /// Salts its prefix-cache chain (a tenant's API key); None shares the one cache.
+    pub cache_key: Option<u64>,
 }
 
 impl Sequence {
@@ -44,6 +46,7 @@ impl Sequence {
             status: SeqStatus::Waiting,
             pending_hashes: Vec::new(),
             num_preemptions: 0,
+            cache_key: None,
         }
     }
 
