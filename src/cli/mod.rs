@@ -6,6 +6,7 @@ mod chat;
 mod commands;
 mod constrain;
 mod jsonl;
+pub mod prefix_cache;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -133,6 +134,17 @@ impl EngineArgs {
         verbose: bool,
         kv_events: Option<crate::engine::kv_events::KvEventSink>,
     ) -> Result<EngineHandle> {
+        self.start_with_cache(model, verbose, kv_events, None)
+    }
+
+    /// As [`EngineArgs::start_with_events`], with the prefix cache's disk tier in `disk`.
+    pub fn start_with_cache(
+        &self,
+        model: Model,
+        verbose: bool,
+        kv_events: Option<crate::engine::kv_events::KvEventSink>,
+        disk: Option<crate::engine::disk_cache::DiskCacheConfig>,
+    ) -> Result<EngineHandle> {
         let config = self.config(&model)?;
         if let Some(ctx) = self.ctx_size.filter(|&c| c > model.config.n_ctx_train) {
             // As llama.cpp does: allowed, with a warning, for models that extrapolate.
@@ -163,7 +175,13 @@ impl EngineArgs {
                 config.max_batched_tokens
             );
         }
-        EngineHandle::start_with_events(std::sync::Arc::new(model), config, exec, kv_events)
+        EngineHandle::start_with_cache(
+            std::sync::Arc::new(model),
+            config,
+            exec,
+            kv_events,
+            disk,
+        )
     }
 }
 

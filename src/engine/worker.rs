@@ -142,6 +142,7 @@ impl Worker {
     }
 
     pub(super) fn run(mut self, rx: mpsc::Receiver<Command>) {
+        self.publish();
         loop {
             let mut took = false; // commands taken in since the last step
             if !self.sched.has_work() && self.parked.is_empty() {

@@ -74,6 +74,8 @@ pub struct ServeArgs {
     pub alias: Option<String>,
     #[command(flatten)]
     pub limits: listener::LimitArgs,
+    #[command(flatten)]
+    pub cache: crate::cli::prefix_cache::CacheArgs,
     /// Publish KV cache events (vLLM's format) on a ZMQ PUB socket bound at tcp://HOST:PORT
     /// (or PORT: 127.0.0.1), for prefix-aware routers such as vllm-router's kv_aware
     #[arg(long = "kv-events", value_name = "ENDPOINT")]
@@ -217,7 +219,16 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         None => None,
     };
     let sink = kv_events.as_ref().map(|p| p.sink.clone());
-    let engine = args.engine.start_with_events(model, true, sink)?;
+    let disk = args.cache.disk_config()?;
+    if let Some(d) = &disk {
+        eprintln!(
+            "edge-llm serve: prefix cache on disk under {} (at most {} MiB; --no-disk-cache turns it off)",
+            d.root.display(),
+            d.budget_bytes >> 20
+        );
+    }
+    let engine = args.engine.start_with_cache(model, true, sink, disk)?;
+    args.cache.pin_all(&engine, template.as_ref().ok())?;
     let created = unix_now();
     let state = Arc::new(AppState {
         engine,
