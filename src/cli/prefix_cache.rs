@@ -58,8 +58,14 @@ impl CacheArgs {
         Ok(Some(DiskCacheConfig { root, budget_bytes }))
     }
 
-    /// Pins every `--pin-prompt` file, in order, telling how each went on stderr.
-    pub fn pin_all(&self, engine: &EngineHandle, template: Option<&ChatTemplate>) -> Result<()> {
+    /// Pins every `--pin-prompt` file, in order, telling how each went on stderr; returns
+    /// each file's name and what pinning did.
+    pub fn pin_all(
+        &self,
+        engine: &EngineHandle,
+        template: Option<&ChatTemplate>,
+    ) -> Result<Vec<(String, Pinned)>> {
+        let mut out = Vec::new();
         for path in &self.pin_prompt {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading --pin-prompt {}", path.display()))?;
@@ -73,8 +79,9 @@ impl CacheArgs {
                 done.prompt_tokens,
                 done.cached_tokens
             );
+            out.push((display(path), done));
         }
-        Ok(())
+        Ok(out)
     }
 }
 

@@ -253,6 +253,8 @@ pub struct EngineHandle {
     in_flight: Arc<AtomicU64>,
     /// The engine's counters as of its last step or command.
     metrics: Arc<Mutex<Metrics>>,
+    /// The disk tier's counters, read live (its thread writes between steps).
+    disk_stats: Option<disk_cache::DiskStatsHandle>,
     pub config: Arc<EngineConfig>,
     pub model: Arc<Model>,
     /// Compiles and caches the constraints of requests for this model.
@@ -374,6 +376,7 @@ impl EngineHandle {
             kv_events,
             disk,
         );
+        let disk_stats = worker.disk_stats();
         std::thread::Builder::new()
             .name("edge-llm-engine".into())
             .spawn(move || worker.run(rx))?;
@@ -382,6 +385,7 @@ impl EngineHandle {
             next_id: Arc::new(AtomicU64::new(1)),
             in_flight,
             metrics,
+            disk_stats,
             config,
             grammars: Arc::new(Grammars::new(model.clone())),
             model,
@@ -458,7 +462,9 @@ impl EngineHandle {
 
     /// The engine's counters as of its last step or command. Never waits for a step.
     pub fn metrics(&self) -> Option<Metrics> {
-        self.metrics.lock().ok().map(|m| m.clone())
+        let mut m = self.metrics.lock().ok().map(|m| m.clone())?;
+        m.disk_cache = self.disk_stats.as_ref().map(|d| d.stats());
+        Some(m)
     }
 
     /// Requests submitted and not finished.

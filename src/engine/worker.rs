@@ -383,6 +383,11 @@ impl Worker {
         }
     }
 
+    /// The disk tier's live counters, when it is on.
+    pub(super) fn disk_stats(&self) -> Option<disk_cache::DiskStatsHandle> {
+        self.disk.as_ref().map(|d| d.stats_handle())
+    }
+
     fn new_seq_id(&mut self) -> u64 {
         self.next_seq_id += 1;
         self.next_seq_id

@@ -233,6 +233,7 @@ async fn generate(
     request.stop = params.stop;
     request.ignore_eos = params.ignore_eos;
     request.logprobs = params.logprobs;
+    request.cache_key = info.cache_key;
     let mut stream = state
         .engine
         .submit(request)

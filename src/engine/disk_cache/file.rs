@@ -103,8 +103,19 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 /// Checks `bytes` against what the block must be, and returns its KV bytes.
 pub fn decode<'a>(bytes: &'a [u8], want: &Expected) -> Result<&'a [u8], Reject> {
     let size = file_bytes(want.token_ids.len(), want.kv_bytes);
-    if bytes.len() >= 12 && &bytes[..8] != MAGIC {
+    if bytes.len() >= 8 && &bytes[..8] != MAGIC {
         return Err(Reject::BadMagic);
+    }
+    // Another model's (or setting's) file says so before its size differs.
+    if bytes.len() >= 20 {
+        let version = u32_at(bytes, 8);
+        if version != FORMAT_VERSION {
+            return Err(Reject::Version(version));
+        }
+        let identity = u64_at(bytes, 12);
+        if identity != want.identity {
+            return Err(Reject::Identity { found: identity });
+        }
     }
     if bytes.len() != size {
         return Err(Reject::Truncated {
@@ -115,14 +126,6 @@ pub fn decode<'a>(bytes: &'a [u8], want: &Expected) -> Result<&'a [u8], Reject> 
     let (body, sum) = bytes.split_at(size - 8);
     if checksum(body) != u64_at(sum, 0) {
         return Err(Reject::Checksum);
-    }
-    let version = u32_at(bytes, 8);
-    if version != FORMAT_VERSION {
-        return Err(Reject::Version(version));
-    }
-    let identity = u64_at(bytes, 12);
-    if identity != want.identity {
-        return Err(Reject::Identity { found: identity });
     }
     let hash = u64_at(bytes, 20);
     if hash != want.hash {

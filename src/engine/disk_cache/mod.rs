@@ -307,8 +307,23 @@ impl DiskTier {
     }
 
     pub fn stats(&self) -> DiskCacheStats {
-        let c = &self.shared.counters;
-        let index = self.index();
+        self.stats_handle().stats()
+    }
+
+    /// Reads the counters from any thread, while the I/O thread keeps writing.
+    pub fn stats_handle(&self) -> DiskStatsHandle {
+        DiskStatsHandle(self.shared.clone())
+    }
+}
+
+/// The disk tier's live counters, for clients of the engine.
+#[derive(Clone)]
+pub struct DiskStatsHandle(Arc<Shared>);
+
+impl DiskStatsHandle {
+    pub fn stats(&self) -> DiskCacheStats {
+        let c = &self.0.counters;
+        let index = self.0.index.lock().unwrap_or_else(|e| e.into_inner());
         DiskCacheStats {
             blocks: index.num_blocks() as u64,
             bytes: index.total_bytes(),
