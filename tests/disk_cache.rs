@@ -293,3 +293,118 @@ fn the_disk_budget_is_never_exceeded() {
     assert!(dir_bytes() <= budget);
     assert!(dir_bytes() > budget / 2, "the budget is used: {}", dir_bytes());
 }
+
+#[test]
+fn two_api_keys_never_share_cached_blocks() {
+    let Some(server) = Server::start(&["--api-key", "key-a", "--api-key", "key-b"]) else {
+        return;
+    };
+    let b = body(&system_prompt(5), "Name a planet.");
+    let (a, b_) = (
+        [("Authorization", "Bearer key-a")],
+        [("Authorization", "Bearer key-b")],
+    );
+    let (text_a, first) = chat(&server, &b, &a);
+    assert_eq!(cached(&first), 0, "{first}");
+    let blocks = (first["prompt_tokens"].as_u64().unwrap() - 1) / 16;
+    let (text_b, usage_b) = chat(&server, &b, &b_);
+    assert_eq!(cached(&usage_b), 0, "key B must not hit key A's blocks: {usage_b}");
+    let (again_a, usage_a) = chat(&server, &b, &a);
+    assert_eq!(cached(&usage_a), blocks * 16, "key A's repeat is cached: {usage_a}");
+    let (again_b, usage_b2) = chat(&server, &b, &b_);
+    assert_eq!(cached(&usage_b2), blocks * 16, "key B's repeat is cached: {usage_b2}");
+    assert!(text_a == text_b && text_a == again_a && again_a == again_b);
+    // A wrong key is still refused.
+    let r = server.request(
+        "POST",
+        "/v1/chat/completions",
+        &[("Authorization", "Bearer key-c")],
+        b.to_string().as_bytes(),
+    );
+    assert_eq!(r.status, 401, "{}", r.text());
+}
+
+#[test]
+fn pinned_prompts_survive_a_workload_that_evicts_everything_else() {
+    if model_path().is_none() {
+        return;
+    }
+    let dir = TempDir::new("pins");
+    let system = system_prompt(6);
+    let pin_file = dir.0.join("system.json");
+    std::fs::write(
+        &pin_file,
+        json!([{"role": "system", "content": system}]).to_string(),
+    )
+    .unwrap();
+    // 12 MiB of KV: 34 blocks of 16 tokens.
+    let server = Server::start(&[
+        "--kv-mem",
+        "12",
+        "-c",
+        "512",
+        "--pin-prompt",
+        pin_file.to_str().unwrap(),
+        "--api-key",
+        "key-a",
+        "--api-key",
+        "key-b",
+    ])
+    .unwrap();
+    let auth = [("Authorization", "Bearer key-a")];
+    let get = server.request("GET", "/v1/cache", &auth, b"");
+    assert_eq!(get.status, 200, "{}", get.text());
+    let info: Value = serde_json::from_slice(&get.body).unwrap();
+    let pinned_blocks = info["memory"]["blocks_pinned"].as_u64().unwrap();
+    assert!(pinned_blocks >= 5, "{info}");
+    assert_eq!(info["pinned"][0]["prompt_tokens"].as_u64().unwrap() / 16, pinned_blocks);
+    // A workload of distinct long prompts that cycles the whole pool several times.
+    let evictions = || -> f64 {
+        let text = server.request("GET", "/metrics", &auth, b"").text();
+        text.lines()
+            .find_map(|l| l.strip_prefix("edge_llm_prefix_cache_evictions_total "))
+            .expect("evictions in /metrics")
+            .parse()
+            .unwrap()
+    };
+    let before = evictions();
+    for i in 0..6 {
+        let filler = format!("Story {i}: ") + &"the quick brown fox jumps over the lazy dog ".repeat(30);
+        let r = server.request(
+            "POST",
+            "/v1/completions",
+            &[("Content-Type", "application/json"), auth[0]],
+            completion_body(&filler, json!({"max_tokens": 4})).to_string().as_bytes(),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let evicted = evictions() - before;
+    assert!(evicted >= 34.0, "the workload evicted {evicted} blocks");
+    // Both keys still get the pinned system prompt.
+    for key in ["Bearer key-a", "Bearer key-b"] {
+        let (_, usage) = chat(&server, &body(&system, "Name a color."), &[("Authorization", key)]);
+        assert_eq!(source(&usage, "pinned"), pinned_blocks * 16, "{key}: {usage}");
+    }
+    // POST /v1/cache/pin pins another prompt; GET lists it.
+    let r = server.request(
+        "POST",
+        "/v1/cache/pin",
+        &[("Content-Type", "application/json"), auth[0]],
+        json!({"prompt": system_prompt(2)}).to_string().as_bytes(),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let info: Value =
+        serde_json::from_slice(&server.request("GET", "/v1/cache", &auth, b"").body).unwrap();
+    assert_eq!(info["pinned"].as_array().unwrap().len(), 2, "{info}");
+    assert!(info["memory"]["blocks_pinned"].as_u64().unwrap() > pinned_blocks);
+    // Bad bodies: a 400 naming the field; no key: 401.
+    let r = server.request(
+        "POST",
+        "/v1/cache/pin",
+        &[("Content-Type", "application/json"), auth[0]],
+        json!({"prompt": 5}).to_string().as_bytes(),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("prompt"), "{}", r.text());
+    assert_eq!(server.request("GET", "/v1/cache", &[], b"").status, 401);
+}
