@@ -83,7 +83,9 @@ impl KvCache {
         }
         let n = self.block_size * self.kv_dim;
         let at = id as usize * n;
-        let mut src = bytes.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]]));
+        let mut src = bytes
+            .chunks_exact(2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]));
         for l in 0..self.k.len() {
             for dst in [&mut self.k[l][at..at + n], &mut self.v[l][at..at + n]] {
                 for (d, s) in dst.iter_mut().zip(&mut src) {

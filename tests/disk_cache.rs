@@ -40,7 +40,12 @@ impl Drop for TempDir {
 /// A system prompt of about `rules` * 18 tokens.
 fn system_prompt(rules: usize) -> String {
     (1..=rules)
-        .map(|i| format!("Rule {i}: always answer politely and mention the number {} when relevant.", i * 7))
+        .map(|i| {
+            format!(
+                "Rule {i}: always answer politely and mention the number {} when relevant.",
+                i * 7
+            )
+        })
         .collect::<Vec<_>>()
         .join(" ")
 }
@@ -57,17 +62,27 @@ fn body(system: &str, user: &str) -> Value {
 fn chat(server: &Server, body: &Value, headers: &[(&str, &str)]) -> (String, Value) {
     let mut h = vec![("Content-Type", "application/json")];
     h.extend_from_slice(headers);
-    let r = server.request("POST", "/v1/chat/completions", &h, body.to_string().as_bytes());
+    let r = server.request(
+        "POST",
+        "/v1/chat/completions",
+        &h,
+        body.to_string().as_bytes(),
+    );
     assert_eq!(r.status, 200, "{}", r.text());
     let v: Value = serde_json::from_slice(&r.body).unwrap();
     (
-        v["choices"][0]["message"]["content"].as_str().unwrap().to_string(),
+        v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_string(),
         v["usage"].clone(),
     )
 }
 
 fn cached(usage: &Value) -> u64 {
-    usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap()
+    usage["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap()
 }
 
 fn source(usage: &Value, s: &str) -> u64 {
@@ -111,7 +126,7 @@ fn last_ttft(server: &Server) -> u64 {
     let line = log
         .lines()
         .filter(|l| l.contains("POST /v1/chat/completions"))
-        .last()
+        .next_back()
         .expect("a request log line")
         .to_string();
     ttft_ms(&line)
@@ -126,7 +141,11 @@ fn a_restart_serves_the_system_prompt_from_disk_with_the_same_output() {
             return;
         };
         let (text, usage) = chat(&server, &b, &[]);
-        assert_eq!(cached(&usage), 0, "a fresh cache dir holds nothing: {usage}");
+        assert_eq!(
+            cached(&usage),
+            0,
+            "a fresh cache dir holds nothing: {usage}"
+        );
         let prompt = usage["prompt_tokens"].as_u64().unwrap();
         assert!(prompt >= 400, "the system prompt is long: {usage}");
         let full_blocks = (prompt - 1) / 16;
@@ -140,7 +159,10 @@ fn a_restart_serves_the_system_prompt_from_disk_with_the_same_output() {
     };
     let (text, usage) = chat(&server, &b, &[]);
     let warm_ttft = last_ttft(&server);
-    assert_eq!(text, cold_text, "the restart's output equals the cold run's");
+    assert_eq!(
+        text, cold_text,
+        "the restart's output equals the cold run's"
+    );
     assert_eq!(cached(&usage), full_blocks * 16, "{usage}");
     assert_eq!(source(&usage, "disk"), full_blocks * 16, "{usage}");
     assert_eq!(source(&usage, "memory"), 0, "{usage}");
@@ -148,7 +170,10 @@ fn a_restart_serves_the_system_prompt_from_disk_with_the_same_output() {
         server.metric("edge_llm_disk_cache_hit_blocks_total"),
         full_blocks as f64
     );
-    assert_eq!(server.metric("edge_llm_disk_cache_rejected_files_total"), 0.0);
+    assert_eq!(
+        server.metric("edge_llm_disk_cache_rejected_files_total"),
+        0.0
+    );
     // Only the prompt's tail was computed.
     let computed = server.metric("edge_llm_prompt_tokens_total");
     assert!(
@@ -183,12 +208,22 @@ fn restart_after_damage(dir: &TempDir, model: &[&str], b: &Value, cold: &str, wh
     args.extend_from_slice(model);
     let server = Server::start(&args).expect("model present");
     let (text, usage) = chat(&server, b, &[]);
-    assert_eq!(text, cold, "{what}: the output after recomputation equals the cold run's");
-    assert_eq!(source(&usage, "disk"), 0, "{what}: nothing damaged is served: {usage}");
+    assert_eq!(
+        text, cold,
+        "{what}: the output after recomputation equals the cold run's"
+    );
+    assert_eq!(
+        source(&usage, "disk"),
+        0,
+        "{what}: nothing damaged is served: {usage}"
+    );
     let rejected = server.metric("edge_llm_disk_cache_rejected_files_total");
     assert!(rejected >= 1.0, "{what}: a rejected file is counted");
     let log = server.log_text();
-    let warnings = log.lines().filter(|l| l.contains("warning: disk cache:")).count();
+    let warnings = log
+        .lines()
+        .filter(|l| l.contains("warning: disk cache:"))
+        .count();
     assert_eq!(
         warnings as f64, rejected,
         "{what}: one warning per rejected file:\n{log}"
@@ -237,7 +272,10 @@ fn files_swapped_between_two_models_are_rejected_and_recomputed() {
         return;
     }
     if !qwen.is_file() {
-        skip_or_fail(&format!("{} is missing (scripts/fetch-extra-models.sh)", qwen.display()));
+        skip_or_fail(&format!(
+            "{} is missing (scripts/fetch-extra-models.sh)",
+            qwen.display()
+        ));
         return;
     }
     let qwen_args = ["-m", qwen.to_str().unwrap()];
@@ -259,8 +297,20 @@ fn files_swapped_between_two_models_are_rejected_and_recomputed() {
     for (i, f) in fb.iter().enumerate() {
         std::fs::write(f, &cs[i % cs.len()]).unwrap();
     }
-    restart_after_damage(&small, &[], &b, &cold_small, "default model with qwen's files");
-    restart_after_damage(&big, &qwen_args, &b, &cold_big, "qwen with the default model's files");
+    restart_after_damage(
+        &small,
+        &[],
+        &b,
+        &cold_small,
+        "default model with qwen's files",
+    );
+    restart_after_damage(
+        &big,
+        &qwen_args,
+        &b,
+        &cold_big,
+        "qwen with the default model's files",
+    );
 }
 
 #[test]
@@ -278,10 +328,17 @@ fn the_disk_budget_is_never_exceeded() {
             .sum()
     };
     for i in 0..6 {
-        let b = body(&system_prompt(4 + i), &format!("Question {i}: name a fruit."));
+        let b = body(
+            &system_prompt(4 + i),
+            &format!("Question {i}: name a fruit."),
+        );
         chat(&server, &b, &[]);
         for _ in 0..20 {
-            assert!(dir_bytes() <= budget, "{} bytes on disk, budget {budget}", dir_bytes());
+            assert!(
+                dir_bytes() <= budget,
+                "{} bytes on disk, budget {budget}",
+                dir_bytes()
+            );
             assert!(server.metric("edge_llm_disk_cache_bytes") <= budget as f64);
             std::thread::sleep(std::time::Duration::from_millis(25));
         }
@@ -291,7 +348,11 @@ fn the_disk_budget_is_never_exceeded() {
             > s.metric("edge_llm_disk_cache_blocks")
     });
     assert!(dir_bytes() <= budget);
-    assert!(dir_bytes() > budget / 2, "the budget is used: {}", dir_bytes());
+    assert!(
+        dir_bytes() > budget / 2,
+        "the budget is used: {}",
+        dir_bytes()
+    );
 }
 
 #[test]
@@ -308,11 +369,23 @@ fn two_api_keys_never_share_cached_blocks() {
     assert_eq!(cached(&first), 0, "{first}");
     let blocks = (first["prompt_tokens"].as_u64().unwrap() - 1) / 16;
     let (text_b, usage_b) = chat(&server, &b, &b_);
-    assert_eq!(cached(&usage_b), 0, "key B must not hit key A's blocks: {usage_b}");
+    assert_eq!(
+        cached(&usage_b),
+        0,
+        "key B must not hit key A's blocks: {usage_b}"
+    );
     let (again_a, usage_a) = chat(&server, &b, &a);
-    assert_eq!(cached(&usage_a), blocks * 16, "key A's repeat is cached: {usage_a}");
+    assert_eq!(
+        cached(&usage_a),
+        blocks * 16,
+        "key A's repeat is cached: {usage_a}"
+    );
     let (again_b, usage_b2) = chat(&server, &b, &b_);
-    assert_eq!(cached(&usage_b2), blocks * 16, "key B's repeat is cached: {usage_b2}");
+    assert_eq!(
+        cached(&usage_b2),
+        blocks * 16,
+        "key B's repeat is cached: {usage_b2}"
+    );
     assert!(text_a == text_b && text_a == again_a && again_a == again_b);
     // A wrong key is still refused.
     let r = server.request(
@@ -357,7 +430,10 @@ fn pinned_prompts_survive_a_workload_that_evicts_everything_else() {
     let info: Value = serde_json::from_slice(&get.body).unwrap();
     let pinned_blocks = info["memory"]["blocks_pinned"].as_u64().unwrap();
     assert!(pinned_blocks >= 5, "{info}");
-    assert_eq!(info["pinned"][0]["prompt_tokens"].as_u64().unwrap() / 16, pinned_blocks);
+    assert_eq!(
+        info["pinned"][0]["prompt_tokens"].as_u64().unwrap() / 16,
+        pinned_blocks
+    );
     // A workload of distinct long prompts that cycles the whole pool several times.
     let evictions = || -> f64 {
         let text = server.request("GET", "/metrics", &auth, b"").text();
@@ -369,12 +445,15 @@ fn pinned_prompts_survive_a_workload_that_evicts_everything_else() {
     };
     let before = evictions();
     for i in 0..6 {
-        let filler = format!("Story {i}: ") + &"the quick brown fox jumps over the lazy dog ".repeat(30);
+        let filler =
+            format!("Story {i}: ") + &"the quick brown fox jumps over the lazy dog ".repeat(30);
         let r = server.request(
             "POST",
             "/v1/completions",
             &[("Content-Type", "application/json"), auth[0]],
-            completion_body(&filler, json!({"max_tokens": 4})).to_string().as_bytes(),
+            completion_body(&filler, json!({"max_tokens": 4}))
+                .to_string()
+                .as_bytes(),
         );
         assert_eq!(r.status, 200, "{}", r.text());
     }
@@ -382,8 +461,16 @@ fn pinned_prompts_survive_a_workload_that_evicts_everything_else() {
     assert!(evicted >= 34.0, "the workload evicted {evicted} blocks");
     // Both keys still get the pinned system prompt.
     for key in ["Bearer key-a", "Bearer key-b"] {
-        let (_, usage) = chat(&server, &body(&system, "Name a color."), &[("Authorization", key)]);
-        assert_eq!(source(&usage, "pinned"), pinned_blocks * 16, "{key}: {usage}");
+        let (_, usage) = chat(
+            &server,
+            &body(&system, "Name a color."),
+            &[("Authorization", key)],
+        );
+        assert_eq!(
+            source(&usage, "pinned"),
+            pinned_blocks * 16,
+            "{key}: {usage}"
+        );
     }
     // POST /v1/cache/pin pins another prompt; GET lists it.
     let r = server.request(

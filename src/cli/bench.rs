@@ -11,8 +11,8 @@ use clap::Args;
 
 use super::{EngineArgs, ModelArgs, ThreadArgs};
 use crate::constraint::{Constraint, ConstraintSpec};
-use crate::engine::{EngineHandle, Event, Request, RequestStream};
 use crate::engine::disk_cache::{DiskCacheConfig, DEFAULT_DISK_MIB};
+use crate::engine::{EngineHandle, Event, Request, RequestStream};
 use crate::sampler::{Rng, SamplingParams};
 
 #[derive(Args, Debug)]

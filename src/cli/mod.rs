@@ -175,13 +175,7 @@ impl EngineArgs {
                 config.max_batched_tokens
             );
         }
-        EngineHandle::start_with_cache(
-            std::sync::Arc::new(model),
-            config,
-            exec,
-            kv_events,
-            disk,
-        )
+        EngineHandle::start_with_cache(std::sync::Arc::new(model), config, exec, kv_events, disk)
     }
 }
 

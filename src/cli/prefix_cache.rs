@@ -96,7 +96,10 @@ pub fn pin_tokens(model: &Model, template: Option<&ChatTemplate>, text: &str) ->
     let json: Option<serde_json::Value> = serde_json::from_str(text.trim()).ok();
     let messages = match &json {
         Some(serde_json::Value::Array(m)) => Some(m.as_slice()),
-        Some(serde_json::Value::Object(o)) => o.get("messages").and_then(|m| m.as_array()).map(|m| m.as_slice()),
+        Some(serde_json::Value::Object(o)) => o
+            .get("messages")
+            .and_then(|m| m.as_array())
+            .map(|m| m.as_slice()),
         _ => None,
     };
     let tokens = match messages {

@@ -125,7 +125,10 @@ impl BlockManager {
     /// The cached blocks evicted since the last call: (block id, hash, token ids). Their slots
     /// still hold the old keys and values until the next forward step or block write.
     pub fn take_evicted(&mut self) -> Vec<(u32, BlockHash, Vec<u32>)> {
-        self.evicted.as_mut().map(std::mem::take).unwrap_or_default()
+        self.evicted
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     /// The hash and token ids of block `id` if it is registered in the prefix cache.

@@ -318,8 +318,7 @@ impl Worker {
             let mut from_disk = HashSet::new();
             for (hash, token_ids, kv) in loaded.blocks {
                 if !self.sched.blocks.is_cached(hash) {
-                    let Some(id) = self.sched.blocks.insert_cached(hash, parent, &token_ids)
-                    else {
+                    let Some(id) = self.sched.blocks.insert_cached(hash, parent, &token_ids) else {
                         break;
                     };
                     self.save_evicted();

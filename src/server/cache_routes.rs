@@ -73,9 +73,10 @@ pub async fn pin(
     let tok = &state.engine.model.tokenizer;
     let (tokens, param) = if f.get("messages").is_some() {
         let messages = params::messages(&f)?;
-        let template = state.template.as_ref().map_err(|why| {
-            ApiError::bad_request(why.clone()).with_code("no_chat_template")
-        })?;
+        let template = state
+            .template
+            .as_ref()
+            .map_err(|why| ApiError::bad_request(why.clone()).with_code("no_chat_template"))?;
         let text = template
             .render(&messages, false)
             .map_err(|e| ApiError::invalid("messages", format!("{e:#}")))?;

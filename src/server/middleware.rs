@@ -130,13 +130,10 @@ pub async fn require_api_key(
         .map(str::trim);
     // Every key is compared, so the time taken does not tell which one matched.
     let matched = given.and_then(|given| {
-        state
-            .api_keys
-            .iter()
-            .fold(None, |found, (key, salt)| {
-                let same = same_secret(given.as_bytes(), key.as_bytes());
-                found.or(same.then_some(*salt))
-            })
+        state.api_keys.iter().fold(None, |found, (key, salt)| {
+            let same = same_secret(given.as_bytes(), key.as_bytes());
+            found.or(same.then_some(*salt))
+        })
     });
     match (given, matched) {
         (_, Some(salt)) => {

@@ -309,7 +309,11 @@ fn api_keys(args: &ServeArgs) -> Result<Vec<(String, u64)>> {
         }
     }
     if keys.is_empty() {
-        keys.extend(std::env::var(API_KEY_ENV).ok().filter(|k| !k.trim().is_empty()));
+        keys.extend(
+            std::env::var(API_KEY_ENV)
+                .ok()
+                .filter(|k| !k.trim().is_empty()),
+        );
     }
     keys.sort();
     keys.dedup();

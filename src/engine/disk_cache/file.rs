@@ -38,10 +38,15 @@ impl fmt::Display for Reject {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Reject::Truncated { len, want } => {
-                write!(f, "truncated or torn ({len} bytes, a block file has {want})")
+                write!(
+                    f,
+                    "truncated or torn ({len} bytes, a block file has {want})"
+                )
             }
             Reject::BadMagic => write!(f, "not a block file (bad magic)"),
-            Reject::Version(v) => write!(f, "format version {v}, this build writes {FORMAT_VERSION}"),
+            Reject::Version(v) => {
+                write!(f, "format version {v}, this build writes {FORMAT_VERSION}")
+            }
             Reject::Identity { found } => write!(
                 f,
                 "written for another model or setting (identity {found:016x})"
@@ -70,7 +75,9 @@ pub fn checksum(bytes: &[u8]) -> u64 {
     }
     let mut tail = [0u8; 8];
     tail[..words.remainder().len()].copy_from_slice(words.remainder());
-    h = (h ^ u64::from_le_bytes(tail)).wrapping_mul(P).rotate_left(29);
+    h = (h ^ u64::from_le_bytes(tail))
+        .wrapping_mul(P)
+        .rotate_left(29);
     h ^ (h >> 31)
 }
 
@@ -156,7 +163,10 @@ mod tests {
     use super::*;
 
     fn sample() -> (Vec<u32>, Vec<u8>) {
-        ((0..16).collect(), (0..1000u32).map(|i| (i * 7) as u8).collect())
+        (
+            (0..16).collect(),
+            (0..1000u32).map(|i| (i * 7) as u8).collect(),
+        )
     }
 
     fn want<'a>(tokens: &'a [u32], kv: &[u8]) -> Expected<'a> {
@@ -184,7 +194,10 @@ mod tests {
             for bit in [0, 5] {
                 let mut b = bytes.clone();
                 b[i] ^= 1 << bit;
-                assert!(decode(&b, &want(&t, &kv)).is_err(), "flip at byte {i} bit {bit}");
+                assert!(
+                    decode(&b, &want(&t, &kv)).is_err(),
+                    "flip at byte {i} bit {bit}"
+                );
             }
         }
     }

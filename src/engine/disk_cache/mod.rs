@@ -168,7 +168,10 @@ fn simd_path() -> String {
             ("fma", std::arch::is_x86_feature_detected!("fma")),
             ("avx512f", std::arch::is_x86_feature_detected!("avx512f")),
             ("avx512bw", std::arch::is_x86_feature_detected!("avx512bw")),
-            ("avx512vnni", std::arch::is_x86_feature_detected!("avx512vnni")),
+            (
+                "avx512vnni",
+                std::arch::is_x86_feature_detected!("avx512vnni"),
+            ),
         ];
         f.iter()
             .filter(|x| x.1)
@@ -400,7 +403,10 @@ fn load_chain(s: &Shared, wanted: &[WantedBlock]) -> Vec<(BlockHash, Vec<u32>, V
                         path.display()
                     );
                 }
-                s.index.lock().unwrap_or_else(|e| e.into_inner()).remove(*hash);
+                s.index
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(*hash);
                 break;
             }
         };
@@ -415,7 +421,10 @@ fn load_chain(s: &Shared, wanted: &[WantedBlock]) -> Vec<(BlockHash, Vec<u32>, V
                 let c = &s.counters;
                 c.hit_blocks.fetch_add(1, Ordering::Relaxed);
                 c.hit_bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
-                s.index.lock().unwrap_or_else(|e| e.into_inner()).touch(*hash);
+                s.index
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .touch(*hash);
                 // The LRU order survives restarts through the files' times.
                 if let Ok(f) = std::fs::File::options().write(true).open(&path) {
                     let _ = f.set_modified(SystemTime::now());
@@ -428,7 +437,10 @@ fn load_chain(s: &Shared, wanted: &[WantedBlock]) -> Vec<(BlockHash, Vec<u32>, V
                     path.display()
                 );
                 let _ = std::fs::remove_file(&path);
-                s.index.lock().unwrap_or_else(|e| e.into_inner()).remove(*hash);
+                s.index
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(*hash);
                 s.counters.rejected_files.fetch_add(1, Ordering::Relaxed);
                 break;
             }
@@ -461,7 +473,9 @@ fn write_block(s: &Shared, hash: BlockHash, token_ids: &[u32], kv: &[u8]) {
         let _ = std::fs::remove_file(block_path(&s.dir, v));
     }
     let path = block_path(&s.dir, hash);
-    let tmp = s.dir.join(format!("{hash:016x}.{}.tmp", std::process::id()));
+    let tmp = s
+        .dir
+        .join(format!("{hash:016x}.{}.tmp", std::process::id()));
     let written = std::fs::write(&tmp, &bytes).and_then(|()| std::fs::rename(&tmp, &path));
     let c = &s.counters;
     match written {
@@ -471,7 +485,10 @@ fn write_block(s: &Shared, hash: BlockHash, token_ids: &[u32], kv: &[u8]) {
         }
         Err(e) => {
             let _ = std::fs::remove_file(&tmp);
-            s.index.lock().unwrap_or_else(|e| e.into_inner()).remove(hash);
+            s.index
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(hash);
             c.dropped_writes.fetch_add(1, Ordering::Relaxed);
             eprintln!(
                 "warning: disk cache: writing {}: {e}; the block stays in memory only",
