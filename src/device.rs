@@ -195,4 +195,23 @@ impl Executor {
             Executor::CudaEmulated(m) => m.backend.copy_block(src, dst),
         }
     }
+
+    /// Block `id`'s KV bytes (see `KvCache::read_block`), for the disk tier; None on devices
+    /// whose pool the disk tier does not reach.
+    pub fn read_block(&self, id: u32) -> Option<Vec<u8>> {
+        match self {
+            Executor::Cpu(m) => Some(m.backend.kv().read_block(id)),
+            #[cfg(feature = "cuda")]
+            Executor::Cuda(_) | Executor::CudaEmulated(_) => None,
+        }
+    }
+
+    /// Fills block `id` from bytes `read_block` gave.
+    pub fn write_block(&mut self, id: u32, bytes: &[u8]) -> Result<()> {
+        match self {
+            Executor::Cpu(m) => m.backend.kv_mut().write_block(id, bytes),
+            #[cfg(feature = "cuda")]
+            Executor::Cuda(_) | Executor::CudaEmulated(_) => bail!("the disk tier does not reach the GPU's KV pool"),
+        }
+    }
 }

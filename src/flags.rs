@@ -130,6 +130,17 @@ impl EngineArgs {
         verbose: bool,
         kv_events: Option<crate::engine::kv_events::KvEventSink>,
     ) -> Result<EngineHandle> {
+        self.start_with_cache(model, verbose, kv_events, None)
+    }
+
+    /// As [`EngineArgs::start_with_events`], with the prefix cache's disk tier in `disk`.
+    pub fn start_with_cache(
+        &self,
+        model: Model,
+        verbose: bool,
+        kv_events: Option<crate::engine::kv_events::KvEventSink>,
+        disk: Option<crate::engine::disk_cache::DiskCacheConfig>,
+    ) -> Result<EngineHandle> {
         let config = self.config(&model)?;
         let spec = self.spec_config()?;
         if let Some(ctx) = self.ctx_size.filter(|&c| c > model.config.n_ctx_train) {
@@ -161,7 +172,14 @@ impl EngineArgs {
                 config.max_batched_tokens
             );
         }
-        EngineHandle::start_full(std::sync::Arc::new(model), config, exec, kv_events, spec)
+        EngineHandle::start_full(
+            std::sync::Arc::new(model),
+            config,
+            exec,
+            kv_events,
+            spec,
+            disk,
+        )
     }
 }
 

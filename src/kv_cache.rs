@@ -52,6 +52,50 @@ impl KvCache {
         }
     }
 
+    /// Bytes of one block over all layers (`bytes_per_block`), as `read_block` returns them.
+    pub fn block_bytes(&self) -> usize {
+        2 * self.k.len() * self.block_size * self.kv_dim * std::mem::size_of::<u16>()
+    }
+
+    /// Block `id`'s keys and values as bytes: per layer its keys, then its values
+    /// ([block_size][n_kv_heads][head_dim] f16 each, little-endian). The disk tier's format.
+    pub fn read_block(&self, id: u32) -> Vec<u8> {
+        let n = self.block_size * self.kv_dim;
+        let at = id as usize * n;
+        let mut out = Vec::with_capacity(self.block_bytes());
+        for l in 0..self.k.len() {
+            for cache in [&self.k[l], &self.v[l]] {
+                out.extend(cache[at..at + n].iter().flat_map(|x| x.to_le_bytes()));
+            }
+        }
+        out
+    }
+
+    /// Fills block `id` from bytes laid out as `read_block` returns them.
+    pub fn write_block(&mut self, id: u32, bytes: &[u8]) -> anyhow::Result<()> {
+        if bytes.len() != self.block_bytes() || id as usize >= self.num_blocks {
+            anyhow::bail!(
+                "writing KV block {id} of {} from {} bytes (a block has {})",
+                self.num_blocks,
+                bytes.len(),
+                self.block_bytes()
+            );
+        }
+        let n = self.block_size * self.kv_dim;
+        let at = id as usize * n;
+        let mut src = bytes
+            .chunks_exact(2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]));
+        for l in 0..self.k.len() {
+            for dst in [&mut self.k[l][at..at + n], &mut self.v[l][at..at + n]] {
+                for (d, s) in dst.iter_mut().zip(&mut src) {
+                    *d = s;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Copies block `src` onto block `dst` in every layer (copy-on-write of a shared block).
     pub fn copy_block(&mut self, src: u32, dst: u32) {
         let n = self.block_size * self.kv_dim;

@@ -33,6 +33,7 @@ pub mod kv_events;
 pub mod memory;
 pub mod model;
 pub mod perplexity;
+pub mod prefix_cache;
 pub mod sampler;
 pub mod server;
 pub mod tensor_type;

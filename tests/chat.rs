@@ -37,6 +37,7 @@ fn chat_pipe(dir: &Path, extra: &[&str], stdin: &str) -> Output {
         .arg(&model)
         .args(extra)
         .env("XDG_DATA_HOME", dir)
+        .env("XDG_CACHE_HOME", dir)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -160,6 +161,7 @@ impl Tmux {
         let mut command = vec![
             "env".to_string(),
             format!("XDG_DATA_HOME={}", dir.display()),
+            format!("XDG_CACHE_HOME={}", dir.display()),
             env!("CARGO_BIN_EXE_edge-llm").to_string(),
             "chat".into(),
             "-m".into(),

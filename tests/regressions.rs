@@ -120,7 +120,16 @@ fn negative_temp_and_n_reach_their_own_checks_instead_of_clap() {
 fn pipe_chat_reply_with_newlines_is_one_json_line_under_json() {
     let m = model();
     let out = edge_llm(
-        &["chat", "-m", &m, "-n", "40", "--json", "--no-history"],
+        &[
+            "chat",
+            "-m",
+            &m,
+            "-n",
+            "40",
+            "--json",
+            "--no-history",
+            "--no-disk-cache",
+        ],
         b"/set temp 0\nList three fruits as a numbered list.\nSay hi.\n",
     );
     assert!(out.status.success(), "{}", stderr(&out));

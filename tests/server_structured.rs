@@ -489,7 +489,7 @@ fn chat_schema_command_constrains_replies() {
     }
     let schema = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/notes-schema.json");
     let mut child = Command::new(env!("CARGO_BIN_EXE_edge-llm"))
-        .args(["chat", "--temp", "0", "-n", "40"])
+        .args(["chat", "--temp", "0", "-n", "40", "--no-disk-cache"])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())

@@ -10,6 +10,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 
 use crate::constraint::{Constraint, ConstraintSpec};
+use crate::engine::disk_cache::{DiskCacheConfig, DEFAULT_DISK_MIB};
 use crate::engine::{EngineHandle, Event, Request, RequestStream};
 use crate::flags::{EngineArgs, ModelArgs, ThreadArgs};
 use crate::sampler::{Rng, SamplingParams};
@@ -47,6 +48,10 @@ pub struct BenchArgs {
     /// parsed) instead of -p random tokens; every repetition uses it.
     #[arg(long = "prompt-file", value_name = "FILE")]
     pub prompt_file: Option<std::path::PathBuf>,
+    /// Run with the prefix cache's disk tier in DIR (off by default here, so figures never
+    /// depend on an earlier run's blocks)
+    #[arg(long = "cache-dir", value_name = "DIR")]
+    pub cache_dir: Option<std::path::PathBuf>,
 }
 
 pub(super) fn median(mut v: Vec<f64>) -> f64 {
@@ -138,7 +143,11 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     if engine_args.kv_mem.is_none() {
         engine_args.parallel = args.sessions.max(1);
     }
-    let engine = engine_args.start(model, true)?;
+    let disk = args.cache_dir.as_ref().map(|root| DiskCacheConfig {
+        root: root.clone(),
+        budget_bytes: DEFAULT_DISK_MIB << 20,
+    });
+    let engine = engine_args.start_with_cache(model, true, None, disk)?;
     let constraint = match &args.json_schema {
         Some(path) => Some(schema_constraint(&engine, path)?),
         None => None,

@@ -44,6 +44,8 @@ pub struct ChatArgs {
     pub engine: EngineArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub cache: crate::prefix_cache::CacheArgs,
     /// Most tokens per reply (`/set max_tokens` changes it per session).
     /// -1: no limit but the context.
     #[arg(
@@ -97,7 +99,9 @@ pub fn run(args: &ChatArgs) -> Result<()> {
             "--json is for a pipe (stdin not a terminal); on a terminal replies stream as text"
         );
     }
-    let engine = args.engine.start(model, false)?;
+    let disk = args.cache.disk_config()?;
+    let engine = args.engine.start_with_cache(model, false, None, disk)?;
+    args.cache.pin_all(&engine, Some(&template))?;
     let mut chat = Chat::new(
         engine,
         template,

@@ -10,10 +10,16 @@
 //!   evicted only when its slot is needed for new tokens.
 //! - Copy-on-write: a forked sequence shares its parent's blocks; before a sequence writes into
 //!   a block someone else also holds, it gets a private copy (the caller copies the memory).
+//! - Isolation: a sequence with a cache key (an API key's hash) hashes its blocks on a chain
+//!   salted with the key, so it never matches another key's blocks; the chain stays unsalted
+//!   while it runs through pinned blocks, which every key shares.
+//! - The disk tier (`super::disk_cache`) hooks in through the eviction log (cached blocks whose
+//!   slot was just taken, to save before they are overwritten) and `insert_cached` (blocks
+//!   loaded from disk).
 //! - KV events (off unless `enable_events`): a `BlockStored` per chain of blocks entering the
 //!   prefix cache, a `BlockRemoved` per evicted one, queued for `take_events`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use super::kv_events::KvCacheEvent;
@@ -63,6 +69,11 @@ pub struct BlockManager {
     pub stats: PrefixCacheStats,
     /// Prefix-cache changes not yet taken; None while events are off.
     events: Option<Vec<KvCacheEvent>>,
+    /// Cached blocks evicted since the last `take_evicted` (id, hash, token ids), for the disk
+    /// tier to save before the slot is written; None while the log is off.
+    evicted: Option<Vec<(u32, BlockHash, Vec<u32>)>>,
+    /// Hashes of pinned blocks: chains of every cache key share them.
+    pinned: HashSet<BlockHash>,
 }
 
 /// The hash of a full block of `tokens` following a block whose hash is `parent`.
@@ -87,6 +98,8 @@ impl BlockManager {
             salt,
             stats: PrefixCacheStats::default(),
             events: None,
+            evicted: None,
+            pinned: HashSet::new(),
         };
         for id in 0..num_blocks as u32 {
             m.push_free(id);
@@ -102,6 +115,94 @@ impl BlockManager {
     /// The events queued since the last call (none while events are off).
     pub fn take_events(&mut self) -> Vec<KvCacheEvent> {
         self.events.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// Starts logging evicted cached blocks (for the disk tier).
+    pub fn enable_eviction_log(&mut self) {
+        self.evicted.get_or_insert_with(Vec::new);
+    }
+
+    /// The cached blocks evicted since the last call: (block id, hash, token ids). Their slots
+    /// still hold the old keys and values until the next forward step or block write.
+    pub fn take_evicted(&mut self) -> Vec<(u32, BlockHash, Vec<u32>)> {
+        self.evicted
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    /// The hash and token ids of block `id` if it is registered in the prefix cache.
+    pub fn registered(&self, id: u32) -> Option<(BlockHash, &[u32])> {
+        let b = &self.blocks[id as usize];
+        b.hash.map(|h| (h, b.token_ids.as_slice()))
+    }
+
+    /// Whether the prefix cache holds a block with this hash.
+    pub fn is_cached(&self, hash: BlockHash) -> bool {
+        self.cached.contains_key(&hash)
+    }
+
+    /// Marks a registered block's hash as pinned: every cache key's chain shares it.
+    pub fn mark_pinned(&mut self, hash: BlockHash) {
+        self.pinned.insert(hash);
+    }
+
+    pub fn is_pinned_hash(&self, hash: BlockHash) -> bool {
+        self.pinned.contains(&hash)
+    }
+
+    /// Enters a block whose keys and values come from elsewhere (the disk tier) into the
+    /// prefix cache as a free cached block: takes the least recently used free block (evicting
+    /// what it held) and returns its id, for the caller to fill before the next step. None when
+    /// no block is free or the hash is cached already.
+    pub fn insert_cached(
+        &mut self,
+        hash: BlockHash,
+        parent: Option<BlockHash>,
+        token_ids: &[u32],
+    ) -> Option<u32> {
+        if self.cached.contains_key(&hash) || token_ids.len() != self.block_size {
+            return None;
+        }
+        let id = self.allocate_block()?;
+        let b = &mut self.blocks[id as usize];
+        b.hash = Some(hash);
+        b.token_ids = token_ids.to_vec();
+        self.cached.insert(hash, id);
+        if let Some(events) = &mut self.events {
+            events.push(KvCacheEvent::BlockStored {
+                block_hashes: vec![hash],
+                parent_block_hash: parent,
+                token_ids: token_ids.to_vec(),
+            });
+        }
+        self.release_block(id);
+        Some(id)
+    }
+
+    /// The next hash of a chain for cache key `key`: while the chain runs through pinned
+    /// blocks it is the unkeyed chain; from the first block that is not pinned on, the key is
+    /// mixed into the parent (`keyed` records that it was).
+    fn chain_step(
+        &self,
+        parent: Option<BlockHash>,
+        keyed: &mut bool,
+        key: Option<u64>,
+        chunk: &[u32],
+    ) -> BlockHash {
+        let Some(key) = key else {
+            return block_hash(parent, chunk, self.salt);
+        };
+        if !*keyed {
+            let h = block_hash(parent, chunk, self.salt);
+            if self.pinned.contains(&h) {
+                return h;
+            }
+            *keyed = true;
+            let root = block_hash(parent, &[], key);
+            return block_hash(Some(root), chunk, self.salt);
+        }
+        block_hash(parent, chunk, self.salt)
     }
 
     /// The hashes the prefix cache can serve now (what KV events have announced and not
@@ -164,6 +265,9 @@ impl BlockManager {
         if let Some(h) = b.hash.take() {
             if self.cached.get(&h) == Some(&id) {
                 self.cached.remove(&h);
+                if let Some(log) = &mut self.evicted {
+                    log.push((id, h, b.token_ids.clone()));
+                }
                 // Only the cache's own entry was announced (see register_full_blocks).
                 if let Some(events) = &mut self.events {
                     events.push(KvCacheEvent::BlockRemoved {
@@ -191,13 +295,19 @@ impl BlockManager {
     /// and returns the block table it starts with; the sequence has `len * block_size` tokens
     /// computed.
     pub fn match_prefix(&mut self, tokens: &[u32]) -> Vec<u32> {
+        self.match_prefix_keyed(None, tokens)
+    }
+
+    /// As `match_prefix`, on the chain of cache key `key`.
+    pub fn match_prefix_keyed(&mut self, key: Option<u64>, tokens: &[u32]) -> Vec<u32> {
         let bs = self.block_size;
         let matchable = tokens.len().saturating_sub(1) / bs;
         let mut table = Vec::new();
         let mut parent = None;
+        let mut keyed = false;
         for i in 0..matchable {
             let chunk = &tokens[i * bs..(i + 1) * bs];
-            let h = block_hash(parent, chunk, self.salt);
+            let h = self.chain_step(parent, &mut keyed, key, chunk);
             match self.cached.get(&h) {
                 Some(&id) if self.blocks[id as usize].token_ids == chunk => {
                     self.take_from_free(id);
@@ -224,11 +334,17 @@ impl BlockManager {
     /// The chained hashes of the prompt blocks `match_prefix` could reuse: every full block
     /// but the one holding the last token.
     pub fn prompt_block_hashes(&self, tokens: &[u32]) -> Vec<BlockHash> {
+        self.prompt_block_hashes_keyed(None, tokens)
+    }
+
+    /// As `prompt_block_hashes`, on the chain of cache key `key`.
+    pub fn prompt_block_hashes_keyed(&self, key: Option<u64>, tokens: &[u32]) -> Vec<BlockHash> {
         let bs = self.block_size;
         let mut parent = None;
+        let mut keyed = false;
         (0..tokens.len().saturating_sub(1) / bs)
             .map(|i| {
-                let h = block_hash(parent, &tokens[i * bs..(i + 1) * bs], self.salt);
+                let h = self.chain_step(parent, &mut keyed, key, &tokens[i * bs..(i + 1) * bs]);
                 parent = Some(h);
                 h
             })
@@ -282,8 +398,20 @@ impl BlockManager {
     /// `first_block` on, for the `num_computed` computed tokens of `tokens`. Returns the chain's
     /// last hash, so the caller can continue from it next time.
     pub fn register_full_blocks(&mut self, table: &[u32], tokens: &[u32], num_computed: usize) {
+        self.register_full_blocks_keyed(None, table, tokens, num_computed)
+    }
+
+    /// As `register_full_blocks`, on the chain of cache key `key`.
+    pub fn register_full_blocks_keyed(
+        &mut self,
+        key: Option<u64>,
+        table: &[u32],
+        tokens: &[u32],
+        num_computed: usize,
+    ) {
         let bs = self.block_size;
         let mut parent = None;
+        let mut keyed = false;
         // The chain of blocks this call enters into the cache, for one `BlockStored`.
         let mut stored: Option<KvCacheEvent> = None;
         for i in 0..(num_computed / bs).min(table.len()) {
@@ -292,9 +420,10 @@ impl BlockManager {
             if let Some(h) = self.blocks[id as usize].hash {
                 self.flush_stored(&mut stored);
                 parent = Some(h);
+                keyed = keyed || (key.is_some() && !self.pinned.contains(&h));
                 continue;
             }
-            let h = block_hash(parent, chunk, self.salt);
+            let h = self.chain_step(parent, &mut keyed, key, chunk);
             let b = &mut self.blocks[id as usize];
             b.hash = Some(h);
             b.token_ids = chunk.to_vec();

@@ -36,6 +36,10 @@ pub struct Metrics {
     pub spec_proposed_tokens: u64,
     pub spec_accepted_tokens: u64,
     pub spec_blocks_rolled_back: u64,
+    /// Blocks held by pinned prompts.
+    pub blocks_pinned: usize,
+    /// The disk tier's counters; None when it is off.
+    pub disk_cache: Option<super::disk_cache::DiskCacheStats>,
 }
 
 impl Metrics {

@@ -8,9 +8,12 @@
 //! - `batch_builder`: the one bridge from scheduled sequences to the model's flat batch.
 //! - `worker`: the loop that runs steps, samples, and reports to clients.
 //! - `kv_events`: prefix-cache changes for routers, queued without ever blocking the engine.
+//! - `disk_cache`: the prefix cache's disk tier (blocks that survive restarts), with its own
+//!   I/O thread.
 
 pub mod batch_builder;
 pub mod block_manager;
+pub mod disk_cache;
 pub mod kv_events;
 mod masks;
 pub mod metrics;
@@ -132,6 +135,12 @@ pub struct Request {
     /// Whether the engine may speculate for this request when speculation is on (it never
     /// changes the output; off only to compare).
     pub speculate: bool,
+    /// Salts the prompt's prefix-cache blocks (a tenant's API key): requests with another key
+    /// never reuse them. None shares the one cache.
+    pub cache_key: Option<u64>,
+    /// Compute the prompt and pin its full blocks (never evicted) instead of generating: the
+    /// request finishes with no tokens.
+    pub pin: bool,
 }
 
 impl Request {
@@ -145,6 +154,8 @@ impl Request {
             ignore_eos: false,
             logprobs: None,
             speculate: true,
+            cache_key: None,
+            pin: false,
         }
     }
 }
@@ -185,6 +196,10 @@ pub struct Usage {
     pub completion_tokens: usize,
     /// Prompt tokens served from the prefix cache.
     pub cached_tokens: usize,
+    /// Of those, the ones loaded from the disk tier for this request, and the ones held by
+    /// pinned prompts (the rest were in memory).
+    pub cached_disk_tokens: usize,
+    pub cached_pinned_tokens: usize,
     /// Time from submission to the first token.
     pub ttft_ms: u64,
 }
@@ -244,6 +259,8 @@ pub struct EngineHandle {
     in_flight: Arc<AtomicU64>,
     /// The engine's counters as of its last step or command.
     metrics: Arc<Mutex<Metrics>>,
+    /// The disk tier's counters, read live (its thread writes between steps).
+    disk_stats: Option<disk_cache::DiskStatsHandle>,
     pub config: Arc<EngineConfig>,
     pub model: Arc<Model>,
     /// Compiles and caches the constraints of requests for this model.
@@ -333,7 +350,7 @@ impl EngineHandle {
         exec: Executor,
         kv_events: Option<kv_events::KvEventSink>,
     ) -> Result<EngineHandle> {
-        Self::start_full(model, config, exec, kv_events, SpecConfig::default())
+        Self::start_full(model, config, exec, kv_events, SpecConfig::default(), None)
     }
 
     /// Starts the engine on the CPU with speculative decoding as `spec` says.
@@ -343,16 +360,30 @@ impl EngineHandle {
         spec: SpecConfig,
     ) -> Result<EngineHandle> {
         let exec = Executor::cpu(&model, config.block_size, config.num_blocks);
-        Self::start_full(model, config, exec, None, spec)
+        Self::start_full(model, config, exec, None, spec, None)
     }
 
-    /// As [`EngineHandle::start_with_events`], speculating as `spec` says.
+    /// As [`EngineHandle::start_with_events`], with the prefix cache's disk tier in `disk`
+    /// (CPU pools only; on a GPU it is left off with a warning).
+    pub fn start_with_cache(
+        model: Arc<Model>,
+        config: EngineConfig,
+        exec: Executor,
+        kv_events: Option<kv_events::KvEventSink>,
+        disk: Option<disk_cache::DiskCacheConfig>,
+    ) -> Result<EngineHandle> {
+        Self::start_full(model, config, exec, kv_events, SpecConfig::default(), disk)
+    }
+
+    /// The engine with every option: KV events, speculative decoding as `spec` says, and the
+    /// prefix cache's disk tier in `disk`.
     pub fn start_full(
         model: Arc<Model>,
         config: EngineConfig,
         exec: Executor,
         kv_events: Option<kv_events::KvEventSink>,
         spec: SpecConfig,
+        disk: Option<disk_cache::DiskCacheConfig>,
     ) -> Result<EngineHandle> {
         spec.validate().map_err(anyhow::Error::msg)?;
         if exec.block_size() != config.block_size {
@@ -374,7 +405,9 @@ impl EngineHandle {
             metrics.clone(),
             kv_events,
             spec,
+            disk,
         );
+        let disk_stats = worker.disk_stats();
         std::thread::Builder::new()
             .name("edge-llm-engine".into())
             .spawn(move || worker.run(rx))?;
@@ -383,6 +416,7 @@ impl EngineHandle {
             next_id: Arc::new(AtomicU64::new(1)),
             in_flight,
             metrics,
+            disk_stats,
             config,
             grammars: Arc::new(Grammars::new(model.clone())),
             model,
@@ -459,7 +493,9 @@ impl EngineHandle {
 
     /// The engine's counters as of its last step or command. Never waits for a step.
     pub fn metrics(&self) -> Option<Metrics> {
-        self.metrics.lock().ok().map(|m| m.clone())
+        let mut m = self.metrics.lock().ok().map(|m| m.clone())?;
+        m.disk_cache = self.disk_stats.as_ref().map(|d| d.stats());
+        Some(m)
     }
 
     /// Requests submitted and not finished.

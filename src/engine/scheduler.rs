@@ -51,6 +51,8 @@ pub struct Scheduler {
     /// waiting sequence whose next uncached block is among them waits for it instead of
     /// computing the same prefix a second time.
     in_flight: HashMap<u64, u64>,
+    /// Pinned blocks: held here forever, so they are never evicted.
+    pinned: Vec<u32>,
 }
 
 impl Scheduler {
@@ -65,6 +67,7 @@ impl Scheduler {
             next_arrival: 0,
             num_preemptions: 0,
             in_flight: HashMap::new(),
+            pinned: Vec::new(),
         }
     }
 
@@ -175,8 +178,10 @@ impl Scheduler {
         {
             let id = self.waiting[w];
             let seq = self.seqs.get_mut(&id).expect("waiting ids are live");
-            let hashes = self.blocks.prompt_block_hashes(&seq.tokens);
-            seq.block_table = self.blocks.match_prefix(&seq.tokens);
+            let hashes = self
+                .blocks
+                .prompt_block_hashes_keyed(seq.cache_key, &seq.tokens);
+            seq.block_table = self.blocks.match_prefix_keyed(seq.cache_key, &seq.tokens);
             let matched = seq.block_table.len();
             if hashes
                 .get(matched)
@@ -265,8 +270,12 @@ impl Scheduler {
                 continue;
             };
             seq.num_computed += n.min(seq.num_uncomputed());
-            self.blocks
-                .register_full_blocks(&seq.block_table, &seq.tokens, seq.num_computed);
+            self.blocks.register_full_blocks_keyed(
+                seq.cache_key,
+                &seq.block_table,
+                &seq.tokens,
+                seq.num_computed,
+            );
             let full = seq.num_computed / self.blocks.block_size;
             self.clear_in_flight(id, full);
             let seq = &self.seqs[&id];
@@ -332,11 +341,49 @@ impl Scheduler {
         Some(seq)
     }
 
+    /// Pins every registered full block of `seq_id`'s table (a pinned prompt): they are held
+    /// from now on and every cache key's chain shares them. Returns the blocks newly pinned;
+    /// fails (pinning nothing) when more than `limit` blocks would be pinned in all.
+    pub fn pin(&mut self, seq_id: u64, limit: usize) -> Result<usize, String> {
+        let Some(seq) = self.seqs.get(&seq_id) else {
+            return Ok(0);
+        };
+        let new: Vec<(u32, u64)> = seq
+            .block_table
+            .iter()
+            .map_while(|&id| self.blocks.registered(id).map(|(h, _)| (id, h)))
+            .filter(|&(_, h)| !self.blocks.is_pinned_hash(h))
+            .collect();
+        if self.pinned.len() + new.len() > limit {
+            return Err(format!(
+                "pinning {} more blocks would pin more than {limit} of the KV pool's {} blocks",
+                new.len(),
+                self.blocks.num_blocks()
+            ));
+        }
+        for &(id, h) in &new {
+            self.blocks.mark_pinned(h);
+            self.pinned.extend(self.blocks.fork(&[id]));
+        }
+        Ok(new.len())
+    }
+
+    /// Blocks held by pinned prompts.
+    pub fn num_pinned(&self) -> usize {
+        self.pinned.len()
+    }
+
+    /// Whether block `id` is pinned.
+    pub fn is_pinned(&self, id: u32) -> bool {
+        self.pinned.contains(&id)
+    }
+
     /// Checks the block manager's invariants against every live sequence's block table, and
     /// that the queues hold each live sequence exactly once.
     pub fn check_invariants(&self) -> Result<(), String> {
+        let tables = self.seqs.values().map(|s| s.block_table.as_slice());
         self.blocks
-            .check_invariants(self.seqs.values().map(|s| s.block_table.as_slice()))?;
+            .check_invariants(tables.chain(std::iter::once(self.pinned.as_slice())))?;
         let mut all: Vec<u64> = self.waiting.iter().chain(&self.running).copied().collect();
         all.sort_unstable();
         let mut live: Vec<u64> = self.seqs.keys().copied().collect();

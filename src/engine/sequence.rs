@@ -32,6 +32,8 @@ pub struct Sequence {
     /// Proposed tokens (speculative decoding) to score after `tokens` in the next step; never
     /// part of `tokens` until verified.
     pub draft: Vec<u32>,
+    /// Salts its prefix-cache chain (a tenant's API key); None shares the one cache.
+    pub cache_key: Option<u64>,
 }
 
 impl Sequence {
@@ -48,6 +50,7 @@ impl Sequence {
             pending_hashes: Vec::new(),
             num_preemptions: 0,
             draft: Vec::new(),
+            cache_key: None,
         }
     }
 

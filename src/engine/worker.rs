@@ -3,15 +3,16 @@
 //! command channel when idle. Owns the model's KV pool, the scheduler and every sequence's
 //! sampling state.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc as events;
 
 use super::batch_builder::build_batch;
-use super::block_manager::BlockManager;
+use super::block_manager::{BlockHash, BlockManager};
+use super::disk_cache::{self, DiskCacheConfig, DiskTier};
 use super::kv_events::{coalesce, KvCacheEvent, KvEventSink};
 use super::masks::{self, MaskResult};
 use super::scheduler::{Scheduler, SchedulerConfig};
@@ -41,6 +42,8 @@ struct SeqState {
     submitted: Instant,
     ttft_ms: Option<u64>,
     num_cached: usize,
+    /// Hashes of the blocks loaded from disk for this sequence (cache explain).
+    from_disk: HashSet<BlockHash>,
     /// Where the sequence is in its grammar, for constrained requests.
     constraint: Option<ConstraintState>,
 }
@@ -63,7 +66,26 @@ pub(super) struct Worker {
     kv_events: Option<KvEventSink>,
     /// Proposals and their adaptive lengths (speculative decoding; off by default).
     speculator: super::spec::Speculator,
+    /// The prefix cache's disk tier (`--no-disk-cache` leaves it None).
+    disk: Option<DiskTier>,
+    /// New sequences waiting for their prompt's blocks from disk before they are scheduled.
+    parked: Vec<Parked>,
+    next_ticket: u64,
 }
+
+/// A sequence whose prompt continues on disk: it waits for the load (at most
+/// `DISK_LOAD_WAIT`) and is then scheduled, reusing what arrived.
+struct Parked {
+    seq_id: u64,
+    ticket: u64,
+    deadline: Instant,
+    /// The hash of the block before the first one asked for.
+    parent: Option<BlockHash>,
+}
+
+/// How long a new request waits for its blocks from disk; a slower disk degrades to
+/// recomputing them.
+const DISK_LOAD_WAIT: Duration = Duration::from_millis(500);
 
 impl Worker {
     pub(super) fn new(
@@ -74,20 +96,29 @@ impl Worker {
         published: Arc<Mutex<Metrics>>,
         kv_events: Option<KvEventSink>,
         spec: super::spec::SpecConfig,
+        disk: Option<DiskCacheConfig>,
     ) -> Self {
-        // The salt names what the cached keys and values depend on besides the tokens.
-        let salt = {
-            use std::hash::{DefaultHasher, Hash, Hasher};
-            let mut h = DefaultHasher::new();
-            (
-                model.file.path(),
-                model.file.file_bytes(),
-                config.block_size,
-            )
-                .hash(&mut h);
-            h.finish()
-        };
+        // The salt names what the cached keys and values depend on besides the tokens (the
+        // model's contents, the block size, the device): the disk tier's identity.
+        let salt = disk_cache::identity(&model, config.block_size, exec.device().name());
         let mut blocks = BlockManager::new(config.num_blocks, config.block_size, salt);
+        let disk = disk.and_then(|d| {
+            let kv_bytes = exec.read_block(0).map(|b| b.len());
+            let Some(kv_bytes) = kv_bytes else {
+                eprintln!("warning: the disk cache is off: it does not reach the GPU's KV pool");
+                return None;
+            };
+            match DiskTier::open(&d, &model, salt, kv_bytes) {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    eprintln!("warning: the disk cache is off: {e:#}");
+                    None
+                }
+            }
+        });
+        if disk.is_some() {
+            blocks.enable_eviction_log();
+        }
         if let Some(sink) = &kv_events {
             blocks.enable_events();
             sink.send(vec![KvCacheEvent::AllBlocksCleared]);
@@ -112,19 +143,35 @@ impl Worker {
             published,
             kv_events,
             speculator: super::spec::Speculator::new(spec),
+            disk,
+            parked: Vec::new(),
+            next_ticket: 0,
         }
     }
 
     pub(super) fn run(mut self, rx: mpsc::Receiver<Command>) {
+        self.publish();
         loop {
             let mut took = false; // commands taken in since the last step
-            if !self.sched.has_work() {
+            if !self.sched.has_work() && self.parked.is_empty() {
                 match rx.recv() {
                     Ok(cmd) => {
                         self.handle(cmd);
                         took = true;
                     }
                     Err(_) => return,
+                }
+            } else if !self.sched.has_work() {
+                // Only disk loads to wait for: poll them and the commands in turn.
+                match rx.recv_timeout(Duration::from_millis(1)) {
+                    Ok(cmd) => {
+                        self.handle(cmd);
+                        took = true;
+                    }
+                    Err(mpsc::RecvTimeoutError::Timeout) => {}
+                    Err(mpsc::RecvTimeoutError::Disconnected) => {
+                        self.unpark_all();
+                    }
                 }
             }
             loop {
@@ -135,13 +182,14 @@ impl Worker {
                     }
                     Err(mpsc::TryRecvError::Empty) => break,
                     Err(mpsc::TryRecvError::Disconnected) => {
-                        if !self.sched.has_work() {
+                        if !self.sched.has_work() && self.parked.is_empty() {
                             return;
                         }
                         break;
                     }
                 }
             }
+            took |= self.poll_disk();
             // Published before the step too: a client that hears its first token must not read
             // a snapshot from before its request was counted in.
             if took {
@@ -168,7 +216,6 @@ impl Worker {
                     self.metrics.requests_constrained += 1;
                 }
                 let seq_id = self.new_seq_id();
-                self.sched.add(seq_id, request.prompt.clone());
                 let request = Arc::new(request);
                 self.seqs.insert(
                     seq_id,
@@ -184,17 +231,168 @@ impl Worker {
                         submitted: Instant::now(),
                         ttft_ms: None,
                         num_cached: 0,
+                        from_disk: HashSet::new(),
                         constraint,
                     },
                 );
                 self.requests.insert(id, vec![seq_id]);
+                if !self.park(seq_id) {
+                    self.enqueue(seq_id);
+                }
             }
             Command::Abort(id) => {
-                for seq_id in self.requests.get(&id).cloned().unwrap_or_default() {
+                let seqs = self.requests.get(&id).cloned().unwrap_or_default();
+                for &seq_id in &seqs {
+                    self.unpark(seq_id);
+                }
+                for seq_id in seqs {
                     self.finish(seq_id, FinishReason::Abort);
                 }
             }
         }
+    }
+
+    /// Hands a new sequence to the scheduler, with its request's cache key.
+    fn enqueue(&mut self, seq_id: u64) {
+        let Some(st) = self.seqs.get(&seq_id) else {
+            return;
+        };
+        let (prompt, key) = (st.request.prompt.clone(), st.request.cache_key);
+        self.sched.add(seq_id, prompt);
+        if let Some(seq) = self.sched.get_mut(seq_id) {
+            seq.cache_key = key;
+        }
+    }
+
+    /// Parks a new sequence whose prompt continues on disk past what memory holds, and asks
+    /// the disk tier for those blocks. False (nothing parked) when there is nothing to load.
+    fn park(&mut self, seq_id: u64) -> bool {
+        let (Some(disk), Some(st)) = (&self.disk, self.seqs.get(&seq_id)) else {
+            return false;
+        };
+        let prompt = &st.request.prompt;
+        let blocks = &self.sched.blocks;
+        let hashes = blocks.prompt_block_hashes_keyed(st.request.cache_key, prompt);
+        let Some(first) = hashes.iter().position(|&h| !blocks.is_cached(h)) else {
+            return false;
+        };
+        if !disk.is_written(hashes[first]) {
+            return false;
+        }
+        let bs = blocks.block_size;
+        let wanted: Vec<_> = (first..hashes.len())
+            .take_while(|&i| disk.is_written(hashes[i]))
+            .map(|i| (hashes[i], prompt[i * bs..(i + 1) * bs].to_vec()))
+            .collect();
+        self.next_ticket += 1;
+        let ticket = self.next_ticket;
+        if !disk.load(ticket, wanted) {
+            return false;
+        }
+        self.parked.push(Parked {
+            seq_id,
+            ticket,
+            deadline: Instant::now() + DISK_LOAD_WAIT,
+            parent: first.checked_sub(1).map(|i| hashes[i]),
+        });
+        true
+    }
+
+    /// Schedules a parked sequence now, with whatever has arrived from disk.
+    fn unpark(&mut self, seq_id: u64) {
+        if let Some(i) = self.parked.iter().position(|p| p.seq_id == seq_id) {
+            self.parked.remove(i);
+            self.enqueue(seq_id);
+        }
+    }
+
+    fn unpark_all(&mut self) {
+        for p in std::mem::take(&mut self.parked) {
+            self.enqueue(p.seq_id);
+        }
+    }
+
+    /// Takes in the disk tier's answers: loaded blocks enter the KV pool as cached blocks and
+    /// their sequences are scheduled; sequences whose load is late are scheduled without it.
+    /// True when a sequence was scheduled.
+    fn poll_disk(&mut self) -> bool {
+        let mut moved = false;
+        while let Some(loaded) = self.disk.as_ref().and_then(|d| d.try_loaded()) {
+            let Some(i) = self.parked.iter().position(|p| p.ticket == loaded.ticket) else {
+                continue; // its request was aborted; the blocks stay on disk
+            };
+            let p = self.parked.remove(i);
+            let mut parent = p.parent;
+            let mut from_disk = HashSet::new();
+            for (hash, token_ids, kv) in loaded.blocks {
+                if !self.sched.blocks.is_cached(hash) {
+                    let Some(id) = self.sched.blocks.insert_cached(hash, parent, &token_ids) else {
+                        break;
+                    };
+                    self.save_evicted();
+                    if let Err(e) = self.exec.write_block(id, &kv) {
+                        eprintln!("warning: disk cache: {e:#}; leaving it off");
+                        self.disk = None;
+                        break;
+                    }
+                    from_disk.insert(hash);
+                }
+                parent = Some(hash);
+            }
+            if let Some(st) = self.seqs.get_mut(&p.seq_id) {
+                st.from_disk = from_disk;
+            }
+            self.enqueue(p.seq_id);
+            moved = true;
+        }
+        let now = Instant::now();
+        let late: Vec<u64> = self
+            .parked
+            .iter()
+            .filter(|p| p.deadline <= now || self.disk.is_none())
+            .map(|p| p.seq_id)
+            .collect();
+        for seq_id in late {
+            self.unpark(seq_id);
+            moved = true;
+        }
+        moved
+    }
+
+    /// Hands the cached blocks just evicted from the pool to the disk tier (their slots still
+    /// hold their keys and values), unless it has them.
+    fn save_evicted(&mut self) {
+        let evicted = self.sched.blocks.take_evicted();
+        let Some(disk) = &self.disk else { return };
+        for (id, hash, token_ids) in evicted {
+            if !disk.contains(hash) {
+                if let Some(kv) = self.exec.read_block(id) {
+                    disk.write(hash, token_ids, kv);
+                }
+            }
+        }
+    }
+
+    /// Writes behind: the full blocks of a sequence that ends go to the disk tier.
+    fn write_behind(&mut self, seq_id: u64) {
+        let (Some(disk), Some(seq)) = (&self.disk, self.sched.get(seq_id)) else {
+            return;
+        };
+        for &id in &seq.block_table {
+            let Some((hash, token_ids)) = self.sched.blocks.registered(id) else {
+                continue;
+            };
+            if !disk.contains(hash) {
+                if let Some(kv) = self.exec.read_block(id) {
+                    disk.write(hash, token_ids.to_vec(), kv);
+                }
+            }
+        }
+    }
+
+    /// The disk tier's live counters, when it is on.
+    pub(super) fn disk_stats(&self) -> Option<disk_cache::DiskStatsHandle> {
+        self.disk.as_ref().map(|d| d.stats_handle())
     }
 
     fn new_seq_id(&mut self) -> u64 {
@@ -225,7 +423,9 @@ impl Worker {
             blocks_cached: b.num_cached_free(),
             blocks_free: b.num_free(),
             num_running: self.sched.num_running(),
-            num_waiting: self.sched.num_waiting(),
+            num_waiting: self.sched.num_waiting() + self.parked.len(),
+            blocks_pinned: self.sched.num_pinned(),
+            disk_cache: self.disk.as_ref().map(|d| d.stats()),
             preemptions: self.sched.num_preemptions,
             ..self.metrics.clone()
         }
@@ -235,6 +435,8 @@ impl Worker {
     fn step(&mut self) {
         self.propose();
         let out = self.sched.schedule();
+        // Before any slot is written: the cached blocks this schedule evicted go to disk.
+        self.save_evicted();
         if out.is_empty() {
             // Nothing fits even alone (cannot happen with a pool of at least max_seq_len
             // tokens); fail the head of the queue rather than spin.
@@ -372,6 +574,10 @@ impl Worker {
     fn sample(&mut self, seq_id: u64, logits: &[f32], mask: Option<MaskResult>) -> Option<u32> {
         let seq = self.sched.get(seq_id)?;
         let first = seq.generated().is_empty();
+        if first && self.seqs[&seq_id].request.pin {
+            self.pin(seq_id);
+            return None;
+        }
         if first {
             let num_cached = seq.num_cached;
             let st = self
@@ -399,6 +605,7 @@ impl Worker {
                     submitted: st.submitted,
                     ttft_ms: None,
                     num_cached,
+                    from_disk: st.from_disk.clone(),
                     constraint: st
                         .request
                         .sampling
@@ -482,9 +689,44 @@ impl Worker {
         Some(token)
     }
 
+    /// A pin request's prompt is computed: its full blocks are pinned, and it finishes.
+    fn pin(&mut self, seq_id: u64) {
+        // At most half the pool may be pinned, so requests always have room.
+        let limit = self.sched.blocks.num_blocks() / 2;
+        match self.sched.pin(seq_id, limit) {
+            Ok(_) => self.finish(seq_id, FinishReason::Stop),
+            Err(e) => self.fail(seq_id, e),
+        }
+    }
+
+    /// Where the cached prompt blocks of `seq_id` came from: (disk, pinned) tokens.
+    fn cache_sources(&self, seq_id: u64, num_cached: usize) -> (usize, usize) {
+        let (Some(seq), Some(st)) = (self.sched.get(seq_id), self.seqs.get(&seq_id)) else {
+            return (0, 0);
+        };
+        let bs = self.sched.blocks.block_size;
+        let (mut disk, mut pinned) = (0, 0);
+        for &id in seq.block_table.iter().take(num_cached / bs) {
+            if self.sched.is_pinned(id) {
+                pinned += bs;
+            } else if self
+                .sched
+                .blocks
+                .registered(id)
+                .is_some_and(|(h, _)| st.from_disk.contains(&h))
+            {
+                disk += bs;
+            }
+        }
+        (disk, pinned)
+    }
+
     /// Ends a sequence: the client hears why, its blocks go back at once.
     fn finish(&mut self, seq_id: u64, reason: FinishReason) {
         self.speculator.forget(seq_id);
+        self.write_behind(seq_id);
+        let cached = self.seqs.get(&seq_id).map_or(0, |st| st.num_cached);
+        let (cached_disk_tokens, cached_pinned_tokens) = self.cache_sources(seq_id, cached);
         let Some(seq) = self.sched.finish(seq_id) else {
             return;
         };
@@ -510,6 +752,8 @@ impl Worker {
             prompt_tokens: seq.prompt_len,
             completion_tokens: seq.generated().len(),
             cached_tokens: st.num_cached,
+            cached_disk_tokens,
+            cached_pinned_tokens,
             ttft_ms: st.ttft_ms.unwrap_or(0),
         };
         // Counted out of the queue before the client hears, so it may submit again at once; and

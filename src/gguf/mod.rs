@@ -108,6 +108,11 @@ impl GgufFile {
         &self.path
     }
 
+    /// The whole file's bytes (the memory map).
+    pub fn bytes(&self) -> &[u8] {
+        &self.mmap
+    }
+
     /// Size of the file in bytes.
     pub fn file_bytes(&self) -> u64 {
         self.mmap.len() as u64

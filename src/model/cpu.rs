@@ -132,6 +132,15 @@ pub struct Cpu {
 }
 
 impl Cpu {
+    /// The KV pool (the disk tier reads and fills whole blocks of it).
+    pub fn kv(&self) -> &KvCache {
+        &self.kv
+    }
+
+    pub fn kv_mut(&mut self) -> &mut KvCache {
+        &mut self.kv
+    }
+
     /// A KV pool of `num_blocks` blocks of `block_size` tokens for a model of `c`.
     pub fn new(c: &ModelConfig, block_size: usize, num_blocks: usize) -> Cpu {
         let kv = KvCache::new(c, block_size, num_blocks);

@@ -151,6 +151,29 @@ pub fn prometheus(m: &Metrics) -> String {
         &[("", m.prefix_cache_hit_rate())],
     );
     metric(
+        "kv_blocks_pinned",
+        "gauge",
+        "KV blocks held by pinned prompts (never evicted).",
+        &[("", m.blocks_pinned as f64)],
+    );
+    if let Some(d) = &m.disk_cache {
+        let disk: [(&str, &str, &str, f64); 10] = [
+            ("disk_cache_blocks", "gauge", "Prefix-cache blocks on disk.", d.blocks as f64),
+            ("disk_cache_bytes", "gauge", "Bytes of prefix-cache blocks on disk.", d.bytes as f64),
+            ("disk_cache_budget_bytes", "gauge", "The disk tier's budget (--cache-disk-mib).", d.budget_bytes as f64),
+            ("disk_cache_hit_blocks_total", "counter", "Blocks loaded from disk into the KV pool instead of computed.", d.hit_blocks as f64),
+            ("disk_cache_hit_bytes_total", "counter", "Bytes read from disk for loaded blocks.", d.hit_bytes as f64),
+            ("disk_cache_load_seconds_total", "counter", "Time the disk thread spent loading blocks.", d.load_us as f64 / 1e6),
+            ("disk_cache_written_blocks_total", "counter", "Blocks written to disk.", d.written_blocks as f64),
+            ("disk_cache_written_bytes_total", "counter", "Bytes written to disk.", d.written_bytes as f64),
+            ("disk_cache_rejected_files_total", "counter", "Block files rejected (torn, truncated, corrupt or another model's): deleted and recomputed.", d.rejected_files as f64),
+            ("disk_cache_dropped_writes_total", "counter", "Block writes dropped because the disk thread was behind or the write failed.", d.dropped_writes as f64),
+        ];
+        for (name, kind, help, v) in disk {
+            metric(name, kind, help, &[("", v)]);
+        }
+    }
+    metric(
         "kv_blocks_total",
         "gauge",
         "Blocks in the KV pool.",

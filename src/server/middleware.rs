@@ -21,6 +21,8 @@ pub struct RequestInfo {
     pub method: Method,
     pub path: String,
     pub started: Instant,
+    /// The prefix-cache salt of the API key the request came with (set by the key guard).
+    pub cache_key: Option<u64>,
 }
 
 impl RequestInfo {
@@ -57,6 +59,7 @@ pub async fn log_requests(
         method: req.method().clone(),
         path: req.uri().path().to_string(),
         started: Instant::now(),
+        cache_key: None,
     };
     req.extensions_mut().insert(info.clone());
     // If the client hangs up first, hyper drops this future (and the handler's, which
@@ -107,12 +110,12 @@ impl Drop for HangUpGuard {
 /// (a browser cannot send the header when it opens the page; the page then asks for the key).
 pub async fn require_api_key(
     State(state): State<Arc<AppState>>,
-    req: Request,
+    mut req: Request,
     next: Next,
 ) -> Response {
-    let Some(key) = state.api_key.as_deref() else {
+    if state.api_keys.is_empty() {
         return next.run(req).await;
-    };
+    }
     if req.uri().path() == "/health" || super::webui::is_public(req.uri().path()) {
         return next.run(req).await;
     }
@@ -125,16 +128,28 @@ pub async fn require_api_key(
                 .or_else(|| v.strip_prefix("bearer "))
         })
         .map(str::trim);
-    match given {
-        Some(given) if same_secret(given.as_bytes(), key.as_bytes()) => next.run(req).await,
-        Some(_) => ApiError::new(
+    // Every key is compared, so the time taken does not tell which one matched.
+    let matched = given.and_then(|given| {
+        state.api_keys.iter().fold(None, |found, (key, salt)| {
+            let same = same_secret(given.as_bytes(), key.as_bytes());
+            found.or(same.then_some(*salt))
+        })
+    });
+    match (given, matched) {
+        (_, Some(salt)) => {
+            if let Some(info) = req.extensions_mut().get_mut::<RequestInfo>() {
+                info.cache_key = Some(salt);
+            }
+            next.run(req).await
+        }
+        (Some(_), None) => ApiError::new(
             StatusCode::UNAUTHORIZED,
             "authentication_error",
             "invalid API key",
         )
         .with_code("invalid_api_key")
         .into_response(),
-        None => ApiError::new(
+        (None, None) => ApiError::new(
             StatusCode::UNAUTHORIZED,
             "authentication_error",
             "this server needs an API key: send the header `Authorization: Bearer KEY`",

@@ -17,6 +17,7 @@
 //! the flags both take live in `crate::flags`.
 
 pub(crate) mod body;
+mod cache_routes;
 pub(crate) mod error;
 mod listener;
 mod metrics;
@@ -62,9 +63,13 @@ pub struct ServeArgs {
     /// Port to listen on (0: any free port; the log says which).
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
-    /// Require `Authorization: Bearer KEY` on every route but /health [default: $EDGE_LLM_API_KEY]
+    /// Require `Authorization: Bearer KEY` on every route but /health [default: $EDGE_LLM_API_KEY].
+    /// Repeatable: each key's prompts get their own prefix cache (pinned prompts are shared)
     #[arg(long = "api-key")]
-    pub api_key: Option<String>,
+    pub api_key: Vec<String>,
+    /// Read API keys from FILE, one per line (blank lines and lines starting with # skipped)
+    #[arg(long = "api-key-file", value_name = "FILE")]
+    pub api_key_file: Option<PathBuf>,
     /// Largest request body accepted; larger ones get 413.
     #[arg(long = "max-body-bytes", default_value_t = 2 << 20)]
     pub max_body_bytes: usize,
@@ -76,6 +81,8 @@ pub struct ServeArgs {
     pub alias: Option<String>,
     #[command(flatten)]
     pub limits: listener::LimitArgs,
+    #[command(flatten)]
+    pub cache: crate::prefix_cache::CacheArgs,
     /// Publish KV cache events (vLLM's format) on a ZMQ PUB socket bound at tcp://HOST:PORT
     /// (or PORT: 127.0.0.1), for prefix-aware routers such as vllm-router's kv_aware
     #[arg(long = "kv-events", value_name = "ENDPOINT")]
@@ -105,7 +112,8 @@ pub struct AppState {
     /// The chat template, or why chat is unavailable.
     pub template: std::result::Result<ChatTemplate, String>,
     pub model_id: String,
-    pub api_key: Option<String>,
+    /// The accepted API keys (none: no key needed), each with its prefix-cache salt.
+    pub api_keys: Vec<(String, u64)>,
     pub max_body_bytes: usize,
     /// How long a request body may take to arrive (`--body-timeout`).
     pub body_timeout: std::time::Duration,
@@ -117,6 +125,8 @@ pub struct AppState {
     pub load_format: LoadFormat,
     /// The KV event publisher (`--kv-events`), for its counters.
     pub kv_events: Option<Arc<KvEventPublisher>>,
+    /// The pinned prompts (`--pin-prompt`, `POST /v1/cache/pin`).
+    pub pins: std::sync::Mutex<Vec<cache_routes::PinRecord>>,
 }
 
 /// Every route, behind the log line, the API-key guard and the body limit.
@@ -136,6 +146,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions/render", post(router_api::render_chat))
         .route("/get_load", get(router_api::get_load))
         .route("/tokenize", post(tokenize))
+        .route("/v1/cache", get(cache_routes::cache_info))
+        .route("/v1/cache/pin", post(cache_routes::pin))
         .route("/detokenize", post(detokenize))
         // llama-server's paths without the /v1 prefix.
         .route("/models", get(models))
@@ -161,14 +173,7 @@ pub fn router(state: Arc<AppState>) -> Router {
 
 /// Loads the model, starts the engine, and serves until Ctrl+C or SIGTERM.
 pub fn serve(args: &ServeArgs) -> Result<()> {
-    // The environment keeps the key out of `ps`.
-    let api_key = args
-        .api_key
-        .clone()
-        .or_else(|| std::env::var(API_KEY_ENV).ok().filter(|k| !k.is_empty()));
-    if api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
-        bail!("--api-key must not be empty");
-    }
+    let api_keys = api_keys(args)?;
     if args.max_body_bytes == 0 {
         bail!("--max-body-bytes must be at least 1");
     }
@@ -219,19 +224,37 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         None => None,
     };
     let sink = kv_events.as_ref().map(|p| p.sink.clone());
-    let engine = args.engine.start_with_events(model, true, sink)?;
+    let disk = args.cache.disk_config()?;
+    if let Some(d) = &disk {
+        eprintln!(
+            "edge-llm serve: prefix cache on disk under {} (at most {} MiB; --no-disk-cache turns it off)",
+            d.root.display(),
+            d.budget_bytes >> 20
+        );
+    }
+    let engine = args.engine.start_with_cache(model, true, sink, disk)?;
+    let pins = args
+        .cache
+        .pin_all(&engine, template.as_ref().ok())?
+        .into_iter()
+        .map(|(source, p)| cache_routes::PinRecord {
+            source,
+            prompt_tokens: p.prompt_tokens,
+        })
+        .collect();
     let created = unix_now();
     let state = Arc::new(AppState {
         engine,
         template,
         model_id: model_id.clone(),
-        api_key,
+        api_keys,
         max_body_bytes: args.max_body_bytes,
         body_timeout: limits.body_timeout,
         created,
         instance: random_seed() & 0xffff_ffff,
         load_format: args.load_format,
         kv_events,
+        pins: std::sync::Mutex::new(pins),
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -246,7 +269,7 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         let local = listener.local_addr()?;
         eprintln!(
             "edge-llm serve: model `{model_id}` listening on http://{local}{}",
-            if state.api_key.is_some() {
+            if !state.api_keys.is_empty() {
                 " (API key required)"
             } else {
                 ""
@@ -264,6 +287,53 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
     })?;
     eprintln!("edge-llm serve: stopped");
     Ok(())
+}
+
+/// The API keys of `--api-key`, `--api-key-file`, else `$EDGE_LLM_API_KEY` (the environment and
+/// the file keep keys out of `ps`), each with the salt of its prefix cache.
+fn api_keys(args: &ServeArgs) -> Result<Vec<(String, u64)>> {
+    let mut keys = args.api_key.clone();
+    if keys.iter().any(|k| k.trim().is_empty()) {
+        bail!("--api-key must not be empty");
+    }
+    if let Some(path) = &args.api_key_file {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading --api-key-file {}", path.display()))?;
+        let before = keys.len();
+        keys.extend(
+            text.lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                .map(String::from),
+        );
+        if keys.len() == before {
+            bail!("--api-key-file {} holds no key", path.display());
+        }
+    }
+    if keys.is_empty() {
+        keys.extend(
+            std::env::var(API_KEY_ENV)
+                .ok()
+                .filter(|k| !k.trim().is_empty()),
+        );
+    }
+    keys.sort();
+    keys.dedup();
+    Ok(keys
+        .into_iter()
+        .map(|k| {
+            let salt = cache_salt(&k);
+            (k, salt)
+        })
+        .collect())
+}
+
+/// The prefix-cache salt of an API key: stable across restarts (the disk tier keys on it).
+fn cache_salt(key: &str) -> u64 {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let mut h = DefaultHasher::new();
+    ("edge-llm api key", key).hash(&mut h);
+    h.finish()
 }
 
 /// Resolves on Ctrl+C or SIGTERM.

@@ -107,11 +107,24 @@ pub fn usage_json(usages: &[Usage]) -> Value {
     let prompt = usages.iter().map(|u| u.prompt_tokens).max().unwrap_or(0);
     let completion: usize = usages.iter().map(|u| u.completion_tokens).sum();
     let cached = usages.iter().map(|u| u.cached_tokens).max().unwrap_or(0);
+    // Where the cached tokens came from (an extension): the first choice's split, as every
+    // choice shares the one prompt.
+    let (disk, pinned) = usages
+        .iter()
+        .find(|u| u.cached_tokens == cached)
+        .map_or((0, 0), |u| (u.cached_disk_tokens, u.cached_pinned_tokens));
     json!({
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
+        "prompt_tokens_details": {
+            "cached_tokens": cached,
+            "cached_tokens_sources": {
+                "memory": cached - disk - pinned,
+                "disk": disk,
+                "pinned": pinned,
+            },
+        },
     })
 }
 

@@ -131,11 +131,12 @@ async fn generate(
 ) -> Result<Response, ApiError> {
     let map = json_object(body, state.max_body_bytes)?;
     let Plan {
-        request,
+        mut request,
         params,
         prompt_param,
         parsing,
     } = plan::plan(&setting(state), endpoint, &map)?;
+    request.cache_key = info.cache_key;
     let mut stream = state
         .engine
         .submit(request)

@@ -133,6 +133,7 @@ impl Worker {
                 .args(["--host", "127.0.0.1", "--port", &port.to_string()])
                 .args(["-t", "1", "-c", "2048", "--parallel", "8"])
                 .args(["--kv-events", &format!("tcp://127.0.0.1:{events_port}")])
+                .arg("--no-disk-cache")
                 .env_remove("EDGE_LLM_API_KEY"),
         );
         let w = Worker {

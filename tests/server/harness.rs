@@ -75,6 +75,12 @@ impl Server {
                 &["-c", "1024"][..]
             })
             .args(extra)
+            // No test shares (or leaves) a disk cache: those about it pass --cache-dir.
+            .args(if extra.contains(&"--cache-dir") {
+                &[][..]
+            } else {
+                &["--no-disk-cache"][..]
+            })
             .env_remove("EDGE_LLM_API_KEY")
             .envs(env.iter().copied())
             .stdin(Stdio::null())

@@ -1,6 +1,6 @@
 //! The slash commands of `chat`: sessions (`/new`, `/list`, `/switch`, `/close`, `/fork`), the
 //! conversation (`/system`, `/clear`, `/regen`, `/save`, `/load`), settings (`/set`), numbers
-//! (`/stats`), `/help` and `/exit`. Called by `Chat::handle_input`; notes go through `say`.
+//! (`/stats`), the prefix cache (`/pin`), `/help` and `/exit`. Called by `Chat::handle_input`; notes go through `say`.
 
 use std::path::Path;
 
@@ -28,8 +28,26 @@ generating; Enter on an empty line, or /switch N, shows it again).
   /schema [FILE|off]   constrain replies to the JSON schema in FILE (no FILE: show it)
   /set [KEY VALUE]     change a setting: temp, top_p, top_k, min_p, seed (or random), max_tokens
   /stats               numbers of the last reply and of the engine
+  /pin                 keep this conversation's prompt cached for good (shared by every session)
   /help                this text
   /exit                quit (also Ctrl+D)";
+
+/// Pins the current conversation's prompt (system prompt and messages, without a generation
+/// prompt): its full blocks stay cached while the program runs.
+fn pin(chat: &mut Chat) -> Result<()> {
+    let conversation = chat.current().conversation();
+    if conversation.is_empty() {
+        bail!("nothing to pin: this session has no system prompt or messages");
+    }
+    let text = chat.template.render(&conversation, false)?;
+    let tokens = crate::chat_template::encode_prompt(&chat.engine.model.tokenizer, &text)?;
+    let done = crate::prefix_cache::pin_blocking(&chat.engine, tokens)?;
+    chat.say(format!(
+        "pinned {} tokens ({} were cached)",
+        done.prompt_tokens, done.cached_tokens
+    ));
+    Ok(())
+}
 
 /// Runs one command line (starting with `/`).
 pub fn run(chat: &mut Chat, line: &str) -> Result<Action> {
@@ -158,6 +176,7 @@ pub fn run(chat: &mut Chat, line: &str) -> Result<Action> {
         }
         "/schema" => schema(chat, arg)?,
         "/stats" => stats(chat),
+        "/pin" => pin(chat)?,
         _ => bail!("unknown command {name}; /help lists them"),
     }
     Ok(Action::Nothing)

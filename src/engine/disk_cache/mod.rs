@@ -1,0 +1,499 @@
+//! The disk tier of the prefix cache: full KV blocks kept in files under
+//! `$XDG_CACHE_HOME/edge-llm/<model>-<identity>/` (or `~/.cache/...`, or `--cache-dir`), one file
+//! per chained block hash, so a prompt computed before a restart is loaded instead of computed.
+//!
+//! The engine thread ([`crate::engine`]'s worker) owns a [`DiskTier`]: it asks whether a block
+//! is on disk, hands blocks to write (copies of their KV bytes) and asks for chains of blocks to
+//! load; every read and write runs on the tier's own I/O thread, which answers loads on a
+//! channel the engine polls, so a step never waits on the disk. Writes go to a temporary file
+//! then are renamed (a file is complete or absent); a file that fails its checks (`file`) is
+//! reported once, deleted and never served. The byte budget is kept by LRU eviction (`index`).
+//!
+//! The directory's identity covers everything that changes a block's bytes for the same
+//! tokens: the model file's contents, the block size, the KV element type, the layer shapes,
+//! the device and the CPU's SIMD path.
+
+mod file;
+mod index;
+
+use std::collections::VecDeque;
+use std::io::ErrorKind;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Instant, SystemTime};
+
+use anyhow::{Context, Result};
+
+use super::block_manager::BlockHash;
+use crate::model::Model;
+use index::DiskIndex;
+
+/// `--cache-disk-mib` when not given.
+pub const DEFAULT_DISK_MIB: u64 = 1024;
+
+/// Jobs the I/O thread may have queued before the engine stops handing it writes.
+const QUEUE_JOBS: usize = 128;
+
+/// The KV element type blocks are stored in (part of the identity).
+const KV_ELEMENT_TYPE: &str = "f16";
+
+/// Where and how big the disk tier is.
+#[derive(Clone, Debug)]
+pub struct DiskCacheConfig {
+    /// The edge-llm cache folder; each model gets a subfolder.
+    pub root: PathBuf,
+    pub budget_bytes: u64,
+}
+
+impl DiskCacheConfig {
+    /// `$XDG_CACHE_HOME/edge-llm`, else `$HOME/.cache/edge-llm`; None without either.
+    pub fn default_root() -> Option<PathBuf> {
+        let base = std::env::var_os("XDG_CACHE_HOME")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| {
+                std::env::var_os("HOME")
+                    .filter(|v| !v.is_empty())
+                    .map(|h| PathBuf::from(h).join(".cache"))
+            })?;
+        Some(base.join("edge-llm"))
+    }
+}
+
+/// The disk tier's counters (for `/metrics`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DiskCacheStats {
+    /// Blocks and bytes on disk now, and the budget.
+    pub blocks: u64,
+    pub bytes: u64,
+    pub budget_bytes: u64,
+    /// Blocks loaded from disk into the KV pool, their bytes, and the I/O thread's time.
+    pub hit_blocks: u64,
+    pub hit_bytes: u64,
+    pub load_us: u64,
+    /// Blocks written, and their bytes.
+    pub written_blocks: u64,
+    pub written_bytes: u64,
+    /// Files rejected (torn, truncated, corrupt, another model's): deleted, recomputed.
+    pub rejected_files: u64,
+    /// Writes dropped because the I/O thread was behind, or failed.
+    pub dropped_writes: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    hit_blocks: AtomicU64,
+    hit_bytes: AtomicU64,
+    load_us: AtomicU64,
+    written_blocks: AtomicU64,
+    written_bytes: AtomicU64,
+    rejected_files: AtomicU64,
+    dropped_writes: AtomicU64,
+}
+
+/// One block of a chain to load: its hash and the token ids it must hold.
+pub type WantedBlock = (BlockHash, Vec<u32>);
+
+/// A load's answer: the leading blocks of the asked chain that were on disk and passed every
+/// check, in chain order, with their KV bytes.
+pub struct Loaded {
+    pub ticket: u64,
+    pub blocks: Vec<(BlockHash, Vec<u32>, Vec<u8>)>,
+}
+
+enum Job {
+    Write {
+        hash: BlockHash,
+        token_ids: Vec<u32>,
+        kv: Vec<u8>,
+    },
+    Load {
+        ticket: u64,
+        blocks: Vec<WantedBlock>,
+    },
+}
+
+/// What the I/O thread needs to know.
+struct Shared {
+    dir: PathBuf,
+    identity: u64,
+    kv_bytes: usize,
+    index: Mutex<DiskIndex>,
+    counters: Counters,
+}
+
+/// The engine thread's side of the disk tier.
+pub struct DiskTier {
+    shared: Arc<Shared>,
+    jobs: Option<SyncSender<Job>>,
+    loaded: Receiver<Loaded>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// The identity of the blocks `model` computes with `block_size`-token blocks on `device`:
+/// a different value never shares a file.
+pub fn identity(model: &Model, block_size: usize, device: &str) -> u64 {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let bytes = model.file.bytes();
+    let edge = 1 << 20;
+    let head = &bytes[..bytes.len().min(edge)];
+    let tail = &bytes[bytes.len().saturating_sub(edge)..];
+    let c = &model.config;
+    let mut h = DefaultHasher::new();
+    (
+        file::FORMAT_VERSION,
+        KV_ELEMENT_TYPE,
+        block_size,
+        c.num_layers,
+        c.kv_dim(),
+        bytes.len(),
+        head,
+        tail,
+        device,
+        simd_path(),
+    )
+        .hash(&mut h);
+    h.finish()
+}
+
+/// The CPU features that pick the kernels' arithmetic (their results differ in the last bits).
+fn simd_path() -> String {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let f = [
+            ("avx2", std::arch::is_x86_feature_detected!("avx2")),
+            ("fma", std::arch::is_x86_feature_detected!("fma")),
+            ("avx512f", std::arch::is_x86_feature_detected!("avx512f")),
+            ("avx512bw", std::arch::is_x86_feature_detected!("avx512bw")),
+            (
+                "avx512vnni",
+                std::arch::is_x86_feature_detected!("avx512vnni"),
+            ),
+        ];
+        f.iter()
+            .filter(|x| x.1)
+            .map(|x| x.0)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        std::env::consts::ARCH.to_string()
+    }
+}
+
+impl DiskTier {
+    /// Opens (creating it) the folder of `model`'s blocks under `config.root`, indexes the files
+    /// already there (deleting leftover temporary files and what exceeds the budget) and starts
+    /// the I/O thread. `kv_bytes` is one block's KV bytes.
+    pub fn open(
+        config: &DiskCacheConfig,
+        model: &Model,
+        identity: u64,
+        kv_bytes: usize,
+    ) -> Result<DiskTier> {
+        let stem = model
+            .file
+            .path()
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into());
+        let dir = config.root.join(format!("{stem}-{identity:016x}"));
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("creating the disk cache folder {}", dir.display()))?;
+        let mut index = DiskIndex::new(config.budget_bytes);
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir(&dir)
+            .with_context(|| format!("reading the disk cache folder {}", dir.display()))?
+        {
+            let entry = entry?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.ends_with(".tmp") {
+                let _ = std::fs::remove_file(entry.path());
+                continue;
+            }
+            let Some(hash) = name
+                .strip_suffix(".kv")
+                .and_then(|h| u64::from_str_radix(h, 16).ok())
+            else {
+                continue;
+            };
+            let meta = entry.metadata()?;
+            let mtime = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+            found.push((mtime, hash, meta.len()));
+        }
+        found.sort();
+        for (_, hash, len) in found {
+            index.insert(hash, len.max(1));
+        }
+        for victim in index.evict_for(0) {
+            let _ = std::fs::remove_file(block_path(&dir, victim));
+        }
+        let shared = Arc::new(Shared {
+            dir,
+            identity,
+            kv_bytes,
+            index: Mutex::new(index),
+            counters: Counters::default(),
+        });
+        let (jobs_tx, jobs_rx) = mpsc::sync_channel(QUEUE_JOBS);
+        let (loaded_tx, loaded_rx) = mpsc::channel();
+        let io = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("edge-llm-disk-cache".into())
+            .spawn(move || io_loop(&io, jobs_rx, loaded_tx))
+            .context("starting the disk cache thread")?;
+        Ok(DiskTier {
+            shared,
+            jobs: Some(jobs_tx),
+            loaded: loaded_rx,
+            thread: Some(thread),
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.shared.dir
+    }
+
+    fn index(&self) -> std::sync::MutexGuard<'_, DiskIndex> {
+        self.shared.index.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the block is on disk or queued to be written.
+    pub fn contains(&self, hash: BlockHash) -> bool {
+        self.index().contains(hash)
+    }
+
+    /// Whether the block's file is written.
+    pub fn is_written(&self, hash: BlockHash) -> bool {
+        self.index().is_written(hash)
+    }
+
+    /// Queues a block to be written (never waits: when the I/O thread is behind, the write is
+    /// dropped and counted).
+    pub fn write(&self, hash: BlockHash, token_ids: Vec<u32>, kv: Vec<u8>) {
+        let Some(jobs) = &self.jobs else { return };
+        {
+            let mut index = self.index();
+            if index.contains(hash) {
+                return;
+            }
+            index.insert(hash, 0);
+        }
+        let job = Job::Write {
+            hash,
+            token_ids,
+            kv,
+        };
+        if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = jobs.try_send(job) {
+            self.index().remove(hash);
+            self.shared
+                .counters
+                .dropped_writes
+                .fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Asks the I/O thread for the leading blocks of a chain; the answer comes from
+    /// [`DiskTier::try_loaded`] with the same ticket. False when the thread is behind.
+    pub fn load(&self, ticket: u64, blocks: Vec<WantedBlock>) -> bool {
+        let Some(jobs) = &self.jobs else { return false };
+        jobs.try_send(Job::Load { ticket, blocks }).is_ok()
+    }
+
+    /// A load's answer, if one is ready.
+    pub fn try_loaded(&self) -> Option<Loaded> {
+        self.loaded.try_recv().ok()
+    }
+
+    pub fn stats(&self) -> DiskCacheStats {
+        self.stats_handle().stats()
+    }
+
+    /// Reads the counters from any thread, while the I/O thread keeps writing.
+    pub fn stats_handle(&self) -> DiskStatsHandle {
+        DiskStatsHandle(self.shared.clone())
+    }
+}
+
+/// The disk tier's live counters, for clients of the engine.
+#[derive(Clone)]
+pub struct DiskStatsHandle(Arc<Shared>);
+
+impl DiskStatsHandle {
+    pub fn stats(&self) -> DiskCacheStats {
+        let c = &self.0.counters;
+        let index = self.0.index.lock().unwrap_or_else(|e| e.into_inner());
+        DiskCacheStats {
+            blocks: index.num_blocks() as u64,
+            bytes: index.total_bytes(),
+            budget_bytes: index.budget_bytes,
+            hit_blocks: c.hit_blocks.load(Ordering::Relaxed),
+            hit_bytes: c.hit_bytes.load(Ordering::Relaxed),
+            load_us: c.load_us.load(Ordering::Relaxed),
+            written_blocks: c.written_blocks.load(Ordering::Relaxed),
+            written_bytes: c.written_bytes.load(Ordering::Relaxed),
+            rejected_files: c.rejected_files.load(Ordering::Relaxed),
+            dropped_writes: c.dropped_writes.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl Drop for DiskTier {
+    /// Lets the I/O thread finish the writes already queued, then joins it.
+    fn drop(&mut self) {
+        self.jobs = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn block_path(dir: &Path, hash: BlockHash) -> PathBuf {
+    dir.join(format!("{hash:016x}.kv"))
+}
+
+/// The I/O thread: loads first (a request waits on them), then writes, until the engine side
+/// hangs up and the queue is empty.
+fn io_loop(s: &Shared, jobs: Receiver<Job>, loaded: mpsc::Sender<Loaded>) {
+    let mut queue = VecDeque::new();
+    loop {
+        if queue.is_empty() {
+            match jobs.recv() {
+                Ok(j) => queue.push_back(j),
+                Err(_) => return,
+            }
+        }
+        while let Ok(j) = jobs.try_recv() {
+            queue.push_back(j);
+        }
+        let next = match queue.iter().position(|j| matches!(j, Job::Load { .. })) {
+            Some(i) => queue.remove(i),
+            None => queue.pop_front(),
+        };
+        match next {
+            Some(Job::Load { ticket, blocks }) => {
+                let blocks = load_chain(s, &blocks);
+                let _ = loaded.send(Loaded { ticket, blocks });
+            }
+            Some(Job::Write {
+                hash,
+                token_ids,
+                kv,
+            }) => write_block(s, hash, &token_ids, &kv),
+            None => {}
+        }
+    }
+}
+
+fn load_chain(s: &Shared, wanted: &[WantedBlock]) -> Vec<(BlockHash, Vec<u32>, Vec<u8>)> {
+    let started = Instant::now();
+    let mut out = Vec::new();
+    for (hash, token_ids) in wanted {
+        let path = block_path(&s.dir, *hash);
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) => {
+                if e.kind() != ErrorKind::NotFound {
+                    eprintln!(
+                        "warning: disk cache: reading {}: {e}; the block will be recomputed",
+                        path.display()
+                    );
+                }
+                s.index
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(*hash);
+                break;
+            }
+        };
+        let want = file::Expected {
+            identity: s.identity,
+            hash: *hash,
+            token_ids,
+            kv_bytes: s.kv_bytes,
+        };
+        match file::decode(&bytes, &want) {
+            Ok(kv) => {
+                let c = &s.counters;
+                c.hit_blocks.fetch_add(1, Ordering::Relaxed);
+                c.hit_bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                s.index
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .touch(*hash);
+                // The LRU order survives restarts through the files' times.
+                if let Ok(f) = std::fs::File::options().write(true).open(&path) {
+                    let _ = f.set_modified(SystemTime::now());
+                }
+                out.push((*hash, token_ids.clone(), kv.to_vec()));
+            }
+            Err(reject) => {
+                eprintln!(
+                    "warning: disk cache: {}: {reject}; deleted, the block will be recomputed",
+                    path.display()
+                );
+                let _ = std::fs::remove_file(&path);
+                s.index
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(*hash);
+                s.counters.rejected_files.fetch_add(1, Ordering::Relaxed);
+                break;
+            }
+        }
+    }
+    s.counters
+        .load_us
+        .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+    out
+}
+
+fn write_block(s: &Shared, hash: BlockHash, token_ids: &[u32], kv: &[u8]) {
+    let bytes = file::encode(s.identity, hash, token_ids, kv);
+    let size = bytes.len() as u64;
+    let victims = {
+        let mut index = s.index.lock().unwrap_or_else(|e| e.into_inner());
+        if index.is_written(hash) {
+            return;
+        }
+        index.remove(hash);
+        if size > index.budget_bytes {
+            return;
+        }
+        let victims = index.evict_for(size);
+        // Reserved before the file exists, so files on disk never exceed the budget.
+        index.insert(hash, size);
+        victims
+    };
+    for v in victims {
+        let _ = std::fs::remove_file(block_path(&s.dir, v));
+    }
+    let path = block_path(&s.dir, hash);
+    let tmp = s
+        .dir
+        .join(format!("{hash:016x}.{}.tmp", std::process::id()));
+    let written = std::fs::write(&tmp, &bytes).and_then(|()| std::fs::rename(&tmp, &path));
+    let c = &s.counters;
+    match written {
+        Ok(()) => {
+            c.written_blocks.fetch_add(1, Ordering::Relaxed);
+            c.written_bytes.fetch_add(size, Ordering::Relaxed);
+        }
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            s.index
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(hash);
+            c.dropped_writes.fetch_add(1, Ordering::Relaxed);
+            eprintln!(
+                "warning: disk cache: writing {}: {e}; the block stays in memory only",
+                path.display()
+            );
+        }
+    }
+}

@@ -1,0 +1,497 @@
+//! The prefix cache's disk tier, pinned prompts and per-key isolation, end to end: the real
+//! `edge-llm serve` on the real models, each test with its own temporary `--cache-dir` (never
+//! the user's cache). Servers are stopped with SIGKILL, as a crash would.
+//!
+//! - A restart serves a long system prompt from disk with the same output (and reports it).
+//! - Truncated, bit-flipped and other-model files are rejected with a warning, deleted and
+//!   recomputed, with the same output and no crash.
+//! - The byte budget is never exceeded.
+//! - Two API keys never share cached blocks; pinned prompts are shared and survive eviction.
+
+#[path = "server/harness.rs"]
+mod harness;
+
+use std::path::{Path, PathBuf};
+
+use harness::*;
+use serde_json::{json, Value};
+
+/// A fresh temporary folder, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let p = std::env::temp_dir().join(format!("edge-llm-disk-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+    fn arg(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A system prompt of about `rules` * 18 tokens.
+fn system_prompt(rules: usize) -> String {
+    (1..=rules)
+        .map(|i| {
+            format!(
+                "Rule {i}: always answer politely and mention the number {} when relevant.",
+                i * 7
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn body(system: &str, user: &str) -> Value {
+    json!({
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+        "max_tokens": 16,
+        "temperature": 0,
+    })
+}
+
+/// (text, usage) of one chat request.
+fn chat(server: &Server, body: &Value, headers: &[(&str, &str)]) -> (String, Value) {
+    let mut h = vec![("Content-Type", "application/json")];
+    h.extend_from_slice(headers);
+    let r = server.request(
+        "POST",
+        "/v1/chat/completions",
+        &h,
+        body.to_string().as_bytes(),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v: Value = serde_json::from_slice(&r.body).unwrap();
+    (
+        v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_string(),
+        v["usage"].clone(),
+    )
+}
+
+fn cached(usage: &Value) -> u64 {
+    usage["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap()
+}
+
+fn source(usage: &Value, s: &str) -> u64 {
+    usage["prompt_tokens_details"]["cached_tokens_sources"][s]
+        .as_u64()
+        .unwrap()
+}
+
+/// The block files under a cache root (every model's folder).
+fn block_files(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for d in std::fs::read_dir(root).into_iter().flatten().flatten() {
+        for f in std::fs::read_dir(d.path()).into_iter().flatten().flatten() {
+            if f.path().extension().is_some_and(|e| e == "kv") {
+                out.push(f.path());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Waits until the write-behind has put `n` blocks on disk.
+fn wait_written(server: &Server, n: f64) {
+    server.wait_for_metrics("blocks written behind", |s| {
+        s.metric("edge_llm_disk_cache_blocks") >= n
+    });
+}
+
+fn ttft_ms(usage_log: &str) -> u64 {
+    usage_log
+        .split("ttft=")
+        .nth(1)
+        .and_then(|t| t.split("ms").next())
+        .and_then(|t| t.parse().ok())
+        .expect("a ttft in the log line")
+}
+
+fn last_ttft(server: &Server) -> u64 {
+    let log = server.log_text();
+    let line = log
+        .lines()
+        .filter(|l| l.contains("POST /v1/chat/completions"))
+        .next_back()
+        .expect("a request log line")
+        .to_string();
+    ttft_ms(&line)
+}
+
+#[test]
+fn a_restart_serves_the_system_prompt_from_disk_with_the_same_output() {
+    let dir = TempDir::new("restart");
+    let b = body(&system_prompt(24), "What is the capital of France?");
+    let (cold_text, cold_usage, cold_ttft, full_blocks) = {
+        let Some(server) = Server::start(&["--cache-dir", dir.arg()]) else {
+            return;
+        };
+        let (text, usage) = chat(&server, &b, &[]);
+        assert_eq!(
+            cached(&usage),
+            0,
+            "a fresh cache dir holds nothing: {usage}"
+        );
+        let prompt = usage["prompt_tokens"].as_u64().unwrap();
+        assert!(prompt >= 400, "the system prompt is long: {usage}");
+        let full_blocks = (prompt - 1) / 16;
+        wait_written(&server, full_blocks as f64);
+        (text, usage, last_ttft(&server), full_blocks)
+    }; // SIGKILL
+    assert!(block_files(&dir.0).len() as u64 >= full_blocks);
+
+    let Some(server) = Server::start(&["--cache-dir", dir.arg()]) else {
+        return;
+    };
+    let (text, usage) = chat(&server, &b, &[]);
+    let warm_ttft = last_ttft(&server);
+    assert_eq!(
+        text, cold_text,
+        "the restart's output equals the cold run's"
+    );
+    assert_eq!(cached(&usage), full_blocks * 16, "{usage}");
+    assert_eq!(source(&usage, "disk"), full_blocks * 16, "{usage}");
+    assert_eq!(source(&usage, "memory"), 0, "{usage}");
+    assert_eq!(
+        server.metric("edge_llm_disk_cache_hit_blocks_total"),
+        full_blocks as f64
+    );
+    assert_eq!(
+        server.metric("edge_llm_disk_cache_rejected_files_total"),
+        0.0
+    );
+    // Only the prompt's tail was computed.
+    let computed = server.metric("edge_llm_prompt_tokens_total");
+    assert!(
+        computed <= 16.0,
+        "{computed} prompt tokens computed after the restart"
+    );
+    // The repeat is a memory hit now.
+    let (text2, usage2) = chat(&server, &b, &[]);
+    assert_eq!(text2, cold_text);
+    assert_eq!(source(&usage2, "memory"), full_blocks * 16, "{usage2}");
+    eprintln!(
+        "TTFT cold {cold_ttft} ms, after restart {warm_ttft} ms ({:.2}x); cold usage {cold_usage}",
+        warm_ttft as f64 / cold_ttft.max(1) as f64
+    );
+}
+
+/// Fills a cache dir with `model`'s blocks of `b`; returns the cold output.
+fn fill(dir: &TempDir, model: &[&str], b: &Value) -> String {
+    let mut args = vec!["--cache-dir", dir.arg()];
+    args.extend_from_slice(model);
+    let server = Server::start(&args).expect("model present");
+    let (text, usage) = chat(&server, b, &[]);
+    let blocks = (usage["prompt_tokens"].as_u64().unwrap() - 1) / 16;
+    wait_written(&server, blocks as f64);
+    text
+}
+
+/// Restarts on `dir` after damage: the output must equal `cold`, with `warnings` or more
+/// warnings logged and as many files rejected, and the server still serving.
+fn restart_after_damage(dir: &TempDir, model: &[&str], b: &Value, cold: &str, what: &str) {
+    let mut args = vec!["--cache-dir", dir.arg()];
+    args.extend_from_slice(model);
+    let server = Server::start(&args).expect("model present");
+    let (text, usage) = chat(&server, b, &[]);
+    assert_eq!(
+        text, cold,
+        "{what}: the output after recomputation equals the cold run's"
+    );
+    assert_eq!(
+        source(&usage, "disk"),
+        0,
+        "{what}: nothing damaged is served: {usage}"
+    );
+    let rejected = server.metric("edge_llm_disk_cache_rejected_files_total");
+    assert!(rejected >= 1.0, "{what}: a rejected file is counted");
+    let log = server.log_text();
+    let warnings = log
+        .lines()
+        .filter(|l| l.contains("warning: disk cache:"))
+        .count();
+    assert_eq!(
+        warnings as f64, rejected,
+        "{what}: one warning per rejected file:\n{log}"
+    );
+    // Still serving, and the same again.
+    let (again, _) = chat(&server, b, &[]);
+    assert_eq!(again, cold, "{what}");
+}
+
+#[test]
+fn truncated_and_bit_flipped_files_are_rejected_deleted_and_recomputed() {
+    if model_path().is_none() {
+        return;
+    }
+    let b = body(&system_prompt(6), "Name a color.");
+    for (what, damage) in [
+        ("truncation", 0usize),
+        ("bit flip", 1),
+        ("torn write (half a file)", 2),
+    ] {
+        let dir = TempDir::new(&format!("damage-{damage}"));
+        let cold = fill(&dir, &[], &b);
+        let files = block_files(&dir.0);
+        assert!(!files.is_empty());
+        for f in &files {
+            let mut bytes = std::fs::read(f).unwrap();
+            match damage {
+                0 => bytes.truncate(bytes.len() - 100),
+                1 => {
+                    let i = bytes.len() / 2;
+                    bytes[i] ^= 0x10;
+                }
+                _ => bytes.truncate(bytes.len() / 2),
+            }
+            std::fs::write(f, bytes).unwrap();
+        }
+        restart_after_damage(&dir, &[], &b, &cold, what);
+    }
+}
+
+#[test]
+fn files_swapped_between_two_models_are_rejected_and_recomputed() {
+    let qwen = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+    if model_path().is_none() {
+        return;
+    }
+    if !qwen.is_file() {
+        skip_or_fail(&format!(
+            "{} is missing (scripts/fetch-extra-models.sh)",
+            qwen.display()
+        ));
+        return;
+    }
+    let qwen_args = ["-m", qwen.to_str().unwrap()];
+    let b = body(&system_prompt(6), "Name a color.");
+    let small = TempDir::new("swap-small");
+    let big = TempDir::new("swap-big");
+    let cold_small = fill(&small, &[], &b);
+    let cold_big = fill(&big, &qwen_args, &b);
+    let (fs, fb) = (block_files(&small.0), block_files(&big.0));
+    assert!(!fs.is_empty() && !fb.is_empty());
+    // Each model's file names now hold the other model's blocks.
+    let (cs, cb): (Vec<_>, Vec<_>) = (
+        fs.iter().map(|f| std::fs::read(f).unwrap()).collect(),
+        fb.iter().map(|f| std::fs::read(f).unwrap()).collect(),
+    );
+    for (i, f) in fs.iter().enumerate() {
+        std::fs::write(f, &cb[i % cb.len()]).unwrap();
+    }
+    for (i, f) in fb.iter().enumerate() {
+        std::fs::write(f, &cs[i % cs.len()]).unwrap();
+    }
+    restart_after_damage(
+        &small,
+        &[],
+        &b,
+        &cold_small,
+        "default model with qwen's files",
+    );
+    restart_after_damage(
+        &big,
+        &qwen_args,
+        &b,
+        &cold_big,
+        "qwen with the default model's files",
+    );
+}
+
+#[test]
+fn the_disk_budget_is_never_exceeded() {
+    let dir = TempDir::new("budget");
+    let Some(server) = Server::start(&["--cache-dir", dir.arg(), "--cache-disk-mib", "2"]) else {
+        return;
+    };
+    let budget = 2u64 << 20;
+    let dir_bytes = || -> u64 {
+        block_files(&dir.0)
+            .iter()
+            .filter_map(|f| std::fs::metadata(f).ok())
+            .map(|m| m.len())
+            .sum()
+    };
+    for i in 0..6 {
+        let b = body(
+            &system_prompt(4 + i),
+            &format!("Question {i}: name a fruit."),
+        );
+        chat(&server, &b, &[]);
+        for _ in 0..20 {
+            assert!(
+                dir_bytes() <= budget,
+                "{} bytes on disk, budget {budget}",
+                dir_bytes()
+            );
+            assert!(server.metric("edge_llm_disk_cache_bytes") <= budget as f64);
+            std::thread::sleep(std::time::Duration::from_millis(25));
+        }
+    }
+    server.wait_for_metrics("writes to settle", |s| {
+        s.metric("edge_llm_disk_cache_written_blocks_total")
+            > s.metric("edge_llm_disk_cache_blocks")
+    });
+    assert!(dir_bytes() <= budget);
+    assert!(
+        dir_bytes() > budget / 2,
+        "the budget is used: {}",
+        dir_bytes()
+    );
+}
+
+#[test]
+fn two_api_keys_never_share_cached_blocks() {
+    let Some(server) = Server::start(&["--api-key", "key-a", "--api-key", "key-b"]) else {
+        return;
+    };
+    let b = body(&system_prompt(5), "Name a planet.");
+    let (a, b_) = (
+        [("Authorization", "Bearer key-a")],
+        [("Authorization", "Bearer key-b")],
+    );
+    let (text_a, first) = chat(&server, &b, &a);
+    assert_eq!(cached(&first), 0, "{first}");
+    let blocks = (first["prompt_tokens"].as_u64().unwrap() - 1) / 16;
+    let (text_b, usage_b) = chat(&server, &b, &b_);
+    assert_eq!(
+        cached(&usage_b),
+        0,
+        "key B must not hit key A's blocks: {usage_b}"
+    );
+    let (again_a, usage_a) = chat(&server, &b, &a);
+    assert_eq!(
+        cached(&usage_a),
+        blocks * 16,
+        "key A's repeat is cached: {usage_a}"
+    );
+    let (again_b, usage_b2) = chat(&server, &b, &b_);
+    assert_eq!(
+        cached(&usage_b2),
+        blocks * 16,
+        "key B's repeat is cached: {usage_b2}"
+    );
+    assert!(text_a == text_b && text_a == again_a && again_a == again_b);
+    // A wrong key is still refused.
+    let r = server.request(
+        "POST",
+        "/v1/chat/completions",
+        &[("Authorization", "Bearer key-c")],
+        b.to_string().as_bytes(),
+    );
+    assert_eq!(r.status, 401, "{}", r.text());
+}
+
+#[test]
+fn pinned_prompts_survive_a_workload_that_evicts_everything_else() {
+    if model_path().is_none() {
+        return;
+    }
+    let dir = TempDir::new("pins");
+    let system = system_prompt(6);
+    let pin_file = dir.0.join("system.json");
+    std::fs::write(
+        &pin_file,
+        json!([{"role": "system", "content": system}]).to_string(),
+    )
+    .unwrap();
+    // 12 MiB of KV: 34 blocks of 16 tokens.
+    let server = Server::start(&[
+        "--kv-mem",
+        "12",
+        "-c",
+        "512",
+        "--pin-prompt",
+        pin_file.to_str().unwrap(),
+        "--api-key",
+        "key-a",
+        "--api-key",
+        "key-b",
+    ])
+    .unwrap();
+    let auth = [("Authorization", "Bearer key-a")];
+    let get = server.request("GET", "/v1/cache", &auth, b"");
+    assert_eq!(get.status, 200, "{}", get.text());
+    let info: Value = serde_json::from_slice(&get.body).unwrap();
+    let pinned_blocks = info["memory"]["blocks_pinned"].as_u64().unwrap();
+    assert!(pinned_blocks >= 5, "{info}");
+    assert_eq!(
+        info["pinned"][0]["prompt_tokens"].as_u64().unwrap() / 16,
+        pinned_blocks
+    );
+    // A workload of distinct long prompts that cycles the whole pool several times.
+    let evictions = || -> f64 {
+        let text = server.request("GET", "/metrics", &auth, b"").text();
+        text.lines()
+            .find_map(|l| l.strip_prefix("edge_llm_prefix_cache_evictions_total "))
+            .expect("evictions in /metrics")
+            .parse()
+            .unwrap()
+    };
+    let before = evictions();
+    for i in 0..6 {
+        let filler =
+            format!("Story {i}: ") + &"the quick brown fox jumps over the lazy dog ".repeat(30);
+        let r = server.request(
+            "POST",
+            "/v1/completions",
+            &[("Content-Type", "application/json"), auth[0]],
+            completion_body(&filler, json!({"max_tokens": 4}))
+                .to_string()
+                .as_bytes(),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let evicted = evictions() - before;
+    assert!(evicted >= 34.0, "the workload evicted {evicted} blocks");
+    // Both keys still get the pinned system prompt.
+    for key in ["Bearer key-a", "Bearer key-b"] {
+        let (_, usage) = chat(
+            &server,
+            &body(&system, "Name a color."),
+            &[("Authorization", key)],
+        );
+        assert_eq!(
+            source(&usage, "pinned"),
+            pinned_blocks * 16,
+            "{key}: {usage}"
+        );
+    }
+    // POST /v1/cache/pin pins another prompt; GET lists it.
+    let r = server.request(
+        "POST",
+        "/v1/cache/pin",
+        &[("Content-Type", "application/json"), auth[0]],
+        json!({"prompt": system_prompt(2)}).to_string().as_bytes(),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let info: Value =
+        serde_json::from_slice(&server.request("GET", "/v1/cache", &auth, b"").body).unwrap();
+    assert_eq!(info["pinned"].as_array().unwrap().len(), 2, "{info}");
+    assert!(info["memory"]["blocks_pinned"].as_u64().unwrap() > pinned_blocks);
+    // Bad bodies: a 400 naming the field; no key: 401.
+    let r = server.request(
+        "POST",
+        "/v1/cache/pin",
+        &[("Content-Type", "application/json"), auth[0]],
+        json!({"prompt": 5}).to_string().as_bytes(),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("prompt"), "{}", r.text());
+    assert_eq!(server.request("GET", "/v1/cache", &[], b"").status, 401);
+}
