@@ -82,6 +82,7 @@ pub struct CudaModel<D: CudaDevice = Gpu> {
 }
 
 fn upload_matrix<D: CudaDevice>(gpu: &D, g: &GgufFile, m: &Matrix) -> Result<DevMatrix<D>> {
+    k::check_weight_type(m.ttype).with_context(|| format!("tensor '{}'", m.info.name))?;
     let data = gpu
         .upload(m.bytes(g))
         .with_context(|| format!("uploading tensor '{}'", m.info.name))?;

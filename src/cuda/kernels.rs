@@ -32,7 +32,16 @@ fn type_name(t: TensorType) -> Result<&'static str> {
         Q5_K => "q5_K",
         Q6_K => "q6_K",
         Q8_1 | Q8_K => bail!("{t} is not a weight type the GPU kernels take"),
+        IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ1_S | IQ1_M | IQ4_NL | IQ4_XS => {
+            bail!("tensor type {t} has no CUDA kernels yet (it runs on the CPU backend)")
+        }
     })
+}
+
+/// Ok when the GPU kernels take weights of type `t`; the error names the type otherwise (checked
+/// when a model's matrices are uploaded, so a file the GPU cannot run fails at load).
+pub fn check_weight_type(t: TensorType) -> Result<()> {
+    type_name(t).map(|_| ())
 }
 
 fn row_bytes(t: TensorType, n: usize) -> Result<usize> {
