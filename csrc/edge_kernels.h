@@ -151,6 +151,16 @@ void el_rope(float *x /* [n_tokens][n_heads][head_dim] */, const int32_t *pos /*
              int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t rope_dim, float freq_base,
              float freq_scale, int32_t neox);
 
+/* el_rope with llama.cpp's extensions (the reference only): theta_i is divided by
+ * freq_factors[i] (llama3's rope_freqs; NULL: none), and with ext_factor != 0 (YaRN) mixed between
+ * the interpolated pos * freq_scale * theta_i and the extrapolated pos * theta_i by a ramp over the
+ * pairs [corr_low, corr_high], cos and sin then scaled by attn_factor * (1 + 0.1 ln(1 / freq_scale));
+ * without YaRN by attn_factor alone. As ggml's rope_yarn. rope_dim <= EL_MAX_HEAD_DIM. */
+void el_rope_ext(float *x /* [n_tokens][n_heads][head_dim] */, const int32_t *pos /* [n_tokens] */,
+                 int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t rope_dim, float freq_base,
+                 float freq_scale, int32_t neox, const float *freq_factors /* [rope_dim / 2] or NULL */,
+                 float ext_factor, float attn_factor, float corr_low, float corr_high);
+
 /* y[i] = silu(gate[i]) * up[i]. y may alias gate or up. */
 void el_swiglu(const float *gate /* [n] */, const float *up /* [n] */, float *y /* [n] */, int64_t n);
 /* y[i] = gelu_tanh(gate[i]) * up[i]. y may alias gate or up. */

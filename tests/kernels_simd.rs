@@ -528,6 +528,8 @@ fn rope_is_bit_identical_to_the_reference() {
                     freq_base: 10000.0,
                     freq_scale: 1.0,
                     style,
+                    freq_factors: None,
+                    yarn: None,
                 };
                 let n_heads = 3;
                 let pos: Vec<i32> = vec![0, 1, 17, 4095, 123_456, 5];

@@ -15,7 +15,8 @@ test checks before comparing).
       write the GGUFs, quantize iq_base to every IQ type with llama-quantize (a synthetic
       importance matrix where llama.cpp requires one) and keep its block matrices in
       tests/synth/iq/, run llama.cpp (scripts/synth/llama_logits.cpp) on every file and write
-      tests/synth/<case>.json. scripts/synth/refs.sh builds the tools and runs this.
+      tests/synth/<case>.json. scripts/synth/refs.sh builds the tools and runs this. LLAMA_QUANTIZE
+      "-" skips the IQ cases; case names after OUT_DIR limit the references written.
 
 Needs the `gguf` and `numpy` packages (scripts/synth/refs.sh and scripts/test.sh install them
 into an ignored venv). Run from the repository root.
@@ -308,7 +309,7 @@ def main():
             n_vocab, tokens = build(case, path)
             if not only or case in only:
                 write_ref(case, path, case, n_vocab, tokens, tool, {})
-            if case != "iq_base":
+            if case != "iq_base" or quantize == "-":
                 continue
             imatrix = os.path.join(out, "iq_base.imatrix")
             write_imatrix(imatrix, path)

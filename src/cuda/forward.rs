@@ -120,6 +120,17 @@ impl<D: CudaDevice> CudaModel<D> {
         if block_size == 0 || num_blocks == 0 {
             bail!("an empty KV pool");
         }
+        if c.residual_scale != 1.0 || c.logit_scale != 1.0 {
+            bail!("{}'s residual and logit multipliers are not implemented on the CUDA backend yet (it runs on the CPU backend)", c.architecture);
+        }
+        if let Some(r) = c
+            .layers
+            .iter()
+            .filter_map(|l| l.rope)
+            .find(|r| r.freq_factors.is_some() || r.yarn.is_some())
+        {
+            bail!("rope_freqs and YaRN scaling have no CUDA kernel yet (rope of {} dims; it runs on the CPU backend)", r.rope_dim);
+        }
         let kv_bytes = 2 * c.num_layers * num_blocks * block_size * c.kv_dim() * 2;
         let weight_bytes: usize = g.file_bytes() as usize;
         let (free, total) = gpu.mem_info()?;
@@ -372,8 +383,10 @@ impl<D: CudaDevice> CudaModel<D> {
             if let Some(wn) = &lw.attn_k_norm {
                 k::rms_norm(gpu, kk, gpu.ptr(wn), kk, n * c.n_kv_heads, c.head_dim, eps)?;
             }
-            k::rope(gpu, q, gpu.ptr(&d_pos), n, c.n_heads, &lo.rope)?;
-            k::rope(gpu, kk, gpu.ptr(&d_pos), n, c.n_kv_heads, &lo.rope)?;
+            if let Some(rope) = &lo.rope {
+                k::rope(gpu, q, gpu.ptr(&d_pos), n, c.n_heads, rope)?;
+                k::rope(gpu, kk, gpu.ptr(&d_pos), n, c.n_kv_heads, rope)?;
+            }
             let (kc, vc) = (gpu.ptr(&self.k_cache[l]), gpu.ptr(&self.v_cache[l]));
             k::kv_write(
                 gpu,

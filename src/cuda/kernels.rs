@@ -239,6 +239,9 @@ pub fn rope(
     if r.rope_dim > r.head_dim || !r.rope_dim.is_multiple_of(2) {
         bail!("rope dims {} of head {}", r.rope_dim, r.head_dim);
     }
+    if r.freq_factors.is_some() || r.yarn.is_some() {
+        bail!("rope_freqs and YaRN scaling have no CUDA kernel yet (they run on the CPU backend)");
+    }
     // The reference's powf(freq_base, -2.0f / rope_dim), here through the same libm.
     let theta_scale = r.freq_base.powf(-2.0f32 / r.rope_dim as f32);
     let n_pairs = n_tokens * n_heads * (r.rope_dim / 2);

@@ -2,8 +2,9 @@
 //! attention (through the paged KV cache), residual, RMSNorm, gated feed-forward, residual;
 //! then the final norm and the logits of the rows that asked for them.
 //!
-//! One function runs every family: what differs (Q/K/V biases, QK-norm, post-norms, embedding
-//! scale, activation, each layer's rope and sliding window, logit soft-capping) is data in
+//! One function runs every family: what differs (Q/K/V biases, QK-norm, post-norms, embedding,
+//! residual and logit multipliers, activation, each layer's rope (or none) and sliding window,
+//! logit soft-capping) is data in
 //! [`ModelConfig`](super::ModelConfig) and [`Weights`](super::Weights), read from the GGUF.
 //!
 //! Each row's arithmetic is the same whatever else is in the batch: matrix products compute
@@ -86,6 +87,13 @@ fn add_inplace(x: &mut [f32], y: &[f32]) {
     x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
 }
 
+/// `x *= s` unless s is 1 (granite's residual and logit multipliers).
+fn scale_if(x: &mut [f32], s: f32) {
+    if s != 1.0 {
+        x.iter_mut().for_each(|v| *v *= s);
+    }
+}
+
 /// RMSNorm in place over rows of `w.len()` when the model has this norm.
 fn rms_norm_if(x: &mut [f32], w: &Option<Vec<f32>>, eps: f32) {
     if let Some(w) = w {
@@ -149,8 +157,10 @@ impl Model {
             hq.linear(g, &lw.wv, &mut v);
             rms_norm_if(&mut q, &lw.attn_q_norm, eps);
             rms_norm_if(&mut k, &lw.attn_k_norm, eps);
-            kernels::rope(&mut q, &batch.positions, c.n_heads, &lo.rope);
-            kernels::rope(&mut k, &batch.positions, c.n_kv_heads, &lo.rope);
+            if let Some(rope) = &lo.rope {
+                kernels::rope(&mut q, &batch.positions, c.n_heads, rope);
+                kernels::rope(&mut k, &batch.positions, c.n_kv_heads, rope);
+            }
             let (k_cache, v_cache) = kv.layer_mut(l);
             kernels::kv_write(&k, &v, k_cache, v_cache, &batch.slot_mapping, kv_dim);
             let (k_cache, v_cache) = kv.layer(l);
@@ -166,6 +176,7 @@ impl Model {
             );
             Quantized::new(&attn, q_dim).linear(g, &lw.wo, &mut proj);
             rms_norm_if(&mut proj, &lw.attn_post_norm, eps);
+            scale_if(&mut proj, c.residual_scale);
             add_inplace(&mut x, &proj);
 
             // Feed-forward block.
@@ -176,6 +187,7 @@ impl Model {
             kernels::glu_inplace(&mut gate, &up, c.activation);
             Quantized::new(&gate, c.n_ff).matmul(g, &lw.w_down, &mut proj);
             rms_norm_if(&mut proj, &lw.ffn_post_norm, eps);
+            scale_if(&mut proj, c.residual_scale);
             add_inplace(&mut x, &proj);
         }
 
@@ -190,6 +202,7 @@ impl Model {
         kernels::rms_norm_inplace(&mut last, &w.output_norm, eps);
         let mut logits = Vec::new();
         Quantized::new(&last, n_embd).linear(g, &w.output, &mut logits);
+        scale_if(&mut logits, 1.0 / c.logit_scale);
         if let Some(cap) = c.final_logit_softcap {
             logits.iter_mut().for_each(|z| *z = cap * (*z / cap).tanh());
         }

@@ -1,0 +1,191 @@
+//! Every family and option against llama.cpp on synthetic models: small GGUF files with seeded
+//! random weights and a real vocabulary (scripts/synth/synth.py writes them into target/synth/;
+//! scripts/test.sh runs it), and llama.cpp's logits of a fixed sequence of 40 tokens on each
+//! (tests/synth/<case>.json, made by scripts/synth/refs.sh with llama.cpp 0c1e57098; CI does
+//! not build llama.cpp). The cases: llama3 rope_freqs, llama with YaRN and linear rope scaling
+//! (the sequence runs past their original context of 16), qwen3 (QK-norm, head size apart from
+//! n_embd / n_head), phi3 (fused QKV and gate/up, partial rotary), smollm3 (a NoPE layer),
+//! granite (embedding, residual, attention and logit multipliers), and a llama model whose block
+//! matrices llama-quantize wrote in each IQ type.
+//!
+//! Each file is checked against the sha256 its reference records (the same seed gives the same
+//! bytes), then run through edge-llm's CPU forward pass in one prefill; every position's logits
+//! at 96 fixed ids and at llama.cpp's top 8 must be within LOGIT_BUDGET of llama.cpp's, and the
+//! top token the same wherever llama.cpp's own top two are further apart than that.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use edge_llm::generate::SequenceRunner;
+use edge_llm::model::Model;
+
+/// |our logit - llama.cpp's|, absolute; the logits are of order 1 (random weights scaled by
+/// 1/sqrt(n_in), normed activations). Both sides quantize activations the same way (F16 for
+/// the F16 output matrix, Q8_0/Q8_K for the IQ matrices) and differ only in summation order,
+/// rope's cos/sin and softmax arithmetic.
+const LOGIT_BUDGET: f32 = 1e-2;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+fn reference(case: &str) -> serde_json::Value {
+    let p = root().join("tests/synth").join(format!("{case}.json"));
+    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+fn sha256(path: &Path) -> String {
+    let out = Command::new("sha256sum")
+        .arg(path)
+        .output()
+        .expect("sha256sum (coreutils)");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The case's model file, checked against its reference's sha256; None when it was not made
+/// (skipped outside CI, a failure under CI=true).
+fn model_file(r: &serde_json::Value) -> Option<PathBuf> {
+    let dir = std::env::var_os("EDGE_LLM_SYNTH_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target/synth"));
+    let path = dir.join(r["file"].as_str().unwrap());
+    if !path.is_file() {
+        let reason = format!(
+            "{} not made (target/synth-venv/bin/python scripts/synth/synth.py models target/synth)",
+            path.display()
+        );
+        if in_ci() {
+            panic!("prerequisite missing under CI=true: {reason}");
+        }
+        eprintln!("skipped: {reason}");
+        return None;
+    }
+    assert_eq!(
+        sha256(&path),
+        r["sha256"].as_str().unwrap(),
+        "{}: not the file llama.cpp's reference was computed on (regenerate both with scripts/synth/refs.sh)",
+        path.display()
+    );
+    Some(path)
+}
+
+fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+fn check(case: &str) {
+    let r = reference(case);
+    let Some(path) = model_file(&r) else { return };
+    let model = Model::load(&path).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+    let tokens = ids(&r["tokens"]);
+    let picked = ids(&r["picked_ids"]);
+    let vocab = model.config.vocab_size;
+    assert_eq!(
+        vocab as u64,
+        r["n_vocab"].as_u64().unwrap(),
+        "{case}: vocabulary"
+    );
+    let mut runner = SequenceRunner::new(&model, tokens.len(), 16);
+    let logits = runner.eval(&tokens, true).unwrap();
+    let (mut worst, mut worst_at) = (0.0f32, 0);
+    for (p, theirs) in r["positions"].as_array().unwrap().iter().enumerate() {
+        let row = &logits[p * vocab..(p + 1) * vocab];
+        let mut compare = |id: u32, want: f32| {
+            let d = (row[id as usize] - want).abs();
+            if d > worst {
+                (worst, worst_at) = (d, p);
+            }
+        };
+        for (&id, want) in picked.iter().zip(theirs["picked"].as_array().unwrap()) {
+            compare(id, want.as_f64().unwrap() as f32);
+        }
+        let top = theirs["top"].as_array().unwrap();
+        for e in top {
+            compare(e[0].as_u64().unwrap() as u32, e[1].as_f64().unwrap() as f32);
+        }
+        let (t0, l0) = (
+            top[0][0].as_u64().unwrap() as usize,
+            top[0][1].as_f64().unwrap(),
+        );
+        let l1 = top[1][1].as_f64().unwrap();
+        let ours = row
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .unwrap()
+            .0;
+        if l0 - l1 > LOGIT_BUDGET as f64 {
+            assert_eq!(ours, t0, "{case}: position {p}: top token");
+        }
+    }
+    eprintln!(
+        "{case}: {} positions, largest |logit - llama.cpp's| {worst:.2e} at position {worst_at} (budget {LOGIT_BUDGET:.0e})",
+        tokens.len()
+    );
+    assert!(
+        worst <= LOGIT_BUDGET,
+        "{case}: a logit {worst} away from llama.cpp's at position {worst_at}"
+    );
+}
+
+#[test]
+fn llama3_rope_freqs_matches_llama_cpp() {
+    check("llama3_rope_freqs");
+}
+
+#[test]
+fn llama_yarn_matches_llama_cpp_past_the_original_context() {
+    check("llama_yarn");
+}
+
+#[test]
+fn llama_linear_scaling_matches_llama_cpp() {
+    check("llama_linear");
+}
+
+#[test]
+fn qwen3_matches_llama_cpp() {
+    check("qwen3");
+}
+
+#[test]
+fn phi3_matches_llama_cpp() {
+    check("phi3");
+}
+
+#[test]
+fn smollm3_matches_llama_cpp() {
+    check("smollm3");
+}
+
+#[test]
+fn granite_matches_llama_cpp() {
+    check("granite");
+}
+
+#[test]
+fn llama_f32_base_of_the_iq_models_matches_llama_cpp() {
+    check("iq_base");
+}
+
+#[test]
+fn iq_quantized_models_match_llama_cpp() {
+    for t in [
+        "IQ4_NL", "IQ4_XS", "IQ3_S", "IQ3_XXS", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ1_M", "IQ1_S",
+    ] {
+        check(&format!("iq_base-{t}"));
+    }
+}
