@@ -1,7 +1,8 @@
-//! Where the forward pass runs. [`Device`] is what `--device` asks for; [`Executor`] is what one
-//! device needs to run steps: on the CPU the paged [`KvCache`] (the forward pass reads the
-//! weights from the mmap), on a GPU the uploaded weights and the KV pool in device memory
-//! (`crate::cuda`, feature `cuda`). The engine thread and [`SequenceRunner`] hold an executor and
+//! Where the forward pass runs. [`Device`] is what `--device` asks for; [`Executor`] is a model's
+//! weights loaded on one backend with its KV pool: the CPU (`crate::model::Cpu`: most weights in
+//! the mmap, the paged KV cache in host memory), a GPU (`crate::cuda`, feature `cuda`: the
+//! weights uploaded, the KV pool in device memory), or the CUDA kernels' CPU emulator (tests).
+//! Every backend runs the same layer loop (`crate::model::forward`). The engine thread and [`SequenceRunner`] hold an executor and
 //! call [`Executor::forward`] with the same [`Batch`] either way; the scheduler and block manager
 //! never know which.
 //!
@@ -11,8 +12,7 @@ use std::io::IsTerminal;
 
 use anyhow::{bail, Result};
 
-use crate::kv_cache::KvCache;
-use crate::model::{Batch, Model};
+use crate::model::{Batch, Cpu, Loaded, Model};
 
 /// The `--device` choice.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -74,15 +74,19 @@ fn cuda_probe() -> Result<()> {
 
 /// The state that runs forward steps on one device.
 pub enum Executor {
-    Cpu(KvCache),
+    Cpu(Box<Loaded<Cpu>>),
     #[cfg(feature = "cuda")]
-    Cuda(Box<crate::cuda::CudaModel>),
+    Cuda(Box<Loaded<crate::cuda::CudaBackend<crate::cuda::Gpu>>>),
+    /// The CUDA backend on the CPU emulator of its kernels: for tests that drive the engine
+    /// through the CUDA code without a GPU.
+    #[cfg(feature = "cuda")]
+    CudaEmulated(Box<Loaded<crate::cuda::CudaBackend<crate::cuda::Emu>>>),
 }
 
 impl Executor {
     /// A CPU executor: a KV pool of `num_blocks` blocks of `block_size` tokens.
     pub fn cpu(model: &Model, block_size: usize, num_blocks: usize) -> Executor {
-        Executor::Cpu(KvCache::new(&model.config, block_size, num_blocks))
+        Executor::Cpu(Box::new(model.on_cpu(block_size, num_blocks)))
     }
 
     /// An executor on `device` (resolved first) with a KV pool of `num_blocks` blocks of
@@ -107,7 +111,7 @@ impl Executor {
         use anyhow::Context;
         let gpu = crate::cuda::Gpu::new()?;
         let name = gpu.name.clone();
-        let m = crate::cuda::CudaModel::new(gpu, model, block_size, num_blocks)
+        let m = crate::cuda::load(gpu, model, block_size, num_blocks)
             .with_context(|| format!("loading the model onto {name}"))?;
         Ok(Executor::Cuda(Box::new(m)))
     }
@@ -118,12 +122,24 @@ impl Executor {
         bail!("CUDA support is not built in")
     }
 
+    /// The CUDA backend on the emulator of its kernels (`crate::cuda::Emu`), for tests.
+    #[cfg(feature = "cuda")]
+    pub fn cuda_emulated(
+        model: &Model,
+        emu: crate::cuda::Emu,
+        block_size: usize,
+        num_blocks: usize,
+    ) -> Result<Executor> {
+        let m = crate::cuda::load(emu, model, block_size, num_blocks)?;
+        Ok(Executor::CudaEmulated(Box::new(m)))
+    }
+
     /// Which device this executor runs on (`Cpu` or `Cuda`).
     pub fn device(&self) -> Device {
         match self {
             Executor::Cpu(_) => Device::Cpu,
             #[cfg(feature = "cuda")]
-            Executor::Cuda(_) => Device::Cuda,
+            Executor::Cuda(_) | Executor::CudaEmulated(_) => Device::Cuda,
         }
     }
 
@@ -132,43 +148,51 @@ impl Executor {
         match self {
             Executor::Cpu(_) => "cpu".into(),
             #[cfg(feature = "cuda")]
-            Executor::Cuda(m) => format!(
-                "cuda: {} (compute {}.{}, kernels: {})",
-                m.gpu().name,
-                m.gpu().compute_capability.0,
-                m.gpu().compute_capability.1,
-                m.gpu().kernels_from
-            ),
+            Executor::Cuda(m) => {
+                let gpu = m.backend.device();
+                format!(
+                    "cuda: {} (compute {}.{}, kernels: {})",
+                    gpu.name, gpu.compute_capability.0, gpu.compute_capability.1, gpu.kernels_from
+                )
+            }
+            #[cfg(feature = "cuda")]
+            Executor::CudaEmulated(_) => "cuda: the CPU emulator of the CUDA kernels".into(),
         }
     }
 
     pub fn block_size(&self) -> usize {
         match self {
-            Executor::Cpu(kv) => kv.block_size,
+            Executor::Cpu(m) => m.backend.block_size(),
             #[cfg(feature = "cuda")]
-            Executor::Cuda(m) => m.block_size(),
+            Executor::Cuda(m) => m.backend.block_size(),
+            #[cfg(feature = "cuda")]
+            Executor::CudaEmulated(m) => m.backend.block_size(),
         }
     }
 
     /// Runs one step of `model` over `batch`; returns the logits of `batch.logits_rows`,
     /// [logits_rows.len()][vocab_size].
     pub fn forward(&mut self, model: &Model, batch: &Batch) -> Result<Vec<f32>> {
+        let c = &model.config;
         match self {
-            Executor::Cpu(kv) => model.forward(batch, kv),
+            // On a pool thread, so each kernel's parallel split costs no thread hand-off.
+            Executor::Cpu(m) => crate::kernels::in_pool(|| m.forward(c, batch)),
             #[cfg(feature = "cuda")]
-            Executor::Cuda(m) => m.forward(model, batch),
+            Executor::Cuda(m) => m.forward(c, batch),
+            #[cfg(feature = "cuda")]
+            Executor::CudaEmulated(m) => m.forward(c, batch),
         }
     }
 
     /// Copies KV block `src` onto `dst` in every layer (copy-on-write of a shared block).
     pub fn copy_block(&mut self, src: u32, dst: u32) -> Result<()> {
+        use crate::model::Backend;
         match self {
-            Executor::Cpu(kv) => {
-                kv.copy_block(src, dst);
-                Ok(())
-            }
+            Executor::Cpu(m) => m.backend.copy_block(src, dst),
             #[cfg(feature = "cuda")]
-            Executor::Cuda(m) => m.copy_block(src, dst),
+            Executor::Cuda(m) => m.backend.copy_block(src, dst),
+            #[cfg(feature = "cuda")]
+            Executor::CudaEmulated(m) => m.backend.copy_block(src, dst),
         }
     }
 }

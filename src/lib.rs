@@ -1,7 +1,17 @@
 //! edge-llm: a Rust inference engine for GGUF language models on edge machines.
 //!
-//! Layers only look down: the command-line faces (`cli`) use the model; the model (GGUF
-//! reader, weights, forward pass) uses the kernels; the kernels wrap the C code in `csrc/`.
+//! Layers only look down:
+//! - the faces (`cli`: `run`, `chat`, `--jsonl`, `bench`; `server`: the OpenAI-compatible HTTP
+//!   server) send requests to the engine and read token events back;
+//! - the engine (`engine`: sequences, block manager, scheduler, the one thread that steps) turns
+//!   scheduled sequences into a flat `model::Batch` and runs it on a `device::Executor`;
+//! - the model (`gguf` reader, `tokenizer`, `model`: config, weights, the `Backend` trait and the
+//!   ONE layer loop over it, `model::forward`) runs on a backend: `model::Cpu` (the `kernels`,
+//!   wrapping the C code in `csrc/`, and the paged `kv_cache`) or, with the `cuda` feature,
+//!   `cuda::CudaBackend` (the kernels in `csrc/cuda/` on a GPU, or on their CPU emulator in tests).
+//!
+//! A new model family or option is an edit to `model::config`, `model::weights` and
+//! `model::forward`; a new device is a new `Backend`.
 
 pub mod api;
 pub mod chat_template;

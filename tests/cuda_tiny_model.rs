@@ -9,18 +9,29 @@
 //! Steps: a prefill with every row's logits, greedy decode steps, a prefill in two chunks, two
 //! sequences in one batch sharing a prefix's KV blocks, and a copy-on-write block copy. Every
 //! step's logits agree between the backends within FORWARD_LOGITS_BUDGET, and the greedy tokens
-//! are the same.
+//! are the same. The forward pass is the one layer loop (`edge_llm::model::forward`) on two
+//! backends: `model::Cpu` and `cuda::CudaBackend<Emu>`.
+//!
+//! Then the engine itself drives each backend (`engine_on_emulated_cuda_matches_the_cpu`):
+//! a prompt prefilled in chunks with two forked completions (copy-on-write), then two requests
+//! sharing its prefix through the prefix cache, batched together; completions, cached tokens,
+//! steps and returned blocks are the same on both.
 #![cfg(feature = "cuda")]
 
 #[path = "common/gguf_writer.rs"]
 mod gguf_writer;
 
-use edge_llm::cuda::forward::CudaModel;
 use edge_llm::cuda::Emu;
+use std::sync::Arc;
+
 use edge_llm::device::Executor;
+use edge_llm::engine::{
+    EngineConfig, EngineHandle, Event, FinishReason, Metrics, Request, RequestStream,
+};
 use edge_llm::gguf::{MetaArray, MetaValue};
 use edge_llm::kernels;
 use edge_llm::model::{Batch, Model};
+use edge_llm::sampler::SamplingParams;
 use edge_llm::tensor_type::TensorType;
 use gguf_writer::{GgufBuilder, TensorSpec};
 
@@ -300,7 +311,7 @@ fn step(
     what: &str,
     model: &Model,
     cpu: &mut Executor,
-    emu: &mut CudaModel<Emu>,
+    emu: &mut Executor,
     b: &Batch,
     worst: &mut f64,
 ) -> Vec<f32> {
@@ -340,7 +351,7 @@ fn run_family(s: Spec, seed: u64) {
         assert!(c.final_logit_softcap.is_some());
     }
     let mut cpu = Executor::cpu(&model, BLOCK, NUM_BLOCKS);
-    let mut emu = CudaModel::new(Emu::new(), &model, BLOCK, NUM_BLOCKS)
+    let mut emu = Executor::cuda_emulated(&model, Emu::new(), BLOCK, NUM_BLOCKS)
         .expect("the model loads onto the emulator");
     let mut worst = 0f64;
     let prompt: Vec<u32> = (0..13)
@@ -434,16 +445,124 @@ fn qwen2_tiny_model_on_cpu_and_emulated_cuda() {
     );
 }
 
+fn gemma3_spec() -> Spec {
+    use TensorType::*;
+    Spec {
+        arch: "gemma3",
+        types: [Q5_K, F16, Q3_K, BF16, Q5_1, F32],
+        biases: false,
+        tied: false,
+    }
+}
+
 #[test]
 fn gemma3_tiny_model_on_cpu_and_emulated_cuda() {
-    use TensorType::*;
-    run_family(
-        Spec {
-            arch: "gemma3",
-            types: [Q5_K, F16, Q3_K, BF16, Q5_1, F32],
-            biases: false,
-            tied: false,
-        },
-        3,
+    run_family(gemma3_spec(), 3);
+}
+
+/// One engine's outputs for the requests of `engine_on_emulated_cuda_matches_the_cpu`: per
+/// request, the tokens of each completion, its finish reason and cached prompt tokens; then the
+/// engine's metrics once idle.
+fn engine_run(model: &Arc<Model>, exec: Executor) -> (Vec<Completion>, Metrics) {
+    let config = EngineConfig {
+        block_size: BLOCK,
+        num_blocks: NUM_BLOCKS,
+        max_seq_len: 64,
+        // Prompts longer than 8 tokens are prefilled in chunks.
+        max_batched_tokens: 8,
+        max_seqs: 8,
+        max_queue: 8,
+    };
+    let engine = EngineHandle::start_with(Arc::clone(model), config, exec).unwrap();
+    let prefix: Vec<u32> = (0..16).map(|i| (i * 41 + 7) % VOCAB as u32).collect();
+    let prompt = |suffix: &[u32]| [prefix.as_slice(), suffix].concat();
+    let request = |prompt: Vec<u32>, n: usize| {
+        let mut r = Request::new(prompt, SamplingParams::greedy(), 4);
+        r.ignore_eos = true;
+        r.n = n;
+        r
+    };
+    // Every completion's tokens, finish reasons and cached prompt tokens.
+    let collect = |stream: &mut RequestStream| {
+        let mut c = Completion::default();
+        while let Some(e) = stream.next_blocking() {
+            match e {
+                Event::Token { index, token, .. } => {
+                    if c.tokens.len() <= index {
+                        c.tokens.resize(index + 1, Vec::new());
+                    }
+                    c.tokens[index].push(token);
+                }
+                Event::Finished { reason, usage, .. } => {
+                    c.reasons.push(reason);
+                    c.cached_tokens = usage.cached_tokens;
+                }
+                Event::Error(e) => panic!("engine error: {e}"),
+            }
+        }
+        c
+    };
+    // A: 19 prompt tokens (chunks of 8, 8, 3) and two completions forked after the prompt
+    // (copy-on-write of its last, partly filled block).
+    let mut out = vec![collect(
+        &mut engine.submit(request(prompt(&[3, 1, 4]), 2)).unwrap(),
+    )];
+    // B and C together, both reusing A's two full prefix blocks from the prefix cache.
+    let mut b = engine.submit(request(prompt(&[5, 9, 2, 6, 5]), 1)).unwrap();
+    let mut c = engine.submit(request(prompt(&[35, 8, 97]), 1)).unwrap();
+    out.push(collect(&mut b));
+    out.push(collect(&mut c));
+    let metrics = loop {
+        let m = engine.metrics().unwrap();
+        if m.num_running == 0 && m.num_waiting == 0 && m.requests_finished == 3 {
+            break m;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    (out, metrics)
+}
+
+/// What one request produced.
+#[derive(Debug, Default, PartialEq)]
+struct Completion {
+    tokens: Vec<Vec<u32>>,
+    reasons: Vec<FinishReason>,
+    cached_tokens: usize,
+}
+
+#[test]
+fn engine_on_emulated_cuda_matches_the_cpu() {
+    let mut rng = Rng(3);
+    let file = write_model(&gemma3_spec(), &mut rng);
+    let model = Arc::new(Model::load(file.path()).expect("the tiny gemma3 model loads"));
+    let cpu = Executor::cpu(&model, BLOCK, NUM_BLOCKS);
+    let emu = Executor::cuda_emulated(&model, Emu::new(), BLOCK, NUM_BLOCKS).unwrap();
+    let (want, cpu_metrics) = engine_run(&model, cpu);
+    let (got, emu_metrics) = engine_run(&model, emu);
+    eprintln!("CPU: {want:?}\nemulated CUDA: {got:?}");
+    assert_eq!(want[0].tokens.len(), 2, "two completions of A");
+    assert_eq!(want[0].tokens[0], want[0].tokens[1], "greedy forks agree");
+    for c in &want {
+        assert!(
+            c.reasons.iter().all(|&r| r == FinishReason::Length),
+            "{c:?}"
+        );
+        assert!(c.tokens.iter().all(|t| t.len() == 4), "{c:?}");
+    }
+    assert_eq!(
+        (want[1].cached_tokens, want[2].cached_tokens),
+        (16, 16),
+        "B and C reuse A's 16-token prefix"
     );
+    assert_eq!(
+        got, want,
+        "the emulated CUDA engine's completions equal the CPU engine's"
+    );
+    for m in [&cpu_metrics, &emu_metrics] {
+        assert_eq!(m.blocks_used, 0, "every block comes back: {m:?}");
+        assert_eq!(m.blocks_free, NUM_BLOCKS);
+        assert_eq!(m.prefix_cache.hit_blocks, 4, "{m:?}");
+    }
+    assert_eq!(cpu_metrics.steps, emu_metrics.steps);
+    assert_eq!(cpu_metrics.tokens_prefilled, emu_metrics.tokens_prefilled);
 }

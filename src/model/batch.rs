@@ -1,5 +1,8 @@
 //! The flat batch a forward step runs: every scheduled token of every sequence, with the
 //! integers the kernels need to find its KV slots. Kernels never see a sequence, only this.
+//! [`Batch::validate`] checks it once per step, before any backend touches memory with it.
+
+use anyhow::{bail, Result};
 
 /// One forward step's input. All per-token vectors have `n_tokens` entries.
 #[derive(Clone, Debug, Default)]
@@ -28,6 +31,54 @@ impl Batch {
     /// Number of keys token `t` attends to: everything up to and including itself.
     pub fn context_lens(&self) -> Vec<i32> {
         self.positions.iter().map(|&p| p + 1).collect()
+    }
+
+    /// Checks every index the kernels will follow: token ids inside the vocabulary, KV slots and
+    /// block ids inside a pool of `num_blocks` blocks of `block_size` tokens, each token's
+    /// context inside its block table, logits rows inside the batch. A bad one would make a
+    /// kernel read or write outside its buffers, so the forward pass calls this first.
+    pub fn validate(&self, vocab_size: usize, block_size: usize, num_blocks: usize) -> Result<()> {
+        let n = self.n_tokens();
+        if self.positions.len() != n || self.slot_mapping.len() != n || self.token_seq.len() != n {
+            bail!("batch vectors of different lengths");
+        }
+        if let Some(&bad) = self.tokens.iter().find(|&&t| t as usize >= vocab_size) {
+            bail!("token id {bad} is outside the vocabulary of {vocab_size} tokens");
+        }
+        let num_slots = (num_blocks * block_size) as i64;
+        if let Some(&s) = self.slot_mapping.iter().find(|&&s| s >= num_slots) {
+            bail!("KV slot {s} is outside the pool of {num_slots}");
+        }
+        let mb = self.max_blocks_per_seq;
+        let n_seqs = self.block_tables.len() / mb.max(1);
+        if self.block_tables.len() != n_seqs * mb {
+            bail!(
+                "block tables of {} entries for {mb} per sequence",
+                self.block_tables.len()
+            );
+        }
+        for t in 0..n {
+            let (seq, len) = (self.token_seq[t], self.positions[t] as i64 + 1);
+            if seq < 0 || seq as usize >= n_seqs || len < 1 || len as usize > mb * block_size {
+                bail!("token {t}: sequence row {seq} or context length {len} out of range");
+            }
+            let table = &self.block_tables[seq as usize * mb..][..mb];
+            if !table[..(len as usize).div_ceil(block_size)]
+                .iter()
+                .all(|&b| b >= 0 && (b as usize) < num_blocks)
+            {
+                bail!("token {t}: block id out of range");
+            }
+        }
+        if let Some(&r) = self.logits_rows.iter().find(|&&r| r >= n) {
+            bail!("logits row {r} of a batch of {n} tokens");
+        }
+        Ok(())
+    }
+
+    /// Number of sequences (rows of `block_tables`).
+    pub fn n_seqs(&self) -> usize {
+        self.block_tables.len() / self.max_blocks_per_seq.max(1)
     }
 
     /// Adds a sequence's block table; returns its row index for `push_token`.

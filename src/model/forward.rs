@@ -1,211 +1,155 @@
-//! The forward pass over a batch, reading like the paper: embedding, then per layer RMSNorm,
-//! attention (through the paged KV cache), residual, RMSNorm, gated feed-forward, residual;
-//! then the final norm and the logits of the rows that asked for them.
+//! The forward pass over a batch, written once for every backend and reading like the paper:
+//! embedding, then per layer RMSNorm, attention (through the paged KV cache), residual,
+//! RMSNorm, gated feed-forward, residual; then the final norm and the logits of the rows that
+//! asked for them.
 //!
-//! One function runs every family: what differs (Q/K/V biases, QK-norm, post-norms, embedding,
-//! residual and logit multipliers, activation, each layer's rope (or none) and sliding window,
-//! logit soft-capping) is data in
-//! [`ModelConfig`](super::ModelConfig) and [`Weights`](super::Weights), read from the GGUF.
+//! One function runs every family: what differs (Q/K/V biases, fused QKV and gate/up tensors,
+//! QK-norm, post-norms, embedding, residual and logit multipliers, activation, each layer's rope
+//! (or none: NoPE) and sliding window, logit soft-capping) is data in
+//! [`ModelConfig`] and [`Weights`], read from the GGUF. What differs between devices is the
+//! [`Backend`] (`super::cpu`, `crate::cuda::backend`).
 //!
 //! Each row's arithmetic is the same whatever else is in the batch: matrix products compute
 //! every output element as one dot product, norms and attention are per row. So a sequence's
 //! output does not depend on batching, chunking or caching.
 
-use anyhow::{bail, Result};
+use std::sync::Arc;
 
-use super::weights::{Linear, Matrix};
-use super::{Batch, Model};
-use crate::gguf::GgufFile;
-use crate::kernels::{self, AttentionBatch};
-use crate::kv_cache::KvCache;
-use crate::tensor_type::TensorType;
+use anyhow::Result;
 
-/// Activations of one step quantized once per vec_dot type and reused by every matrix that
-/// reads them (q, k and v read the same normed input).
-struct Quantized<'a> {
-    x: &'a [f32],
-    n_in: usize,
-    cache: Vec<(TensorType, Vec<u8>)>,
+use super::backend::Backend;
+use super::weights::{Linear, Weights};
+use super::{Batch, ModelConfig};
+
+/// A backend with the model's weights loaded on it: what runs steps.
+pub struct Loaded<B: Backend> {
+    pub backend: B,
+    pub weights: Arc<Weights<B>>,
 }
 
-impl<'a> Quantized<'a> {
-    fn new(x: &'a [f32], n_in: usize) -> Self {
-        Quantized {
-            x,
-            n_in,
-            cache: Vec::new(),
-        }
-    }
-
-    /// `out = x @ m^T`: [n_rows][m.n_out].
-    fn matmul(&mut self, g: &GgufFile, m: &Matrix, out: &mut Vec<f32>) {
-        let t = m.ttype.vec_dot_type();
-        let idx = match self.cache.iter().position(|(ct, _)| *ct == t) {
-            Some(i) => i,
-            None => {
-                self.cache
-                    .push((t, kernels::quantize_rows(t, self.x, self.n_in)));
-                self.cache.len() - 1
-            }
-        };
-        let n_rows = self.x.len() / self.n_in;
-        out.resize(n_rows * m.n_out, 0.0);
-        // Q4_1 and Q8_0 matrices are read from their interleaved copies: the same results, bit for bit.
-        match m.interleaved(g) {
-            Some(w8) => kernels::matmul_x8(
-                m.ttype,
-                w8,
-                m.n_in,
-                m.n_out,
-                &self.cache[idx].1,
-                n_rows,
-                out,
-            ),
-            None => kernels::matmul(
-                m.ttype,
-                m.bytes(g),
-                m.n_in,
-                m.n_out,
-                &self.cache[idx].1,
-                n_rows,
-                out,
-            ),
-        }
-    }
-
-    /// `out = x @ l.weight^T + l.bias`: [n_rows][n_out].
-    fn linear(&mut self, g: &GgufFile, l: &Linear, out: &mut Vec<f32>) {
-        self.matmul(g, &l.weight, out);
-        if let Some(bias) = &l.bias {
-            out.chunks_exact_mut(bias.len())
-                .for_each(|row| add_inplace(row, bias));
-        }
+impl<B: Backend> Loaded<B> {
+    /// Runs one step of the model of `c`; see [`forward`].
+    pub fn forward(&mut self, c: &ModelConfig, batch: &Batch) -> Result<Vec<f32>> {
+        forward(&mut self.backend, &self.weights, c, batch)
     }
 }
 
-fn add_inplace(x: &mut [f32], y: &[f32]) {
-    x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
+/// `out = x @ l.weight^T + l.bias`: [n_rows][n_out].
+fn linear<B: Backend>(
+    b: &mut B,
+    x: &mut B::Input<'_>,
+    l: &Linear<B>,
+    out: &mut B::Acts,
+) -> Result<()> {
+    b.matmul(x, &l.weight, out)?;
+    if let Some(bias) = &l.bias {
+        b.add_bias(out, bias)?;
+    }
+    Ok(())
 }
 
-/// `x *= s` unless s is 1 (granite's residual and logit multipliers).
-fn scale_if(x: &mut [f32], s: f32) {
+/// `x *= s` unless `s` is 1 (granite's residual and logit multipliers).
+fn scale_if<B: Backend>(b: &mut B, x: &mut B::Acts, s: f32) -> Result<()> {
     if s != 1.0 {
-        x.iter_mut().for_each(|v| *v *= s);
+        b.scale(x, s)?;
     }
+    Ok(())
 }
 
-/// RMSNorm in place over rows of `w.len()` when the model has this norm.
-fn rms_norm_if(x: &mut [f32], w: &Option<Vec<f32>>, eps: f32) {
-    if let Some(w) = w {
-        kernels::rms_norm_inplace(x, w, eps);
+/// Runs one step: checks the batch against the model and the KV pool, writes the batch's keys
+/// and values into the pool at its slot mapping, and returns the logits of
+/// `batch.logits_rows`, [logits_rows.len()][vocab_size].
+pub fn forward<B: Backend>(
+    b: &mut B,
+    w: &Weights<B>,
+    c: &ModelConfig,
+    batch: &Batch,
+) -> Result<Vec<f32>> {
+    let n = batch.n_tokens();
+    if n == 0 {
+        return Ok(Vec::new());
     }
-}
+    let (block_size, num_blocks) = b.kv_pool();
+    batch.validate(c.vocab_size, block_size, num_blocks)?;
+    b.begin_step(batch)?;
+    let (n_embd, q_dim, kv_dim, n_ff, eps) = (c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff, c.rms_eps);
 
-impl Model {
-    /// Runs one step. Writes the batch's keys and values into `kv` at its slot mapping and
-    /// returns the logits of `batch.logits_rows`, [logits_rows.len()][vocab_size].
-    pub fn forward(&self, batch: &Batch, kv: &mut KvCache) -> Result<Vec<f32>> {
-        // On a pool thread, so each kernel's parallel split costs no thread hand-off.
-        kernels::in_pool(|| self.forward_step(batch, kv))
+    // x: [n][n_embd], the residual stream, starting from the (scaled) token embeddings.
+    let mut x = b.acts(n, n_embd)?;
+    b.embed(&w.token_embd, c.embd_scale, &mut x)?;
+
+    let mut h = b.acts(n, n_embd)?; // normed input
+    let (mut q, mut k, mut v) = (b.acts(n, q_dim)?, b.acts(n, kv_dim)?, b.acts(n, kv_dim)?);
+    let mut attn = b.acts(n, q_dim)?;
+    let mut proj = b.acts(n, n_embd)?; // a block's output before its residual add
+    let (mut gate, mut up) = (b.acts(n, n_ff)?, b.acts(n, n_ff)?);
+
+    for (l, (lw, lo)) in w.layers.iter().zip(&c.layers).enumerate() {
+        // Attention block: q, k, v (each head's q and k normed where the model does so),
+        // rotated, k and v cached, attention over the layer's window, output projection.
+        b.rms_norm(&x, &lw.attn_norm, eps, &mut h)?;
+        let mut hq = b.input(&h); // quantized once for q, k and v
+        linear(b, &mut hq, &lw.wq, &mut q)?;
+        linear(b, &mut hq, &lw.wk, &mut k)?;
+        linear(b, &mut hq, &lw.wv, &mut v)?;
+        drop(hq);
+        if let Some(norm) = &lw.attn_q_norm {
+            b.rms_norm_inplace(&mut q, norm, eps)?;
+        }
+        if let Some(norm) = &lw.attn_k_norm {
+            b.rms_norm_inplace(&mut k, norm, eps)?;
+        }
+        if let Some(rope) = &lo.rope {
+            b.rope(&mut q, c.n_heads, rope)?;
+            b.rope(&mut k, c.n_kv_heads, rope)?;
+        }
+        b.kv_write(l, &k, &v)?;
+        b.attention(l, &q, lo.window, &mut attn)?;
+        let mut aq = b.input(&attn);
+        linear(b, &mut aq, &lw.wo, &mut proj)?;
+        drop(aq);
+        if let Some(norm) = &lw.attn_post_norm {
+            b.rms_norm_inplace(&mut proj, norm, eps)?;
+        }
+        scale_if(b, &mut proj, c.residual_scale)?;
+        b.add(&mut x, &proj)?;
+
+        // Feed-forward block: gate and up from the same normed input, the gated activation,
+        // down projection.
+        b.rms_norm(&x, &lw.ffn_norm, eps, &mut h)?;
+        let mut hq = b.input(&h); // quantized once for gate and up
+        b.matmul(&mut hq, &lw.w_gate, &mut gate)?;
+        b.matmul(&mut hq, &lw.w_up, &mut up)?;
+        drop(hq);
+        b.glu(&mut gate, &up, c.activation)?;
+        let mut gq = b.input(&gate);
+        b.matmul(&mut gq, &lw.w_down, &mut proj)?;
+        drop(gq);
+        if let Some(norm) = &lw.ffn_post_norm {
+            b.rms_norm_inplace(&mut proj, norm, eps)?;
+        }
+        scale_if(b, &mut proj, c.residual_scale)?;
+        b.add(&mut x, &proj)?;
     }
 
-    fn forward_step(&self, batch: &Batch, kv: &mut KvCache) -> Result<Vec<f32>> {
-        let c = &self.config;
-        let g: &GgufFile = &self.file;
-        let w = &self.weights;
-        let n = batch.n_tokens();
-        if n == 0 {
-            return Ok(Vec::new());
-        }
-        if let Some(&bad) = batch.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-            bail!(
-                "token id {bad} is outside the vocabulary of {} tokens",
-                c.vocab_size
-            );
-        }
-        let (n_embd, q_dim, kv_dim, eps) = (c.n_embd, c.q_dim(), c.kv_dim(), c.rms_eps);
-        let context_lens = batch.context_lens();
-        let attn_batch = AttentionBatch {
-            block_tables: &batch.block_tables,
-            max_blocks_per_seq: batch.max_blocks_per_seq,
-            token_seq: &batch.token_seq,
-            context_lens: &context_lens,
-        };
-
-        // x: [n][n_embd], the residual stream, starting from the (scaled) token embeddings.
-        let mut x = vec![0.0f32; n * n_embd];
-        for (t, &tok) in batch.tokens.iter().enumerate() {
-            w.token_embd
-                .dequantize_row(g, tok as usize, &mut x[t * n_embd..(t + 1) * n_embd]);
-        }
-        if c.embd_scale != 1.0 {
-            x.iter_mut().for_each(|v| *v *= c.embd_scale);
-        }
-
-        let mut h = vec![0.0f32; n * n_embd]; // normed input, [n][n_embd]
-        let (mut q, mut k, mut v) = (Vec::new(), Vec::new(), Vec::new()); // [n][q_dim], [n][kv_dim] x2
-        let mut attn = vec![0.0f32; n * q_dim]; // [n][q_dim]
-        let (mut proj, mut gate, mut up) = (Vec::new(), Vec::new(), Vec::new()); // [n][n_embd], [n][n_ff] x2
-
-        for (l, (lw, lo)) in w.layers.iter().zip(&c.layers).enumerate() {
-            // Attention block: q, k, v (each head's q and k normed where the model does so),
-            // rotated, k and v cached, attention over the layer's window, output projection.
-            kernels::rms_norm(&x, &lw.attn_norm, &mut h, eps);
-            let mut hq = Quantized::new(&h, n_embd);
-            hq.linear(g, &lw.wq, &mut q);
-            hq.linear(g, &lw.wk, &mut k);
-            hq.linear(g, &lw.wv, &mut v);
-            rms_norm_if(&mut q, &lw.attn_q_norm, eps);
-            rms_norm_if(&mut k, &lw.attn_k_norm, eps);
-            if let Some(rope) = &lo.rope {
-                kernels::rope(&mut q, &batch.positions, c.n_heads, rope);
-                kernels::rope(&mut k, &batch.positions, c.n_kv_heads, rope);
-            }
-            let (k_cache, v_cache) = kv.layer_mut(l);
-            kernels::kv_write(&k, &v, k_cache, v_cache, &batch.slot_mapping, kv_dim);
-            let (k_cache, v_cache) = kv.layer(l);
-            kernels::paged_attention(
-                &mut attn,
-                &q,
-                k_cache,
-                v_cache,
-                &kv.shape(c),
-                &attn_batch,
-                c.attn_scale,
-                lo.window,
-            );
-            Quantized::new(&attn, q_dim).linear(g, &lw.wo, &mut proj);
-            rms_norm_if(&mut proj, &lw.attn_post_norm, eps);
-            scale_if(&mut proj, c.residual_scale);
-            add_inplace(&mut x, &proj);
-
-            // Feed-forward block.
-            kernels::rms_norm(&x, &lw.ffn_norm, &mut h, eps);
-            let mut hq = Quantized::new(&h, n_embd);
-            hq.matmul(g, &lw.w_gate, &mut gate);
-            hq.matmul(g, &lw.w_up, &mut up);
-            kernels::glu_inplace(&mut gate, &up, c.activation);
-            Quantized::new(&gate, c.n_ff).matmul(g, &lw.w_down, &mut proj);
-            rms_norm_if(&mut proj, &lw.ffn_post_norm, eps);
-            scale_if(&mut proj, c.residual_scale);
-            add_inplace(&mut x, &proj);
-        }
-
-        // Final norm and logits, only for the rows that want them.
-        let mut last: Vec<f32> = Vec::with_capacity(batch.logits_rows.len() * n_embd);
-        for &r in &batch.logits_rows {
-            last.extend_from_slice(&x[r * n_embd..(r + 1) * n_embd]);
-        }
-        if last.is_empty() {
-            return Ok(Vec::new());
-        }
-        kernels::rms_norm_inplace(&mut last, &w.output_norm, eps);
-        let mut logits = Vec::new();
-        Quantized::new(&last, n_embd).linear(g, &w.output, &mut logits);
-        scale_if(&mut logits, 1.0 / c.logit_scale);
-        if let Some(cap) = c.final_logit_softcap {
-            logits.iter_mut().for_each(|z| *z = cap * (*z / cap).tanh());
-        }
-        Ok(logits)
+    // Final norm and logits, only for the rows that want them.
+    let n_out = batch.logits_rows.len();
+    if n_out == 0 {
+        b.end_step()?;
+        return Ok(Vec::new());
     }
+    let mut last = b.acts(n_out, n_embd)?;
+    b.gather_logits_rows(&x, &mut last)?;
+    b.rms_norm_inplace(&mut last, &w.output_norm, eps)?;
+    let mut logits = b.acts(n_out, c.vocab_size)?;
+    let mut lq = b.input(&last);
+    match &w.output {
+        Some(output) => linear(b, &mut lq, output, &mut logits)?,
+        None => b.matmul(&mut lq, &w.token_embd, &mut logits)?, // tied to the embedding
+    }
+    scale_if(b, &mut logits, 1.0 / c.logit_scale)?;
+    if let Some(cap) = c.final_logit_softcap {
+        b.softcap(&mut logits, cap)?;
+    }
+    b.logits(logits)
 }

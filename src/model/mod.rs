@@ -1,33 +1,45 @@
-//! The model layer: hyperparameters read from a GGUF file (`config`), weights that stay in the
-//! mmap (`weights`), the flat batch the engine hands over (`batch`), the paged KV pool
-//! (`crate::kv_cache`) and the forward pass over a batch (`forward`).
+//! The model layer: hyperparameters read from a GGUF file (`config`), the weights
+//! (`weights`, one struct for every backend), the flat batch the engine hands over (`batch`),
+//! and the forward pass (`forward`): one layer loop, written against the operations of a
+//! [`Backend`] (`backend`). The CPU backend (`cpu`) wraps `crate::kernels` and the paged KV pool
+//! (`crate::kv_cache`); the CUDA backend lives in `crate::cuda`.
 //!
-//! Callers (the CLI today, the engine loop later) build a [`Batch`], call [`Model::forward`],
-//! and get logits back only for the rows that asked for them.
+//! Callers (the engine, through `crate::device::Executor`) load the weights onto a backend
+//! once, build a [`Batch`] per step, run [`forward::forward`], and get logits back only for the
+//! rows that asked for them.
 
+pub mod backend;
 pub mod batch;
 pub mod config;
+pub mod cpu;
 pub mod forward;
 pub mod weights;
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use anyhow::{Context, Result};
 
+pub use backend::{Backend, WeightStore};
 pub use batch::Batch;
 pub use config::ModelConfig;
-pub use weights::Weights;
+pub use cpu::Cpu;
+pub use forward::{forward, Loaded};
+pub use weights::{InFile, Weights};
 
 use crate::gguf::GgufFile;
 use crate::tokenizer::Tokenizer;
 
-/// A loaded model: the mapped file, its hyperparameters, weights and tokenizer.
+/// A loaded model: the mapped file, its hyperparameters, its weights as the file holds them
+/// (checked) and its tokenizer.
 pub struct Model {
     pub file: Arc<GgufFile>,
     pub config: ModelConfig,
-    pub weights: Weights,
+    pub weights: Weights<InFile>,
     pub tokenizer: Tokenizer,
+    /// The weights as the CPU backend keeps them, made by the first [`Model::cpu_weights`]
+    /// and shared by every CPU executor of this model.
+    cpu_weights: OnceLock<Arc<Weights<Cpu>>>,
 }
 
 impl Model {
@@ -47,6 +59,25 @@ impl Model {
             config,
             weights,
             tokenizer,
+            cpu_weights: OnceLock::new(),
         })
+    }
+
+    /// The weights on the CPU (with the interleaved copies of Q4_1 and Q8_0 matrices), made on
+    /// the first call, when the first CPU executor is made, never during a step.
+    pub fn cpu_weights(&self) -> Arc<Weights<Cpu>> {
+        Arc::clone(
+            self.cpu_weights
+                .get_or_init(|| Arc::new(cpu::load_weights(&self.file, &self.weights))),
+        )
+    }
+
+    /// A CPU backend with a KV pool of `num_blocks` blocks of `block_size` tokens, and the
+    /// weights loaded on it.
+    pub fn on_cpu(&self, block_size: usize, num_blocks: usize) -> Loaded<Cpu> {
+        Loaded {
+            backend: Cpu::new(&self.config, block_size, num_blocks),
+            weights: self.cpu_weights(),
+        }
     }
 }

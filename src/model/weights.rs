@@ -1,56 +1,53 @@
-//! The model's weights as views into the mapped GGUF file: matrices stay quantized in the mmap;
-//! only the small norm and bias vectors are converted to f32 at load time. The one exception: a
-//! Q4_1 or Q8_0 matrix is read from a copy with its rows interleaved in eights, made on first use, whose
-//! mapped pages are then released ([`Matrix::interleaved`]).
-//! Every tensor's presence, type and shape is checked here, naming the tensor on failure.
-
-use std::fmt;
-use std::sync::{Arc, OnceLock};
+//! The model's weights, one struct for every backend: [`Weights<S>`] holds each tensor as the
+//! [`WeightStore`] `S` keeps it. [`Model::load`](super::Model::load) reads [`Weights<InFile>`]:
+//! every tensor's presence, type and shape checked (naming the tensor on failure), matrices
+//! described by where they are in the mapped file, the small norm and bias vectors converted to
+//! f32. A backend then makes its own copy with [`Weights::load`] (the CPU keeps most matrices
+//! in the mmap, the GPU uploads them) before the first step, never during one.
 
 use anyhow::{bail, Context, Result};
 
+use super::backend::WeightStore;
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::kernels;
 use crate::model::ModelConfig;
 use crate::tensor_type::TensorType;
 
-/// A weight matrix of `n_out` rows of `n_in` elements, stored as in the file.
+/// The store of [`Weights<InFile>`]: matrices as [`MatrixInfo`], vectors in f32.
 #[derive(Clone, Debug)]
-pub struct Matrix {
+pub struct InFile;
+
+impl WeightStore for InFile {
+    type Matrix = MatrixInfo;
+    type Vector = Vec<f32>;
+}
+
+/// A weight matrix of `n_out` rows of `n_in` elements as the file stores it.
+#[derive(Clone, Debug)]
+pub struct MatrixInfo {
     pub info: TensorInfo,
     pub ttype: TensorType,
     pub n_in: usize,
     pub n_out: usize,
-    interleaved: Interleaved,
+    /// Whether the forward pass multiplies by it (all but an untied token embedding, which
+    /// only has rows looked up).
+    pub product: bool,
 }
 
-/// A matrix's rows interleaved in eights, made on first use and shared by clones.
-#[derive(Clone, Default)]
-struct Interleaved(Arc<OnceLock<Vec<u8>>>);
-
-impl fmt::Debug for Interleaved {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.0.get() {
-            Some(bytes) => write!(f, "Interleaved({} bytes)", bytes.len()),
-            None => f.write_str("Interleaved(not made)"),
-        }
-    }
-}
-
-impl Matrix {
-    fn load(g: &GgufFile, name: &str, n_in: usize, n_out: usize) -> Result<Matrix> {
-        Matrix::from_info(g.tensor(name)?.clone(), n_in, n_out)
+impl MatrixInfo {
+    fn load(g: &GgufFile, name: &str, n_in: usize, n_out: usize) -> Result<MatrixInfo> {
+        MatrixInfo::from_info(g.tensor(name)?.clone(), n_in, n_out)
     }
 
     /// Rows `[row0, row0 + n_out)` of the fused matrix `name` (a QKV or gate/up tensor), as a
-    /// matrix of its own: the same bytes in the mmap, a narrower view.
+    /// matrix of its own: the same bytes in the file, a narrower view.
     fn load_rows(
         g: &GgufFile,
         name: &str,
         n_in: usize,
         row0: usize,
         n_out: usize,
-    ) -> Result<Matrix> {
+    ) -> Result<MatrixInfo> {
         let info = g.tensor(name)?;
         let rb = info.ttype.row_bytes(n_in);
         if info.dims.len() != 2
@@ -72,10 +69,10 @@ impl Matrix {
             offset: info.offset + row0 as u64 * rb,
             n_bytes: n_out as u64 * rb,
         };
-        Matrix::from_info(view, n_in, n_out)
+        MatrixInfo::from_info(view, n_in, n_out)
     }
 
-    fn from_info(info: TensorInfo, n_in: usize, n_out: usize) -> Result<Matrix> {
+    fn from_info(info: TensorInfo, n_in: usize, n_out: usize) -> Result<MatrixInfo> {
         let name = info.name.clone();
         if info.dims.len() != 2 || info.row_len() != n_in || info.n_rows() != n_out {
             bail!(
@@ -92,59 +89,22 @@ impl Matrix {
                 info.ttype
             );
         }
-        Ok(Matrix {
+        Ok(MatrixInfo {
             ttype: info.ttype,
             info,
             n_in,
             n_out,
-            interleaved: Interleaved::default(),
+            product: true,
         })
     }
 
-    /// For a Q4_1 or Q8_0 matrix of whole groups of eight rows: its rows interleaved in eights
-    /// (`kernels::repack_x8`), the layout `kernels::matmul_x8` reads, made on the first call;
-    /// the matrix's mapped pages are released then, so the copy replaces them in memory. `None` for
-    /// other matrices.
-    pub fn interleaved<'a>(&'a self, g: &GgufFile) -> Option<&'a [u8]> {
-        if !kernels::has_x8(self.ttype) || !self.n_out.is_multiple_of(8) {
-            return None;
-        }
-        Some(self.interleaved.0.get_or_init(|| {
-            // A slice of rows at a time, each slice's mapped pages released once it is copied,
-            // so the copy never sits in memory beside the whole mapped matrix.
-            const CHUNK_BYTES: usize = 1 << 20;
-            let (w, rb) = (self.bytes(g), self.row_bytes());
-            let chunk_rows = (CHUNK_BYTES / rb).next_multiple_of(8);
-            let mut w8 = vec![0u8; w.len()];
-            for r0 in (0..self.n_out).step_by(chunk_rows) {
-                let r1 = (r0 + chunk_rows).min(self.n_out);
-                let rows = r0 * rb..r1 * rb;
-                kernels::repack_x8_into(
-                    self.ttype,
-                    &w[rows.clone()],
-                    self.n_in,
-                    r1 - r0,
-                    &mut w8[rows.clone()],
-                );
-                g.release_pages(&w[rows]);
-            }
-            w8
-        }))
-    }
-
-    /// The raw bytes of the matrix: [n_out] rows of `row_bytes()`.
+    /// The raw bytes of the matrix in `g`: [n_out] rows of `row_bytes()`.
     pub fn bytes<'a>(&self, g: &'a GgufFile) -> &'a [u8] {
         g.tensor_data(&self.info)
     }
 
     pub fn row_bytes(&self) -> usize {
         self.ttype.row_bytes(self.n_in).expect("checked at load")
-    }
-
-    /// Row `r` dequantized into `out` (`n_in` floats), for embedding lookups.
-    pub fn dequantize_row(&self, g: &GgufFile, r: usize, out: &mut [f32]) {
-        let rb = self.row_bytes();
-        kernels::dequantize_row(self.ttype, &self.bytes(g)[r * rb..(r + 1) * rb], out);
     }
 }
 
@@ -164,18 +124,17 @@ fn load_vector(g: &GgufFile, name: &str, n: usize) -> Result<Vec<f32>> {
     Ok(out)
 }
 
-/// A linear layer: a weight matrix and, where the file has one, an f32 bias of `n_out`.
-#[derive(Clone, Debug)]
-pub struct Linear {
-    pub weight: Matrix,
-    pub bias: Option<Vec<f32>>,
+/// A linear layer: a weight matrix and, where the file has one, a bias of `n_out`.
+pub struct Linear<S: WeightStore> {
+    pub weight: S::Matrix,
+    pub bias: Option<S::Vector>,
 }
 
-impl Linear {
+impl Linear<InFile> {
     /// `{name}.weight`, and `{name}.bias` if the file has it (llama.cpp treats Q/K/V/output
     /// biases as optional in every family it runs here).
-    fn load(g: &GgufFile, name: &str, n_in: usize, n_out: usize) -> Result<Linear> {
-        let weight = Matrix::load(g, &format!("{name}.weight"), n_in, n_out)?;
+    fn read(g: &GgufFile, name: &str, n_in: usize, n_out: usize) -> Result<Linear<InFile>> {
+        let weight = MatrixInfo::load(g, &format!("{name}.weight"), n_in, n_out)?;
         let bias_name = format!("{name}.bias");
         let bias = match g.find_tensor(&bias_name) {
             Some(_) => Some(load_vector(g, &bias_name, n_out)?),
@@ -191,8 +150,8 @@ impl Linear {
         n_in: usize,
         row0: usize,
         n_out: usize,
-    ) -> Result<Linear> {
-        let weight = Matrix::load_rows(g, &format!("{name}.weight"), n_in, row0, n_out)?;
+    ) -> Result<Linear<InFile>> {
+        let weight = MatrixInfo::load_rows(g, &format!("{name}.weight"), n_in, row0, n_out)?;
         let bias_name = format!("{name}.bias");
         let bias = match g.find_tensor(&bias_name) {
             Some(info) => {
@@ -207,45 +166,52 @@ impl Linear {
 
 /// The weights of one transformer block. The optional norms are there exactly when the
 /// model's family uses them (`ModelConfig::qk_norm`, `ModelConfig::post_norms`).
-#[derive(Clone, Debug)]
-pub struct LayerWeights {
-    pub attn_norm: Vec<f32>,
-    pub wq: Linear,
-    pub wk: Linear,
-    pub wv: Linear,
+pub struct LayerWeights<S: WeightStore> {
+    /// [n_embd]
+    pub attn_norm: S::Vector,
+    /// [n_embd] -> [q_dim], [kv_dim], [kv_dim]
+    pub wq: Linear<S>,
+    pub wk: Linear<S>,
+    pub wv: Linear<S>,
     /// Per-head RMSNorm weights of queries and keys, [head_dim] each.
-    pub attn_q_norm: Option<Vec<f32>>,
-    pub attn_k_norm: Option<Vec<f32>>,
-    pub wo: Linear,
+    pub attn_q_norm: Option<S::Vector>,
+    pub attn_k_norm: Option<S::Vector>,
+    /// [q_dim] -> [n_embd]
+    pub wo: Linear<S>,
     /// RMSNorm of the attention output before its residual add, [n_embd].
-    pub attn_post_norm: Option<Vec<f32>>,
-    pub ffn_norm: Vec<f32>,
-    pub w_gate: Matrix,
-    pub w_up: Matrix,
-    pub w_down: Matrix,
+    pub attn_post_norm: Option<S::Vector>,
+    /// [n_embd]
+    pub ffn_norm: S::Vector,
+    /// [n_embd] -> [n_ff], [n_ff], and [n_ff] -> [n_embd]
+    pub w_gate: S::Matrix,
+    pub w_up: S::Matrix,
+    pub w_down: S::Matrix,
     /// RMSNorm of the feed-forward output before its residual add, [n_embd].
-    pub ffn_post_norm: Option<Vec<f32>>,
+    pub ffn_post_norm: Option<S::Vector>,
 }
 
-#[derive(Clone, Debug)]
-pub struct Weights {
-    pub token_embd: Matrix,
-    pub layers: Vec<LayerWeights>,
-    pub output_norm: Vec<f32>,
-    /// The output projection; the token embedding itself when the file ties them.
-    pub output: Linear,
+pub struct Weights<S: WeightStore> {
+    /// [vocab_size] rows of [n_embd]
+    pub token_embd: S::Matrix,
+    pub layers: Vec<LayerWeights<S>>,
+    /// [n_embd]
+    pub output_norm: S::Vector,
+    /// The output projection, [n_embd] -> [vocab_size]; `None` when the file ties it to the
+    /// token embedding (which is then multiplied by).
+    pub output: Option<Linear<S>>,
 }
 
-impl Weights {
-    pub fn from_gguf(g: &GgufFile, c: &ModelConfig) -> Result<Weights> {
-        let token_embd = Matrix::load(g, "token_embd.weight", c.n_embd, c.vocab_size)?;
+impl Weights<InFile> {
+    /// Reads and checks every tensor the model's family needs.
+    pub fn from_gguf(g: &GgufFile, c: &ModelConfig) -> Result<Weights<InFile>> {
+        let mut token_embd = MatrixInfo::load(g, "token_embd.weight", c.n_embd, c.vocab_size)?;
         let layers = (0..c.num_layers)
             .map(|i| {
                 let linear = |name: &str, n_in, n_out| {
-                    Linear::load(g, &format!("blk.{i}.{name}"), n_in, n_out)
+                    Linear::read(g, &format!("blk.{i}.{name}"), n_in, n_out)
                 };
                 let m = |name: &str, n_in, n_out| {
-                    Matrix::load(g, &format!("blk.{i}.{name}.weight"), n_in, n_out)
+                    MatrixInfo::load(g, &format!("blk.{i}.{name}.weight"), n_in, n_out)
                 };
                 let norm = |name: &str, n| load_vector(g, &format!("blk.{i}.{name}.weight"), n);
                 let norm_if = |used: bool, name: &str, n| used.then(|| norm(name, n)).transpose();
@@ -271,8 +237,8 @@ impl Weights {
                 let up = format!("blk.{i}.ffn_up.weight");
                 let (w_gate, w_up) = if c.fused_gate_up {
                     (
-                        Matrix::load_rows(g, &up, c.n_embd, 0, c.n_ff)?,
-                        Matrix::load_rows(g, &up, c.n_embd, c.n_ff, c.n_ff)?,
+                        MatrixInfo::load_rows(g, &up, c.n_embd, 0, c.n_ff)?,
+                        MatrixInfo::load_rows(g, &up, c.n_embd, c.n_ff, c.n_ff)?,
                     )
                 } else {
                     (
@@ -300,18 +266,75 @@ impl Weights {
             .context("loading transformer blocks")?;
         let output_norm = load_vector(g, "output_norm.weight", c.n_embd)?;
         let output = if g.find_tensor("output.weight").is_some() {
-            Linear::load(g, "output", c.n_embd, c.vocab_size)?
+            Some(Linear::read(g, "output", c.n_embd, c.vocab_size)?)
         } else {
-            Linear {
-                weight: token_embd.clone(),
-                bias: None,
-            }
+            None
         };
+        token_embd.product = output.is_none();
         Ok(Weights {
             token_embd,
             layers,
             output_norm,
             output,
+        })
+    }
+
+    /// The same weights in store `S`: each matrix made by `matrix`, each vector by `vector`
+    /// (the one place a backend's copy of the weights is made, at load time).
+    pub fn load<S: WeightStore, E>(
+        &self,
+        matrix: &mut MakeMatrix<S, E>,
+        vector: &mut MakeVector<S, E>,
+    ) -> Result<Weights<S>, E> {
+        let mut s = Loader::<S, E> { matrix, vector };
+        let mut layers = Vec::with_capacity(self.layers.len());
+        for lw in &self.layers {
+            layers.push(LayerWeights {
+                attn_norm: (s.vector)(&lw.attn_norm)?,
+                wq: s.linear(&lw.wq)?,
+                wk: s.linear(&lw.wk)?,
+                wv: s.linear(&lw.wv)?,
+                attn_q_norm: s.vector_if(&lw.attn_q_norm)?,
+                attn_k_norm: s.vector_if(&lw.attn_k_norm)?,
+                wo: s.linear(&lw.wo)?,
+                attn_post_norm: s.vector_if(&lw.attn_post_norm)?,
+                ffn_norm: (s.vector)(&lw.ffn_norm)?,
+                w_gate: (s.matrix)(&lw.w_gate)?,
+                w_up: (s.matrix)(&lw.w_up)?,
+                w_down: (s.matrix)(&lw.w_down)?,
+                ffn_post_norm: s.vector_if(&lw.ffn_post_norm)?,
+            });
+        }
+        Ok(Weights {
+            token_embd: (s.matrix)(&self.token_embd)?,
+            layers,
+            output_norm: (s.vector)(&self.output_norm)?,
+            output: self.output.as_ref().map(|o| s.linear(o)).transpose()?,
+        })
+    }
+}
+
+/// How [`Weights::load`] makes a matrix of store `S`.
+pub type MakeMatrix<'f, S, E> =
+    dyn FnMut(&MatrixInfo) -> Result<<S as WeightStore>::Matrix, E> + 'f;
+/// How [`Weights::load`] makes a vector of store `S`.
+pub type MakeVector<'f, S, E> = dyn FnMut(&[f32]) -> Result<<S as WeightStore>::Vector, E> + 'f;
+
+/// The two conversions of [`Weights::load`].
+struct Loader<'f, S: WeightStore, E> {
+    matrix: &'f mut MakeMatrix<'f, S, E>,
+    vector: &'f mut MakeVector<'f, S, E>,
+}
+
+impl<S: WeightStore, E> Loader<'_, S, E> {
+    fn vector_if(&mut self, v: &Option<Vec<f32>>) -> Result<Option<S::Vector>, E> {
+        v.as_deref().map(&mut *self.vector).transpose()
+    }
+
+    fn linear(&mut self, l: &Linear<InFile>) -> Result<Linear<S>, E> {
+        Ok(Linear {
+            weight: (self.matrix)(&l.weight)?,
+            bias: self.vector_if(&l.bias)?,
         })
     }
 }

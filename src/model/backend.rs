@@ -1,0 +1,101 @@
+//! What a device must offer to run the forward pass: the [`Backend`] trait. The layer loop
+//! (`super::forward`) is written once against it; the CPU backend (`super::cpu`) wraps
+//! `crate::kernels` and the paged KV pool, the CUDA backend (`crate::cuda::backend`) launches the
+//! same operations on a GPU or on its CPU emulator.
+//!
+//! A backend keeps its own weights ([`WeightStore`]: matrices as it multiplies them, f32
+//! vectors for norms and biases), its activations ([`Backend::Acts`], rows of f32) and its KV
+//! pool. One step goes: [`Backend::begin_step`] with the batch (validated before by the caller),
+//! then the operations in the order the layer loop calls them, then [`Backend::logits`].
+//! Every operation works on whole rows, so a row's result never depends on what else is in the
+//! batch.
+
+use anyhow::Result;
+
+use super::Batch;
+use crate::kernels::{Activation, Rope};
+
+/// How a backend keeps the model's weights (`super::Weights<S>` is generic over it).
+pub trait WeightStore {
+    /// A weight matrix of `n_out` rows of `n_in` elements, in whatever layout the backend's
+    /// products read.
+    type Matrix;
+    /// An f32 vector: a norm's weights or a bias.
+    type Vector;
+}
+
+/// The operations of the forward pass. Shapes are in rows: `Acts` of `[n_rows][width]`.
+pub trait Backend: WeightStore {
+    /// Activations, `[n_rows][width]` f32, in the backend's memory.
+    type Acts;
+    /// Activations as a product reads them: quantized on first use for each weight type and
+    /// reused by every matrix that reads the same input (q, k and v; gate and up).
+    type Input<'a>
+    where
+        Self: 'a;
+
+    /// The KV pool's geometry: (block_size, num_blocks), to validate a batch against.
+    fn kv_pool(&self) -> (usize, usize);
+    /// Starts a step over `batch` (already validated): the backend keeps what the addressing
+    /// operations need (tokens, positions, slots, block tables, logits rows).
+    fn begin_step(&mut self, batch: &Batch) -> Result<()>;
+    /// Fresh activations of `[n_rows][width]`.
+    fn acts(&mut self, n_rows: usize, width: usize) -> Result<Self::Acts>;
+
+    /// `x[t]` = row `tokens[t]` of the embedding matrix `m`, times `scale`.
+    fn embed(&mut self, m: &Self::Matrix, scale: f32, x: &mut Self::Acts) -> Result<()>;
+    /// `y = x / rms(x) * w` over rows of `w`'s length.
+    fn rms_norm(
+        &mut self,
+        x: &Self::Acts,
+        w: &Self::Vector,
+        eps: f32,
+        y: &mut Self::Acts,
+    ) -> Result<()>;
+    /// RMSNorm in place over rows of `w`'s length (`[n][n_heads * head_dim]` with a
+    /// `[head_dim]` weight normalizes each head).
+    fn rms_norm_inplace(&mut self, x: &mut Self::Acts, w: &Self::Vector, eps: f32) -> Result<()>;
+    /// `x` ready for products (nothing quantized yet).
+    fn input<'a>(&self, x: &'a Self::Acts) -> Self::Input<'a>;
+    /// `out = x @ m^T`: `[n_rows][m.n_out]`.
+    fn matmul(
+        &mut self,
+        x: &mut Self::Input<'_>,
+        m: &Self::Matrix,
+        out: &mut Self::Acts,
+    ) -> Result<()>;
+    /// `x[r] += bias` for every row.
+    fn add_bias(&mut self, x: &mut Self::Acts, bias: &Self::Vector) -> Result<()>;
+    /// Rotates `x` (`[n_tokens][n_heads][head_dim]`), token t at its position in the batch.
+    fn rope(&mut self, x: &mut Self::Acts, n_heads: usize, rope: &Rope) -> Result<()>;
+    /// Writes keys and values (`[n_tokens][kv_dim]`) into layer `layer`'s pool at the batch's
+    /// slot mapping.
+    fn kv_write(&mut self, layer: usize, k: &Self::Acts, v: &Self::Acts) -> Result<()>;
+    /// Paged attention of the queries `q` (`[n_tokens][n_heads][head_dim]`) over layer
+    /// `layer`'s pool, each token seeing its context (the last `window` positions of it when
+    /// set), into `out`.
+    fn attention(
+        &mut self,
+        layer: usize,
+        q: &Self::Acts,
+        window: Option<usize>,
+        out: &mut Self::Acts,
+    ) -> Result<()>;
+    /// `gate = act(gate) * up`.
+    fn glu(&mut self, gate: &mut Self::Acts, up: &Self::Acts, act: Activation) -> Result<()>;
+    /// `x += y`.
+    fn add(&mut self, x: &mut Self::Acts, y: &Self::Acts) -> Result<()>;
+    /// `out` = the rows of `x` the batch wants logits for, in its order.
+    fn gather_logits_rows(&mut self, x: &Self::Acts, out: &mut Self::Acts) -> Result<()>;
+    /// `x *= s`.
+    fn scale(&mut self, x: &mut Self::Acts, s: f32) -> Result<()>;
+    /// `x = cap * tanh(x / cap)`.
+    fn softcap(&mut self, x: &mut Self::Acts, cap: f32) -> Result<()>;
+    /// Ends the step: `x`'s values on the host (and no work of this step still running).
+    fn logits(&mut self, x: Self::Acts) -> Result<Vec<f32>>;
+    /// Ends a step that wants no logits.
+    fn end_step(&mut self) -> Result<()>;
+
+    /// Copies KV block `src` onto `dst` in every layer (copy-on-write of a shared block).
+    fn copy_block(&mut self, src: u32, dst: u32) -> Result<()>;
+}

@@ -1,0 +1,324 @@
+//! The CPU backend: the forward pass's operations on `crate::kernels` (the C kernels, scalar
+//! or SIMD), activations in `Vec<f32>`, the paged [`KvCache`] in host memory.
+//!
+//! Matrices stay quantized in the mmap ([`CpuMatrix`] holds the mapped file), except Q4_1 and
+//! Q8_0 matrices of whole groups of eight rows, which the products read from a copy with their
+//! rows interleaved in eights (`kernels::repack_x8`): that copy is made when the weights are
+//! loaded, a slice at a time, each slice's mapped pages released once copied, so the copy
+//! replaces the map in memory instead of sitting beside it.
+
+use std::sync::Arc;
+
+use anyhow::Result;
+
+use super::backend::{Backend, WeightStore};
+use super::weights::{InFile, MatrixInfo, Weights};
+use super::{Batch, ModelConfig};
+use crate::gguf::{GgufFile, TensorInfo};
+use crate::kernels::{self, Activation, AttentionBatch, AttentionShape, Rope};
+use crate::kv_cache::KvCache;
+use crate::tensor_type::TensorType;
+
+/// A weight matrix on the CPU: its bytes in the mapped file, and the interleaved copy its
+/// products read when it has one.
+pub struct CpuMatrix {
+    pub ttype: TensorType,
+    pub n_in: usize,
+    pub n_out: usize,
+    file: Arc<GgufFile>,
+    info: TensorInfo,
+    /// The rows interleaved in eights, for Q4_1 and Q8_0 matrices that are multiplied by.
+    interleaved: Option<Vec<u8>>,
+}
+
+impl CpuMatrix {
+    /// `m` of `file`, with its interleaved copy made now if its products read one.
+    pub fn new(file: &Arc<GgufFile>, m: &MatrixInfo) -> CpuMatrix {
+        let mut matrix = CpuMatrix {
+            ttype: m.ttype,
+            n_in: m.n_in,
+            n_out: m.n_out,
+            file: Arc::clone(file),
+            info: m.info.clone(),
+            interleaved: None,
+        };
+        if m.product && kernels::has_x8(m.ttype) && m.n_out.is_multiple_of(8) {
+            matrix.interleaved = Some(matrix.interleave());
+        }
+        matrix
+    }
+
+    /// The rows interleaved in eights (`kernels::repack_x8`), a slice of rows at a time, each
+    /// slice's mapped pages released once it is copied.
+    fn interleave(&self) -> Vec<u8> {
+        const CHUNK_BYTES: usize = 1 << 20;
+        let (w, rb) = (self.bytes(), self.row_bytes());
+        let chunk_rows = (CHUNK_BYTES / rb).next_multiple_of(8);
+        let mut w8 = vec![0u8; w.len()];
+        for r0 in (0..self.n_out).step_by(chunk_rows) {
+            let r1 = (r0 + chunk_rows).min(self.n_out);
+            let rows = r0 * rb..r1 * rb;
+            kernels::repack_x8_into(
+                self.ttype,
+                &w[rows.clone()],
+                self.n_in,
+                r1 - r0,
+                &mut w8[rows.clone()],
+            );
+            self.file.release_pages(&w[rows]);
+        }
+        w8
+    }
+
+    /// The bytes as stored: [n_out] rows of `row_bytes()`.
+    fn bytes(&self) -> &[u8] {
+        self.file.tensor_data(&self.info)
+    }
+
+    fn row_bytes(&self) -> usize {
+        self.ttype.row_bytes(self.n_in).expect("checked at load")
+    }
+
+    /// Whether the products read an interleaved copy.
+    pub fn is_interleaved(&self) -> bool {
+        self.interleaved.is_some()
+    }
+
+    /// `out = x @ self^T` for `x` quantized to `ttype.vec_dot_type()`, [n_rows][n_out].
+    fn matmul(&self, xq: &[u8], n_rows: usize, out: &mut Vec<f32>) {
+        out.resize(n_rows * self.n_out, 0.0);
+        // The interleaved products give the same results, bit for bit.
+        match &self.interleaved {
+            Some(w8) => kernels::matmul_x8(self.ttype, w8, self.n_in, self.n_out, xq, n_rows, out),
+            None => kernels::matmul(
+                self.ttype,
+                self.bytes(),
+                self.n_in,
+                self.n_out,
+                xq,
+                n_rows,
+                out,
+            ),
+        }
+    }
+}
+
+/// The model's weights as the CPU keeps them, made once per model (see `Model::cpu_weights`).
+pub fn load_weights(file: &Arc<GgufFile>, w: &Weights<InFile>) -> Weights<Cpu> {
+    let loaded = w
+        .load::<Cpu, std::convert::Infallible>(&mut |m| Ok(CpuMatrix::new(file, m)), &mut |v| {
+            Ok(v.to_vec())
+        });
+    match loaded {
+        Ok(w) => w,
+        Err(never) => match never {},
+    }
+}
+
+/// The step's batch, as the addressing operations read it.
+#[derive(Default)]
+struct Step {
+    batch: Batch,
+    /// Keys each token attends to, [n_tokens].
+    context_lens: Vec<i32>,
+}
+
+/// The CPU backend: the KV pool and the current step's batch.
+pub struct Cpu {
+    kv: KvCache,
+    shape: AttentionShape,
+    attn_scale: f32,
+    step: Step,
+}
+
+impl Cpu {
+    /// A KV pool of `num_blocks` blocks of `block_size` tokens for a model of `c`.
+    pub fn new(c: &ModelConfig, block_size: usize, num_blocks: usize) -> Cpu {
+        let kv = KvCache::new(c, block_size, num_blocks);
+        Cpu {
+            shape: kv.shape(c),
+            kv,
+            attn_scale: c.attn_scale,
+            step: Step::default(),
+        }
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.kv.block_size
+    }
+}
+
+/// Activations read by products: quantized once per vec_dot type.
+pub struct CpuInput<'a> {
+    x: &'a [f32],
+    quantized: Vec<(TensorType, Vec<u8>)>,
+}
+
+impl WeightStore for Cpu {
+    type Matrix = CpuMatrix;
+    type Vector = Vec<f32>;
+}
+
+impl Backend for Cpu {
+    type Acts = Vec<f32>;
+    type Input<'a> = CpuInput<'a>;
+
+    fn kv_pool(&self) -> (usize, usize) {
+        (self.kv.block_size, self.kv.num_blocks)
+    }
+
+    fn begin_step(&mut self, batch: &Batch) -> Result<()> {
+        self.step = Step {
+            batch: batch.clone(),
+            context_lens: batch.context_lens(),
+        };
+        Ok(())
+    }
+
+    fn acts(&mut self, n_rows: usize, width: usize) -> Result<Vec<f32>> {
+        Ok(vec![0.0; n_rows * width])
+    }
+
+    fn embed(&mut self, m: &CpuMatrix, scale: f32, x: &mut Vec<f32>) -> Result<()> {
+        let (n, rb) = (m.n_in, m.row_bytes());
+        let w = m.bytes();
+        for (&tok, row) in self.step.batch.tokens.iter().zip(x.chunks_exact_mut(n)) {
+            let r = tok as usize;
+            kernels::dequantize_row(m.ttype, &w[r * rb..(r + 1) * rb], row);
+        }
+        if scale != 1.0 {
+            x.iter_mut().for_each(|v| *v *= scale);
+        }
+        Ok(())
+    }
+
+    fn rms_norm(&mut self, x: &Vec<f32>, w: &Vec<f32>, eps: f32, y: &mut Vec<f32>) -> Result<()> {
+        kernels::rms_norm(x, w, y, eps);
+        Ok(())
+    }
+
+    fn rms_norm_inplace(&mut self, x: &mut Vec<f32>, w: &Vec<f32>, eps: f32) -> Result<()> {
+        kernels::rms_norm_inplace(x, w, eps);
+        Ok(())
+    }
+
+    fn input<'a>(&self, x: &'a Vec<f32>) -> CpuInput<'a> {
+        CpuInput {
+            x,
+            quantized: Vec::new(),
+        }
+    }
+
+    fn matmul(&mut self, x: &mut CpuInput<'_>, m: &CpuMatrix, out: &mut Vec<f32>) -> Result<()> {
+        let t = m.ttype.vec_dot_type();
+        let i = match x.quantized.iter().position(|(qt, _)| *qt == t) {
+            Some(i) => i,
+            None => {
+                x.quantized
+                    .push((t, kernels::quantize_rows(t, x.x, m.n_in)));
+                x.quantized.len() - 1
+            }
+        };
+        m.matmul(&x.quantized[i].1, x.x.len() / m.n_in, out);
+        Ok(())
+    }
+
+    fn add_bias(&mut self, x: &mut Vec<f32>, bias: &Vec<f32>) -> Result<()> {
+        x.chunks_exact_mut(bias.len())
+            .for_each(|row| add_inplace(row, bias));
+        Ok(())
+    }
+
+    fn rope(&mut self, x: &mut Vec<f32>, n_heads: usize, rope: &Rope) -> Result<()> {
+        kernels::rope(x, &self.step.batch.positions, n_heads, rope);
+        Ok(())
+    }
+
+    fn kv_write(&mut self, layer: usize, k: &Vec<f32>, v: &Vec<f32>) -> Result<()> {
+        let (k_cache, v_cache) = self.kv.layer_mut(layer);
+        let kv_dim = self.shape.n_kv_heads * self.shape.head_dim;
+        kernels::kv_write(
+            k,
+            v,
+            k_cache,
+            v_cache,
+            &self.step.batch.slot_mapping,
+            kv_dim,
+        );
+        Ok(())
+    }
+
+    fn attention(
+        &mut self,
+        layer: usize,
+        q: &Vec<f32>,
+        window: Option<usize>,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        let b = &self.step.batch;
+        let addressing = AttentionBatch {
+            block_tables: &b.block_tables,
+            max_blocks_per_seq: b.max_blocks_per_seq,
+            token_seq: &b.token_seq,
+            context_lens: &self.step.context_lens,
+        };
+        let (k_cache, v_cache) = self.kv.layer(layer);
+        kernels::paged_attention(
+            out,
+            q,
+            k_cache,
+            v_cache,
+            &self.shape,
+            &addressing,
+            self.attn_scale,
+            window,
+        );
+        Ok(())
+    }
+
+    fn glu(&mut self, gate: &mut Vec<f32>, up: &Vec<f32>, act: Activation) -> Result<()> {
+        kernels::glu_inplace(gate, up, act);
+        Ok(())
+    }
+
+    fn add(&mut self, x: &mut Vec<f32>, y: &Vec<f32>) -> Result<()> {
+        add_inplace(x, y);
+        Ok(())
+    }
+
+    fn gather_logits_rows(&mut self, x: &Vec<f32>, out: &mut Vec<f32>) -> Result<()> {
+        let rows = &self.step.batch.logits_rows;
+        let n = out.len() / rows.len().max(1);
+        for (&r, row) in rows.iter().zip(out.chunks_exact_mut(n)) {
+            row.copy_from_slice(&x[r * n..(r + 1) * n]);
+        }
+        Ok(())
+    }
+
+    fn scale(&mut self, x: &mut Vec<f32>, s: f32) -> Result<()> {
+        x.iter_mut().for_each(|z| *z *= s);
+        Ok(())
+    }
+
+    fn softcap(&mut self, x: &mut Vec<f32>, cap: f32) -> Result<()> {
+        x.iter_mut().for_each(|z| *z = cap * (*z / cap).tanh());
+        Ok(())
+    }
+
+    fn logits(&mut self, x: Vec<f32>) -> Result<Vec<f32>> {
+        Ok(x)
+    }
+
+    fn end_step(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    fn copy_block(&mut self, src: u32, dst: u32) -> Result<()> {
+        self.kv.copy_block(src, dst);
+        Ok(())
+    }
+}
+
+fn add_inplace(x: &mut [f32], y: &[f32]) {
+    x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
+}
