@@ -10,8 +10,9 @@
 //!
 //! Each file is checked against the sha256 its reference records (the same seed gives the same
 //! bytes), then run through edge-llm's CPU forward pass in one prefill; every position's logits
-//! at 96 fixed ids and at llama.cpp's top 8 must be within LOGIT_BUDGET of llama.cpp's, and the
-//! top token the same wherever llama.cpp's own top two are further apart than that.
+//! at 96 fixed ids and at llama.cpp's top 8 must be within LOGIT_BUDGET of llama.cpp's (relative
+//! to the top logit), and the top token the same wherever llama.cpp's own top two are further
+//! apart than that.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -19,11 +20,13 @@ use std::process::Command;
 use edge_llm::generate::SequenceRunner;
 use edge_llm::model::Model;
 
-/// |our logit - llama.cpp's|, absolute; the logits are of order 1 (random weights scaled by
-/// 1/sqrt(n_in), normed activations). Both sides quantize activations the same way (F16 for
-/// the F16 output matrix, Q8_0/Q8_K for the IQ matrices) and differ only in summation order,
-/// rope's cos/sin and softmax arithmetic.
-const LOGIT_BUDGET: f32 = 1e-2;
+/// |our logit - llama.cpp's| over the magnitude of llama.cpp's top logit at that position (of
+/// order 3 with a separate output matrix, 40 with the output tied to the embedding, whose rows
+/// are not scaled down). Both sides quantize activations the same way (F16 for the F16 output
+/// matrix, Q8_0/Q8_K for the IQ matrices) and differ in summation order, rope's cos/sin,
+/// softmax arithmetic, and so in which side of an F16/Q8 rounding boundary an activation falls.
+/// Measured: 2e-4 to 5e-4 (the test prints each case's).
+const LOGIT_BUDGET: f32 = 2e-3;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -103,8 +106,10 @@ fn check(case: &str) {
     let (mut worst, mut worst_at) = (0.0f32, 0);
     for (p, theirs) in r["positions"].as_array().unwrap().iter().enumerate() {
         let row = &logits[p * vocab..(p + 1) * vocab];
+        let top = theirs["top"].as_array().unwrap();
+        let scale = (top[0][1].as_f64().unwrap() as f32).abs().max(1.0);
         let mut compare = |id: u32, want: f32| {
-            let d = (row[id as usize] - want).abs();
+            let d = (row[id as usize] - want).abs() / scale;
             if d > worst {
                 (worst, worst_at) = (d, p);
             }
@@ -112,7 +117,6 @@ fn check(case: &str) {
         for (&id, want) in picked.iter().zip(theirs["picked"].as_array().unwrap()) {
             compare(id, want.as_f64().unwrap() as f32);
         }
-        let top = theirs["top"].as_array().unwrap();
         for e in top {
             compare(e[0].as_u64().unwrap() as u32, e[1].as_f64().unwrap() as f32);
         }
@@ -127,17 +131,17 @@ fn check(case: &str) {
             .max_by(|a, b| a.1.total_cmp(b.1))
             .unwrap()
             .0;
-        if l0 - l1 > LOGIT_BUDGET as f64 {
+        if l0 - l1 > (LOGIT_BUDGET * scale) as f64 {
             assert_eq!(ours, t0, "{case}: position {p}: top token");
         }
     }
     eprintln!(
-        "{case}: {} positions, largest |logit - llama.cpp's| {worst:.2e} at position {worst_at} (budget {LOGIT_BUDGET:.0e})",
+        "{case}: {} positions, largest |logit - llama.cpp's| / |top logit| {worst:.2e} at position {worst_at} (budget {LOGIT_BUDGET:.0e})",
         tokens.len()
     );
     assert!(
         worst <= LOGIT_BUDGET,
-        "{case}: a logit {worst} away from llama.cpp's at position {worst_at}"
+        "{case}: a logit {worst} (of the top logit) away from llama.cpp's at position {worst_at}"
     );
 }
 

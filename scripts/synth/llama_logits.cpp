@@ -26,7 +26,7 @@ static std::vector<int> parse_ids(const char *s) {
 }
 
 static void quiet(enum ggml_log_level level, const char *text, void *) {
-    if (level >= GGML_LOG_LEVEL_ERROR) fputs(text, stderr);
+    if (level >= GGML_LOG_LEVEL_WARN) fputs(text, stderr);
 }
 
 int main(int argc, char **argv) {

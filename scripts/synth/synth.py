@@ -106,7 +106,8 @@ def build(case, out_path, blocks=None):
     q_dim, kv_dim = n_heads * head_dim, n_kv_heads * head_dim
 
     w = gguf.GGUFWriter(out_path, arch)
-    w.add_name(f"edge-llm synthetic {case}")
+    # (not the case name: llama.cpp special-cases model names containing "phi3")
+    w.add_name("edge-llm synthetic model")
     w.add_context_length(64 if "scaling" not in c else 64)
     w.add_embedding_length(n_embd)
     w.add_block_count(n_layers)
