@@ -94,7 +94,6 @@ fn check(case: &str) {
     let Some(path) = model_file(&r) else { return };
     let model = Model::load(&path).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
     let tokens = ids(&r["tokens"]);
-    let picked = ids(&r["picked_ids"]);
     let vocab = model.config.vocab_size;
     assert_eq!(
         vocab as u64,
@@ -103,9 +102,18 @@ fn check(case: &str) {
     );
     let mut runner = SequenceRunner::new(&model, tokens.len(), 16);
     let logits = runner.eval(&tokens, true).unwrap();
+    let positions: Vec<usize> = (0..tokens.len()).collect();
+    compare(case, &r, &logits, &positions, vocab);
+}
+
+/// `logits` ([positions.len()][vocab]) against the reference's rows at `positions`.
+fn compare(case: &str, r: &serde_json::Value, logits: &[f32], positions: &[usize], vocab: usize) {
+    let picked = ids(&r["picked_ids"]);
+    let all = r["positions"].as_array().unwrap();
     let (mut worst, mut worst_at) = (0.0f32, 0);
-    for (p, theirs) in r["positions"].as_array().unwrap().iter().enumerate() {
-        let row = &logits[p * vocab..(p + 1) * vocab];
+    for (i, &p) in positions.iter().enumerate() {
+        let theirs = &all[p];
+        let row = &logits[i * vocab..(i + 1) * vocab];
         let top = theirs["top"].as_array().unwrap();
         let scale = (top[0][1].as_f64().unwrap() as f32).abs().max(1.0);
         let mut compare = |id: u32, want: f32| {
@@ -137,7 +145,7 @@ fn check(case: &str) {
     }
     eprintln!(
         "{case}: {} positions, largest |logit - llama.cpp's| / |top logit| {worst:.2e} at position {worst_at} (budget {LOGIT_BUDGET:.0e})",
-        tokens.len()
+        positions.len()
     );
     assert!(
         worst <= LOGIT_BUDGET,
@@ -191,5 +199,82 @@ fn iq_quantized_models_match_llama_cpp() {
         "IQ4_NL", "IQ4_XS", "IQ3_S", "IQ3_XXS", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ1_M", "IQ1_S",
     ] {
         check(&format!("iq_base-{t}"));
+    }
+}
+
+/// The emulated CUDA backend (the CUDA kernels compiled for the CPU) on the families it runs:
+/// one prefill of the whole sequence, the logits of its last position (the emulator is slow:
+/// each case takes about a minute on a shared 2-core machine), against llama.cpp's. qwen3's
+/// QK-norm runs on the emulator in tests/cuda_tiny_model.rs (gemma3).
+#[cfg(feature = "cuda")]
+fn check_emulated(case: &str) {
+    use edge_llm::cuda::Emu;
+    use edge_llm::device::Executor;
+    use edge_llm::model::Batch;
+    let r = reference(case);
+    let Some(path) = model_file(&r) else { return };
+    let model = Model::load(&path).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+    let tokens = ids(&r["tokens"]);
+    const BLOCK: usize = 16;
+    let num_blocks = tokens.len().div_ceil(BLOCK);
+    let mut emu = Executor::cuda_emulated(&model, Emu::new(), BLOCK, num_blocks)
+        .unwrap_or_else(|e| panic!("{case} loads onto the emulated GPU: {e:#}"));
+    let table: Vec<u32> = (0..num_blocks as u32).collect();
+    let mut b = Batch {
+        max_blocks_per_seq: num_blocks,
+        ..Default::default()
+    };
+    let seq = b.push_block_table(&table);
+    let first = tokens.len() - 1;
+    for (p, &t) in tokens.iter().enumerate() {
+        b.push_token(t, p, p, seq, p >= first);
+    }
+    let logits = emu
+        .forward(&model, &b)
+        .unwrap_or_else(|e| panic!("{case} on the emulated GPU: {e:#}"));
+    let positions: Vec<usize> = (first..tokens.len()).collect();
+    compare(
+        &format!("{case} (emulated CUDA)"),
+        &r,
+        &logits,
+        &positions,
+        model.config.vocab_size,
+    );
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn phi3_on_emulated_cuda_matches_llama_cpp() {
+    check_emulated("phi3");
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn smollm3_on_emulated_cuda_matches_llama_cpp() {
+    check_emulated("smollm3");
+}
+
+/// What the CUDA kernels lack is refused at load, by name (the CPU backend runs these files).
+#[cfg(feature = "cuda")]
+#[test]
+fn emulated_cuda_refuses_what_it_has_no_kernels_for() {
+    use edge_llm::cuda::Emu;
+    use edge_llm::device::Executor;
+    for (case, named) in [
+        ("llama3_rope_freqs", "rope_freqs"),
+        ("llama_yarn", "YaRN"),
+        ("granite", "multipliers"),
+        ("iq_base-IQ4_XS", "IQ4_XS"),
+    ] {
+        let r = reference(case);
+        let Some(path) = model_file(&r) else { return };
+        let model = Model::load(&path).unwrap();
+        let err = match Executor::cuda_emulated(&model, Emu::new(), 16, 4) {
+            Ok(_) => panic!("{case} loaded onto the emulated GPU"),
+            Err(e) => format!("{e:#}"),
+        };
+        assert!(err.contains(named), "{case}: {err}");
+        assert!(!err.contains('\n'), "{case}: one line: {err}");
+        eprintln!("{case}: {err}");
     }
 }
