@@ -306,6 +306,9 @@ def main():
         os.makedirs(out, exist_ok=True)
         os.makedirs("tests/synth/iq", exist_ok=True)
         for case in CASES:
+            wants_iq = not only or any(o.startswith("iq_base-") for o in only)
+            if only and case not in only and not (case == "iq_base" and wants_iq):
+                continue
             path = os.path.join(out, f"{case}.gguf")
             n_vocab, tokens = build(case, path)
             if not only or case in only:
