@@ -28,6 +28,20 @@ use edge_llm::model::Model;
 /// Measured: 2e-4 to 5e-4 (the test prints each case's).
 const LOGIT_BUDGET: f32 = 2e-3;
 
+/// The same for the models with IQ block matrices: their activations are quantized to Q8_0 /
+/// Q8_K before each product (on both sides), so an activation that lands on the other side of a
+/// Q8 rounding step here moves its product by up to 1/127 of its block's largest element.
+/// Measured 1.5e-3 to 4e-3 (the f32 base model of the same weights: 9e-5).
+const IQ_LOGIT_BUDGET: f32 = 1e-2;
+
+fn budget(case: &str) -> f32 {
+    if case.starts_with("iq_base-") {
+        IQ_LOGIT_BUDGET
+    } else {
+        LOGIT_BUDGET
+    }
+}
+
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -139,16 +153,17 @@ fn compare(case: &str, r: &serde_json::Value, logits: &[f32], positions: &[usize
             .max_by(|a, b| a.1.total_cmp(b.1))
             .unwrap()
             .0;
-        if l0 - l1 > (LOGIT_BUDGET * scale) as f64 {
+        if l0 - l1 > (budget(case) * scale) as f64 {
             assert_eq!(ours, t0, "{case}: position {p}: top token");
         }
     }
     eprintln!(
-        "{case}: {} positions, largest |logit - llama.cpp's| / |top logit| {worst:.2e} at position {worst_at} (budget {LOGIT_BUDGET:.0e})",
-        positions.len()
+        "{case}: {} positions, largest |logit - llama.cpp's| / |top logit| {worst:.2e} at position {worst_at} (budget {:.0e})",
+        positions.len(),
+        budget(case)
     );
     assert!(
-        worst <= LOGIT_BUDGET,
+        worst <= budget(case),
         "{case}: a logit {worst} (of the top logit) away from llama.cpp's at position {worst_at}"
     );
 }
