@@ -48,6 +48,18 @@ fn linear<B: Backend>(
     Ok(())
 }
 
+/// `out = x @ m^T` for an input no other matrix reads.
+fn matmul_of<B: Backend>(b: &mut B, x: &B::Acts, m: &B::Matrix, out: &mut B::Acts) -> Result<()> {
+    let mut xq = b.input(x);
+    b.matmul(&mut xq, m, out)
+}
+
+/// `out = x @ l.weight^T + l.bias` for an input no other matrix reads.
+fn linear_of<B: Backend>(b: &mut B, x: &B::Acts, l: &Linear<B>, out: &mut B::Acts) -> Result<()> {
+    let mut xq = b.input(x);
+    linear(b, &mut xq, l, out)
+}
+
 /// `x *= s` unless `s` is 1 (granite's residual and logit multipliers).
 fn scale_if<B: Backend>(b: &mut B, x: &mut B::Acts, s: f32) -> Result<()> {
     if s != 1.0 {
@@ -105,9 +117,7 @@ pub fn forward<B: Backend>(
         }
         b.kv_write(l, &k, &v)?;
         b.attention(l, &q, lo.window, &mut attn)?;
-        let mut aq = b.input(&attn);
-        linear(b, &mut aq, &lw.wo, &mut proj)?;
-        drop(aq);
+        linear_of(b, &attn, &lw.wo, &mut proj)?;
         if let Some(norm) = &lw.attn_post_norm {
             b.rms_norm_inplace(&mut proj, norm, eps)?;
         }
@@ -122,9 +132,7 @@ pub fn forward<B: Backend>(
         b.matmul(&mut hq, &lw.w_up, &mut up)?;
         drop(hq);
         b.glu(&mut gate, &up, c.activation)?;
-        let mut gq = b.input(&gate);
-        b.matmul(&mut gq, &lw.w_down, &mut proj)?;
-        drop(gq);
+        matmul_of(b, &gate, &lw.w_down, &mut proj)?;
         if let Some(norm) = &lw.ffn_post_norm {
             b.rms_norm_inplace(&mut proj, norm, eps)?;
         }
@@ -142,10 +150,9 @@ pub fn forward<B: Backend>(
     b.gather_logits_rows(&x, &mut last)?;
     b.rms_norm_inplace(&mut last, &w.output_norm, eps)?;
     let mut logits = b.acts(n_out, c.vocab_size)?;
-    let mut lq = b.input(&last);
     match &w.output {
-        Some(output) => linear(b, &mut lq, output, &mut logits)?,
-        None => b.matmul(&mut lq, &w.token_embd, &mut logits)?, // tied to the embedding
+        Some(output) => linear_of(b, &last, output, &mut logits)?,
+        None => matmul_of(b, &last, &w.token_embd, &mut logits)?, // tied to the embedding
     }
     scale_if(b, &mut logits, 1.0 / c.logit_scale)?;
     if let Some(cap) = c.final_logit_softcap {
