@@ -88,7 +88,10 @@ fn python() -> Option<PathBuf> {
 
 /// `blocks` of type `t` dequantized by gguf.quants.
 fn gguf_dequantize(py: &Path, t: TensorType, blocks: &[u8]) -> Vec<f32> {
-    let dir = std::env::temp_dir().join(format!("edge-llm-iq-{}-{t}", std::process::id()));
+    // One folder per call: the tests run in parallel threads of one process.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("edge-llm-iq-{}-{call}-{t}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (inp, out) = (dir.join("in.bin"), dir.join("out.bin"));
     std::fs::write(&inp, blocks).unwrap();
