@@ -36,6 +36,15 @@ enum el_type {
     EL_TYPE_Q5_K = 13,
     EL_TYPE_Q6_K = 14,
     EL_TYPE_Q8_K = 15,
+    EL_TYPE_IQ2_XXS = 16,
+    EL_TYPE_IQ2_XS = 17,
+    EL_TYPE_IQ3_XXS = 18,
+    EL_TYPE_IQ1_S = 19,
+    EL_TYPE_IQ4_NL = 20,
+    EL_TYPE_IQ3_S = 21,
+    EL_TYPE_IQ2_S = 22,
+    EL_TYPE_IQ4_XS = 23,
+    EL_TYPE_IQ1_M = 29,
     EL_TYPE_BF16 = 30,
 };
 
@@ -74,7 +83,8 @@ int64_t el_type_block_size(int32_t type);
 /* Bytes per block of `type`; 0 for an unknown type. */
 int64_t el_type_block_bytes(int32_t type);
 /* The activation type a dot product with a `type` weight row consumes (llama.cpp's vec_dot_type):
- * F32->F32, F16->F16, BF16->BF16, Q4_0/Q5_0/Q8_0->Q8_0, Q4_1/Q5_1->Q8_1, K-quants->Q8_K.
+ * F32->F32, F16->F16, BF16->BF16, Q4_0/Q5_0/Q8_0/IQ4_NL->Q8_0, Q4_1/Q5_1->Q8_1, K-quants and the
+ * other IQ types->Q8_K.
  * -1 for an unknown type. */
 int32_t el_type_vec_dot_type(int32_t type);
 
@@ -84,8 +94,9 @@ int32_t el_type_vec_dot_type(int32_t type);
 /* y[n] = dequantized x. n is a multiple of the block size. */
 int32_t el_dequantize_row(int32_t type, const void *x /* [n / block_size] blocks */, float *y /* [n] */,
                           int64_t n);
-/* y = x quantized to `type` (every type above, weight types included, for tests and activations).
- * n is a multiple of the block size. */
+/* y = x quantized to `type` (every type above, weight types included, for tests and activations,
+ * except the codebook IQ types IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M: EL_ERR_TYPE,
+ * as llama.cpp makes those from importance matrices). n is a multiple of the block size. */
 int32_t el_quantize_row(int32_t type, const float *x /* [n] */, void *y /* [n / block_size] blocks */,
                         int64_t n);
 /* *out = sum_i w[i] * a[i], where w is a row of `type` and a a row of el_type_vec_dot_type(type),
@@ -139,6 +150,16 @@ void el_rms_norm(const float *x /* [n_rows][n] */, const float *w /* [n] */, flo
 void el_rope(float *x /* [n_tokens][n_heads][head_dim] */, const int32_t *pos /* [n_tokens] */,
              int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t rope_dim, float freq_base,
              float freq_scale, int32_t neox);
+
+/* el_rope with llama.cpp's extensions (the reference only): theta_i is divided by
+ * freq_factors[i] (llama3's rope_freqs; NULL: none), and with ext_factor != 0 (YaRN) mixed between
+ * the interpolated pos * freq_scale * theta_i and the extrapolated pos * theta_i by a ramp over the
+ * pairs [corr_low, corr_high], cos and sin then scaled by attn_factor * (1 + 0.1 ln(1 / freq_scale));
+ * without YaRN by attn_factor alone. As ggml's rope_yarn. rope_dim <= EL_MAX_HEAD_DIM. */
+void el_rope_ext(float *x /* [n_tokens][n_heads][head_dim] */, const int32_t *pos /* [n_tokens] */,
+                 int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t rope_dim, float freq_base,
+                 float freq_scale, int32_t neox, const float *freq_factors /* [rope_dim / 2] or NULL */,
+                 float ext_factor, float attn_factor, float corr_low, float corr_high);
 
 /* y[i] = silu(gate[i]) * up[i]. y may alias gate or up. */
 void el_swiglu(const float *gate /* [n] */, const float *up /* [n] */, float *y /* [n] */, int64_t n);

@@ -131,4 +131,86 @@ typedef struct {
 } el_block_q8_K;
 _Static_assert(sizeof(el_block_q8_K) == 292, "block_q8_K layout");
 
+/* ---- IQ types (codebook and non-linear quants; decoded in quants_iq.c) ----------------------- */
+
+#define QK4_NL 32 /* elements per IQ4_NL block */
+
+/* x[i] = d * kvalues_iq4nl[q[i]], q a nibble laid out as q4_0. */
+typedef struct {
+    uint16_t d;
+    uint8_t qs[QK4_NL / 2];
+} el_block_iq4_nl;
+_Static_assert(sizeof(el_block_iq4_nl) == 18, "block_iq4_nl layout");
+
+/* x = d * (ls[s] - 32) * kvalues_iq4nl[q], 8 sub-blocks of 32 with 6-bit scales ls: low 4 bits in
+ * the nibbles of scales_l, high 2 bits at bits 2s of scales_h; quants as q4_0 per sub-block. */
+typedef struct {
+    uint16_t d;
+    uint16_t scales_h;
+    uint8_t scales_l[QK_K / 64];
+    uint8_t qs[QK_K / 2];
+} el_block_iq4_xs;
+_Static_assert(sizeof(el_block_iq4_xs) == 136, "block_iq4_xs layout");
+
+/* 8 sub-blocks of 32, each four 8-element grid points: qs[4s .. 4s + 2) hold four 8-bit indices into
+ * iq2xxs_grid, qs[4s + 2 .. 4s + 4) four 7-bit sign indices and a 4-bit scale in the top bits. */
+typedef struct {
+    uint16_t d;
+    uint16_t qs[QK_K / 8];
+} el_block_iq2_xxs;
+_Static_assert(sizeof(el_block_iq2_xxs) == 66, "block_iq2_xxs layout");
+
+/* qs[k]: a 9-bit iq2xs_grid index and a 7-bit sign index; 4-bit scales, two per sub-block of 32. */
+typedef struct {
+    uint16_t d;
+    uint16_t qs[QK_K / 8];
+    uint8_t scales[QK_K / 32];
+} el_block_iq2_xs;
+_Static_assert(sizeof(el_block_iq2_xs) == 74, "block_iq2_xs layout");
+
+/* 10-bit iq2s_grid indices (low 8 bits in qs[0..32), high 2 in qh), explicit signs in qs[32..64). */
+typedef struct {
+    uint16_t d;
+    uint8_t qs[QK_K / 4];
+    uint8_t qh[QK_K / 32];
+    uint8_t scales[QK_K / 32];
+} el_block_iq2_s;
+_Static_assert(sizeof(el_block_iq2_s) == 82, "block_iq2_s layout");
+
+/* 64 8-bit iq3xxs_grid indices (4 elements each), then per sub-block a uint32 of four 7-bit sign
+ * indices and a 4-bit scale. */
+typedef struct {
+    uint16_t d;
+    uint8_t qs[3 * QK_K / 8];
+} el_block_iq3_xxs;
+_Static_assert(sizeof(el_block_iq3_xxs) == 98, "block_iq3_xxs layout");
+
+/* 9-bit iq3s_grid indices (low 8 in qs, high bit in qh), explicit signs, 4-bit scales per 32. */
+typedef struct {
+    uint16_t d;
+    uint8_t qs[QK_K / 4];
+    uint8_t qh[QK_K / 32];
+    uint8_t signs[QK_K / 8];
+    uint8_t scales[QK_K / 64];
+} el_block_iq3_s;
+_Static_assert(sizeof(el_block_iq3_s) == 110, "block_iq3_s layout");
+
+/* 11-bit iq1s_grid indices (low 8 in qs, high 3 in qh), per sub-block a 3-bit scale and the sign
+ * of a +-1/8 shift in qh. */
+typedef struct {
+    uint16_t d;
+    uint8_t qs[QK_K / 8];
+    uint16_t qh[QK_K / 32];
+} el_block_iq1_s;
+_Static_assert(sizeof(el_block_iq1_s) == 50, "block_iq1_s layout");
+
+/* As iq1_s with 3-bit scales per 16 elements and shift signs per 8; the f16 super-scale is spread
+ * over the top nibbles of the four uint16 scale words. */
+typedef struct {
+    uint8_t qs[QK_K / 8];
+    uint8_t qh[QK_K / 16];
+    uint8_t scales[QK_K / 32];
+} el_block_iq1_m;
+_Static_assert(sizeof(el_block_iq1_m) == 56, "block_iq1_m layout");
+
 #endif /* EL_BLOCKS_H */

@@ -2,7 +2,8 @@
  * quants.c: the tensor types' scalar reference kernels, the truth that faster variants are tested
  * against. This file owns the public entry points (block geometry, dequantize, quantize, vec_dot,
  * matmul), the per-type dispatch table, the float types (F32, F16, BF16) and the 32-element block
- * types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1); the K-quants live in quants_k.c.
+ * types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1); the K-quants live in quants_k.c, the IQ types in
+ * quants_iq.c.
  * Called only through src/kernels/quant.rs; see edge_kernels.h for shapes.
  *
  * Block layouts are bit-compatible with llama.cpp's ggml-common.h, and the dot products follow
@@ -45,6 +46,23 @@ float el_dot_q4_K_q8_K(const void *w, const void *a, int64_t nb);
 float el_dot_q5_K_q8_K(const void *w, const void *a, int64_t nb);
 float el_dot_q6_K_q8_K(const void *w, const void *a, int64_t nb);
 float el_dot_q8_K_q8_K(const void *w, const void *a, int64_t nb);
+
+/* Defined in quants_iq.c: the IQ types (IQ4_NL in 32-element blocks against Q8_0, the rest in
+ * 256-element super-blocks against Q8_K); only IQ4_NL and IQ4_XS have quantizers. */
+#define EL_IQ_DECL(name, act)                                                                        \
+    void el_dequantize_##name(const void *x, float *y, int64_t nb);                                 \
+    float el_dot_##name##_##act(const void *w, const void *a, int64_t nb);
+EL_IQ_DECL(iq4_nl, q8_0)
+EL_IQ_DECL(iq4_xs, q8_K)
+EL_IQ_DECL(iq3_xxs, q8_K)
+EL_IQ_DECL(iq3_s, q8_K)
+EL_IQ_DECL(iq2_xxs, q8_K)
+EL_IQ_DECL(iq2_xs, q8_K)
+EL_IQ_DECL(iq2_s, q8_K)
+EL_IQ_DECL(iq1_s, q8_K)
+EL_IQ_DECL(iq1_m, q8_K)
+void el_quantize_iq4_nl(const float *x, void *y, int64_t nb);
+void el_quantize_iq4_xs(const float *x, void *y, int64_t nb);
 
 /* ---- Float types ----------------------------------------------------------------------------- */
 
@@ -425,7 +443,7 @@ typedef struct {
     int64_t block_size;  /* elements per block */
     int64_t block_bytes; /* bytes per block */
     el_dequantize_fn dequantize;
-    el_quantize_fn quantize;
+    el_quantize_fn quantize; /* NULL: no quantizer (the codebook IQ types) */
     el_dot_fn dot; /* a row of `type` against a row of `vec_dot_type` */
 } el_type_traits;
 
@@ -445,6 +463,17 @@ static const el_type_traits TRAITS[] = {
     {EL_TYPE_Q5_K, EL_TYPE_Q8_K, QK_K, 176, el_dequantize_q5_K, el_quantize_q5_K, el_dot_q5_K_q8_K},
     {EL_TYPE_Q6_K, EL_TYPE_Q8_K, QK_K, 210, el_dequantize_q6_K, el_quantize_q6_K, el_dot_q6_K_q8_K},
     {EL_TYPE_Q8_K, EL_TYPE_Q8_K, QK_K, 292, el_dequantize_q8_K, el_quantize_q8_K, el_dot_q8_K_q8_K},
+    {EL_TYPE_IQ4_NL, EL_TYPE_Q8_0, QK4_NL, sizeof(el_block_iq4_nl), el_dequantize_iq4_nl, el_quantize_iq4_nl,
+     el_dot_iq4_nl_q8_0},
+    {EL_TYPE_IQ4_XS, EL_TYPE_Q8_K, QK_K, sizeof(el_block_iq4_xs), el_dequantize_iq4_xs, el_quantize_iq4_xs,
+     el_dot_iq4_xs_q8_K},
+    {EL_TYPE_IQ3_XXS, EL_TYPE_Q8_K, QK_K, sizeof(el_block_iq3_xxs), el_dequantize_iq3_xxs, NULL, el_dot_iq3_xxs_q8_K},
+    {EL_TYPE_IQ3_S, EL_TYPE_Q8_K, QK_K, sizeof(el_block_iq3_s), el_dequantize_iq3_s, NULL, el_dot_iq3_s_q8_K},
+    {EL_TYPE_IQ2_XXS, EL_TYPE_Q8_K, QK_K, sizeof(el_block_iq2_xxs), el_dequantize_iq2_xxs, NULL, el_dot_iq2_xxs_q8_K},
+    {EL_TYPE_IQ2_XS, EL_TYPE_Q8_K, QK_K, sizeof(el_block_iq2_xs), el_dequantize_iq2_xs, NULL, el_dot_iq2_xs_q8_K},
+    {EL_TYPE_IQ2_S, EL_TYPE_Q8_K, QK_K, sizeof(el_block_iq2_s), el_dequantize_iq2_s, NULL, el_dot_iq2_s_q8_K},
+    {EL_TYPE_IQ1_S, EL_TYPE_Q8_K, QK_K, sizeof(el_block_iq1_s), el_dequantize_iq1_s, NULL, el_dot_iq1_s_q8_K},
+    {EL_TYPE_IQ1_M, EL_TYPE_Q8_K, QK_K, sizeof(el_block_iq1_m), el_dequantize_iq1_m, NULL, el_dot_iq1_m_q8_K},
 };
 
 /* The traits of `type`, or NULL for an unknown type. */
@@ -496,7 +525,9 @@ int32_t el_quantize_row(int32_t type, const float *x, void *y, int64_t n) {
     const int32_t status = check_row(type, n, &t);
     if (status != EL_OK) return status;
     const el_simd_quant_kernels *simd = el_simd_quant(type);
-    (simd != NULL && simd->quantize != NULL ? simd->quantize : t->quantize)(x, y, n / t->block_size);
+    const el_quantize_fn quantize = simd != NULL && simd->quantize != NULL ? simd->quantize : t->quantize;
+    if (quantize == NULL) return EL_ERR_TYPE;
+    quantize(x, y, n / t->block_size);
     return EL_OK;
 }
 

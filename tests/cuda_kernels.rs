@@ -294,6 +294,8 @@ fn check_row_ops<D: CudaDevice>(g: &D) -> Outputs {
             freq_base: 10000.0,
             freq_scale,
             style,
+            freq_factors: None,
+            yarn: None,
         };
         let pos: Vec<i32> = (0..n_tokens as i32).map(|i| i * 517 + 3).collect();
         let mut want = rng.data(n_tokens * n_heads * head_dim);

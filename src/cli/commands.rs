@@ -19,7 +19,40 @@ pub fn info(args: &ModelArgs) -> Result<()> {
     let file = GgufFile::open(&path).with_context(|| format!("reading {}", path.display()))?;
     let mut out = std::io::stdout().lock();
     file.write_info(&mut out)?;
+    write_support(&file, &mut out)?;
     out.flush()?;
+    Ok(())
+}
+
+/// What edge-llm runs, and whether it runs this file's architecture (the tensor types were
+/// checked when the file was opened: an unknown one fails there, naming the tensor).
+fn write_support(file: &GgufFile, out: &mut dyn Write) -> Result<()> {
+    use crate::model::config::SUPPORTED_ARCHITECTURES;
+    use crate::tensor_type::TensorType;
+    let arch = file.architecture().unwrap_or("(none)");
+    let types: Vec<&str> = TensorType::ALL
+        .iter()
+        .filter(|t| !matches!(t, TensorType::Q8_1 | TensorType::Q8_K))
+        .map(|t| t.name())
+        .collect();
+    writeln!(out)?;
+    writeln!(out, "edge-llm runs:")?;
+    writeln!(
+        out,
+        "  architectures: {}",
+        SUPPORTED_ARCHITECTURES.join(", ")
+    )?;
+    writeln!(
+        out,
+        "  tensor types:  {} (IQ types on the CPU backend only)",
+        types.join(", ")
+    )?;
+    let verdict = if SUPPORTED_ARCHITECTURES.contains(&arch) {
+        "supported"
+    } else {
+        "NOT supported"
+    };
+    writeln!(out, "  this file:     architecture '{arch}' {verdict}")?;
     Ok(())
 }
 

@@ -93,6 +93,7 @@ pub fn load<D: CudaDevice>(
     if block_size == 0 || num_blocks == 0 {
         bail!("an empty KV pool");
     }
+    check_supported(c)?;
     let kv_bytes = 2 * c.num_layers * num_blocks * block_size * c.kv_dim() * 2;
     let weight_bytes = model.file.file_bytes() as usize;
     let (free, total) = dev.mem_info()?;
@@ -108,6 +109,7 @@ pub fn load<D: CudaDevice>(
     }
     let weights = model.weights.load::<CudaBackend<D>, anyhow::Error>(
         &mut |m| {
+            k::check_weight_type(m.ttype).with_context(|| format!("tensor '{}'", m.info.name))?;
             Ok(DevMatrix {
                 ttype: m.ttype,
                 n_in: m.n_in,
@@ -150,6 +152,25 @@ pub fn load<D: CudaDevice>(
         },
         weights: Arc::new(weights),
     })
+}
+
+/// The model options the CUDA kernels do not cover yet, refused at load with their names.
+fn check_supported(c: &crate::model::ModelConfig) -> Result<()> {
+    if c.residual_scale != 1.0 || c.logit_scale != 1.0 {
+        bail!(
+            "{}'s residual and logit multipliers have no CUDA kernel yet (it runs on the CPU backend)",
+            c.architecture
+        );
+    }
+    let extended = |r: &Rope| r.freq_factors.is_some() || r.yarn.is_some();
+    if c.layers
+        .iter()
+        .filter_map(|l| l.rope.as_ref())
+        .any(extended)
+    {
+        bail!("rope_freqs and YaRN scaling have no CUDA kernel yet (the model runs on the CPU backend)");
+    }
+    Ok(())
 }
 
 impl<D: CudaDevice> CudaBackend<D> {
@@ -455,6 +476,10 @@ impl<D: CudaDevice> Backend for CudaBackend<D> {
         k::gather_rows(
             &self.dev, x.ptr, x.n_rows, rows, out.n_rows, out.ptr, x.width,
         )
+    }
+
+    fn scale(&mut self, _x: &mut DevActs, s: f32) -> Result<()> {
+        bail!("a multiplier ({s}) on activations has no CUDA kernel yet (granite runs on the CPU backend)")
     }
 
     fn softcap(&mut self, x: &mut DevActs, cap: f32) -> Result<()> {

@@ -32,7 +32,16 @@ fn type_name(t: TensorType) -> Result<&'static str> {
         Q5_K => "q5_K",
         Q6_K => "q6_K",
         Q8_1 | Q8_K => bail!("{t} is not a weight type the GPU kernels take"),
+        IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ1_S | IQ1_M | IQ4_NL | IQ4_XS => {
+            bail!("tensor type {t} has no CUDA kernels yet (it runs on the CPU backend)")
+        }
     })
+}
+
+/// Ok when the GPU kernels take weights of type `t`; the error names the type otherwise (checked
+/// when a model's matrices are uploaded, so a file the GPU cannot run fails at load).
+pub fn check_weight_type(t: TensorType) -> Result<()> {
+    type_name(t).map(|_| ())
 }
 
 fn row_bytes(t: TensorType, n: usize) -> Result<usize> {
@@ -229,6 +238,9 @@ pub fn rope(
 ) -> Result<()> {
     if r.rope_dim > r.head_dim || !r.rope_dim.is_multiple_of(2) {
         bail!("rope dims {} of head {}", r.rope_dim, r.head_dim);
+    }
+    if r.freq_factors.is_some() || r.yarn.is_some() {
+        bail!("rope_freqs and YaRN scaling have no CUDA kernel yet (they run on the CPU backend)");
     }
     // The reference's powf(freq_base, -2.0f / rope_dim), here through the same libm.
     let theta_scale = r.freq_base.powf(-2.0f32 / r.rope_dim as f32);

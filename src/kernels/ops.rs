@@ -52,6 +52,69 @@ pub struct Rope {
     pub freq_base: f32,
     pub freq_scale: f32,
     pub style: RopeStyle,
+    /// Per-pair divisors of the frequencies (llama3's `rope_freqs.weight`).
+    pub freq_factors: Option<FreqFactors>,
+    /// YaRN scaling (`rope.scaling.type = yarn`).
+    pub yarn: Option<Yarn>,
+}
+
+/// Per-pair frequency divisors, `rope_dim / 2` of them, kept inline so a [`Rope`] stays `Copy`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FreqFactors {
+    n: usize,
+    values: [f32; EL_MAX_HEAD_DIM / 2],
+}
+
+impl FreqFactors {
+    /// `None` when there are more factors than a head can have pairs.
+    pub fn new(v: &[f32]) -> Option<FreqFactors> {
+        let mut values = [0.0; EL_MAX_HEAD_DIM / 2];
+        values.get_mut(..v.len())?.copy_from_slice(v);
+        Some(FreqFactors { n: v.len(), values })
+    }
+
+    pub fn as_slice(&self) -> &[f32] {
+        &self.values[..self.n]
+    }
+}
+
+/// YaRN's parameters as llama.cpp derives them from the scaling factor: extrapolated
+/// frequencies mixed into the interpolated ones over the pairs [corr_low, corr_high], and a
+/// magnitude factor on cos and sin.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Yarn {
+    pub ext_factor: f32,
+    pub attn_factor: f32,
+    pub corr_low: f32,
+    pub corr_high: f32,
+}
+
+impl Yarn {
+    /// llama.cpp's defaults (ext_factor 1, beta_fast 32, beta_slow 1; llama-context.cpp and
+    /// ggml_rope_yarn_corr_dims) for a model trained on `n_ctx_orig` positions, scaled by
+    /// `1 / freq_scale`.
+    pub fn new(rope_dim: usize, n_ctx_orig: usize, freq_base: f32, freq_scale: f32) -> Yarn {
+        let (beta_fast, beta_slow) = (32.0f32, 1.0f32);
+        let n_dims = rope_dim as f32;
+        let corr_dim = |n_rot: f32| {
+            n_dims * (n_ctx_orig as f32 / (n_rot * 2.0 * std::f32::consts::PI)).ln()
+                / (2.0 * freq_base.ln())
+        };
+        let factor = 1.0 / freq_scale;
+        let mscale = if factor <= 1.0 {
+            1.0
+        } else {
+            0.1 * factor.ln() + 1.0
+        };
+        // ggml multiplies its own 1 + 0.1 ln(factor) back in: llama.cpp cancels it here.
+        let attn_factor = mscale * (1.0 / (1.0 + 0.1 * factor.ln()));
+        Yarn {
+            ext_factor: 1.0,
+            attn_factor,
+            corr_low: corr_dim(beta_fast).floor().max(0.0),
+            corr_high: corr_dim(beta_slow).ceil().min(n_dims - 1.0),
+        }
+    }
 }
 
 /// Rotates `x` ([n_tokens][n_heads][head_dim]) in place, token t at position `pos[t]`.
@@ -62,6 +125,9 @@ pub fn rope(x: &mut [f32], pos: &[i32], n_heads: usize, r: &Rope) {
         r.rope_dim <= r.head_dim && r.rope_dim.is_multiple_of(2),
         "rope dims"
     );
+    if r.freq_factors.is_some() || r.yarn.is_some() {
+        return rope_ext(x, pos, n_heads, r);
+    }
     // SAFETY: x holds n_tokens * n_heads * head_dim floats, pos n_tokens ints.
     unsafe {
         ffi::el_rope(
@@ -74,6 +140,45 @@ pub fn rope(x: &mut [f32], pos: &[i32], n_heads: usize, r: &Rope) {
             r.freq_base,
             r.freq_scale,
             (r.style == RopeStyle::Neox) as i32,
+        )
+    }
+}
+
+/// `rope` for a rope with frequency factors or YaRN (el_rope_ext, the scalar reference).
+fn rope_ext(x: &mut [f32], pos: &[i32], n_heads: usize, r: &Rope) {
+    let n_tokens = pos.len();
+    let factors = r.freq_factors.as_ref().map(FreqFactors::as_slice);
+    if let Some(f) = factors {
+        assert_eq!(
+            f.len(),
+            r.rope_dim / 2,
+            "one frequency factor per rotated pair"
+        );
+    }
+    let yarn = r.yarn.unwrap_or(Yarn {
+        ext_factor: 0.0,
+        attn_factor: 1.0,
+        corr_low: 0.0,
+        corr_high: 0.0,
+    });
+    // SAFETY: x holds n_tokens * n_heads * head_dim floats, pos n_tokens ints, factors (when
+    // given) rope_dim / 2 floats; rope_dim <= head_dim <= EL_MAX_HEAD_DIM (checked at load).
+    unsafe {
+        ffi::el_rope_ext(
+            x.as_mut_ptr(),
+            pos.as_ptr(),
+            n_tokens as i64,
+            n_heads as i64,
+            r.head_dim as i64,
+            r.rope_dim as i64,
+            r.freq_base,
+            r.freq_scale,
+            (r.style == RopeStyle::Neox) as i32,
+            factors.map_or(std::ptr::null(), |f| f.as_ptr()),
+            yarn.ext_factor,
+            yarn.attn_factor,
+            yarn.corr_low,
+            yarn.corr_high,
         )
     }
 }

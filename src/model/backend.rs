@@ -87,6 +87,8 @@ pub trait Backend: WeightStore {
     fn add(&mut self, x: &mut Self::Acts, y: &Self::Acts) -> Result<()>;
     /// `out` = the rows of `x` the batch wants logits for, in its order.
     fn gather_logits_rows(&mut self, x: &Self::Acts, out: &mut Self::Acts) -> Result<()>;
+    /// `x *= s`.
+    fn scale(&mut self, x: &mut Self::Acts, s: f32) -> Result<()>;
     /// `x = cap * tanh(x / cap)`.
     fn softcap(&mut self, x: &mut Self::Acts, cap: f32) -> Result<()>;
     /// Ends the step: `x`'s values on the host (and no work of this step still running).

@@ -5,14 +5,18 @@
 use anyhow::{bail, Context, Result};
 
 use crate::gguf::{GgufFile, MetaArray, MetaValue};
-use crate::kernels::{Activation, Rope, RopeStyle};
+use crate::kernels::{Activation, FreqFactors, Rope, RopeStyle, Yarn};
+use crate::tensor_type::TensorType;
 
 /// Architectures the forward pass implements (`general.architecture`).
-pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama", "qwen2", "gemma3"];
+pub const SUPPORTED_ARCHITECTURES: &[&str] = &[
+    "llama", "qwen2", "qwen3", "gemma3", "phi3", "smollm3", "granite",
+];
 
 /// What sets one family of models apart, as llama.cpp 0c1e57098 builds them
-/// (`src/models/{llama,qwen2,gemma3}.cpp`). Optional Q/K/V/output biases are not listed: they
-/// are used wherever the file has them, as llama.cpp does.
+/// (`src/models/{llama,qwen2,qwen3,gemma3,phi3,smollm3,granite}.cpp`). Optional Q/K/V/output
+/// biases and fused QKV tensors are not listed: they are used wherever the file has them, as
+/// llama.cpp does. Adding a family is one entry here (and, for a new kind of option, a field).
 #[derive(Clone, Copy, Debug)]
 struct Family {
     architecture: &'static str,
@@ -28,26 +32,47 @@ struct Family {
     /// Sliding-window attention when `{arch}.attention.sliding_window` is set: every layer is
     /// local except every Nth (N from `{arch}.attention.sliding_window_pattern`, else this).
     swa_pattern: Option<usize>,
+    /// Every Nth layer (layers N-1, 2N-1, ...) has no rotary embedding (NoPE).
+    nope_every: Option<usize>,
+    /// The feed-forward gate and up projections are one tensor, `ffn_up` of 2 * n_ff rows,
+    /// gate first (phi3).
+    fused_gate_up: bool,
+    /// granite's multipliers: `{arch}.embedding_scale`, `.residual_scale`, `.attention.scale`,
+    /// `.logit_scale`.
+    multipliers: bool,
+    /// Reads llama3's per-pair frequency factors, `rope_freqs.weight`, when the file has them.
+    rope_freqs: bool,
 }
 
+/// A llama-like family: the defaults the others change.
+const LLAMA: Family = Family {
+    architecture: "llama",
+    rope_style: RopeStyle::Normal,
+    activation: Activation::SwiGlu,
+    scale_embeddings: false,
+    qk_norm: false,
+    post_norms: false,
+    swa_pattern: None,
+    nope_every: None,
+    fused_gate_up: false,
+    multipliers: false,
+    rope_freqs: true,
+};
+
 const FAMILIES: &[Family] = &[
-    Family {
-        architecture: "llama",
-        rope_style: RopeStyle::Normal,
-        activation: Activation::SwiGlu,
-        scale_embeddings: false,
-        qk_norm: false,
-        post_norms: false,
-        swa_pattern: None,
-    },
+    LLAMA,
     Family {
         architecture: "qwen2",
         rope_style: RopeStyle::Neox,
-        activation: Activation::SwiGlu,
-        scale_embeddings: false,
-        qk_norm: false,
-        post_norms: false,
-        swa_pattern: None,
+        rope_freqs: false,
+        ..LLAMA
+    },
+    Family {
+        architecture: "qwen3",
+        rope_style: RopeStyle::Neox,
+        qk_norm: true,
+        rope_freqs: false,
+        ..LLAMA
     },
     Family {
         architecture: "gemma3",
@@ -57,13 +82,34 @@ const FAMILIES: &[Family] = &[
         qk_norm: true,
         post_norms: true,
         swa_pattern: Some(6),
+        rope_freqs: false,
+        ..LLAMA
+    },
+    Family {
+        architecture: "phi3",
+        rope_style: RopeStyle::Neox,
+        fused_gate_up: true,
+        rope_freqs: false,
+        ..LLAMA
+    },
+    Family {
+        architecture: "smollm3",
+        nope_every: Some(4),
+        rope_freqs: false,
+        ..LLAMA
+    },
+    Family {
+        architecture: "granite",
+        multipliers: true,
+        ..LLAMA
     },
 ];
 
 /// How one layer attends: its rotary embedding and, for a local layer, its window.
 #[derive(Clone, Copy, Debug)]
 pub struct LayerOptions {
-    pub rope: Rope,
+    /// None: no rotary embedding (smollm3's NoPE layers).
+    pub rope: Option<Rope>,
     /// A query at position p sees keys at positions (p - window, p]; None: all before it.
     pub window: Option<usize>,
 }
@@ -92,6 +138,12 @@ pub struct ModelConfig {
     pub post_norms: bool,
     /// `cap * tanh(logits / cap)` on the output logits.
     pub final_logit_softcap: Option<f32>,
+    /// Factor on each block's output before its residual add (granite; else 1).
+    pub residual_scale: f32,
+    /// The logits are divided by this (granite; else 1).
+    pub logit_scale: f32,
+    /// The feed-forward gate and up projections are one `ffn_up` tensor, gate rows first.
+    pub fused_gate_up: bool,
     /// Per layer: rope and attention window, [num_layers].
     pub layers: Vec<LayerOptions>,
 }
@@ -178,24 +230,48 @@ impl ModelConfig {
             10000.0
         };
         // llama.cpp: the scaling type defaults to linear, and its factor applies to global layers.
-        let freq_scale = match g
+        let scaling_factor = if has("rope.scaling.factor") {
+            f32_key("rope.scaling.factor")?
+        } else {
+            1.0
+        };
+        let scaling = g
             .get(&key("rope.scaling.type"))
             .map(|_| g.get_str(&key("rope.scaling.type")))
-            .transpose()?
-        {
-            Some("none") => 1.0,
-            None | Some("linear") => {
-                if has("rope.scaling.factor") {
-                    1.0 / f32_key("rope.scaling.factor")?
-                } else {
-                    1.0
-                }
-            }
+            .transpose()?;
+        let (freq_scale, yarn) = match scaling {
+            Some("none") => (1.0, false),
+            None | Some("linear") => (1.0 / scaling_factor, false),
+            Some("yarn") => (1.0 / scaling_factor, true),
             Some(other) => bail!(
-                "rope scaling '{other}' ({}) is not supported",
+                "rope scaling '{other}' ({}) is not supported (edge-llm runs none, linear, yarn)",
                 key("rope.scaling.type")
             ),
         };
+        for unsupported in [
+            "rope.scaling.yarn_log_multiplier",
+            "rope.scaling.attn_factor",
+        ] {
+            if has(unsupported) {
+                bail!("{} is not supported", key(unsupported));
+            }
+        }
+        let n_ctx_orig = if has("rope.scaling.original_context_length") {
+            usize_key("rope.scaling.original_context_length")?
+        } else {
+            usize_key("context_length")?
+        };
+        let yarn = yarn.then(|| Yarn::new(rope_dim, n_ctx_orig, freq_base, freq_scale));
+        let freq_factors = if family.rope_freqs {
+            rope_freqs(g, rope_dim)?
+        } else {
+            None
+        };
+        for name in ["rope_factors_long.weight", "rope_factors_short.weight"] {
+            if g.find_tensor(name).is_some() {
+                bail!("tensor '{name}' (LongRoPE) is not supported");
+            }
+        }
         let rms_eps = g.get_f32(&key("attention.layer_norm_rms_epsilon"))?;
         if !(rms_eps.is_finite() && rms_eps > 0.0) {
             bail!(
@@ -218,6 +294,8 @@ impl ModelConfig {
             freq_base,
             freq_scale,
             style: family.rope_style,
+            freq_factors,
+            yarn,
         };
         let window = match family.swa_pattern {
             Some(_) if has("attention.sliding_window") => {
@@ -241,21 +319,23 @@ impl ModelConfig {
                 10000.0
             },
             freq_scale: 1.0,
+            freq_factors: None,
+            yarn: None,
             ..global_rope
         };
         let layers = is_local
             .iter()
-            .map(|&local| {
-                if local {
-                    LayerOptions {
-                        rope: local_rope,
-                        window,
-                    }
+            .enumerate()
+            .map(|(l, &local)| {
+                let nope = family.nope_every.is_some_and(|n| (l + 1) % n == 0);
+                let (rope, window) = if local {
+                    (local_rope, window)
                 } else {
-                    LayerOptions {
-                        rope: global_rope,
-                        window: None,
-                    }
+                    (global_rope, None)
+                };
+                LayerOptions {
+                    rope: (!nope).then_some(rope),
+                    window,
                 }
             })
             .collect();
@@ -266,6 +346,26 @@ impl ModelConfig {
             n_embd / n_heads
         } else {
             head_dim
+        };
+        // granite's multipliers (llama.cpp requires logit_scale, the others are optional).
+        let optional = |k: &str| -> Result<Option<f32>> {
+            if family.multipliers && has(k) {
+                Ok(Some(f32_key(k)?))
+            } else {
+                Ok(None)
+            }
+        };
+        let logit_scale = if family.multipliers {
+            f32_key("logit_scale")?
+        } else {
+            1.0
+        };
+        let residual_scale = optional("residual_scale")?.unwrap_or(1.0);
+        let attn_scale = optional("attention.scale")?.unwrap_or(1.0 / (scale_dim as f32).sqrt());
+        let embd_scale = match optional("embedding_scale")? {
+            Some(s) => s,
+            None if family.scale_embeddings => (n_embd as f32).sqrt(),
+            None => 1.0,
         };
         let final_logit_softcap = if has("final_logit_softcapping") {
             Some(f32_key("final_logit_softcapping")?)
@@ -284,15 +384,14 @@ impl ModelConfig {
             n_ctx_train,
             rms_eps,
             activation: family.activation,
-            attn_scale: 1.0 / (scale_dim as f32).sqrt(),
-            embd_scale: if family.scale_embeddings {
-                (n_embd as f32).sqrt()
-            } else {
-                1.0
-            },
+            attn_scale,
+            embd_scale,
             qk_norm: family.qk_norm,
             post_norms: family.post_norms,
             final_logit_softcap,
+            residual_scale,
+            logit_scale,
+            fused_gate_up: family.fused_gate_up,
             layers,
         })
     }
@@ -306,6 +405,31 @@ impl ModelConfig {
     pub fn q_dim(&self) -> usize {
         self.n_heads * self.head_dim
     }
+}
+
+/// llama3's per-pair frequency factors from `rope_freqs.weight` ([rope_dim / 2] floats), if the
+/// file has them.
+fn rope_freqs(g: &GgufFile, rope_dim: usize) -> Result<Option<FreqFactors>> {
+    const NAME: &str = "rope_freqs.weight";
+    let Some(info) = g.find_tensor(NAME) else {
+        return Ok(None);
+    };
+    if info.n_elements() != (rope_dim / 2) as u64 || info.ttype != TensorType::F32 {
+        bail!(
+            "tensor '{NAME}' is {} {:?}, expected F32 [{}]",
+            info.ttype,
+            info.dims,
+            rope_dim / 2
+        );
+    }
+    let mut v = vec![0.0f32; rope_dim / 2];
+    crate::kernels::dequantize_row(TensorType::F32, g.tensor_data(info), &mut v);
+    if v.iter().any(|f| !(f.is_finite() && *f > 0.0)) {
+        bail!("tensor '{NAME}' holds a factor that is not a positive finite number");
+    }
+    Ok(Some(
+        FreqFactors::new(&v).context("more rope_freqs than a head has pairs")?,
+    ))
 }
 
 /// Which layers attend locally, from `key`: an array of one bool per layer, or a period N,

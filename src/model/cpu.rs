@@ -304,6 +304,11 @@ impl Backend for Cpu {
         Ok(())
     }
 
+    fn scale(&mut self, x: &mut Vec<f32>, s: f32) -> Result<()> {
+        x.iter_mut().for_each(|z| *z *= s);
+        Ok(())
+    }
+
     fn softcap(&mut self, x: &mut Vec<f32>, cap: f32) -> Result<()> {
         x.iter_mut().for_each(|z| *z = cap * (*z / cap).tanh());
         Ok(())

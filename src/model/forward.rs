@@ -3,8 +3,9 @@
 //! RMSNorm, gated feed-forward, residual; then the final norm and the logits of the rows that
 //! asked for them.
 //!
-//! One function runs every family: what differs (Q/K/V biases, QK-norm, post-norms, embedding
-//! scale, activation, each layer's rope and sliding window, logit soft-capping) is data in
+//! One function runs every family: what differs (Q/K/V biases, fused QKV and gate/up tensors,
+//! QK-norm, post-norms, embedding, residual and logit multipliers, activation, each layer's rope
+//! (or none: NoPE) and sliding window, logit soft-capping) is data in
 //! [`ModelConfig`] and [`Weights`], read from the GGUF. What differs between devices is the
 //! [`Backend`] (`super::cpu`, `crate::cuda::backend`).
 //!
@@ -59,6 +60,14 @@ fn linear_of<B: Backend>(b: &mut B, x: &B::Acts, l: &Linear<B>, out: &mut B::Act
     linear(b, &mut xq, l, out)
 }
 
+/// `x *= s` unless `s` is 1 (granite's residual and logit multipliers).
+fn scale_if<B: Backend>(b: &mut B, x: &mut B::Acts, s: f32) -> Result<()> {
+    if s != 1.0 {
+        b.scale(x, s)?;
+    }
+    Ok(())
+}
+
 /// Runs one step: checks the batch against the model and the KV pool, writes the batch's keys
 /// and values into the pool at its slot mapping, and returns the logits of
 /// `batch.logits_rows`, [logits_rows.len()][vocab_size].
@@ -102,14 +111,17 @@ pub fn forward<B: Backend>(
         if let Some(norm) = &lw.attn_k_norm {
             b.rms_norm_inplace(&mut k, norm, eps)?;
         }
-        b.rope(&mut q, c.n_heads, &lo.rope)?;
-        b.rope(&mut k, c.n_kv_heads, &lo.rope)?;
+        if let Some(rope) = &lo.rope {
+            b.rope(&mut q, c.n_heads, rope)?;
+            b.rope(&mut k, c.n_kv_heads, rope)?;
+        }
         b.kv_write(l, &k, &v)?;
         b.attention(l, &q, lo.window, &mut attn)?;
         linear_of(b, &attn, &lw.wo, &mut proj)?;
         if let Some(norm) = &lw.attn_post_norm {
             b.rms_norm_inplace(&mut proj, norm, eps)?;
         }
+        scale_if(b, &mut proj, c.residual_scale)?;
         b.add(&mut x, &proj)?;
 
         // Feed-forward block: gate and up from the same normed input, the gated activation,
@@ -124,6 +136,7 @@ pub fn forward<B: Backend>(
         if let Some(norm) = &lw.ffn_post_norm {
             b.rms_norm_inplace(&mut proj, norm, eps)?;
         }
+        scale_if(b, &mut proj, c.residual_scale)?;
         b.add(&mut x, &proj)?;
     }
 
@@ -141,6 +154,7 @@ pub fn forward<B: Backend>(
         Some(output) => linear_of(b, &last, output, &mut logits)?,
         None => matmul_of(b, &last, &w.token_embd, &mut logits)?, // tied to the embedding
     }
+    scale_if(b, &mut logits, 1.0 / c.logit_scale)?;
     if let Some(cap) = c.final_logit_softcap {
         b.softcap(&mut logits, cap)?;
     }

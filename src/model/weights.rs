@@ -36,7 +36,44 @@ pub struct MatrixInfo {
 
 impl MatrixInfo {
     fn load(g: &GgufFile, name: &str, n_in: usize, n_out: usize) -> Result<MatrixInfo> {
-        let info = g.tensor(name)?.clone();
+        MatrixInfo::from_info(g.tensor(name)?.clone(), n_in, n_out)
+    }
+
+    /// Rows `[row0, row0 + n_out)` of the fused matrix `name` (a QKV or gate/up tensor), as a
+    /// matrix of its own: the same bytes in the file, a narrower view.
+    fn load_rows(
+        g: &GgufFile,
+        name: &str,
+        n_in: usize,
+        row0: usize,
+        n_out: usize,
+    ) -> Result<MatrixInfo> {
+        let info = g.tensor(name)?;
+        let rb = info.ttype.row_bytes(n_in);
+        if info.dims.len() != 2
+            || info.row_len() != n_in
+            || info.n_rows() < row0 + n_out
+            || rb.is_none()
+        {
+            bail!(
+                "tensor '{name}' has shape {:?}, expected [{n_in}, at least {}]",
+                info.dims,
+                row0 + n_out
+            );
+        }
+        let rb = rb.expect("checked above") as u64;
+        let view = TensorInfo {
+            name: format!("{name}[rows {row0}..{}]", row0 + n_out),
+            dims: vec![n_in as u64, n_out as u64],
+            ttype: info.ttype,
+            offset: info.offset + row0 as u64 * rb,
+            n_bytes: n_out as u64 * rb,
+        };
+        MatrixInfo::from_info(view, n_in, n_out)
+    }
+
+    fn from_info(info: TensorInfo, n_in: usize, n_out: usize) -> Result<MatrixInfo> {
+        let name = info.name.clone();
         if info.dims.len() != 2 || info.row_len() != n_in || info.n_rows() != n_out {
             bail!(
                 "tensor '{name}' has shape {:?}, expected [{n_in}, {n_out}]",
@@ -105,6 +142,26 @@ impl Linear<InFile> {
         };
         Ok(Linear { weight, bias })
     }
+
+    /// Rows `[row0, row0 + n_out)` of the fused `{name}.weight` (and of `{name}.bias`, if any).
+    fn load_rows(
+        g: &GgufFile,
+        name: &str,
+        n_in: usize,
+        row0: usize,
+        n_out: usize,
+    ) -> Result<Linear<InFile>> {
+        let weight = MatrixInfo::load_rows(g, &format!("{name}.weight"), n_in, row0, n_out)?;
+        let bias_name = format!("{name}.bias");
+        let bias = match g.find_tensor(&bias_name) {
+            Some(info) => {
+                let n = info.n_elements() as usize;
+                Some(load_vector(g, &bias_name, n)?[row0..row0 + n_out].to_vec())
+            }
+            None => None,
+        };
+        Ok(Linear { weight, bias })
+    }
 }
 
 /// The weights of one transformer block. The optional norms are there exactly when the
@@ -158,18 +215,49 @@ impl Weights<InFile> {
                 };
                 let norm = |name: &str, n| load_vector(g, &format!("blk.{i}.{name}.weight"), n);
                 let norm_if = |used: bool, name: &str, n| used.then(|| norm(name, n)).transpose();
+                // Q, K and V from one fused `attn_qkv` tensor (rows q, then k, then v) where the
+                // file has one, as llama.cpp's create_tensor_qkv; else three tensors.
+                let qkv = format!("blk.{i}.attn_qkv");
+                let (wq, wk, wv) = if g.find_tensor(&format!("{qkv}.weight")).is_some() {
+                    let (q, kv) = (c.q_dim(), c.kv_dim());
+                    (
+                        Linear::load_rows(g, &qkv, c.n_embd, 0, q)?,
+                        Linear::load_rows(g, &qkv, c.n_embd, q, kv)?,
+                        Linear::load_rows(g, &qkv, c.n_embd, q + kv, kv)?,
+                    )
+                } else {
+                    (
+                        linear("attn_q", c.n_embd, c.q_dim())?,
+                        linear("attn_k", c.n_embd, c.kv_dim())?,
+                        linear("attn_v", c.n_embd, c.kv_dim())?,
+                    )
+                };
+                // phi3: gate and up are one `ffn_up` of 2 * n_ff rows, gate first (ggml_swiglu
+                // of the fused product takes silu of its first half).
+                let up = format!("blk.{i}.ffn_up.weight");
+                let (w_gate, w_up) = if c.fused_gate_up {
+                    (
+                        MatrixInfo::load_rows(g, &up, c.n_embd, 0, c.n_ff)?,
+                        MatrixInfo::load_rows(g, &up, c.n_embd, c.n_ff, c.n_ff)?,
+                    )
+                } else {
+                    (
+                        m("ffn_gate", c.n_embd, c.n_ff)?,
+                        m("ffn_up", c.n_embd, c.n_ff)?,
+                    )
+                };
                 Ok(LayerWeights {
                     attn_norm: norm("attn_norm", c.n_embd)?,
-                    wq: linear("attn_q", c.n_embd, c.q_dim())?,
-                    wk: linear("attn_k", c.n_embd, c.kv_dim())?,
-                    wv: linear("attn_v", c.n_embd, c.kv_dim())?,
+                    wq,
+                    wk,
+                    wv,
                     attn_q_norm: norm_if(c.qk_norm, "attn_q_norm", c.head_dim)?,
                     attn_k_norm: norm_if(c.qk_norm, "attn_k_norm", c.head_dim)?,
                     wo: linear("attn_output", c.q_dim(), c.n_embd)?,
                     attn_post_norm: norm_if(c.post_norms, "post_attention_norm", c.n_embd)?,
                     ffn_norm: norm("ffn_norm", c.n_embd)?,
-                    w_gate: m("ffn_gate", c.n_embd, c.n_ff)?,
-                    w_up: m("ffn_up", c.n_embd, c.n_ff)?,
+                    w_gate,
+                    w_up,
                     w_down: m("ffn_down", c.n_ff, c.n_embd)?,
                     ffn_post_norm: norm_if(c.post_norms, "post_ffw_norm", c.n_embd)?,
                 })

@@ -1,0 +1,338 @@
+#!/usr/bin/env python3
+"""Synthetic GGUF models of each family edge-llm runs, and llama.cpp's logits on them.
+
+Each case is a small model (a few layers, small dimensions) with seeded random weights and a real
+vocabulary copied from one of our model files (SmolLM2's or Qwen2.5's), exercising the options of
+its family: QK-norm, fused QKV and gate/up tensors, partial rotary dimensions, NoPE layers, the
+granite multipliers, rope_freqs (llama3), yarn and linear rope scaling, biases, tied and separate
+outputs. The same seed gives the same bytes (each reference records the file's sha256, which the
+test checks before comparing).
+
+  synth.py models OUT_DIR
+      write every case's GGUF into OUT_DIR (what CI runs), the IQ-quantized ones included: their
+      block matrices are the bytes llama-quantize wrote, kept in tests/synth/iq/*.gguf.
+  synth.py refs LLAMA_LOGITS LLAMA_QUANTIZE OUT_DIR
+      write the GGUFs, quantize iq_base to every IQ type with llama-quantize (a synthetic
+      importance matrix where llama.cpp requires one) and keep its block matrices in
+      tests/synth/iq/, run llama.cpp (scripts/synth/llama_logits.cpp) on every file and write
+      tests/synth/<case>.json. scripts/synth/refs.sh builds the tools and runs this. LLAMA_QUANTIZE
+      "-" skips the IQ cases; case names after OUT_DIR limit the references written.
+
+Needs the `gguf` and `numpy` packages (scripts/synth/refs.sh and scripts/test.sh install them
+into an ignored venv). Run from the repository root.
+"""
+import functools
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import gguf
+
+SMOLLM2 = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+QWEN25 = "models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+N_TOKENS = 40  # positions evaluated; past every case's original context (16)
+N_PICKED = 96  # logits compared at these ids (plus each position's top ids)
+TOP_K = 8
+
+# Each case: the architecture, the vocabulary file and the options it exercises.
+CASES = {
+    "llama3_rope_freqs": dict(arch="llama", vocab=SMOLLM2, rope_freqs=True, freq_base=500000.0,
+                              tied=False),
+    "llama_yarn": dict(arch="llama", vocab=SMOLLM2, scaling=("yarn", 4.0), biases=True, tied=True),
+    "llama_linear": dict(arch="llama", vocab=SMOLLM2, scaling=("linear", 2.0), tied=True),
+    "qwen3": dict(arch="qwen3", vocab=QWEN25, qk_norm=True, head_dim=32, tied=True, neox=True),
+    "phi3": dict(arch="phi3", vocab=SMOLLM2, fused_qkv=True, fused_up=True, rope_dim=8, tied=False,
+                 n_kv_heads=4),
+    "smollm3": dict(arch="smollm3", vocab=SMOLLM2, n_layers=4, tied=True),
+    "granite": dict(arch="granite", vocab=SMOLLM2, granite=True, tied=True),
+    # The base of the IQ-quantized models: rows of 256 (the IQ super-block), one layer.
+    "iq_base": dict(arch="llama", vocab=SMOLLM2, n_embd=256, n_heads=4, n_kv_heads=1, n_ff=256,
+                    n_layers=1, tied=True),
+}
+
+IQ_TYPES = ["IQ4_NL", "IQ4_XS", "IQ3_S", "IQ3_XXS", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ1_M", "IQ1_S"]
+
+
+@functools.lru_cache(maxsize=None)
+def vocab_fields(path):
+    """The tokenizer.ggml.* fields of a model file, as (key, value type, value)."""
+    r = gguf.GGUFReader(path)
+    out = []
+    for key, f in r.fields.items():
+        if not key.startswith("tokenizer.ggml."):
+            continue
+        out.append((key, f.types, f.contents()))
+    return out
+
+
+def add_vocab(w, path):
+    n_vocab = 0
+    for key, types, value in vocab_fields(path):
+        t = types[0]
+        if t == gguf.GGUFValueType.ARRAY:
+            sub = types[1]
+            if key == "tokenizer.ggml.tokens":
+                n_vocab = len(value)
+            if sub == gguf.GGUFValueType.STRING:
+                w.add_array(key, value)
+            else:
+                w.add_key_value(key, np.asarray(value, dtype=np.int32).tolist(), t, sub_type=sub)
+        else:
+            w.add_key_value(key, value, t)
+    return n_vocab
+
+
+def build(case, out_path, blocks=None):
+    """Writes the case's GGUF; returns (n_vocab, the case's sequence of token ids). `blocks`: a
+    GGUF whose tensors replace the random ones of the same name, bytes and type as they are."""
+    c = CASES[case]
+    replace = {}
+    if blocks:
+        for t in gguf.GGUFReader(blocks).tensors:
+            replace[t.name] = (np.array(t.data), t.tensor_type)
+    seed = int(hashlib.sha256(case.encode()).hexdigest()[:8], 16)
+    rng = np.random.default_rng(seed)
+    arch = c["arch"]
+    n_embd = c.get("n_embd", 64)
+    n_heads = c.get("n_heads", 4)
+    n_kv_heads = c.get("n_kv_heads", 2)
+    head_dim = c.get("head_dim", n_embd // n_heads)
+    n_ff = c.get("n_ff", 128)
+    n_layers = c.get("n_layers", 2)
+    rope_dim = c.get("rope_dim", head_dim)
+    q_dim, kv_dim = n_heads * head_dim, n_kv_heads * head_dim
+
+    w = gguf.GGUFWriter(out_path, arch)
+    # (not the case name: llama.cpp special-cases model names containing "phi3")
+    w.add_name("edge-llm synthetic model")
+    w.add_context_length(64 if "scaling" not in c else 64)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layers)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_heads)
+    w.add_head_count_kv(n_kv_heads)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(c.get("freq_base", 10000.0))
+    if head_dim != n_embd // n_heads:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    w.add_rope_dimension_count(rope_dim)
+    if "scaling" in c:
+        kind, factor = c["scaling"]
+        w.add_rope_scaling_type(gguf.RopeScalingType(kind))
+        w.add_rope_scaling_factor(factor)
+        w.add_rope_scaling_orig_ctx_len(16)
+    if c.get("granite"):
+        w.add_embedding_scale(12.0)
+        w.add_residual_scale(0.22)
+        w.add_attention_scale(0.0078125 * 16)
+        w.add_logit_scale(8.0)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    n_vocab = add_vocab(w, c["vocab"])
+    add_tensor = w.add_tensor
+
+    def add(name, value):
+        if name in replace:
+            data, qtype = replace.pop(name)
+            add_tensor(name, data, raw_dtype=qtype)
+        else:
+            add_tensor(name, value)
+    w.add_tensor = add
+
+    def mat(n_out, n_in):  # [n_out][n_in], GGUF dims [n_in, n_out]
+        return (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
+
+    def norm(n):
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    def vec(n, s=0.1):
+        return (s * rng.standard_normal(n)).astype(np.float32)
+
+    embd = rng.standard_normal((n_vocab, n_embd)).astype(np.float32)
+    w.add_tensor("token_embd.weight", embd.astype(np.float16))
+    if c.get("rope_freqs"):
+        # llama3's per-dimension factors (Llama 3.1's formula with an original context of 16):
+        # 1 for high frequencies, 8 for low ones, smooth between.
+        base = c.get("freq_base", 10000.0)
+        freqs = base ** (-np.arange(0, rope_dim, 2, dtype=np.float64) / rope_dim)
+        wavelen = 2 * np.pi / freqs
+        lo, hi, factor, orig = 1.0, 4.0, 8.0, 16
+        smooth = (orig / wavelen - lo) / (hi - lo)
+        f = np.where(wavelen < orig / hi, 1.0, np.where(wavelen > orig / lo, factor,
+                                                        1.0 / ((1 - smooth) / factor + smooth)))
+        w.add_tensor("rope_freqs.weight", f.astype(np.float32))
+    for i in range(n_layers):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_norm.weight", norm(n_embd))
+        if c.get("fused_qkv"):
+            w.add_tensor(p + "attn_qkv.weight", mat(q_dim + 2 * kv_dim, n_embd))
+        else:
+            w.add_tensor(p + "attn_q.weight", mat(q_dim, n_embd))
+            w.add_tensor(p + "attn_k.weight", mat(kv_dim, n_embd))
+            w.add_tensor(p + "attn_v.weight", mat(kv_dim, n_embd))
+        if c.get("biases"):
+            w.add_tensor(p + "attn_q.bias", vec(q_dim))
+            w.add_tensor(p + "attn_k.bias", vec(kv_dim))
+            w.add_tensor(p + "attn_v.bias", vec(kv_dim))
+        if c.get("qk_norm"):
+            w.add_tensor(p + "attn_q_norm.weight", norm(head_dim))
+            w.add_tensor(p + "attn_k_norm.weight", norm(head_dim))
+        w.add_tensor(p + "attn_output.weight", mat(n_embd, q_dim))
+        w.add_tensor(p + "ffn_norm.weight", norm(n_embd))
+        if c.get("fused_up"):
+            w.add_tensor(p + "ffn_up.weight", mat(2 * n_ff, n_embd))
+        else:
+            w.add_tensor(p + "ffn_gate.weight", mat(n_ff, n_embd))
+            w.add_tensor(p + "ffn_up.weight", mat(n_ff, n_embd))
+        w.add_tensor(p + "ffn_down.weight", mat(n_embd, n_ff))
+    w.add_tensor("output_norm.weight", norm(n_embd))
+    if not c.get("tied"):
+        w.add_tensor("output.weight", mat(n_vocab, n_embd).astype(np.float16))
+    if replace:
+        sys.exit(f"{blocks}: tensors not in {case}: {sorted(replace)}")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    # Ordinary text tokens (ids past the control tokens), the same for every run.
+    tokens = rng.integers(100, min(n_vocab, 40000), size=N_TOKENS).tolist()
+    return n_vocab, tokens
+
+
+def sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def picked_ids(n_vocab):
+    return np.linspace(0, n_vocab - 1, N_PICKED).round().astype(int).tolist()
+
+
+def llama_logits(tool, model, tokens, picked):
+    out = subprocess.run([tool, model, ",".join(map(str, tokens)), ",".join(map(str, picked)),
+                          str(TOP_K), "128"], check=True, capture_output=True, text=True)
+    return json.loads(out.stdout)
+
+
+def llama_commit():
+    info = os.environ.get("LLAMA_CPP_COMMIT", "0c1e57098")
+    return f"ggml-org/llama.cpp {info} (PyPI sdist llama-cpp-python==0.3.36)"
+
+
+def write_ref(case, model_path, file_case, n_vocab, tokens, tool, extra):
+    picked = picked_ids(n_vocab)
+    ref = {
+        "case": case,
+        "file": os.path.basename(model_path),
+        "made_by": "scripts/synth/refs.sh (scripts/synth/synth.py refs)",
+        "llama_cpp": llama_commit() + ", CPU, one batch of all positions, flash attention off",
+        "sha256": sha256(model_path),
+        "base_case": file_case,
+        "tokens": tokens,
+        "picked_ids": picked,
+        **extra,
+        **llama_logits(tool, model_path, tokens, picked),
+    }
+    os.makedirs("tests/synth", exist_ok=True)
+    with open(f"tests/synth/{case}.json", "w") as f:
+        json.dump(ref, f, indent=None, separators=(",", ":"))
+        f.write("\n")
+    print(f"tests/synth/{case}.json")
+
+
+def write_imatrix(path, model_path, seed=7):
+    """A synthetic importance matrix (llama.cpp's legacy .dat layout): for each block matrix, one
+    positive weight per input column, as if from one call."""
+    rng = np.random.default_rng(seed)
+    entries = []
+    for t in gguf.GGUFReader(model_path).tensors:
+        if t.name.startswith("blk.") and len(t.shape) == 2:
+            n_in = int(t.shape[0])
+            entries.append((t.name, (0.5 + rng.random(n_in)).astype(np.float32)))
+    with open(path, "wb") as f:
+        f.write(np.int32(len(entries)).tobytes())
+        for name, values in entries:
+            f.write(np.int32(len(name)).tobytes() + name.encode())
+            f.write(np.int32(1).tobytes() + np.int32(len(values)).tobytes() + values.tobytes())
+        f.write(np.int32(1).tobytes())
+        dataset = b"synthetic"
+        f.write(np.int32(len(dataset)).tobytes() + dataset)
+
+
+def keep_blocks(quantized, out_path):
+    """The block matrices (blk.*, two-dimensional) of a llama-quantize output, as they are."""
+    r = gguf.GGUFReader(quantized)
+    w = gguf.GGUFWriter(out_path, "blocks")
+    kept = []
+    for t in r.tensors:
+        if t.name.startswith("blk.") and len(t.data.shape) == 2 and t.tensor_type not in (
+                gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
+            w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
+            kept.append(f"{t.name}:{t.tensor_type.name}")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return kept
+
+
+def iq_blocks(t):
+    return f"tests/synth/iq/iq_base-{t}.gguf"
+
+
+def main():
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    cmd = sys.argv[1]
+    if cmd == "models":
+        out = sys.argv[2]
+        os.makedirs(out, exist_ok=True)
+        for case in CASES:
+            build(case, os.path.join(out, f"{case}.gguf"))
+            print(os.path.join(out, f"{case}.gguf"))
+        for t in IQ_TYPES:
+            if os.path.exists(iq_blocks(t)):
+                build("iq_base", os.path.join(out, f"iq_base-{t}.gguf"), iq_blocks(t))
+                print(os.path.join(out, f"iq_base-{t}.gguf"))
+    elif cmd == "refs":
+        tool, quantize, out = sys.argv[2], sys.argv[3], sys.argv[4]
+        only = sys.argv[5:]
+        os.makedirs(out, exist_ok=True)
+        os.makedirs("tests/synth/iq", exist_ok=True)
+        for case in CASES:
+            wants_iq = not only or any(o.startswith("iq_base-") for o in only)
+            if only and case not in only and not (case == "iq_base" and wants_iq):
+                continue
+            path = os.path.join(out, f"{case}.gguf")
+            n_vocab, tokens = build(case, path)
+            if not only or case in only:
+                write_ref(case, path, case, n_vocab, tokens, tool, {})
+            if case != "iq_base" or quantize == "-":
+                continue
+            imatrix = os.path.join(out, "iq_base.imatrix")
+            write_imatrix(imatrix, path)
+            for t in IQ_TYPES:
+                if only and f"iq_base-{t}" not in only:
+                    continue
+                tmp = os.path.join(out, f"iq_base-{t}.quantized.gguf")
+                subprocess.run([quantize, "--imatrix", imatrix, "--token-embedding-type", "f16",
+                                path, tmp, t, "1"], check=True, capture_output=True)
+                kept = keep_blocks(tmp, iq_blocks(t))
+                qpath = os.path.join(out, f"iq_base-{t}.gguf")
+                build("iq_base", qpath, iq_blocks(t))
+                write_ref(f"iq_base-{t}", qpath, case, n_vocab, tokens, tool,
+                          {"llama_quantize": f"llama-quantize --imatrix (synthetic) "
+                                             f"--token-embedding-type f16 iq_base.gguf {t}",
+                           "block_types": kept})
+    else:
+        sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    main()
