@@ -211,7 +211,9 @@ impl Executor {
         match self {
             Executor::Cpu(m) => m.backend.kv_mut().write_block(id, bytes),
             #[cfg(feature = "cuda")]
-            Executor::Cuda(_) | Executor::CudaEmulated(_) => bail!("the disk tier does not reach the GPU's KV pool"),
+            Executor::Cuda(_) | Executor::CudaEmulated(_) => {
+                bail!("the disk tier does not reach the GPU's KV pool")
+            }
         }
     }
 }

@@ -22,8 +22,8 @@ pub mod constraint;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod device;
-pub mod flags;
 pub mod engine;
+pub mod flags;
 pub mod fuzz_entry;
 pub mod generate;
 pub mod gguf;

@@ -736,7 +736,11 @@ fn kernels_reject_unknown_types_and_partial_blocks_on_this_isa() {
             "{t}"
         );
         // The codebook IQ types have no quantizer: quantize answers EL_ERR_TYPE.
-        let quantize = if t.has_quantizer() { EL_OK } else { EL_ERR_TYPE };
+        let quantize = if t.has_quantizer() {
+            EL_OK
+        } else {
+            EL_ERR_TYPE
+        };
         assert_eq!(
             kernel_statuses(id, 2 * t.block_size()),
             [EL_OK, quantize, EL_OK, EL_OK],

@@ -137,7 +137,11 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     let mut engine_args = args.engine.clone();
     let per_seq = args.shared_prefix + args.n_prompt + args.n_gen + 1;
     if engine_args.ctx_size.is_none() {
-        let least = if args.prompt_file.is_some() { 4096 } else { 256 };
+        let least = if args.prompt_file.is_some() {
+            4096
+        } else {
+            256
+        };
         engine_args.ctx_size = Some(per_seq.max(least));
     }
     if engine_args.kv_mem.is_none() {

@@ -494,7 +494,12 @@ impl Worker {
         // Each ready sequence has one row of logits, and one more per proposed token.
         let drafts: Vec<Vec<u32>> = ready
             .iter()
-            .map(|&id| self.sched.get(id).map(|s| s.draft.clone()).unwrap_or_default())
+            .map(|&id| {
+                self.sched
+                    .get(id)
+                    .map(|s| s.draft.clone())
+                    .unwrap_or_default()
+            })
             .collect();
         let mut row = 0;
         for (&seq_id, draft) in ready.iter().zip(drafts) {

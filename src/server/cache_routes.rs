@@ -10,13 +10,13 @@ use axum::extract::State;
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::error::ApiError;
 use super::body::json_object;
-use crate::api::request::{self as params, Fields};
+use super::error::ApiError;
 use super::AppState;
+use crate::api::request::{self as params, Fields};
 use crate::chat_template::encode_prompt;
-use crate::prefix_cache::{pin_request, pinned_from};
 use crate::engine::{Event, SubmitError};
+use crate::prefix_cache::{pin_request, pinned_from};
 
 /// A pinned prompt, as `GET /v1/cache` lists it.
 #[derive(Clone, Debug)]
