@@ -11,6 +11,9 @@ use super::commands::PerplexityArgs;
 use crate::device::Device;
 use crate::model::Model;
 
+const HEADER: &str = "chunk             PPL               ln(PPL(Q)/PPL(base))          \
+     KL Divergence              Δp RMS            Same top p";
+
 pub fn compare(
     model: &Model,
     device: Device,
@@ -18,9 +21,6 @@ pub fn compare(
     text: Option<&str>,
     args: &PerplexityArgs,
 ) -> Result<()> {
-    eprintln!(
-        "chunk             PPL               ln(PPL(Q)/PPL(base))          KL Divergence              Δp RMS            Same top p"
-    );
     let stats = crate::kl_divergence::compare_with_base(
         model,
         device,
@@ -28,7 +28,13 @@ pub fn compare(
         Some(args.ctx_size),
         text,
         args.chunks,
-        |s| eprintln!("{}", s.chunk_line()),
+        |s| {
+            // After the first chunk, so that a bad base file's error stays one line.
+            if s.num_chunks == 1 {
+                eprintln!("{HEADER}");
+            }
+            eprintln!("{}", s.chunk_line())
+        },
     )?;
     eprintln!();
     let mut out = std::io::stdout().lock();
