@@ -76,7 +76,7 @@ fn stat(report: &str, label: &str) -> f64 {
         .unwrap_or_else(|| panic!("no {label:?} line in:\n{report}"));
     line[label.len()..]
         .trim()
-        .split(|c: char| c == ' ' || c == '%')
+        .split([' ', '%'])
         .next()
         .unwrap()
         .parse()
@@ -123,7 +123,7 @@ fn base_written_and_read_back_is_the_model_against_itself() {
     let (n_ctx, n_vocab, n_chunk) = (i32_at(&bytes, 8), i32_at(&bytes, 12), i32_at(&bytes, 16));
     assert_eq!((n_ctx, n_chunk), (128, 3));
     assert_eq!(n_vocab as usize, support::model().config.vocab_size);
-    let nv = 2 * ((n_vocab as usize + 1) / 2) + 4;
+    let nv = 2 * (n_vocab as usize).div_ceil(2) + 4;
     assert_eq!(bytes.len(), 20 + 4 * 128 * 3 + 3 * 63 * nv * 2);
     let tokens: Vec<u32> = (0..128 * 3)
         .map(|i| i32_at(&bytes, 20 + 4 * i) as u32)
