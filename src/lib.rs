@@ -32,6 +32,7 @@ pub mod kv_cache;
 pub mod kv_events;
 pub mod memory;
 pub mod model;
+pub mod kl_divergence;
 pub mod perplexity;
 pub mod prefix_cache;
 pub mod sampler;

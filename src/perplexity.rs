@@ -59,6 +59,38 @@ pub fn perplexity_on(
     max_chunks: Option<usize>,
     mut on_chunk: impl FnMut(&PerplexityStats),
 ) -> Result<PerplexityStats> {
+    let tokens = chunk_tokens(model, text, n_ctx, max_chunks)?;
+    let vocab = model.config.vocab_size;
+    let mut stats = PerplexityStats::default();
+    for_each_chunk(model, device, &tokens, n_ctx, |chunk, logits| {
+        let targets = &tokens[chunk * n_ctx + n_ctx / 2 + 1..(chunk + 1) * n_ctx];
+        for (row, &target) in logits.chunks_exact(vocab).zip(targets) {
+            stats.add(-log_softmax_at(row, target as usize));
+        }
+        stats.num_chunks = chunk + 1;
+        on_chunk(&stats);
+        Ok(())
+    })?;
+    Ok(stats)
+}
+
+impl PerplexityStats {
+    /// Counts one scored token with negative log-likelihood `nll`.
+    pub fn add(&mut self, nll: f64) {
+        self.nll += nll;
+        self.nll2 += nll * nll;
+        self.count += 1;
+    }
+}
+
+/// The tokens perplexity scores: `text` tokenized once (BOS first when the model adds one),
+/// cut to whole chunks of `n_ctx` tokens, at most `max_chunks` of them.
+pub fn chunk_tokens(
+    model: &Model,
+    text: &str,
+    n_ctx: usize,
+    max_chunks: Option<usize>,
+) -> Result<Vec<u32>> {
     if n_ctx < 8 {
         bail!("context size {n_ctx} is too small for perplexity (at least 8)");
     }
@@ -67,7 +99,7 @@ pub fn perplexity_on(
     }
     let tok = &model.tokenizer;
     let add_bos = tok.add_bos_default();
-    let tokens = match max_chunks {
+    let mut tokens = match max_chunks {
         // Only as much text as the chunks need (a large file is not tokenized whole).
         Some(m) => encode_prefix(tok, text, add_bos, m.max(2).saturating_mul(n_ctx))?,
         None => tok.encode(text, add_bos, false)?,
@@ -83,30 +115,35 @@ pub fn perplexity_on(
     if let Some(m) = max_chunks {
         num_chunks = num_chunks.min(m);
     }
+    tokens.truncate(num_chunks * n_ctx);
+    Ok(tokens)
+}
+
+/// Runs every chunk of `n_ctx` tokens in `tokens` (each alone, its first token replaced by BOS
+/// when the model adds one) and calls `on_chunk(chunk, logits)` with the logits of the
+/// positions `n_ctx/2 .. n_ctx-1` (the ones that predict the scored second half), row after row.
+pub fn for_each_chunk(
+    model: &Model,
+    device: Device,
+    tokens: &[u32],
+    n_ctx: usize,
+    mut on_chunk: impl FnMut(usize, &[f32]) -> Result<()>,
+) -> Result<()> {
+    let tok = &model.tokenizer;
+    let bos = tok.bos_id().filter(|_| tok.add_bos_default());
     let first = n_ctx / 2;
     let vocab = model.config.vocab_size;
     let mut runner = SequenceRunner::on(model, n_ctx, crate::generate::DEFAULT_BLOCK_SIZE, device)?;
-    let mut stats = PerplexityStats::default();
-    for chunk in 0..num_chunks {
-        let mut input = tokens[chunk * n_ctx..(chunk + 1) * n_ctx].to_vec();
-        if add_bos {
-            if let Some(bos) = tok.bos_id() {
-                input[0] = bos;
-            }
+    for (chunk, input) in tokens.chunks_exact(n_ctx).enumerate() {
+        let mut input = input.to_vec();
+        if let Some(bos) = bos {
+            input[0] = bos;
         }
         runner.reset();
         let logits = runner.eval(&input, true)?;
-        for i in first..n_ctx - 1 {
-            let target = tokens[chunk * n_ctx + i + 1] as usize;
-            let nll = -log_softmax_at(&logits[i * vocab..(i + 1) * vocab], target);
-            stats.nll += nll;
-            stats.nll2 += nll * nll;
-            stats.count += 1;
-        }
-        stats.num_chunks = chunk + 1;
-        on_chunk(&stats);
+        on_chunk(chunk, &logits[first * vocab..(n_ctx - 1) * vocab])?;
     }
-    Ok(stats)
+    Ok(())
 }
 
 /// The first `need` tokens of `text` (or all, if it has fewer), tokenizing growing prefixes:

@@ -248,9 +248,9 @@ pub struct PerplexityArgs {
     pub model: ModelArgs,
     #[command(flatten)]
     pub threads: ThreadArgs,
-    /// The text file to score.
-    #[arg(short = 'f', long = "file")]
-    pub file: PathBuf,
+    /// The text file to score (with --kl-divergence: optional, checked against the base's tokens).
+    #[arg(short = 'f', long = "file", required_unless_present = "kl_divergence")]
+    pub file: Option<PathBuf>,
     /// Tokens per chunk.
     #[arg(short = 'c', long = "ctx-size", default_value_t = 512)]
     pub ctx_size: usize,
@@ -260,6 +260,14 @@ pub struct PerplexityArgs {
     /// Where the model runs: cuda when built with it and a GPU is usable (auto), or cpu, or cuda.
     #[arg(long = "device", value_enum, default_value_t = Device::Auto)]
     pub device: Device,
+    /// llama.cpp's log-probabilities file: written here (the base model's run), or read with
+    /// --kl-divergence.
+    #[arg(long = "kl-divergence-base", value_name = "FILE")]
+    pub kl_divergence_base: Option<PathBuf>,
+    /// Compare with the --kl-divergence-base file instead of writing it: KL divergence, same
+    /// top token, perplexity ratio, as llama-perplexity --kl-divergence prints them.
+    #[arg(long = "kl-divergence", requires = "kl_divergence_base")]
+    pub kl_divergence: bool,
 }
 
 pub fn perplexity(args: &PerplexityArgs) -> Result<()> {
@@ -275,15 +283,41 @@ pub fn perplexity(args: &PerplexityArgs) -> Result<()> {
     args.threads.init()?;
     // Before the file is read and tokenized, so a bad --device fails at once.
     let device = args.device.resolve()?;
-    let text =
-        std::fs::read(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
-    let text = String::from_utf8_lossy(&text);
+    let text = match &args.file {
+        Some(file) => {
+            let text =
+                std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
+            Some(String::from_utf8_lossy(&text).into_owned())
+        }
+        None => None,
+    };
     let model = args.model.load()?;
     let started = std::time::Instant::now();
-    let stats =
-        crate::perplexity::perplexity_on(&model, device, &text, args.ctx_size, args.chunks, |s| {
-            eprint!("[{}]{:.4},", s.num_chunks, s.ppl());
-        })?;
+    if let (Some(base), true) = (&args.kl_divergence_base, args.kl_divergence) {
+        return super::kl_divergence::compare(&model, device, base, text.as_deref(), args);
+    }
+    let text = text.unwrap_or_default();
+    let show =
+        |s: &crate::perplexity::PerplexityStats| eprint!("[{}]{:.4},", s.num_chunks, s.ppl());
+    let stats = match &args.kl_divergence_base {
+        Some(base) => crate::kl_divergence::write_base(
+            &model,
+            device,
+            &text,
+            args.ctx_size,
+            args.chunks,
+            base,
+            show,
+        )?,
+        None => crate::perplexity::perplexity_on(
+            &model,
+            device,
+            &text,
+            args.ctx_size,
+            args.chunks,
+            show,
+        )?,
+    };
     eprintln!();
     eprintln!(
         "{} chunks of {} tokens in {:.1} s ({:.1} tokens/s)",

@@ -9,6 +9,7 @@ mod bench_spec;
 mod chat;
 mod commands;
 mod constrain;
+mod kl_divergence;
 mod jsonl;
 
 use anyhow::Result;
