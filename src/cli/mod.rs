@@ -9,8 +9,8 @@ mod bench_spec;
 mod chat;
 mod commands;
 mod constrain;
-mod kl_divergence;
 mod jsonl;
+mod kl_divergence;
 
 use anyhow::Result;
 
