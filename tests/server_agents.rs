@@ -20,23 +20,9 @@ use serde_json::{json, Value};
 
 const QWEN: &str = "models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
 
-fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true")
-}
-
 /// Qwen2.5 Coder 0.5B's path; None (printing why) outside CI when it is missing.
 fn thinking_server_model() -> Option<PathBuf> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(QWEN);
-    if !path.is_file() {
-        assert!(
-            !in_ci(),
-            "{} is missing (scripts/fetch-extra-models.sh)",
-            path.display()
-        );
-        eprintln!("skipping: {} is missing", path.display());
-        return None;
-    }
-    Some(path)
+    qwen_path()
 }
 
 fn thinking_server() -> Option<Server> {

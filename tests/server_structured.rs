@@ -13,23 +13,12 @@ use std::process::Command;
 use harness::*;
 use serde_json::{json, Value};
 
-const QWEN: &str = "models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
-
 fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true")
 }
 
 fn qwen_server() -> Option<Server> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(QWEN);
-    if !path.is_file() {
-        assert!(
-            !in_ci(),
-            "{} is missing (scripts/fetch-extra-models.sh)",
-            path.display()
-        );
-        eprintln!("skipping: {} is missing", path.display());
-        return None;
-    }
+    let path = qwen_path()?;
     Server::start(&["-m", path.to_str().unwrap(), "-c", "2048"])
 }
 

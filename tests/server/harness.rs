@@ -17,15 +17,28 @@ use serde_json::{json, Value};
 pub static ONE_SERVER_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 pub fn model_path() -> Option<PathBuf> {
-    let p =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    model_file(
+        "models/SmolLM2-135M-Instruct.Q4_1.gguf",
+        "scripts/fetch-model.sh",
+    )
+}
+
+/// Qwen2.5 Coder 0.5B, the model of the tool and reasoning tests.
+pub fn qwen_path() -> Option<PathBuf> {
+    model_file(
+        "models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        "scripts/fetch-extra-models.sh",
+    )
+}
+
+/// The model file `rel` in the source tree; None (see [`skip_or_fail`]) when `fetch` has not
+/// been run.
+fn model_file(rel: &str, fetch: &str) -> Option<PathBuf> {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel);
     if p.is_file() {
         Some(p)
     } else {
-        skip_or_fail(&format!(
-            "{} is missing (run scripts/fetch-model.sh)",
-            p.display()
-        ));
+        skip_or_fail(&format!("{} is missing (run {fetch})", p.display()));
         None
     }
 }
