@@ -121,15 +121,26 @@ fn ttft_ms(usage_log: &str) -> u64 {
         .expect("a ttft in the log line")
 }
 
+/// The ttft of the server's last chat request. The server writes a request's log line after the
+/// reply has gone out, so the line may land a moment after the client has read the reply: wait for it
+/// (a hang guard, not a timing assumption).
 fn last_ttft(server: &Server) -> u64 {
-    let log = server.log_text();
-    let line = log
-        .lines()
-        .filter(|l| l.contains("POST /v1/chat/completions"))
-        .next_back()
-        .expect("a request log line")
-        .to_string();
-    ttft_ms(&line)
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let log = server.log_text();
+        let line = log
+            .lines()
+            .filter(|l| l.contains("POST /v1/chat/completions"))
+            .next_back()
+            .map(str::to_string);
+        match line {
+            Some(line) => return ttft_ms(&line),
+            None if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            None => panic!("no request log line within 30 s:\n{log}"),
+        }
+    }
 }
 
 #[test]
