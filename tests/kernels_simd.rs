@@ -824,3 +824,123 @@ fn paged_attention_matches_the_definition() {
         }
     }
 }
+
+// ---- The IQ types (csrc/quants_iq_avx2.c, quants_iq_neon.c) ---------------------------------
+
+const IQ_TYPES: [TensorType; 9] = [
+    TensorType::IQ4_NL,
+    TensorType::IQ4_XS,
+    TensorType::IQ3_S,
+    TensorType::IQ3_XXS,
+    TensorType::IQ2_XXS,
+    TensorType::IQ2_XS,
+    TensorType::IQ2_S,
+    TensorType::IQ1_S,
+    TensorType::IQ1_M,
+];
+
+/// `n_blocks` IQ blocks of random bytes (every byte pattern is a valid block: any index selects
+/// a grid point, any bit a sign or a scale) with a finite f16 super-scale of either sign; every
+/// eighth block is all ones but the scale (the largest sub-scales and indices: the integer sums'
+/// worst case).
+fn iq_blocks(t: TensorType, n_blocks: usize, rng: &mut Rng) -> Vec<u8> {
+    let bb = t.block_bytes();
+    let mut out: Vec<u8> = (0..n_blocks * bb).map(|_| rng.next_u64() as u8).collect();
+    for (i, block) in out.chunks_exact_mut(bb).enumerate() {
+        if i % 8 == 7 {
+            block.fill(0xff);
+        }
+        let sign = if rng.below(2) == 0 { 1.0 } else { -1.0 };
+        let d = half::f16::from_f32(sign * (1e-3 + 0.05 * rng.uniform() as f32)).to_bits();
+        if t == TensorType::IQ1_M {
+            // The super-scale's four nibbles sit in the top nibbles of the four scale words.
+            let scales = &mut block[48..56];
+            for k in 0..4 {
+                let word = u16::from_le_bytes([scales[2 * k], scales[2 * k + 1]]);
+                let word = (word & 0x0fff) | (((d >> (4 * k)) & 0xf) << 12);
+                scales[2 * k..2 * k + 2].copy_from_slice(&word.to_le_bytes());
+            }
+        } else {
+            block[..2].copy_from_slice(&d.to_le_bytes());
+        }
+    }
+    out
+}
+
+/// Activation rows for the IQ tests: normal data with outliers, uniform data, and rows of +-1
+/// (every quant +-127, the largest products) in turn.
+fn iq_activations(rng: &mut Rng, n: usize, k: usize) -> Vec<f32> {
+    match k % 3 {
+        0 => test_data(rng, n),
+        1 => uniform_data(rng, n),
+        _ => (0..n)
+            .map(|_| if rng.below(2) == 0 { 1.0 } else { -1.0 })
+            .collect(),
+    }
+}
+
+#[test]
+fn iq_vec_dot_is_bit_identical_to_the_reference() {
+    let _guard = lock_isa();
+    let mut rng = Rng(31);
+    let isas = simd_isas();
+    for t in IQ_TYPES {
+        for n in [256usize, 512, 1536, 4864] {
+            for k in 0..12 {
+                let w = iq_blocks(t, n / t.block_size(), &mut rng);
+                let x = iq_activations(&mut rng, n, k);
+                let a = on(Isa::Scalar, || quantize_rows(t.vec_dot_type(), &x, n));
+                let want = on(Isa::Scalar, || vec_dot(t, n, &w, &a));
+                assert!(want.is_finite(), "{t}: the reference gave {want}");
+                for &isa in &isas {
+                    let got = on(isa, || vec_dot(t, n, &w, &a));
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "{isa} {t} vec_dot over {n} (case {k}): {got} vs the reference's {want}"
+                    );
+                }
+            }
+        }
+    }
+    eprintln!("IQ vec_dot checked on {isas:?}");
+}
+
+#[test]
+fn iq_matmul_equals_vec_dot_on_every_isa() {
+    // Every tile shape, partial tiles included; every element equals the reference's vec_dot.
+    let _guard = lock_isa();
+    let mut rng = Rng(32);
+    for t in IQ_TYPES {
+        let n_in = 512;
+        let rows = *MM_BATCHES.iter().max().unwrap();
+        let w = iq_blocks(t, MM_N_OUT * n_in / t.block_size(), &mut rng);
+        let x = iq_activations(&mut rng, rows * n_in, 0);
+        let a = on(Isa::Scalar, || quantize_rows(t.vec_dot_type(), &x, n_in));
+        let (w_rb, a_rb) = (w.len() / MM_N_OUT, a.len() / rows);
+        let want: Vec<f32> = on(Isa::Scalar, || {
+            (0..rows * MM_N_OUT)
+                .map(|i| {
+                    let (r, o) = (i / MM_N_OUT, i % MM_N_OUT);
+                    vec_dot(t, n_in, &w[o * w_rb..][..w_rb], &a[r * a_rb..][..a_rb])
+                })
+                .collect()
+        });
+        for isa in available_isas() {
+            set_isa(isa).unwrap();
+            for n_rows in MM_BATCHES {
+                let mut out = vec![f32::NAN; n_rows * MM_N_OUT];
+                matmul(t, &w, n_in, MM_N_OUT, &a[..n_rows * a_rb], n_rows, &mut out);
+                if let Some(d) = first_difference(&out, &want[..n_rows * MM_N_OUT]) {
+                    panic!(
+                        "{isa} {t} batch of {n_rows}: row {} output {} is {}, the reference's {}",
+                        d.0 / MM_N_OUT,
+                        d.0 % MM_N_OUT,
+                        d.1,
+                        d.2
+                    );
+                }
+            }
+        }
+    }
+}
