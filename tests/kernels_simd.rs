@@ -24,7 +24,7 @@ use edge_llm::generate::SequenceRunner;
 use edge_llm::kernels::{
     available_isas, current_isa, glu_inplace, isa_available, kv_write, matmul, matmul_x8,
     paged_attention, quantize_rows, repack_x8, rms_norm, rope, set_isa, vec_dot, Activation,
-    AttentionBatch, AttentionShape, Isa, Rope, RopeStyle,
+    AttentionBatch, AttentionShape, FreqFactors, Isa, Rope, RopeStyle, Yarn,
 };
 use edge_llm::tensor_type::TensorType;
 
@@ -939,6 +939,52 @@ fn iq_matmul_equals_vec_dot_on_every_isa() {
                         d.1,
                         d.2
                     );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn rope_ext_is_bit_identical_to_the_reference() {
+    // llama3's frequency factors, YaRN, both, on every head shape the plain rope test uses.
+    let _guard = lock_isa();
+    let mut rng = Rng(33);
+    for isa in simd_isas() {
+        for style in [RopeStyle::Normal, RopeStyle::Neox] {
+            for (head_dim, rope_dim) in [(64, 64), (128, 128), (80, 80), (64, 32), (6, 6), (96, 94)] {
+                let factors: Vec<f32> = (0..rope_dim / 2)
+                    .map(|i| 1.0 + (i % 5) as f32 * 1.75)
+                    .collect();
+                for (with_factors, with_yarn) in [(true, false), (false, true), (true, true)] {
+                    let r = Rope {
+                        head_dim,
+                        rope_dim,
+                        freq_base: 500_000.0,
+                        freq_scale: if with_yarn { 0.25 } else { 1.0 },
+                        style,
+                        freq_factors: with_factors.then(|| FreqFactors::new(&factors).unwrap()),
+                        yarn: with_yarn.then(|| Yarn::new(rope_dim, 4096, 500_000.0, 0.25)),
+                    };
+                    let n_heads = 3;
+                    let pos: Vec<i32> = vec![0, 1, 17, 4095, 16_000, 123_456];
+                    let x = test_data(&mut rng, pos.len() * n_heads * head_dim);
+                    let run = |isa| {
+                        on(isa, || {
+                            let mut y = x.clone();
+                            rope(&mut y, &pos, n_heads, &r);
+                            y
+                        })
+                    };
+                    let (want, got) = (run(Isa::Scalar), run(isa));
+                    assert!(want != x, "the rope changed nothing");
+                    if let Some(d) = first_difference(&got, &want) {
+                        panic!(
+                            "{isa} rope_ext {style:?} {head_dim}/{rope_dim} factors {with_factors} yarn {with_yarn}: \
+                             element {} is {}, the reference's {}",
+                            d.0, d.1, d.2
+                        );
+                    }
                 }
             }
         }
