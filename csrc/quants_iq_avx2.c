@@ -81,10 +81,31 @@ EL_AI __m256i grid4(const uint64_t *grid, const int i0, const int i1, const int 
     return _mm256_setr_epi64x((long long)grid[i0], (long long)grid[i1], (long long)grid[i2], (long long)grid[i3]);
 }
 
-/* Four 7-bit sign indices (bits 0, 7, 14, 21 of v) as four sign bytes with their parity bit. */
-EL_AI uint32_t ksigns4(const uint32_t v) {
-    return (uint32_t)el_ksigns_iq2xs[v & 127] | (uint32_t)el_ksigns_iq2xs[(v >> 7) & 127] << 8 |
-           (uint32_t)el_ksigns_iq2xs[(v >> 14) & 127] << 16 | (uint32_t)el_ksigns_iq2xs[(v >> 21) & 127] << 24;
+/* The eight sign bytes (+1, or -1 = 0xFF) of each 7-bit sign index: ksigns_iq2xs[i] = i with a
+ * parity bit 7, bit j the sign of element j. */
+#define KS_BITS(i) ((i) | (((i) ^ (i) >> 1 ^ (i) >> 2 ^ (i) >> 3 ^ (i) >> 4 ^ (i) >> 5 ^ (i) >> 6) & 1) << 7)
+#define KS_BYTE(i, j) ((uint64_t)((KS_BITS(i) >> (j)) & 1 ? 0xFF : 0x01) << 8 * (j))
+#define KS(i)                                                                                                    \
+    (KS_BYTE(i, 0) | KS_BYTE(i, 1) | KS_BYTE(i, 2) | KS_BYTE(i, 3) | KS_BYTE(i, 4) | KS_BYTE(i, 5) |            \
+     KS_BYTE(i, 6) | KS_BYTE(i, 7))
+#define KS4(i) KS(i), KS((i) + 1), KS((i) + 2), KS((i) + 3)
+#define KS16(i) KS4(i), KS4((i) + 4), KS4((i) + 8), KS4((i) + 12)
+static const uint64_t ksign_bytes[128] = {KS16(0),  KS16(16), KS16(32), KS16(48),
+                                          KS16(64), KS16(80), KS16(96), KS16(112)};
+#undef KS16
+#undef KS4
+#undef KS
+#undef KS_BYTE
+#undef KS_BITS
+
+/* Unsigned grid bytes with four 7-bit sign indices (bits 0, 7, 14, 21 of v), one per 8 elements. */
+EL_AI iq_run ksign_run(const __m256i grid, const uint32_t v, const __m256i sc) {
+    iq_run r;
+    r.u = grid;
+    r.s = _mm256_setr_epi64x((long long)ksign_bytes[v & 127], (long long)ksign_bytes[(v >> 7) & 127],
+                             (long long)ksign_bytes[(v >> 14) & 127], (long long)ksign_bytes[(v >> 21) & 127]);
+    r.sc = sc;
+    return r;
 }
 
 /* The 32 nibbles of 16 bytes (element j low nibble, j + 16 high) through kvalues_iq4nl. */
@@ -113,7 +134,7 @@ EL_AI iq_run iq_decode_run(const int type, const uint8_t *blk, const int b) {
     case EL_TYPE_IQ2_XXS: {
         const uint8_t *q = blk + 2 + 8 * b;
         const uint32_t aux1 = el_load_u32(q + 4);
-        return grid_run(grid4(el_iq2xxs_grid, q[0], q[1], q[2], q[3]), ksigns4(aux1), ls32(2 * (int)(aux1 >> 28) + 1));
+        return ksign_run(grid4(el_iq2xxs_grid, q[0], q[1], q[2], q[3]), aux1, ls32(2 * (int)(aux1 >> 28) + 1));
     }
     case EL_TYPE_IQ2_XS: {
         const el_block_iq2_xs *x = (const el_block_iq2_xs *)blk;
@@ -122,7 +143,7 @@ EL_AI iq_run iq_decode_run(const int type, const uint8_t *blk, const int b) {
         const uint32_t signs = (uint32_t)v[0] >> 9 | ((uint32_t)v[1] >> 9) << 7 | ((uint32_t)v[2] >> 9) << 14 |
                                ((uint32_t)v[3] >> 9) << 21;
         const int sc = x->scales[b];
-        return grid_run(grid4(el_iq2xs_grid, v[0] & 511, v[1] & 511, v[2] & 511, v[3] & 511), ksigns4(signs),
+        return ksign_run(grid4(el_iq2xs_grid, v[0] & 511, v[1] & 511, v[2] & 511, v[3] & 511), signs,
                         ls16(2 * (sc & 0xf) + 1, 2 * (sc >> 4) + 1));
     }
     case EL_TYPE_IQ2_S: {
@@ -141,7 +162,7 @@ EL_AI iq_run iq_decode_run(const int type, const uint8_t *blk, const int b) {
                                                (int)el_iq3xxs_grid[q[4]], (int)el_iq3xxs_grid[q[5]],
                                                (int)el_iq3xxs_grid[q[6]], (int)el_iq3xxs_grid[q[7]]);
         const uint32_t aux = el_load_u32(x->qs + QK_K / 4 + 4 * b);
-        return grid_run(grid, ksigns4(aux), ls32(2 * (int)(aux >> 28) + 1));
+        return ksign_run(grid, aux, ls32(2 * (int)(aux >> 28) + 1));
     }
     case EL_TYPE_IQ3_S: {
         const el_block_iq3_s *x = (const el_block_iq3_s *)blk;
