@@ -952,7 +952,8 @@ fn rope_ext_is_bit_identical_to_the_reference() {
     let mut rng = Rng(33);
     for isa in simd_isas() {
         for style in [RopeStyle::Normal, RopeStyle::Neox] {
-            for (head_dim, rope_dim) in [(64, 64), (128, 128), (80, 80), (64, 32), (6, 6), (96, 94)] {
+            for (head_dim, rope_dim) in [(64, 64), (128, 128), (80, 80), (64, 32), (6, 6), (96, 94)]
+            {
                 let factors: Vec<f32> = (0..rope_dim / 2)
                     .map(|i| 1.0 + (i % 5) as f32 * 1.75)
                     .collect();
