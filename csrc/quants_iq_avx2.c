@@ -8,8 +8,8 @@
  * step per super-block, sum += (d * a.d) * (float)isum, then scales the result by the type's
  * power of two (IQ4_NL: one float step per 32-element block, no factor). Here a run of 32 elements
  * is decoded into 32 signed int8 quants -- as magnitudes |q| and a sign source s (sign(s) =
- * sign(q)) -- straight from the codebooks (8-byte grid points gathered by index, sign bits
- * expanded to bytes); maddubs(|q|, sign(a, s)) gives 16-bit pair sums, madd against the run's
+ * sign(q)) -- straight from the codebooks (8-byte grid points gathered by index; sign bytes
+ * from a table of the 128 sign indices, or explicit sign bits expanded to bytes); maddubs(|q|, sign(a, s)) gives 16-bit pair sums, madd against the run's
  * 16-bit ls (one per 16 elements) gives 32-bit lanes, exact. A tile keeps one 32-bit lane per
  * output (lane p = r * C + c, simd_avx2.h) and does the float step lane-wise, so each output is
  * the reference's to the bit and matmul equals vec_dot whatever the batch.
