@@ -8,9 +8,15 @@
  * of 16 or 32 elements, x[e] = scale[e / group] * q[e], with the scale computed exactly as llama.cpp's
  * dequantize_row_iq* computes its factor (so dequantization reproduces it bit for bit: q is the
  * grid value with its sign, exact in a float; IQ1's +-1/8 shift is carried as 8 * grid +- 1 with
- * the scale divided by 8, which rounds the same product once). The dot product then sums
- * q[e] * a[e] in integers per group and scales each group's sum in float, like ggml's generic
- * kernels (whose float order differs: results agree within rounding, not bit for bit).
+ * the scale divided by 8, which rounds the same product once).
+ *
+ * The dot product works on a second, integer form of the same scales: scale[g] = d * ls[g] * k
+ * with ls[g] a small integer and k a power of two (k = 1, 1/4 or 1/8). Per super-block
+ *     isum = sum_g ls[g] * sum_{e in g} q[e] * a[e]     (exact in int32),
+ *     sum += (d * a.d) * (float)isum,
+ * and the result is k * sum (exact: a power of two) -- as ggml's generic kernels sum the IQ2/IQ3
+ * types. One float operation per super-block whatever the group size, so the SIMD variants
+ * (quants_iq_avx2.c, quants_iq_neon.c) reproduce it bit for bit with integer vector sums.
  */
 #include <math.h>
 #include <string.h>
@@ -26,7 +32,20 @@ typedef struct {
     int group; /* elements per scale: 16 or 32 */
     float scale[QK_K / 16];
     int8_t q[QK_K];
+    /* The dot product's integer form: scale[g] = d * ls[g] * k (k the type's IQ_DOT_* factor). */
+    float d;
+    int16_t ls[QK_K / 16];
 } iq_decoded;
+
+/* The power-of-two factor k of each type's scales (see the top). */
+#define IQ_DOT_iq4_xs 1.0f
+#define IQ_DOT_iq3_s 1.0f
+#define IQ_DOT_iq3_xxs 0.25f
+#define IQ_DOT_iq2_xxs 0.125f
+#define IQ_DOT_iq2_xs 0.125f
+#define IQ_DOT_iq2_s 0.125f
+#define IQ_DOT_iq1_s 0.125f
+#define IQ_DOT_iq1_m 0.125f
 
 /* Byte j of a grid entry. */
 static inline uint8_t grid_byte(uint64_t entry, int j) { return (uint8_t)(entry >> (8 * j)); }
@@ -52,10 +71,12 @@ static void decode_iq4_xs(const void *vx, iq_decoded *out) {
     out->n = QK_K;
     out->group = 32;
     const float d = el_fp16_to_fp32(x->d);
+    out->d = d;
     const uint8_t *qs = x->qs;
     for (int ib = 0; ib < QK_K / 32; ib++) {
         const int ls = ((x->scales_l[ib / 2] >> 4 * (ib % 2)) & 0xf) | (((x->scales_h >> 2 * ib) & 3) << 4);
         out->scale[ib] = d * (float)(ls - 32);
+        out->ls[ib] = (int16_t)(ls - 32);
         int8_t *q = out->q + 32 * ib;
         for (int j = 0; j < 16; j++) {
             q[j] = el_kvalues_iq4nl[qs[j] & 0xf];
@@ -70,11 +91,13 @@ static void decode_iq2_xxs(const void *vx, iq_decoded *out) {
     out->n = QK_K;
     out->group = 32;
     const float d = el_fp16_to_fp32(x->d);
+    out->d = d;
     for (int ib = 0; ib < QK_K / 32; ib++) {
         uint32_t aux[2];
         memcpy(aux, x->qs + 4 * ib, sizeof(aux));
         const uint8_t *idx = (const uint8_t *)&aux[0];
         out->scale[ib] = d * (0.5f + (float)(aux[1] >> 28)) * 0.25f;
+        out->ls[ib] = (int16_t)(2 * (aux[1] >> 28) + 1);
         for (int l = 0; l < 4; l++) {
             const uint64_t grid = el_iq2xxs_grid[idx[l]];
             const uint8_t signs = el_ksigns_iq2xs[(aux[1] >> 7 * l) & 127];
@@ -88,9 +111,12 @@ static void decode_iq2_xs(const void *vx, iq_decoded *out) {
     out->n = QK_K;
     out->group = 16;
     const float d = el_fp16_to_fp32(x->d);
+    out->d = d;
     for (int ib = 0; ib < QK_K / 32; ib++) {
         out->scale[2 * ib] = d * (0.5f + (float)(x->scales[ib] & 0xf)) * 0.25f;
         out->scale[2 * ib + 1] = d * (0.5f + (float)(x->scales[ib] >> 4)) * 0.25f;
+        out->ls[2 * ib] = (int16_t)(2 * (x->scales[ib] & 0xf) + 1);
+        out->ls[2 * ib + 1] = (int16_t)(2 * (x->scales[ib] >> 4) + 1);
         for (int l = 0; l < 4; l++) {
             const uint16_t v = x->qs[4 * ib + l];
             const uint64_t grid = el_iq2xs_grid[v & 511];
@@ -105,11 +131,14 @@ static void decode_iq2_s(const void *vx, iq_decoded *out) {
     out->n = QK_K;
     out->group = 16;
     const float d = el_fp16_to_fp32(x->d);
+    out->d = d;
     const uint8_t *qs = x->qs;
     const uint8_t *signs = x->qs + QK_K / 8;
     for (int ib = 0; ib < QK_K / 32; ib++) {
         out->scale[2 * ib] = d * (0.5f + (float)(x->scales[ib] & 0xf)) * 0.25f;
         out->scale[2 * ib + 1] = d * (0.5f + (float)(x->scales[ib] >> 4)) * 0.25f;
+        out->ls[2 * ib] = (int16_t)(2 * (x->scales[ib] & 0xf) + 1);
+        out->ls[2 * ib + 1] = (int16_t)(2 * (x->scales[ib] >> 4) + 1);
         for (int l = 0; l < 4; l++) {
             const uint64_t grid = el_iq2s_grid[qs[l] | ((x->qh[ib] << (8 - 2 * l)) & 0x300)];
             for (int j = 0; j < 8; j++) out->q[32 * ib + 8 * l + j] = signed_by(signs[l], j, grid_byte(grid, j));
@@ -124,12 +153,14 @@ static void decode_iq3_xxs(const void *vx, iq_decoded *out) {
     out->n = QK_K;
     out->group = 32;
     const float d = el_fp16_to_fp32(x->d);
+    out->d = d;
     const uint8_t *qs = x->qs;
     const uint8_t *scales_and_signs = x->qs + QK_K / 4;
     for (int ib = 0; ib < QK_K / 32; ib++) {
         uint32_t aux;
         memcpy(&aux, scales_and_signs + 4 * ib, sizeof(aux));
         out->scale[ib] = d * (0.5f + (float)(aux >> 28)) * 0.5f;
+        out->ls[ib] = (int16_t)(2 * (aux >> 28) + 1);
         for (int l = 0; l < 4; l++) {
             const uint8_t signs = el_ksigns_iq2xs[(aux >> 7 * l) & 127];
             const uint32_t grid1 = el_iq3xxs_grid[qs[2 * l]];
@@ -149,11 +180,13 @@ static void decode_iq3_s(const void *vx, iq_decoded *out) {
     out->n = QK_K;
     out->group = 32;
     const float d = el_fp16_to_fp32(x->d);
+    out->d = d;
     const uint8_t *qs = x->qs;
     const uint8_t *signs = x->signs;
     for (int ib = 0; ib < QK_K / 32; ib++) {
         const uint8_t sc = x->scales[ib / 2];
-        out->scale[ib] = d * (float)(1 + 2 * (ib % 2 == 0 ? sc & 0xf : sc >> 4));
+        out->ls[ib] = (int16_t)(1 + 2 * (ib % 2 == 0 ? sc & 0xf : sc >> 4));
+        out->scale[ib] = d * (float)out->ls[ib];
         const uint8_t qh = x->qh[ib];
         for (int l = 0; l < 4; l++) {
             const uint32_t grid1 = el_iq3s_grid[qs[2 * l] | ((qh << (8 - 2 * l)) & 256)];
@@ -180,10 +213,12 @@ static void decode_iq1_s(const void *vx, iq_decoded *out) {
     out->n = QK_K;
     out->group = 32;
     const float d = el_fp16_to_fp32(x->d);
+    out->d = d;
     const uint8_t *qs = x->qs;
     for (int ib = 0; ib < QK_K / 32; ib++) {
         const uint16_t qh = x->qh[ib];
-        out->scale[ib] = d * (float)(2 * ((qh >> 12) & 7) + 1) * 0.125f;
+        out->ls[ib] = (int16_t)(2 * ((qh >> 12) & 7) + 1);
+        out->scale[ib] = d * (float)out->ls[ib] * 0.125f;
         const int shift = qh & 0x8000 ? -1 : 1;
         for (int l = 0; l < 4; l++) {
             iq1_group(out->q + 32 * ib + 8 * l, (uint16_t)(qs[l] | (((qh >> 3 * l) & 7) << 8)), shift);
@@ -201,11 +236,14 @@ static void decode_iq1_m(const void *vx, iq_decoded *out) {
     const uint16_t d16 =
         (uint16_t)((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000));
     const float d = el_fp16_to_fp32(d16);
+    out->d = d;
     const uint8_t *qs = x->qs;
     const uint8_t *qh = x->qh;
     for (int ib = 0; ib < QK_K / 32; ib++) {
-        out->scale[2 * ib] = d * (float)(2 * ((sc[ib / 2] >> (6 * (ib % 2) + 0)) & 0x7) + 1) * 0.125f;
-        out->scale[2 * ib + 1] = d * (float)(2 * ((sc[ib / 2] >> (6 * (ib % 2) + 3)) & 0x7) + 1) * 0.125f;
+        out->ls[2 * ib] = (int16_t)(2 * ((sc[ib / 2] >> (6 * (ib % 2) + 0)) & 0x7) + 1);
+        out->ls[2 * ib + 1] = (int16_t)(2 * ((sc[ib / 2] >> (6 * (ib % 2) + 3)) & 0x7) + 1);
+        out->scale[2 * ib] = d * (float)out->ls[2 * ib] * 0.125f;
+        out->scale[2 * ib + 1] = d * (float)out->ls[2 * ib + 1] * 0.125f;
         const uint16_t idx[4] = {
             (uint16_t)(qs[0] | ((qh[0] << 8) & 0x700)),
             (uint16_t)(qs[1] | ((qh[0] << 4) & 0x700)),
@@ -233,20 +271,23 @@ static void dequantize_with(iq_decode_fn decode, size_t block_bytes, const void 
     }
 }
 
-/* sum over blocks of sum over groups g of (scale[g] * a.d) * sum_{e in g} q[e] * a.qs[e]. */
-static float dot_q8_K_with(iq_decode_fn decode, size_t block_bytes, const void *vw, const void *va, int64_t nb) {
+/* k * sum over super-blocks of (d * a.d) * (float)(sum over groups g of ls[g] * sum_{e in g} q[e] * a.qs[e]). */
+static float dot_q8_K_with(iq_decode_fn decode, size_t block_bytes, float k, const void *vw, const void *va,
+                           int64_t nb) {
     const el_block_q8_K *a = va;
     iq_decoded b;
     float sum = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
         decode((const uint8_t *)vw + i * block_bytes, &b);
+        int32_t isum = 0;
         for (int g = 0; g < QK_K / b.group; g++) {
-            int32_t isum = 0;
-            for (int e = g * b.group; e < (g + 1) * b.group; e++) isum += (int32_t)b.q[e] * a[i].qs[e];
-            sum += (b.scale[g] * a[i].d) * (float)isum;
+            int32_t gsum = 0;
+            for (int e = g * b.group; e < (g + 1) * b.group; e++) gsum += (int32_t)b.q[e] * a[i].qs[e];
+            isum += b.ls[g] * gsum;
         }
+        sum += (b.d * a[i].d) * (float)isum;
     }
-    return sum;
+    return sum * k;
 }
 
 #define IQ_KERNELS(name)                                                                             \
@@ -254,7 +295,7 @@ static float dot_q8_K_with(iq_decode_fn decode, size_t block_bytes, const void *
         dequantize_with(decode_##name, sizeof(el_block_##name), x, y, nb);                          \
     }                                                                                                \
     float el_dot_##name##_q8_K(const void *w, const void *a, int64_t nb) {                         \
-        return dot_q8_K_with(decode_##name, sizeof(el_block_##name), w, a, nb);                     \
+        return dot_q8_K_with(decode_##name, sizeof(el_block_##name), IQ_DOT_##name, w, a, nb);      \
     }
 
 IQ_KERNELS(iq4_xs)

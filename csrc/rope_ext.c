@@ -1,12 +1,14 @@
 /*
  * rope_ext.c: the rotary embedding with per-dimension frequency factors (llama3's rope_freqs)
  * and YaRN scaling, as ggml's CPU rope computes them (ggml-cpu/ops.cpp: rope_yarn and
- * ggml_rope_cache_init). Scalar only: the model layer calls it (through src/kernels/ops.rs) for
- * the layers whose rope has factors or YaRN; plain ropes keep el_rope and its SIMD variants.
+ * ggml_rope_cache_init). The model layer calls it (through src/kernels/ops.rs) for the layers
+ * whose rope has factors or YaRN; plain ropes keep el_rope. cos and sin are libm's on every ISA;
+ * under AVX2 the rotation of each token's heads runs rope_ext_avx2.c's, bit-identical.
  */
 #include <math.h>
 
 #include "edge_kernels.h"
+#include "simd_internal.h"
 
 /* 1 for dimension pairs below `low`, 0 above `high`, linear between (ggml's rope_yarn_ramp). */
 static float yarn_ramp(float low, float high, int64_t i0) {
@@ -36,6 +38,12 @@ void el_rope_ext(float *x, const int32_t *pos, int64_t n_tokens, int64_t n_heads
             cache[i0 + 1] = sinf(th) * mscale;
             theta *= theta_scale;
         }
+#if defined(__x86_64__)
+        if (el_use_avx2()) {
+            el_rope_ext_rotate_avx2(x + t * n_heads * head_dim, n_heads, head_dim, rope_dim, neox, cache);
+            continue;
+        }
+#endif
         for (int64_t h = 0; h < n_heads; h++) {
             float *xh = x + (t * n_heads + h) * head_dim;
             for (int64_t i0 = 0; i0 < rope_dim; i0 += 2) {

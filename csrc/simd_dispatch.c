@@ -84,10 +84,14 @@ const el_simd_quant_kernels *el_simd_quant(int32_t type) {
 #if defined(__x86_64__)
     if (el_isa_get() == EL_ISA_AVX2) {
         const el_simd_quant_kernels *k = el_avx2_quant(type);
-        return k != NULL ? k : el_avx2_quant_k(type);
+        if (k == NULL) k = el_avx2_quant_k(type);
+        return k != NULL ? k : el_avx2_quant_iq(type);
     }
 #elif defined(__aarch64__)
-    if (el_isa_get() == EL_ISA_NEON) return el_neon_quant(type);
+    if (el_isa_get() == EL_ISA_NEON) {
+        const el_simd_quant_kernels *k = el_neon_quant(type);
+        return k != NULL ? k : el_neon_quant_iq(type);
+    }
 #else
     (void)type;
 #endif

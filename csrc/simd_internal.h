@@ -55,6 +55,8 @@ const el_simd_quant_kernels *el_simd_quant(int32_t type);
  * quants_k_avx2.c: the K-quants. NULL for a type without an AVX2 kernel. */
 const el_simd_quant_kernels *el_avx2_quant(int32_t type);
 const el_simd_quant_kernels *el_avx2_quant_k(int32_t type);
+/* quants_iq_avx2.c: the IQ types. NULL for a type without an AVX2 kernel. */
+const el_simd_quant_kernels *el_avx2_quant_iq(int32_t type);
 
 /* quants_avx2.c: el_matmul_x8 (Q4_1 or Q8_0) over column groups [g_begin, g_end) of nb blocks. */
 void el_matmul_x8_avx2(int32_t type, const void *w8, const void *a, int64_t a_row_bytes, float *out,
@@ -65,6 +67,10 @@ void el_rms_norm_avx2(const float *x, const float *w, float *y, int64_t n_rows, 
 void el_rope_avx2(float *x, const int32_t *pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
                   int64_t rope_dim, float freq_base, float freq_scale, int32_t neox);
 void el_swiglu_avx2(const float *gate, const float *up, float *y, int64_t n);
+/* rope_ext_avx2.c: el_rope_ext's rotation of one token's n_heads heads by its cos/sin pairs
+ * (cache[2i], cache[2i + 1] for pair i, computed by rope_ext.c). */
+void el_rope_ext_rotate_avx2(float *x, int64_t n_heads, int64_t head_dim, int64_t rope_dim, int32_t neox,
+                             const float *cache);
 void el_kv_write_avx2(const float *k, const float *v, uint16_t *k_cache, uint16_t *v_cache,
                       const int64_t *slot_mapping, int64_t n_tokens, int64_t kv_dim);
 void el_paged_attention_avx2(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
@@ -78,6 +84,8 @@ void el_paged_attention_avx2(float *out, const float *q, const uint16_t *k_cache
 /* quants_neon.c: the 32-element types' dot products (NULL for a type without a NEON kernel) and
  * el_matmul_x8 (Q4_1 or Q8_0) over column groups [g_begin, g_end) of nb blocks. */
 const el_simd_quant_kernels *el_neon_quant(int32_t type);
+/* quants_iq_neon.c: the IQ types' dot products (NULL for a type without a NEON kernel). */
+const el_simd_quant_kernels *el_neon_quant_iq(int32_t type);
 void el_matmul_x8_neon(int32_t type, const void *w8, const void *a, int64_t a_row_bytes, float *out,
                        int64_t out_stride, int64_t nb, int64_t n_rows, int64_t g_begin, int64_t g_end);
 #endif

@@ -24,7 +24,7 @@ use edge_llm::generate::SequenceRunner;
 use edge_llm::kernels::{
     available_isas, current_isa, glu_inplace, isa_available, kv_write, matmul, matmul_x8,
     paged_attention, quantize_rows, repack_x8, rms_norm, rope, set_isa, vec_dot, Activation,
-    AttentionBatch, AttentionShape, Isa, Rope, RopeStyle,
+    AttentionBatch, AttentionShape, FreqFactors, Isa, Rope, RopeStyle, Yarn,
 };
 use edge_llm::tensor_type::TensorType;
 
@@ -820,6 +820,173 @@ fn paged_attention_matches_the_definition() {
                     .fold(0.0, f64::max);
                 // Outputs are averages of N(0, 1) values: about 1 in size.
                 assert!(worst < 1e-5, "{isa} attention {n_heads}/{n_kv_heads} heads of {head_dim}, window {window:?}: worst error {worst:e}");
+            }
+        }
+    }
+}
+
+// ---- The IQ types (csrc/quants_iq_avx2.c, quants_iq_neon.c) ---------------------------------
+
+const IQ_TYPES: [TensorType; 9] = [
+    TensorType::IQ4_NL,
+    TensorType::IQ4_XS,
+    TensorType::IQ3_S,
+    TensorType::IQ3_XXS,
+    TensorType::IQ2_XXS,
+    TensorType::IQ2_XS,
+    TensorType::IQ2_S,
+    TensorType::IQ1_S,
+    TensorType::IQ1_M,
+];
+
+/// `n_blocks` IQ blocks of random bytes (every byte pattern is a valid block: any index selects
+/// a grid point, any bit a sign or a scale) with a finite f16 super-scale of either sign; every
+/// eighth block is all ones but the scale (the largest sub-scales and indices: the integer sums'
+/// worst case).
+fn iq_blocks(t: TensorType, n_blocks: usize, rng: &mut Rng) -> Vec<u8> {
+    let bb = t.block_bytes();
+    let mut out: Vec<u8> = (0..n_blocks * bb).map(|_| rng.next_u64() as u8).collect();
+    for (i, block) in out.chunks_exact_mut(bb).enumerate() {
+        if i % 8 == 7 {
+            block.fill(0xff);
+        }
+        let sign = if rng.below(2) == 0 { 1.0 } else { -1.0 };
+        let d = half::f16::from_f32(sign * (1e-3 + 0.05 * rng.uniform() as f32)).to_bits();
+        if t == TensorType::IQ1_M {
+            // The super-scale's four nibbles sit in the top nibbles of the four scale words.
+            let scales = &mut block[48..56];
+            for k in 0..4 {
+                let word = u16::from_le_bytes([scales[2 * k], scales[2 * k + 1]]);
+                let word = (word & 0x0fff) | (((d >> (4 * k)) & 0xf) << 12);
+                scales[2 * k..2 * k + 2].copy_from_slice(&word.to_le_bytes());
+            }
+        } else {
+            block[..2].copy_from_slice(&d.to_le_bytes());
+        }
+    }
+    out
+}
+
+/// Activation rows for the IQ tests: normal data with outliers, uniform data, and rows of +-1
+/// (every quant +-127, the largest products) in turn.
+fn iq_activations(rng: &mut Rng, n: usize, k: usize) -> Vec<f32> {
+    match k % 3 {
+        0 => test_data(rng, n),
+        1 => uniform_data(rng, n),
+        _ => (0..n)
+            .map(|_| if rng.below(2) == 0 { 1.0 } else { -1.0 })
+            .collect(),
+    }
+}
+
+#[test]
+fn iq_vec_dot_is_bit_identical_to_the_reference() {
+    let _guard = lock_isa();
+    let mut rng = Rng(31);
+    let isas = simd_isas();
+    for t in IQ_TYPES {
+        for n in [256usize, 512, 1536, 4864] {
+            for k in 0..12 {
+                let w = iq_blocks(t, n / t.block_size(), &mut rng);
+                let x = iq_activations(&mut rng, n, k);
+                let a = on(Isa::Scalar, || quantize_rows(t.vec_dot_type(), &x, n));
+                let want = on(Isa::Scalar, || vec_dot(t, n, &w, &a));
+                assert!(want.is_finite(), "{t}: the reference gave {want}");
+                for &isa in &isas {
+                    let got = on(isa, || vec_dot(t, n, &w, &a));
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "{isa} {t} vec_dot over {n} (case {k}): {got} vs the reference's {want}"
+                    );
+                }
+            }
+        }
+    }
+    eprintln!("IQ vec_dot checked on {isas:?}");
+}
+
+#[test]
+fn iq_matmul_equals_vec_dot_on_every_isa() {
+    // Every tile shape, partial tiles included; every element equals the reference's vec_dot.
+    let _guard = lock_isa();
+    let mut rng = Rng(32);
+    for t in IQ_TYPES {
+        let n_in = 512;
+        let rows = *MM_BATCHES.iter().max().unwrap();
+        let w = iq_blocks(t, MM_N_OUT * n_in / t.block_size(), &mut rng);
+        let x = iq_activations(&mut rng, rows * n_in, 0);
+        let a = on(Isa::Scalar, || quantize_rows(t.vec_dot_type(), &x, n_in));
+        let (w_rb, a_rb) = (w.len() / MM_N_OUT, a.len() / rows);
+        let want: Vec<f32> = on(Isa::Scalar, || {
+            (0..rows * MM_N_OUT)
+                .map(|i| {
+                    let (r, o) = (i / MM_N_OUT, i % MM_N_OUT);
+                    vec_dot(t, n_in, &w[o * w_rb..][..w_rb], &a[r * a_rb..][..a_rb])
+                })
+                .collect()
+        });
+        for isa in available_isas() {
+            set_isa(isa).unwrap();
+            for n_rows in MM_BATCHES {
+                let mut out = vec![f32::NAN; n_rows * MM_N_OUT];
+                matmul(t, &w, n_in, MM_N_OUT, &a[..n_rows * a_rb], n_rows, &mut out);
+                if let Some(d) = first_difference(&out, &want[..n_rows * MM_N_OUT]) {
+                    panic!(
+                        "{isa} {t} batch of {n_rows}: row {} output {} is {}, the reference's {}",
+                        d.0 / MM_N_OUT,
+                        d.0 % MM_N_OUT,
+                        d.1,
+                        d.2
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn rope_ext_is_bit_identical_to_the_reference() {
+    // llama3's frequency factors, YaRN, both, on every head shape the plain rope test uses.
+    let _guard = lock_isa();
+    let mut rng = Rng(33);
+    for isa in simd_isas() {
+        for style in [RopeStyle::Normal, RopeStyle::Neox] {
+            for (head_dim, rope_dim) in [(64, 64), (128, 128), (80, 80), (64, 32), (6, 6), (96, 94)]
+            {
+                let factors: Vec<f32> = (0..rope_dim / 2)
+                    .map(|i| 1.0 + (i % 5) as f32 * 1.75)
+                    .collect();
+                for (with_factors, with_yarn) in [(true, false), (false, true), (true, true)] {
+                    let r = Rope {
+                        head_dim,
+                        rope_dim,
+                        freq_base: 500_000.0,
+                        freq_scale: if with_yarn { 0.25 } else { 1.0 },
+                        style,
+                        freq_factors: with_factors.then(|| FreqFactors::new(&factors).unwrap()),
+                        yarn: with_yarn.then(|| Yarn::new(rope_dim, 4096, 500_000.0, 0.25)),
+                    };
+                    let n_heads = 3;
+                    let pos: Vec<i32> = vec![0, 1, 17, 4095, 16_000, 123_456];
+                    let x = test_data(&mut rng, pos.len() * n_heads * head_dim);
+                    let run = |isa| {
+                        on(isa, || {
+                            let mut y = x.clone();
+                            rope(&mut y, &pos, n_heads, &r);
+                            y
+                        })
+                    };
+                    let (want, got) = (run(Isa::Scalar), run(isa));
+                    assert!(want != x, "the rope changed nothing");
+                    if let Some(d) = first_difference(&got, &want) {
+                        panic!(
+                            "{isa} rope_ext {style:?} {head_dim}/{rope_dim} factors {with_factors} yarn {with_yarn}: \
+                             element {} is {}, the reference's {}",
+                            d.0, d.1, d.2
+                        );
+                    }
+                }
             }
         }
     }

@@ -64,6 +64,63 @@ static void on(int32_t isa) {
     }
 }
 
+/* n_blocks IQ blocks of random bytes (all valid) with a random finite f16 super-scale d of either
+ * sign; every eighth block all ones but d (the largest sub-scales and indices). */
+static uint8_t *iq_blocks(int32_t type, int64_t n_blocks) {
+    const int64_t bb = el_type_block_bytes(type);
+    uint8_t *w = malloc((size_t)(n_blocks * bb));
+    for (int64_t i = 0; i < n_blocks; i++) {
+        uint8_t *blk = w + i * bb;
+        for (int64_t j = 0; j < bb; j++) blk[j] = i % 8 == 7 ? 0xff : (uint8_t)(uniform() * 256.0);
+        const uint16_t d = (uint16_t)((uniform() < 0.5 ? 0x8000 : 0) | (0x1000 + (int)(uniform() * 0x2c00)));
+        if (type == EL_TYPE_IQ1_M) { /* d's nibbles in the top nibbles of the four scale words */
+            for (int k = 0; k < 4; k++) {
+                uint16_t word;
+                memcpy(&word, blk + 48 + 2 * k, 2);
+                word = (uint16_t)((word & 0x0fff) | (((d >> (4 * k)) & 0xf) << 12));
+                memcpy(blk + 48 + 2 * k, &word, 2);
+            }
+        } else {
+            memcpy(blk, &d, 2);
+        }
+    }
+    return w;
+}
+
+/* The IQ types (csrc/quants_iq_neon.c): vec_dot and matmul on random blocks. */
+static void check_iq(void) {
+    const int32_t types[] = {EL_TYPE_IQ4_NL, EL_TYPE_IQ4_XS, EL_TYPE_IQ3_S, EL_TYPE_IQ3_XXS, EL_TYPE_IQ2_XXS,
+                             EL_TYPE_IQ2_XS, EL_TYPE_IQ2_S,  EL_TYPE_IQ1_S, EL_TYPE_IQ1_M};
+    for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++) {
+        const int32_t type = types[t], at = el_type_vec_dot_type(type);
+        const int64_t n = 1536, n_out = 12, n_rows = 5, bs = el_type_block_size(type);
+        uint8_t *w = iq_blocks(type, n_out * n / bs);
+        float *xa = malloc(sizeof(float) * (size_t)(n_rows * n));
+        fill(xa, n_rows * n);
+        on(EL_ISA_SCALAR);
+        uint8_t *a = quantized(at, xa, n_rows, n);
+        const int64_t wrb = n / bs * el_type_block_bytes(type), arb = n / el_type_block_size(at) * el_type_block_bytes(at);
+        float want[12 * 5], got[12 * 5];
+        for (int64_t o = 0; o < n_out; o++) {
+            for (int64_t r = 0; r < n_rows; r++) {
+                on(EL_ISA_SCALAR);
+                el_vec_dot(type, n, w + o * wrb, a + r * arb, &want[0]);
+                on(EL_ISA_NEON);
+                el_vec_dot(type, n, w + o * wrb, a + r * arb, &got[0]);
+                same(got, want, 1, "iq vec_dot", type, o, r);
+            }
+        }
+        on(EL_ISA_SCALAR);
+        el_matmul(type, w, wrb, a, arb, want, n_out, n, n_rows, 0, n_out);
+        on(EL_ISA_NEON);
+        el_matmul(type, w, wrb, a, arb, got, n_out, n, n_rows, 0, n_out);
+        same(got, want, n_rows * n_out, "iq matmul", type, n_rows, n);
+        free(w);
+        free(xa);
+        free(a);
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "expect-scalar") == 0) { /* a CPU without the dot product */
         const int ok = !el_isa_available(EL_ISA_NEON) && el_isa_get() == EL_ISA_SCALAR &&
@@ -128,6 +185,7 @@ int main(int argc, char **argv) {
             free(a);
         }
     }
+    check_iq();
     printf("%d of %d NEON results differ from the scalar references\n", failures, checks);
     return failures == 0 ? 0 : 1;
 }
