@@ -384,7 +384,16 @@ fn check_row_ops<D: CudaDevice>(g: &D) -> Outputs {
         let dx = up(g, &want);
         kernels::rope(&mut want, &pos, n_heads, &r);
         let (dp, df) = (up(g, &pos), up(g, &ck::rope_factors(&r).unwrap()));
-        ck::rope(g, g.ptr(&dx), g.ptr(&dp), n_tokens, n_heads, &r, Some(g.ptr(&df))).unwrap();
+        ck::rope(
+            g,
+            g.ptr(&dx),
+            g.ptr(&dp),
+            n_tokens,
+            n_heads,
+            &r,
+            Some(g.ptr(&df)),
+        )
+        .unwrap();
         let got = down(g, &dx, want.len());
         outs.push(f32_bits(&got));
         let err = rel_err(&got, &want);

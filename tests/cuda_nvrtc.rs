@@ -92,7 +92,10 @@ fn every_source_file_is_compiled_and_every_kernel_listed() {
         .map(|(n, _)| *n)
         .partition(|n| n.starts_with("../"));
     for name in outside {
-        assert!(dir.join(name).is_file(), "{name}: no such file beside csrc/cuda");
+        assert!(
+            dir.join(name).is_file(),
+            "{name}: no such file beside csrc/cuda"
+        );
     }
     let mut embedded: Vec<String> = inside.iter().map(|n| n.to_string()).collect();
     embedded.sort();

@@ -142,7 +142,9 @@ pub fn load<D: CudaDevice>(
         }
         let f = k::rope_factors(rope)?;
         if !rope_factors.iter().any(|(have, _)| same_bits(have, &f)) {
-            let buf = dev.upload(&f).context("uploading the rope frequency factors")?;
+            let buf = dev
+                .upload(&f)
+                .context("uploading the rope frequency factors")?;
             rope_factors.push((f, buf));
         }
     }
@@ -416,7 +418,9 @@ impl<D: CudaDevice> Backend for CudaBackend<D> {
         } else {
             None
         };
-        k::rope(&self.dev, x.ptr, positions, x.n_rows, n_heads, rope, factors)
+        k::rope(
+            &self.dev, x.ptr, positions, x.n_rows, n_heads, rope, factors,
+        )
     }
 
     fn kv_write(&mut self, layer: usize, kk: &DevActs, v: &DevActs) -> Result<()> {

@@ -254,7 +254,9 @@ pub fn rope(
     let n_pairs = n_tokens * n_heads * (r.rope_dim / 2);
     if r.freq_factors.is_some() || r.yarn.is_some() {
         let Some(factors) = freq_factors else {
-            bail!("a rope with frequency factors or YaRN, launched without its factors on the device");
+            bail!(
+                "a rope with frequency factors or YaRN, launched without its factors on the device"
+            );
         };
         return rope_ext(gpu, x, pos, factors, n_tokens, n_heads, r, theta_scale);
     }
