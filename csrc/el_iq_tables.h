@@ -3,17 +3,25 @@
  * scripts/synth/gen_iq_tables.py from llama.cpp's ggml/src/ggml-common.h (commit 0c1e57098,
  * MIT licence, Copyright (c) 2023-2024 The ggml authors); do not edit. Values are the grids'
  * bytes: entry k of a uint64 (uint32) grid is 8 (4) unsigned (IQ1: signed) values, low byte first.
+ * EL_IQ_TABLE qualifies every array: `static const` for C, constant memory for CUDA
+ * (csrc/cuda/el_iq_tables.cuh).
  */
 #ifndef EL_IQ_TABLES_H
 #define EL_IQ_TABLES_H
 
+#ifndef __CUDACC_RTC__
 #include <stdint.h>
+#endif
 
-static const uint8_t el_kmask_iq2xs[8] = {
+#ifndef EL_IQ_TABLE
+#define EL_IQ_TABLE static const
+#endif
+
+EL_IQ_TABLE uint8_t el_kmask_iq2xs[8] = {
     1, 2, 4, 8, 16, 32, 64, 128
 };
 
-static const uint8_t el_ksigns_iq2xs[128] = {
+EL_IQ_TABLE uint8_t el_ksigns_iq2xs[128] = {
       0, 129, 130,   3, 132,   5,   6, 135, 136,   9,  10, 139,  12, 141, 142,  15,
     144,  17,  18, 147,  20, 149, 150,  23,  24, 153, 154,  27, 156,  29,  30, 159,
     160,  33,  34, 163,  36, 165, 166,  39,  40, 169, 170,  43, 172,  45,  46, 175,
@@ -24,7 +32,7 @@ static const uint8_t el_ksigns_iq2xs[128] = {
     240, 113, 114, 243, 116, 245, 246, 119, 120, 249, 250, 123, 252, 125, 126, 255,
 };
 
-static const uint64_t el_iq2xxs_grid[256] = {
+EL_IQ_TABLE uint64_t el_iq2xxs_grid[256] = {
     0x0808080808080808, 0x080808080808082b, 0x0808080808081919, 0x0808080808082b08,
     0x0808080808082b2b, 0x0808080808190819, 0x0808080808191908, 0x08080808082b0808,
     0x08080808082b082b, 0x08080808082b2b08, 0x08080808082b2b2b, 0x0808080819080819,
@@ -91,7 +99,7 @@ static const uint64_t el_iq2xxs_grid[256] = {
     0x2b2b082b08080808, 0x2b2b190808192b08, 0x2b2b2b0819190808, 0x2b2b2b1908081908,
 };
 
-static const uint64_t el_iq2xs_grid[512] = {
+EL_IQ_TABLE uint64_t el_iq2xs_grid[512] = {
     0x0808080808080808, 0x080808080808082b, 0x0808080808081919, 0x0808080808082b08,
     0x0808080808082b2b, 0x0808080808190819, 0x0808080808191908, 0x080808080819192b,
     0x0808080808192b19, 0x08080808082b0808, 0x08080808082b082b, 0x08080808082b1919,
@@ -222,7 +230,7 @@ static const uint64_t el_iq2xs_grid[512] = {
     0x2b2b2b2b082b2b08, 0x2b2b2b2b082b2b2b, 0x2b2b2b2b2b190819, 0x2b2b2b2b2b2b2b2b,
 };
 
-static const uint64_t el_iq2s_grid[1024] = {
+EL_IQ_TABLE uint64_t el_iq2s_grid[1024] = {
     0x0808080808080808, 0x080808080808082b, 0x0808080808081919, 0x0808080808082b08,
     0x0808080808082b2b, 0x0808080808190819, 0x0808080808191908, 0x080808080819192b,
     0x0808080808192b19, 0x08080808082b0808, 0x08080808082b082b, 0x08080808082b1919,
@@ -481,7 +489,7 @@ static const uint64_t el_iq2s_grid[1024] = {
     0x2b2b2b2b082b082b, 0x2b2b2b2b082b2b08, 0x2b2b2b2b2b082b08, 0x2b2b2b2b2b2b2b2b,
 };
 
-static const uint32_t el_iq3xxs_grid[256] = {
+EL_IQ_TABLE uint32_t el_iq3xxs_grid[256] = {
     0x04040404, 0x04040414, 0x04040424, 0x04040c0c, 0x04040c1c, 0x04040c3e, 0x04041404, 0x04041414,
     0x04041c0c, 0x04042414, 0x04043e1c, 0x04043e2c, 0x040c040c, 0x040c041c, 0x040c0c04, 0x040c0c14,
     0x040c140c, 0x040c142c, 0x040c1c04, 0x040c1c14, 0x040c240c, 0x040c2c24, 0x040c3e04, 0x04140404,
@@ -516,7 +524,7 @@ static const uint32_t el_iq3xxs_grid[256] = {
     0x3e1c1c1c, 0x3e1c3404, 0x3e24140c, 0x3e24240c, 0x3e2c0404, 0x3e2c0414, 0x3e2c1424, 0x3e341c04,
 };
 
-static const uint32_t el_iq3s_grid[512] = {
+EL_IQ_TABLE uint32_t el_iq3s_grid[512] = {
     0x01010101, 0x01010103, 0x01010105, 0x0101010b, 0x0101010f, 0x01010301, 0x01010303, 0x01010305,
     0x01010309, 0x0101030d, 0x01010501, 0x01010503, 0x0101050b, 0x01010707, 0x01010901, 0x01010905,
     0x0101090b, 0x0101090f, 0x01010b03, 0x01010b07, 0x01010d01, 0x01010d05, 0x01010f03, 0x01010f09,
@@ -583,11 +591,11 @@ static const uint32_t el_iq3s_grid[512] = {
     0x0f090307, 0x0f090501, 0x0f090b01, 0x0f0b0505, 0x0f0b0905, 0x0f0d0105, 0x0f0d0703, 0x0f0f0101,
 };
 
-static const int8_t el_kvalues_iq4nl[16] = {
+EL_IQ_TABLE int8_t el_kvalues_iq4nl[16] = {
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 };
 
-static const uint64_t el_iq1s_grid[2048] = {
+EL_IQ_TABLE uint64_t el_iq1s_grid[2048] = {
     0xffffffffffffffff, 0xffffffffffffff01, 0xffffffffffff0000, 0xffffffffffff01ff,
     0xffffffffffff0101, 0xffffffffff00ff00, 0xffffffffff000000, 0xffffffffff01ffff,
     0xffffffffff01ff01, 0xffffffffff0101ff, 0xffffffffff010101, 0xffffffff00ff0000,

@@ -27,7 +27,9 @@ use edge_llm::cuda::kernels::{self as ck, DevAttentionBatch, MatmulKernel};
 use edge_llm::cuda::launch::{Arg, Plain};
 use edge_llm::cuda::{CudaDevice, Emu, Gpu, Launch};
 use edge_llm::device::{Device, Executor};
-use edge_llm::kernels::{self, Activation, AttentionBatch, AttentionShape, Rope, RopeStyle};
+use edge_llm::kernels::{
+    self, Activation, AttentionBatch, AttentionShape, FreqFactors, Rope, RopeStyle, Yarn,
+};
 use edge_llm::model::Batch;
 use edge_llm::tensor_type::TensorType;
 
@@ -44,7 +46,7 @@ const ATTENTION_BUDGET: f64 = 1e-5;
 /// The whole forward pass of the default model, logits against the CPU path's.
 const FORWARD_LOGITS_BUDGET: f64 = 2e-3;
 
-const WEIGHT_TYPES: [TensorType; 13] = [
+const WEIGHT_TYPES: [TensorType; 22] = [
     TensorType::F32,
     TensorType::F16,
     TensorType::BF16,
@@ -58,6 +60,15 @@ const WEIGHT_TYPES: [TensorType; 13] = [
     TensorType::Q4_K,
     TensorType::Q5_K,
     TensorType::Q6_K,
+    TensorType::IQ4_NL,
+    TensorType::IQ4_XS,
+    TensorType::IQ3_XXS,
+    TensorType::IQ3_S,
+    TensorType::IQ2_XXS,
+    TensorType::IQ2_XS,
+    TensorType::IQ2_S,
+    TensorType::IQ1_S,
+    TensorType::IQ1_M,
 ];
 
 fn gpu() -> &'static Gpu {
@@ -99,6 +110,46 @@ impl Rng {
                 }
             })
             .collect()
+    }
+}
+
+/// `n_rows` rows of `n_in` weights of type `t`: random data quantized by the C quantizer, or, for
+/// the codebook IQ types (which llama.cpp makes from an importance matrix and edge-llm only
+/// reads), random blocks: random bytes under a finite positive f16 super-scale, every other bit
+/// pattern being a valid block (any index picks a grid point, any bit a sign or a sub-scale).
+/// IQ4_NL and IQ4_XS get random blocks too, in every other row, so all 16 codes and every
+/// sub-scale appear, not only the ones the quantizer picks.
+fn weights(t: TensorType, n_in: usize, n_rows: usize, rng: &mut Rng) -> Vec<u8> {
+    let mut w = if t.has_quantizer() {
+        kernels::quantize_rows(t, &rng.data(n_in * n_rows), n_in)
+    } else {
+        vec![0u8; t.row_bytes(n_in).unwrap() * n_rows]
+    };
+    let iq = t.name().starts_with("IQ");
+    let rb = t.row_bytes(n_in).unwrap();
+    for (r, row) in w.chunks_exact_mut(rb).enumerate() {
+        if iq && (!t.has_quantizer() || r % 2 == 1) {
+            random_iq_blocks(t, row, rng);
+        }
+    }
+    w
+}
+
+fn random_iq_blocks(t: TensorType, out: &mut [u8], rng: &mut Rng) {
+    out.iter_mut().for_each(|b| *b = rng.next_u64() as u8);
+    for block in out.chunks_exact_mut(t.block_bytes()) {
+        let d = half::f16::from_f32(0.001 + 0.05 * rng.uniform() as f32).to_bits();
+        if t == TensorType::IQ1_M {
+            // The super-scale's four nibbles sit in the top nibbles of the four scale words.
+            let scales = &mut block[48..56];
+            for k in 0..4 {
+                let word = u16::from_le_bytes([scales[2 * k], scales[2 * k + 1]]);
+                let word = (word & 0x0fff) | (((d >> (4 * k)) & 0xf) << 12);
+                scales[2 * k..2 * k + 2].copy_from_slice(&word.to_le_bytes());
+            }
+        } else {
+            block[..2].copy_from_slice(&d.to_le_bytes());
+        }
     }
 }
 
@@ -153,8 +204,7 @@ fn check_embedding_rows<D: CudaDevice>(g: &D) -> Outputs {
     let mut rng = Rng(1);
     let (n_in, n_rows) = (512, 7);
     for t in WEIGHT_TYPES {
-        let x = rng.data(n_in * n_rows);
-        let w = kernels::quantize_rows(t, &x, n_in);
+        let w = weights(t, n_in, n_rows, &mut rng);
         let rb = t.row_bytes(n_in).unwrap();
         let ids: Vec<i32> = vec![3, 0, 6, 6, 1];
         for scale in [1.0f32, 2.5] {
@@ -223,7 +273,7 @@ fn check_matmul<D: CudaDevice>(g: &D) -> Outputs {
         .map(|&t| (t, 768))
         .chain([(TensorType::Q2_K, 512), (TensorType::Q4_0, 512)])
     {
-        let w = kernels::quantize_rows(t, &rng.data(n_in * n_out), n_in);
+        let w = weights(t, n_in, n_out, &mut rng);
         let dw = up(g, &w);
         for n_rows in [1usize, 5, 8, 9, 33] {
             let x = rng.data(n_in * n_rows);
@@ -302,7 +352,7 @@ fn check_row_ops<D: CudaDevice>(g: &D) -> Outputs {
         let dx = up(g, &want);
         kernels::rope(&mut want, &pos, n_heads, &r);
         let dp = up(g, &pos);
-        ck::rope(g, g.ptr(&dx), g.ptr(&dp), n_tokens, n_heads, &r).unwrap();
+        ck::rope(g, g.ptr(&dx), g.ptr(&dp), n_tokens, n_heads, &r, None).unwrap();
         let got = down(g, &dx, want.len());
         outs.push(f32_bits(&got));
         let err = rel_err(&got, &want);
@@ -310,6 +360,49 @@ fn check_row_ops<D: CudaDevice>(g: &D) -> Outputs {
             err <= ROPE_BUDGET,
             "rope {style:?} dim {rope_dim}: {err:.3e}"
         );
+    }
+    // RoPE with llama3's per-pair frequency factors, with YaRN, and with both (el_cuda_rope_ext
+    // against el_rope_ext), positions far past a YaRN original context of 16.
+    let factors: Vec<f32> = (0..32).map(|i| 1.0 + (i % 8) as f32 * 0.75).collect();
+    for (style, rope_dim, freq_scale, with_factors, with_yarn) in [
+        (RopeStyle::Normal, 64, 1.0f32, true, false),
+        (RopeStyle::Neox, 64, 0.25, false, true),
+        (RopeStyle::Normal, 32, 0.5, true, true),
+    ] {
+        let (n_tokens, n_heads, head_dim, freq_base) = (9, 3, 64, 500000.0);
+        let r = Rope {
+            head_dim,
+            rope_dim,
+            freq_base,
+            freq_scale,
+            style,
+            freq_factors: with_factors.then(|| FreqFactors::new(&factors[..rope_dim / 2]).unwrap()),
+            yarn: with_yarn.then(|| Yarn::new(rope_dim, 16, freq_base, freq_scale)),
+        };
+        let pos: Vec<i32> = (0..n_tokens as i32).map(|i| i * 517 + 3).collect();
+        let mut want = rng.data(n_tokens * n_heads * head_dim);
+        let dx = up(g, &want);
+        kernels::rope(&mut want, &pos, n_heads, &r);
+        let (dp, df) = (up(g, &pos), up(g, &ck::rope_factors(&r).unwrap()));
+        ck::rope(
+            g,
+            g.ptr(&dx),
+            g.ptr(&dp),
+            n_tokens,
+            n_heads,
+            &r,
+            Some(g.ptr(&df)),
+        )
+        .unwrap();
+        let got = down(g, &dx, want.len());
+        outs.push(f32_bits(&got));
+        let err = rel_err(&got, &want);
+        assert!(
+            err <= ROPE_BUDGET,
+            "rope {style:?} dim {rope_dim}, factors {with_factors}, yarn {with_yarn}: {err:.3e}"
+        );
+        // Without its factors on the device such a rope is an error, not a plain rope.
+        assert!(ck::rope(g, g.ptr(&dx), g.ptr(&dp), n_tokens, n_heads, &r, None).is_err());
     }
     // SwiGLU and GeGLU.
     for act in [Activation::SwiGlu, Activation::GeGlu] {
@@ -331,6 +424,11 @@ fn check_row_ops<D: CudaDevice>(g: &D) -> Outputs {
     let want: Vec<f32> = x.iter().zip(&y).map(|(a, b)| a + b).collect();
     let got = down(g, &dx, 3 * n);
     assert_eq!(bits(&got), bits(&want), "add");
+    outs.push(f32_bits(&got));
+    ck::scale(g, g.ptr(&dx), 3 * n, 0.37).unwrap();
+    let want: Vec<f32> = want.iter().map(|v| v * 0.37).collect();
+    let got = down(g, &dx, 3 * n);
+    assert_eq!(bits(&got), bits(&want), "scale");
     outs.push(f32_bits(&got));
     let bias = rng.data(n);
     let db = up(g, &bias);

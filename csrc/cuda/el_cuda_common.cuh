@@ -8,7 +8,8 @@
  * the GPU's counterpart of the C kernels' -ffp-contract=off: every a * b + c rounds twice, as the
  * scalar references in csrc/ do, which keeps the quantizers byte-identical to them.
  *
- * Included by el_quants.cu and el_ops.cu; src/cuda/nvrtc.rs inlines it for NVRTC.
+ * Included by el_quants.cu and el_ops.cu; src/cuda/nvrtc.rs inlines it for NVRTC. The IQ types'
+ * layouts and codebooks are in el_iq.cuh.
  */
 #ifndef EL_CUDA_COMMON_CUH
 #define EL_CUDA_COMMON_CUH
@@ -49,6 +50,15 @@ typedef unsigned long long uint64_t;
 #define EL_TYPE_Q5_K 13
 #define EL_TYPE_Q6_K 14
 #define EL_TYPE_Q8_K 15
+#define EL_TYPE_IQ2_XXS 16
+#define EL_TYPE_IQ2_XS 17
+#define EL_TYPE_IQ3_XXS 18
+#define EL_TYPE_IQ1_S 19
+#define EL_TYPE_IQ4_NL 20
+#define EL_TYPE_IQ3_S 21
+#define EL_TYPE_IQ2_S 22
+#define EL_TYPE_IQ4_XS 23
+#define EL_TYPE_IQ1_M 29
 #define EL_TYPE_BF16 30
 
 /* ---- Half and bfloat16 ------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 /*
- * el_ops.cu: the row operations of a forward step on the GPU: RMSNorm, RoPE, SwiGLU/GeGLU, the
- * paged KV write, paged attention, and the small glue (bias and residual adds, logit soft-cap,
+ * el_ops.cu: the row operations of a forward step on the GPU: RMSNorm, RoPE (plain, and with
+ * llama3's frequency factors or YaRN), SwiGLU/GeGLU, the paged KV write, paged attention, and
+ * the small glue (bias and residual adds, multipliers, logit soft-cap,
  * gathering the rows that want logits, copying a KV block). Same names and argument shapes as
  * csrc/edge_kernels.h where the C kernel exists, with an el_cuda_ prefix; csrc/ops.c is the
  * truth they are tested against (tests/cuda_kernels.rs). Launched only from src/cuda/kernels.rs.
@@ -49,6 +50,47 @@ extern "C" __global__ void el_cuda_rope(float *x /* [n_tokens][n_heads][head_dim
     float theta = (float)pos[t] * freq_scale;
     for (int64_t k = 0; k < i; k++) theta *= theta_scale;
     const float c = el_cosf(theta), s = el_sinf(theta);
+    float *xh = x + th * head_dim;
+    const int64_t a = neox ? i : 2 * i;
+    const int64_t b = neox ? i + half : 2 * i + 1;
+    const float x0 = xh[a], x1 = xh[b];
+    xh[a] = x0 * c - x1 * s;
+    xh[b] = x0 * s + x1 * c;
+}
+
+/* ggml's rope_yarn_ramp: 1 for dimension pairs below `low`, 0 above `high`, linear between. */
+__device__ __forceinline__ float el_yarn_ramp(float low, float high, int64_t i0) {
+    const float y = ((float)(i0 / 2) - low) / fmaxf(0.001f, high - low);
+    return 1.0f - fminf(1.0f, fmaxf(0.0f, y));
+}
+
+/* RoPE with per-pair frequency divisors (llama3's rope_freqs; all 1 without them) and YaRN, as
+ * el_rope_ext in csrc/rope_ext.c: theta_extrap = pos * theta_scale^i / freq_factors[i] (the power
+ * advanced by i multiplications from pos, as the reference does), theta_interp = freq_scale *
+ * theta_extrap; with ext_factor != 0 the two are mixed over the pairs [corr_low, corr_high] and
+ * cos/sin scaled by mscale = attn_factor * (1 + 0.1 ln(1 / freq_scale)) (computed by the caller,
+ * host logf as the reference; attn_factor alone without YaRN). One thread per (token, head, pair). */
+extern "C" __global__ void el_cuda_rope_ext(float *x /* [n_tokens][n_heads][head_dim] */, const int32_t *pos /* [n_tokens] */,
+                                            const float *freq_factors /* [rope_dim / 2] */, int64_t n_tokens,
+                                            int64_t n_heads, int64_t head_dim, int64_t rope_dim, float freq_scale,
+                                            float theta_scale, int32_t neox, float ext_factor, float mscale,
+                                            float corr_low, float corr_high) {
+    const int64_t half = rope_dim / 2;
+    const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= n_tokens * n_heads * half) return;
+    const int64_t i = idx % half;
+    const int64_t th = idx / half; /* token * n_heads + head */
+    const int64_t t = th / n_heads;
+    float theta = (float)pos[t];
+    for (int64_t k = 0; k < i; k++) theta *= theta_scale;
+    const float theta_extrap = theta / freq_factors[i];
+    const float theta_interp = freq_scale * theta_extrap;
+    float angle = theta_interp;
+    if (ext_factor != 0.0f) {
+        const float ramp_mix = el_yarn_ramp(corr_low, corr_high, 2 * i) * ext_factor;
+        angle = theta_interp * (1 - ramp_mix) + theta_extrap * ramp_mix;
+    }
+    const float c = el_cosf(angle) * mscale, s = el_sinf(angle) * mscale;
     float *xh = x + th * head_dim;
     const int64_t a = neox ? i : 2 * i;
     const int64_t b = neox ? i + half : 2 * i + 1;
@@ -179,6 +221,12 @@ extern "C" __global__ void el_cuda_add_bias(float *x /* [n_rows][n] */, const fl
                                             int64_t n) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n_rows * n) x[i] += bias[i % n];
+}
+
+/* x[i] *= s: granite's residual and logit multipliers. */
+extern "C" __global__ void el_cuda_scale(float *x /* [n] */, int64_t n, float s) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= s;
 }
 
 /* x[i] = cap * tanh(x[i] / cap): the final logit soft-cap. */

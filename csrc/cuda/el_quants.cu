@@ -11,7 +11,8 @@
  * of the eight runs of 32 of a K-quant super-block, decoded into one form (el_wunit) whose
  * integer quants already have the type's offset taken out:
  *     x[e] = d * sc[e / 16] * q[e] - m * mn[e / 16]   (K-quants; for Q8_K's bsums)
- *     x[e] = d * q[e]  or  d * q[e] + m               (Q4_0/Q5_0/Q8_0, Q4_1/Q5_1).
+ *     x[e] = d * q[e]  or  d * q[e] + m               (Q4_0/Q5_0/Q8_0, Q4_1/Q5_1)
+ *     x[e] = s[e / 32] * q[e]  or  s[e / 16] * q[e]   (the IQ types' codebook values, el_iq.cuh).
  *
  * Lane l of a warp sums the units l, l + 32, l + 64, ... of its output in that order, and the
  * warp then adds its 32 lanes in a fixed butterfly. Both product kernels (el_cuda_mmv_* for a few
@@ -38,9 +39,13 @@ struct el_aunit {
 };
 
 /* How a weight unit and an activation unit combine. */
-#define EL_KIND_SYM 0 /* Q4_0, Q5_0, Q8_0 against Q8_0 */
-#define EL_KIND_MIN 1 /* Q4_1, Q5_1 against Q8_1 */
-#define EL_KIND_K 2   /* K-quants against Q8_K */
+#define EL_KIND_SYM 0  /* Q4_0, Q5_0, Q8_0, IQ4_NL against Q8_0 */
+#define EL_KIND_MIN 1  /* Q4_1, Q5_1 against Q8_1 */
+#define EL_KIND_K 2    /* K-quants against Q8_K */
+#define EL_KIND_IQ32 3 /* IQ types with one float scale per 32 elements (w.d), against Q8_K */
+#define EL_KIND_IQ16 4 /* IQ types with a float scale per 16 (w.d, then w.m), against Q8_K */
+
+#include "el_iq.cuh"
 
 /* Bit 4 of byte i set from bit i of the nibble `bits` (the fifth bit of four 5-bit quants). */
 __device__ __forceinline__ uint32_t el_spread_bits4(uint32_t bits) {
@@ -194,22 +199,31 @@ __device__ __forceinline__ void el_load_wk(const uint8_t *row, int64_t u, el_wun
 }
 
 template <int T>
+struct el_traits {
+    static constexpr bool iq = T == EL_TYPE_IQ2_XXS || T == EL_TYPE_IQ2_XS || T == EL_TYPE_IQ2_S ||
+                               T == EL_TYPE_IQ3_XXS || T == EL_TYPE_IQ3_S || T == EL_TYPE_IQ1_S ||
+                               T == EL_TYPE_IQ1_M || T == EL_TYPE_IQ4_NL || T == EL_TYPE_IQ4_XS;
+    static constexpr int kind =
+        (T == EL_TYPE_Q4_1 || T == EL_TYPE_Q5_1) ? EL_KIND_MIN
+        : (T == EL_TYPE_Q4_0 || T == EL_TYPE_Q5_0 || T == EL_TYPE_Q8_0 || T == EL_TYPE_IQ4_NL) ? EL_KIND_SYM
+        : (T == EL_TYPE_IQ2_XS || T == EL_TYPE_IQ2_S || T == EL_TYPE_IQ1_M)                    ? EL_KIND_IQ16
+        : iq                                                                                   ? EL_KIND_IQ32
+                                                                                               : EL_KIND_K;
+};
+
+template <int T>
 __device__ __forceinline__ void el_load_w(const uint8_t *row, int64_t u, el_wunit &w) {
-    if (T == EL_TYPE_Q2_K || T == EL_TYPE_Q3_K || T == EL_TYPE_Q4_K || T == EL_TYPE_Q5_K || T == EL_TYPE_Q6_K) {
+    if (el_traits<T>::iq) {
+        el_load_w_iq<T>(row, u, w);
+    } else if (T == EL_TYPE_Q2_K || T == EL_TYPE_Q3_K || T == EL_TYPE_Q4_K || T == EL_TYPE_Q5_K ||
+               T == EL_TYPE_Q6_K) {
         el_load_wk<T>(row, u, w);
     } else {
         el_load_w32<T>(row, u, w);
     }
 }
 
-template <int T>
-struct el_traits {
-    static constexpr int kind = (T == EL_TYPE_Q4_1 || T == EL_TYPE_Q5_1) ? EL_KIND_MIN
-                                : (T == EL_TYPE_Q4_0 || T == EL_TYPE_Q5_0 || T == EL_TYPE_Q8_0) ? EL_KIND_SYM
-                                                                                                : EL_KIND_K;
-};
-
-/* Activation unit u of a row of the vec_dot type of `kind`. */
+/* Activation unit u of a row of the vec_dot type of `kind` (Q8_K for the K and IQ kinds). */
 template <int KIND>
 __device__ __forceinline__ void el_load_a(const uint8_t *row, int64_t u, el_aunit &a) {
     if (KIND == EL_KIND_SYM) {
@@ -240,7 +254,7 @@ __device__ __forceinline__ void el_load_a(const uint8_t *row, int64_t u, el_auni
 
 /* One unit's share of a dot product, with the C references' float arithmetic per block:
  * (d * da) * isum [+ m * s] for the 32-element types, (d * da) * isum - (dmin * da) * msum for
- * the K-quants. */
+ * the K-quants, (scale * da) * isum per group of 32 or 16 for the IQ types. */
 template <int KIND>
 __device__ __forceinline__ float el_unit_dot(const el_wunit &w, const el_aunit &a) {
     int32_t lo = 0, hi = 0;
@@ -251,6 +265,8 @@ __device__ __forceinline__ float el_unit_dot(const el_wunit &w, const el_aunit &
     }
     if (KIND == EL_KIND_SYM) return (w.d * a.d) * (float)(lo + hi);
     if (KIND == EL_KIND_MIN) return (w.d * a.d) * (float)(lo + hi) + w.m * a.s;
+    if (KIND == EL_KIND_IQ32) return (w.d * a.d) * (float)(lo + hi);
+    if (KIND == EL_KIND_IQ16) return (w.d * a.d) * (float)lo + (w.m * a.d) * (float)hi;
     const int32_t isum = w.sc[0] * lo + w.sc[1] * hi;
     const int32_t msum = w.mn[0] * a.bs[0] + w.mn[1] * a.bs[1];
     return (w.d * a.d) * (float)isum - (w.m * a.d) * (float)msum;
@@ -275,8 +291,10 @@ __device__ void el_get_rows(const uint8_t *w /* [n_rows][w_row_bytes] */, int64_
     for (int e = 0; e < 32; e++) {
         const int v = (int8_t)(q.q[e / 4] >> (8 * (e % 4)));
         float x;
-        if (kind == EL_KIND_SYM) {
+        if (kind == EL_KIND_SYM || kind == EL_KIND_IQ32) {
             x = (float)v * q.d;
+        } else if (kind == EL_KIND_IQ16) {
+            x = (float)v * (e < 16 ? q.d : q.m);
         } else if (kind == EL_KIND_MIN) {
             x = (float)v * q.d + q.m;
         } else {
@@ -421,6 +439,21 @@ extern "C" __global__ void el_cuda_quantize_bf16(const float *x /* [n] */, uint1
 #define EL_MMV_ROWS 8 /* rows per block of el_cuda_mmv_* (decode: a few sequences) */
 #define EL_MM_ROWS 16 /* rows per block of el_cuda_mm_* (activation units staged in shared memory) */
 
+/* Each row's sum over the warp's lanes into out[r0 + r][o], lane 0 storing. Only the rows that
+ * exist are reduced (r0 and n_rows are the same for the whole block, so every lane of a warp
+ * takes the same branches and the shuffles stay whole-warp): a decode step of one row pays one
+ * reduction, not R. */
+template <int R>
+__device__ __forceinline__ void el_store_rows(const float *acc, float *out, int64_t out_stride, int64_t o, int64_t r0,
+                                              int64_t n_rows, int lane) {
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        if (r0 + r >= n_rows) break;
+        const float s = el_warp_sum(acc[r]);
+        if (lane == 0) out[(r0 + r) * out_stride + o] = s;
+    }
+}
+
 template <int T, int R>
 __device__ void el_mmv(const uint8_t *w, int64_t w_row_bytes, const uint8_t *a, int64_t a_row_bytes, float *out,
                               int64_t out_stride, int64_t n_in, int64_t n_rows, int64_t n_out) {
@@ -446,11 +479,7 @@ __device__ void el_mmv(const uint8_t *w, int64_t w_row_bytes, const uint8_t *a, 
             }
         }
     }
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        const float s = el_warp_sum(acc[r]);
-        if (lane == 0 && r0 + r < n_rows) out[(r0 + r) * out_stride + o] = s;
-    }
+    el_store_rows<R>(acc, out, out_stride, o, r0, n_rows, lane);
 }
 
 /* The tiled product: a block computes EL_MM_WARPS outputs for R rows. For each chunk of 32 units,
@@ -512,11 +541,7 @@ __device__ void el_mm(const uint8_t *w, int64_t w_row_bytes, const uint8_t *a, i
         }
     }
     if (o >= n_out) return;
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        const float s = el_warp_sum(acc[r]);
-        if (lane == 0 && r0 + r < n_rows) out[(r0 + r) * out_stride + o] = s;
-    }
+    el_store_rows<R>(acc, out, out_stride, o, r0, n_rows, lane);
 }
 
 /* Float weights against activations of the same float type (F32 x F32, F16 x F16, BF16 x BF16):
@@ -548,11 +573,7 @@ __device__ void el_mm_float(const uint8_t *w, int64_t w_row_bytes, const uint8_t
             if (r0 + r < n_rows) acc[r] += wv * el_load_float<T>(a + (r0 + r) * a_row_bytes, i);
         }
     }
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        const float s = el_warp_sum(acc[r]);
-        if (lane == 0 && r0 + r < n_rows) out[(r0 + r) * out_stride + o] = s;
-    }
+    el_store_rows<R>(acc, out, out_stride, o, r0, n_rows, lane);
 }
 
 /* ---- Entry points, one set per type ---------------------------------------------------------- */
@@ -586,6 +607,15 @@ EL_QUANT_ENTRIES(q3_K, EL_TYPE_Q3_K)
 EL_QUANT_ENTRIES(q4_K, EL_TYPE_Q4_K)
 EL_QUANT_ENTRIES(q5_K, EL_TYPE_Q5_K)
 EL_QUANT_ENTRIES(q6_K, EL_TYPE_Q6_K)
+EL_QUANT_ENTRIES(iq4_nl, EL_TYPE_IQ4_NL)
+EL_QUANT_ENTRIES(iq4_xs, EL_TYPE_IQ4_XS)
+EL_QUANT_ENTRIES(iq3_xxs, EL_TYPE_IQ3_XXS)
+EL_QUANT_ENTRIES(iq3_s, EL_TYPE_IQ3_S)
+EL_QUANT_ENTRIES(iq2_xxs, EL_TYPE_IQ2_XXS)
+EL_QUANT_ENTRIES(iq2_xs, EL_TYPE_IQ2_XS)
+EL_QUANT_ENTRIES(iq2_s, EL_TYPE_IQ2_S)
+EL_QUANT_ENTRIES(iq1_s, EL_TYPE_IQ1_S)
+EL_QUANT_ENTRIES(iq1_m, EL_TYPE_IQ1_M)
 
 #define EL_FLOAT_ENTRIES(name, T)                                                                   \
     extern "C" __global__ void __launch_bounds__(EL_MM_WARPS * EL_WARP) el_cuda_mm_##name(EL_MM_ARGS) { \

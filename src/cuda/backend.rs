@@ -70,6 +70,9 @@ pub struct CudaBackend<D: CudaDevice> {
     v_cache: Vec<D::Buf>,
     shape: AttentionShape,
     attn_scale: f32,
+    /// The frequency factors of each distinct rope with factors or YaRN (all 1 for YaRN alone),
+    /// uploaded at load: [rope_dim / 2] f32 each.
+    rope_factors: Vec<(Vec<f32>, D::Buf)>,
     /// Activation buffers, reused in request order; `next` is this step's next request.
     arena: Vec<D::Buf>,
     next: usize,
@@ -93,7 +96,6 @@ pub fn load<D: CudaDevice>(
     if block_size == 0 || num_blocks == 0 {
         bail!("an empty KV pool");
     }
-    check_supported(c)?;
     let kv_bytes = 2 * c.num_layers * num_blocks * block_size * c.kv_dim() * 2;
     let weight_bytes = model.file.file_bytes() as usize;
     let (free, total) = dev.mem_info()?;
@@ -133,6 +135,19 @@ pub fn load<D: CudaDevice>(
             .collect::<Result<Vec<_>>>()
     };
     let (k_cache, v_cache) = (caches()?, caches()?);
+    let mut rope_factors: Vec<(Vec<f32>, D::Buf)> = Vec::new();
+    for rope in c.layers.iter().filter_map(|l| l.rope.as_ref()) {
+        if !is_extended(rope) {
+            continue;
+        }
+        let f = k::rope_factors(rope)?;
+        if !rope_factors.iter().any(|(have, _)| same_bits(have, &f)) {
+            let buf = dev
+                .upload(&f)
+                .context("uploading the rope frequency factors")?;
+            rope_factors.push((f, buf));
+        }
+    }
     Ok(Loaded {
         backend: CudaBackend {
             k_cache,
@@ -145,6 +160,7 @@ pub fn load<D: CudaDevice>(
                 num_blocks,
             },
             attn_scale: c.attn_scale,
+            rope_factors,
             arena: Vec::new(),
             next: 0,
             step: None,
@@ -154,23 +170,13 @@ pub fn load<D: CudaDevice>(
     })
 }
 
-/// The model options the CUDA kernels do not cover yet, refused at load with their names.
-fn check_supported(c: &crate::model::ModelConfig) -> Result<()> {
-    if c.residual_scale != 1.0 || c.logit_scale != 1.0 {
-        bail!(
-            "{}'s residual and logit multipliers have no CUDA kernel yet (it runs on the CPU backend)",
-            c.architecture
-        );
-    }
-    let extended = |r: &Rope| r.freq_factors.is_some() || r.yarn.is_some();
-    if c.layers
-        .iter()
-        .filter_map(|l| l.rope.as_ref())
-        .any(extended)
-    {
-        bail!("rope_freqs and YaRN scaling have no CUDA kernel yet (the model runs on the CPU backend)");
-    }
-    Ok(())
+/// Whether `r` runs el_cuda_rope_ext (llama3's frequency factors, YaRN) rather than el_cuda_rope.
+fn is_extended(r: &Rope) -> bool {
+    r.freq_factors.is_some() || r.yarn.is_some()
+}
+
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
 impl<D: CudaDevice> CudaBackend<D> {
@@ -403,7 +409,18 @@ impl<D: CudaDevice> Backend for CudaBackend<D> {
                 x.width
             );
         }
-        k::rope(&self.dev, x.ptr, positions, x.n_rows, n_heads, rope)
+        let factors = if is_extended(rope) {
+            let want = k::rope_factors(rope)?;
+            let Some((_, buf)) = self.rope_factors.iter().find(|(f, _)| same_bits(f, &want)) else {
+                bail!("a rope whose frequency factors were not uploaded at load");
+            };
+            Some(self.dev.ptr(buf))
+        } else {
+            None
+        };
+        k::rope(
+            &self.dev, x.ptr, positions, x.n_rows, n_heads, rope, factors,
+        )
     }
 
     fn kv_write(&mut self, layer: usize, kk: &DevActs, v: &DevActs) -> Result<()> {
@@ -478,8 +495,8 @@ impl<D: CudaDevice> Backend for CudaBackend<D> {
         )
     }
 
-    fn scale(&mut self, _x: &mut DevActs, s: f32) -> Result<()> {
-        bail!("a multiplier ({s}) on activations has no CUDA kernel yet (granite runs on the CPU backend)")
+    fn scale(&mut self, x: &mut DevActs, s: f32) -> Result<()> {
+        k::scale(&self.dev, x.ptr, x.n_rows * x.width, s)
     }
 
     fn softcap(&mut self, x: &mut DevActs, cap: f32) -> Result<()> {

@@ -6,7 +6,7 @@
 use anyhow::{bail, Result};
 
 use super::launch::{Arg, DevPtr, Launch};
-use crate::kernels::{Activation, AttentionShape, Rope, RopeStyle};
+use crate::kernels::{Activation, AttentionShape, Rope, RopeStyle, Yarn};
 use crate::tensor_type::TensorType;
 
 const F32: usize = 4;
@@ -31,10 +31,16 @@ fn type_name(t: TensorType) -> Result<&'static str> {
         Q4_K => "q4_K",
         Q5_K => "q5_K",
         Q6_K => "q6_K",
+        IQ4_NL => "iq4_nl",
+        IQ4_XS => "iq4_xs",
+        IQ3_XXS => "iq3_xxs",
+        IQ3_S => "iq3_s",
+        IQ2_XXS => "iq2_xxs",
+        IQ2_XS => "iq2_xs",
+        IQ2_S => "iq2_s",
+        IQ1_S => "iq1_s",
+        IQ1_M => "iq1_m",
         Q8_1 | Q8_K => bail!("{t} is not a weight type the GPU kernels take"),
-        IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ1_S | IQ1_M | IQ4_NL | IQ4_XS => {
-            bail!("tensor type {t} has no CUDA kernels yet (it runs on the CPU backend)")
-        }
     })
 }
 
@@ -228,6 +234,9 @@ pub fn rms_norm(
 }
 
 /// RoPE in place on `x` ([n_tokens][n_heads][head_dim]) at the positions `pos` (int32 [n_tokens]).
+/// A rope with frequency factors or YaRN runs el_cuda_rope_ext and needs `freq_factors`: its
+/// factors on the device (f32 [rope_dim / 2], [`rope_factors`]), which `CudaBackend` uploads
+/// once at load.
 pub fn rope(
     gpu: &dyn Launch,
     x: DevPtr,
@@ -235,16 +244,22 @@ pub fn rope(
     n_tokens: usize,
     n_heads: usize,
     r: &Rope,
+    freq_factors: Option<DevPtr>,
 ) -> Result<()> {
     if r.rope_dim > r.head_dim || !r.rope_dim.is_multiple_of(2) {
         bail!("rope dims {} of head {}", r.rope_dim, r.head_dim);
     }
-    if r.freq_factors.is_some() || r.yarn.is_some() {
-        bail!("rope_freqs and YaRN scaling have no CUDA kernel yet (they run on the CPU backend)");
-    }
     // The reference's powf(freq_base, -2.0f / rope_dim), here through the same libm.
     let theta_scale = r.freq_base.powf(-2.0f32 / r.rope_dim as f32);
     let n_pairs = n_tokens * n_heads * (r.rope_dim / 2);
+    if r.freq_factors.is_some() || r.yarn.is_some() {
+        let Some(factors) = freq_factors else {
+            bail!(
+                "a rope with frequency factors or YaRN, launched without its factors on the device"
+            );
+        };
+        return rope_ext(gpu, x, pos, factors, n_tokens, n_heads, r, theta_scale);
+    }
     let args = [
         Arg::Ptr(x.need(n_tokens * n_heads * r.head_dim * F32, "rope x")?),
         Arg::Ptr(pos.need(n_tokens * 4, "rope positions")?),
@@ -257,6 +272,78 @@ pub fn rope(
         Arg::I32((r.style == RopeStyle::Neox) as i32),
     ];
     gpu.launch("el_cuda_rope", (blocks(n_pairs, 256), 1, 1), 256, &args)
+}
+
+/// el_cuda_rope_ext: `rope` with frequency factors (`factors`, [rope_dim / 2]) and YaRN.
+#[allow(clippy::too_many_arguments)]
+fn rope_ext(
+    gpu: &dyn Launch,
+    x: DevPtr,
+    pos: DevPtr,
+    factors: DevPtr,
+    n_tokens: usize,
+    n_heads: usize,
+    r: &Rope,
+    theta_scale: f32,
+) -> Result<()> {
+    let n_pairs = n_tokens * n_heads * (r.rope_dim / 2);
+    let yarn = r.yarn.unwrap_or(Yarn {
+        ext_factor: 0.0,
+        attn_factor: 1.0,
+        corr_low: 0.0,
+        corr_high: 0.0,
+    });
+    // el_rope_ext's cos/sin factor, with the same float operations (host logf, as the C).
+    let mscale = if yarn.ext_factor != 0.0 {
+        yarn.attn_factor * (1.0f32 + 0.1f32 * (1.0f32 / r.freq_scale).ln())
+    } else {
+        yarn.attn_factor
+    };
+    let args = [
+        Arg::Ptr(x.need(n_tokens * n_heads * r.head_dim * F32, "rope x")?),
+        Arg::Ptr(pos.need(n_tokens * 4, "rope positions")?),
+        Arg::Ptr(factors.need(r.rope_dim / 2 * F32, "rope frequency factors")?),
+        Arg::I64(n_tokens as i64),
+        Arg::I64(n_heads as i64),
+        Arg::I64(r.head_dim as i64),
+        Arg::I64(r.rope_dim as i64),
+        Arg::F32(r.freq_scale),
+        Arg::F32(theta_scale),
+        Arg::I32((r.style == RopeStyle::Neox) as i32),
+        Arg::F32(yarn.ext_factor),
+        Arg::F32(mscale),
+        Arg::F32(yarn.corr_low),
+        Arg::F32(yarn.corr_high),
+    ];
+    gpu.launch("el_cuda_rope_ext", (blocks(n_pairs, 256), 1, 1), 256, &args)
+}
+
+/// The frequency factors `rope_ext` reads for `r`: its `rope_freqs` (llama3), or all 1 (YaRN
+/// alone: dividing by 1 changes nothing, as the reference's missing factors).
+pub fn rope_factors(r: &Rope) -> Result<Vec<f32>> {
+    match &r.freq_factors {
+        Some(f) if f.as_slice().len() != r.rope_dim / 2 => bail!(
+            "{} rope frequency factors for {} rotated pairs",
+            f.as_slice().len(),
+            r.rope_dim / 2
+        ),
+        Some(f) => Ok(f.as_slice().to_vec()),
+        None => Ok(vec![1.0; r.rope_dim / 2]),
+    }
+}
+
+/// `x[i] *= s` over `n`.
+pub fn scale(gpu: &dyn Launch, x: DevPtr, n: usize, s: f32) -> Result<()> {
+    gpu.launch(
+        "el_cuda_scale",
+        (blocks(n, 256), 1, 1),
+        256,
+        &[
+            Arg::Ptr(x.need(n * F32, "scale")?),
+            Arg::I64(n as i64),
+            Arg::F32(s),
+        ],
+    )
 }
 
 /// `gate[i] = act(gate[i]) * up[i]` over `n` elements.

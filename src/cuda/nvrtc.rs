@@ -15,6 +15,16 @@ pub const SOURCES: &[(&str, &str)] = &[
         "el_cuda_common.cuh",
         include_str!("../../csrc/cuda/el_cuda_common.cuh"),
     ),
+    ("el_iq.cuh", include_str!("../../csrc/cuda/el_iq.cuh")),
+    (
+        "el_iq_tables.cuh",
+        include_str!("../../csrc/cuda/el_iq_tables.cuh"),
+    ),
+    // The C kernels' IQ codebooks, which el_iq_tables.cuh includes by this relative name.
+    (
+        "../el_iq_tables.h",
+        include_str!("../../csrc/el_iq_tables.h"),
+    ),
     ("el_quants.cu", include_str!("../../csrc/cuda/el_quants.cu")),
     ("el_ops.cu", include_str!("../../csrc/cuda/el_ops.cu")),
 ];
@@ -30,7 +40,8 @@ pub const OPTIONS: &[&str] = &["--fmad=false", "--std=c++17"];
 /// appears in the PTX.
 pub fn entry_points(program: &str) -> Vec<String> {
     const QUANT: &[&str] = &[
-        "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K",
+        "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K", "iq4_nl",
+        "iq4_xs", "iq3_xxs", "iq3_s", "iq2_xxs", "iq2_xs", "iq2_s", "iq1_s", "iq1_m",
     ];
     const FLOAT: &[&str] = &["f32", "f16", "bf16"];
     match program {
@@ -53,12 +64,14 @@ pub fn entry_points(program: &str) -> Vec<String> {
         "el_ops.cu" => [
             "el_cuda_rms_norm",
             "el_cuda_rope",
+            "el_cuda_rope_ext",
             "el_cuda_swiglu",
             "el_cuda_geglu",
             "el_cuda_kv_write",
             "el_cuda_paged_attention",
             "el_cuda_add",
             "el_cuda_add_bias",
+            "el_cuda_scale",
             "el_cuda_softcap",
             "el_cuda_gather_rows",
             "el_cuda_copy_block",

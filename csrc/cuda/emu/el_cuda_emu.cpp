@@ -8,7 +8,11 @@
  *
  * Switching: a fiber is entered the first time through swapcontext, then switched with
  * _setjmp/_longjmp, which unlike swapcontext make no system call (the signal mask is never
- * touched); under AddressSanitizer every switch is a swapcontext with ASan's fiber annotations.
+ * touched). A fiber outlives its block: once its thread returns it parks at the top of its loop,
+ * and the next block (of this launch or a later one) resumes it there to run that block's thread
+ * of the same index, so a block costs no context creation (a fiber left inside a kernel by a
+ * failed launch is made afresh). Under AddressSanitizer every switch is a swapcontext with ASan's
+ * fiber annotations, and every block makes its fibers afresh.
  *
  * Everything is per OS thread (thread_local), so tests may launch from several threads at once.
  */
@@ -47,7 +51,8 @@ constexpr unsigned kMaxThreads = 1024;
 struct Fiber {
     ucontext_t uc;
     jmp_buf jb;
-    bool started;
+    bool started; /* entered once: jb holds where it waits */
+    bool parked;  /* waiting at the top of fiber_main's loop for its next block */
     St st;
     unsigned seq; /* shuffles this lane has done */
     char *stack;
@@ -78,7 +83,11 @@ struct Stacks {
         for (char *p : s) munmap(p, kStack);
     }
     bool reserve(unsigned n) {
-        fibers.resize(n > fibers.size() ? n : fibers.size());
+        if (n > fibers.size()) {
+            /* The parked fibers' records move: make every fiber afresh on its next block. */
+            for (Fiber &f : fibers) f.started = false;
+            fibers.resize(n);
+        }
         while (s.size() < n) {
             void *p = mmap(nullptr, kStack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
             if (p == MAP_FAILED) return false;
@@ -109,11 +118,10 @@ void yield(St st) {
 #endif
 }
 
+#ifdef __SANITIZE_ADDRESS__
 void fiber_main() {
     Block *b = g_block;
-#ifdef __SANITIZE_ADDRESS__
     __sanitizer_finish_switch_fiber(nullptr, &b->sched_bottom, &b->sched_size);
-#endif
     b->body(b->ctx);
     b->f[b->cur].st = St::Done;
 #ifdef EL_EMU_UCONTEXT_ONLY
@@ -123,8 +131,29 @@ void fiber_main() {
     _longjmp(b->sched_jb, 1);
 #endif
 }
+#else
+/* Thread i has returned: back to the scheduler, parked until a block resumes this fiber. */
+__attribute__((noinline)) void park(unsigned i) {
+    Block *b = g_block;
+    b->f[i].st = St::Done;
+    b->f[i].parked = true;
+    if (!_setjmp(b->f[i].jb)) _longjmp(b->sched_jb, 1);
+}
 
-void resume(Block &b, unsigned i) {
+/* One thread of every block this fiber is resumed for (g_block and the index are read afresh
+ * each time: the block and the kernel change between launches). */
+void fiber_main() {
+    for (;;) {
+        Block *b = g_block;
+        const unsigned i = b->cur;
+        b->f[i].parked = false;
+        b->body(b->ctx);
+        park(i);
+    }
+}
+#endif
+
+__attribute__((noinline)) void resume(Block &b, unsigned i) {
     b.cur = i;
     el_emu_now.thread_idx = thread_index(b, i);
     Fiber &f = b.f[i];
@@ -176,19 +205,28 @@ bool release(Block &b, bool *done) {
     return false;
 }
 
+/* A fresh context for fiber f on stack `stack`, entering fiber_main. */
+__attribute__((noinline)) void make_fiber(Block &b, Fiber &f, char *stack) {
+    f.started = false;
+    f.parked = false;
+    f.stack = stack;
+    getcontext(&f.uc);
+    f.uc.uc_stack.ss_sp = f.stack;
+    f.uc.uc_stack.ss_size = kStack;
+    f.uc.uc_link = &b.sched;
+    makecontext(&f.uc, fiber_main, 0);
+}
+
 int run_block(Block &b, bool reverse) {
     for (unsigned i = 0; i < b.n; i++) {
         Fiber &f = b.f[i];
         f.st = St::Runnable;
-        f.started = false;
         f.seq = 0;
         f.fake_stack = nullptr;
-        f.stack = g_stacks.s[i];
-        getcontext(&f.uc);
-        f.uc.uc_stack.ss_sp = f.stack;
-        f.uc.uc_stack.ss_size = kStack;
-        f.uc.uc_link = &b.sched;
-        makecontext(&f.uc, fiber_main, 0);
+#ifndef __SANITIZE_ADDRESS__
+        if (f.started && f.parked) continue; /* resumed at the top of its loop */
+#endif
+        make_fiber(b, f, g_stacks.s[i]);
     }
     for (;;) {
         for (unsigned k = 0; k < b.n; k++) {

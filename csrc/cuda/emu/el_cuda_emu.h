@@ -3,7 +3,7 @@
  * csrc/cuda/ (*.cu) compile and run on the CPU (the emulator behind src/cuda/emu.rs, used by the
  * tests on machines without a GPU).
  *
- * - The qualifiers are macros: __global__ and __device__ vanish, __shared__ is a function-local
+ * - The qualifiers are macros: __global__, __device__ and __constant__ vanish, __shared__ is a function-local
  *   `static thread_local` (one block runs at a time on an OS thread, so a block's threads share it).
  * - Every CUDA thread of a block is a fiber (ucontext) with its own stack; threadIdx, blockIdx,
  *   blockDim and gridDim read the running fiber's values.
@@ -33,6 +33,7 @@
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __shared__ static thread_local
+#define __constant__
 
 struct el_dim3 {
     unsigned int x, y, z;
