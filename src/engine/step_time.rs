@@ -16,7 +16,7 @@ use crate::model::Batch;
 const DECAY: f64 = 0.99;
 
 /// Prompt tokens a step may always run, however slow the steps are, so long prompts progress.
-pub const MIN_PREFILL_CHUNK: usize = 32;
+pub const MIN_PREFILL_CHUNK: usize = 16;
 
 /// The cap while sessions decode, unless `--max-step-ms` says otherwise.
 pub const DEFAULT_MAX_STEP_MS: u64 = 100;
