@@ -48,6 +48,15 @@ pub struct EngineArgs {
     /// Most requests queued or running; more are refused.
     #[arg(long = "max-queue", default_value_t = 256)]
     pub max_queue: usize,
+    /// While any session decodes, cut each step's prefill so the step (the gap between two
+    /// streamed tokens) takes about MS milliseconds, from step times the engine measures; 0
+    /// turns the cap off. A prefill with nothing decoding beside it is never capped.
+    #[arg(
+        long = "max-step-ms",
+        value_name = "MS",
+        default_value_t = crate::engine::step_time::DEFAULT_MAX_STEP_MS
+    )]
+    pub max_step_ms: u64,
     /// Where the model runs: cuda when built with it and a GPU is usable (auto), or cpu, or cuda.
     #[arg(long = "device", value_enum, default_value_t = Device::Auto)]
     pub device: Device,
@@ -114,6 +123,7 @@ impl EngineArgs {
         }
         config.max_batched_tokens = self.max_batched_tokens;
         config.max_queue = self.max_queue;
+        config.max_step_ms = (self.max_step_ms > 0).then_some(self.max_step_ms);
         Ok(config)
     }
 

@@ -472,6 +472,7 @@ fn engine_run(model: &Arc<Model>, exec: Executor) -> (Vec<Completion>, Metrics) 
         max_batched_tokens: 8,
         max_seqs: 8,
         max_queue: 8,
+        max_step_ms: None,
     };
     let engine = EngineHandle::start_with(Arc::clone(model), config, exec).unwrap();
     let prefix: Vec<u32> = (0..16).map(|i| (i * 41 + 7) % VOCAB as u32).collect();

@@ -28,6 +28,7 @@ fn engine(num_blocks: usize) -> EngineHandle {
         max_batched_tokens: 512,
         max_seqs: 64,
         max_queue: 64,
+        max_step_ms: None,
     };
     EngineHandle::start(shared_model(), config).unwrap()
 }

@@ -28,6 +28,7 @@ fn engine(max_batched_tokens: usize) -> EngineHandle {
         max_batched_tokens,
         max_seqs: 64,
         max_queue: 64,
+        max_step_ms: None,
     };
     EngineHandle::start(shared_model(), config).unwrap()
 }

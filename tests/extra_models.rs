@@ -486,6 +486,7 @@ fn gemma3_prefix_cache_past_the_window() {
         max_batched_tokens: 512,
         max_seqs: 4,
         max_queue: 4,
+        max_step_ms: None,
     };
     let engine = EngineHandle::start(model.clone(), config).unwrap();
     let run = |p: &[u32]| {

@@ -13,6 +13,9 @@ pub struct Metrics {
     pub tokens_prefilled: u64,
     pub tokens_generated: u64,
     pub steps: u64,
+    /// Steps whose prefill was cut shorter than the token budget allowed, so the sequences
+    /// decoding beside it kept `--max-step-ms`.
+    pub steps_prefill_capped: u64,
     pub preemptions: u64,
     pub prefix_cache: PrefixCacheStats,
     pub blocks_total: usize,

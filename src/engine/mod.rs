@@ -8,6 +8,8 @@
 //! - `batch_builder`: the one bridge from scheduled sequences to the model's flat batch.
 //! - `worker`: the loop that runs steps, samples, and reports to clients.
 //! - `kv_events`: prefix-cache changes for routers, queued without ever blocking the engine.
+//! - `step_time`: what a step costs, learnt from measured steps, and the time cap on a step's
+//!   prefill while sequences decode (`--max-step-ms`).
 //! - `disk_cache`: the prefix cache's disk tier (blocks that survive restarts), with its own
 //!   I/O thread.
 
@@ -20,6 +22,7 @@ pub mod metrics;
 pub mod scheduler;
 pub mod sequence;
 pub mod spec;
+pub mod step_time;
 mod worker;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -52,6 +55,9 @@ pub struct EngineConfig {
     pub max_seqs: usize,
     /// Most requests waiting or running; more are refused.
     pub max_queue: usize,
+    /// While any sequence decodes, a step's prefill is cut so the step takes about this long
+    /// (`--max-step-ms`); None: prompts fill the token budget.
+    pub max_step_ms: Option<u64>,
 }
 
 impl EngineConfig {
@@ -94,6 +100,7 @@ impl EngineConfig {
             max_batched_tokens: 512,
             max_seqs: 256,
             max_queue: 1024,
+            max_step_ms: Some(step_time::DEFAULT_MAX_STEP_MS),
         })
     }
 

@@ -9,6 +9,7 @@ use std::collections::{HashMap, VecDeque};
 
 use super::block_manager::{BlockCopy, BlockManager};
 use super::sequence::{SeqStatus, Sequence};
+use super::step_time::{PrefillAllowance, StepShape, StepTime};
 
 #[derive(Clone, Debug)]
 pub struct SchedulerConfig {
@@ -27,6 +28,8 @@ pub struct SchedulerOutput {
     pub copies: Vec<BlockCopy>,
     /// Sequences preempted while scheduling this step.
     pub preempted: Vec<u64>,
+    /// Whether the time cap cut this step's prefill (`--max-step-ms`).
+    pub prefill_capped: bool,
 }
 
 impl SchedulerOutput {
@@ -53,6 +56,9 @@ pub struct Scheduler {
     in_flight: HashMap<u64, u64>,
     /// Pinned blocks: held here forever, so they are never evicted.
     pinned: Vec<u32>,
+    /// What steps cost, and the time cap on a step's prefill while sequences decode (none
+    /// until `set_max_step_ms`).
+    pub step_time: StepTime,
 }
 
 impl Scheduler {
@@ -68,7 +74,29 @@ impl Scheduler {
             num_preemptions: 0,
             in_flight: HashMap::new(),
             pinned: Vec::new(),
+            step_time: StepTime::new(None),
         }
+    }
+
+    /// Caps each step's prefill so a step with decoding sequences takes about `ms` (None: no
+    /// cap; chunks then fill the token budget).
+    pub fn set_max_step_ms(&mut self, ms: Option<u64>) {
+        self.step_time.max_step = StepTime::new(ms).max_step;
+    }
+
+    /// The prefill time this step has beside its decoding sequences (those with one token to
+    /// compute, and their proposals).
+    fn prefill_allowance(&self) -> PrefillAllowance {
+        let mut decoding = StepShape::default();
+        for id in &self.running {
+            let seq = &self.seqs[id];
+            if seq.num_uncomputed() == 1 {
+                for i in 0..=seq.draft.len() {
+                    decoding.add_rows(seq.num_computed + i, 1, true);
+                }
+            }
+        }
+        self.step_time.allowance(decoding)
     }
 
     /// Adds a new sequence at the back of the waiting queue.
@@ -116,6 +144,7 @@ impl Scheduler {
     pub fn schedule(&mut self) -> SchedulerOutput {
         let mut out = SchedulerOutput::default();
         let mut budget = self.config.max_batched_tokens;
+        let mut prefill = self.prefill_allowance();
 
         // Running sequences first, oldest first.
         let mut i = 0;
@@ -124,6 +153,10 @@ impl Scheduler {
             let seq = self.seqs.get_mut(&id).expect("running ids are live");
             let uncomputed = seq.num_uncomputed();
             let mut n = uncomputed.min(budget);
+            if n > 1 {
+                // A prompt (or a recomputation) in chunks: as much as the step's time allows.
+                n = prefill.take(seq.num_computed, n, seq.tokens.len());
+            }
             if n == 0 {
                 i += 1;
                 continue;
@@ -193,7 +226,18 @@ impl Scheduler {
             }
             seq.num_computed = matched * self.blocks.block_size;
             seq.num_cached = seq.num_computed;
-            let n = seq.num_uncomputed().min(budget);
+            let n = prefill.take(
+                seq.num_computed,
+                seq.num_uncomputed().min(budget),
+                seq.tokens.len(),
+            );
+            if n == 0 {
+                // The step's prefill time is spent: it starts in a later step.
+                self.blocks.free(&mut seq.block_table);
+                seq.num_computed = 0;
+                seq.num_cached = 0;
+                break;
+            }
             let target = seq.num_computed + n;
             match self
                 .blocks
@@ -221,6 +265,7 @@ impl Scheduler {
                 }
             }
         }
+        out.prefill_capped = prefill.cut();
         out
     }
 

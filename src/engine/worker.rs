@@ -123,13 +123,14 @@ impl Worker {
             blocks.enable_events();
             sink.send(vec![KvCacheEvent::AllBlocksCleared]);
         }
-        let sched = Scheduler::new(
+        let mut sched = Scheduler::new(
             SchedulerConfig {
                 max_batched_tokens: config.max_batched_tokens,
                 max_seqs: config.max_seqs,
             },
             blocks,
         );
+        sched.set_max_step_ms(config.max_step_ms);
         Worker {
             model,
             config,
@@ -433,6 +434,7 @@ impl Worker {
 
     /// One step: schedule, copy shared blocks about to be written, run the batch, sample.
     fn step(&mut self) {
+        let step_started = Instant::now();
         self.propose();
         let out = self.sched.schedule();
         // Before any slot is written: the cached blocks this schedule evicted go to disk.
@@ -480,6 +482,7 @@ impl Worker {
             }
         };
         self.metrics.steps += 1;
+        self.metrics.steps_prefill_capped += u64::from(out.prefill_capped);
         for &(id, n) in &out.scheduled {
             if let Some(seq) = self.sched.get(id) {
                 // Tokens before the prompt's end are prefill; the rest recompute or decode.
@@ -519,6 +522,11 @@ impl Worker {
             started.elapsed().as_secs_f64(),
             batch.logits_rows.len() == batch.n_tokens(),
         );
+        // The whole step, as a streaming client sees it between two tokens, teaches the cap.
+        let shape = super::step_time::StepShape::of(&batch);
+        self.sched
+            .step_time
+            .record(shape, step_started.elapsed().as_secs_f64());
     }
 
     /// Takes out the active constraint states of the scheduled sequences that will sample after

@@ -54,6 +54,7 @@ pub fn engine_greedy(
         max_batched_tokens,
         max_seqs: 1,
         max_queue: 1,
+        max_step_ms: None,
     };
     let engine = EngineHandle::start(shared_model(), config).expect("the engine starts");
     let mut request = Request::new(prompt.to_vec(), SamplingParams::greedy(), n);
