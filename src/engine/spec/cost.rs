@@ -3,6 +3,8 @@
 //! row computes logits, as a proposed row does). The fixed part is reading the weights once;
 //! the per-token part is compute. Speculation pays while the step is
 //! bound by the fixed part (few sessions) and stops paying when it is compute-bound (many).
+//! With a draft model, each proposed token also costs a draft step (the draft runner keeps a
+//! `StepCost` of its own): `break_even_with` adds it.
 
 /// Weight of a step one step older (about the last 200 steps count).
 const DECAY: f64 = 0.995;
@@ -48,10 +50,36 @@ impl StepCost {
     /// of `num_decoding` sequences: adding X rows that bring Y tokens beats not adding them
     /// when Y / X > N * per_token / (fixed + N * per_token).
     pub fn break_even(&self, num_decoding: usize) -> Option<f64> {
+        self.break_even_with(num_decoding, 0.0)
+    }
+
+    /// As `break_even`, when each proposed token per sequence also costs `extra_secs` outside
+    /// the step (a draft model's step over the N sequences): one more proposed token for
+    /// each of N sequences costs `extra + N * per_token`, a step without proposals brings N
+    /// tokens for `fixed + N * per_token`, so it pays when its acceptance beats the ratio.
+    pub fn break_even_with(&self, num_decoding: usize, extra_secs: f64) -> Option<f64> {
         let (fixed, per_token) = self.fit()?;
         let n = num_decoding as f64;
         let step = fixed + n * per_token;
-        (step > 0.0).then(|| n * per_token / step)
+        (step > 0.0).then(|| (extra_secs + n * per_token) / step)
+    }
+
+    /// Seconds per token: the fit's, or (steps too alike to fit) recent seconds over recent
+    /// tokens, which counts the fixed part too and so errs high; None before any step.
+    pub fn per_token_upper(&self) -> Option<f64> {
+        if let Some((_, per_token)) = self.fit() {
+            return Some(per_token);
+        }
+        (self.t > 0.0).then(|| self.y / self.t)
+    }
+
+    /// The predicted seconds of a step of `num_tokens` tokens: the fit, or the mean of recent
+    /// steps while they are too alike to fit; None before any step.
+    pub fn predict(&self, num_tokens: usize) -> Option<f64> {
+        if let Some((fixed, per_token)) = self.fit() {
+            return Some(fixed + per_token * num_tokens as f64);
+        }
+        (self.w > 0.0).then(|| self.y / self.w)
     }
 }
 
@@ -76,5 +104,17 @@ mod tests {
         let one = c.break_even(1).unwrap();
         let many = c.break_even(64).unwrap();
         assert!(one < 0.1 && many > 0.8, "{one} {many}");
+        // A draft step as dear as the target's fixed part: nothing below 100% acceptance pays.
+        assert!(c.break_even_with(1, 0.018).unwrap() > 1.0);
+        assert!((c.predict(10).unwrap() - 0.038).abs() < 1e-6);
+    }
+
+    #[test]
+    fn predicts_the_mean_while_steps_are_alike() {
+        let mut c = StepCost::default();
+        assert!(c.predict(1).is_none());
+        c.record(2, 0.010);
+        c.record(2, 0.030);
+        assert!((c.predict(7).unwrap() - 0.020).abs() < 1e-9);
     }
 }
