@@ -48,8 +48,7 @@ impl Worker {
                 })
                 .collect();
             let tokenizer = &self.model.tokenizer;
-            self.speculator
-                .propose_all(&wants, |t| tokenizer.is_eog(t))
+            self.speculator.propose_all(&wants, |t| tokenizer.is_eog(t))
         } else {
             Vec::new()
         };

@@ -97,8 +97,12 @@ fn differs(t: &GgufFile, d: &GgufFile, key: &str) -> Option<String> {
     let (a, b) = (t.get(key), d.get(key));
     match (a, b) {
         (None, None) => None,
-        (Some(_), None) => Some(format!("{short} is set in the target, missing in the draft")),
-        (None, Some(_)) => Some(format!("{short} is set in the draft, missing in the target")),
+        (Some(_), None) => Some(format!(
+            "{short} is set in the target, missing in the draft"
+        )),
+        (None, Some(_)) => Some(format!(
+            "{short} is set in the draft, missing in the target"
+        )),
         (Some(a), Some(b)) => {
             if let (Some(x), Some(y)) = (a.as_u64(), b.as_u64()) {
                 return (x != y).then(|| format!("{short} is {x} in the target, {y} in the draft"));
@@ -309,7 +313,11 @@ impl DraftRunner {
         let mut batch = self.new_batch(plan.iter().map(|p| p.0));
         let mut rounds = Vec::new();
         for &(id, from, to, k) in &plan {
-            let tokens = wants.iter().find(|w| w.0 == id).expect("planned from wants").1;
+            let tokens = wants
+                .iter()
+                .find(|w| w.0 == id)
+                .expect("planned from wants")
+                .1;
             let st = &self.seqs[&id];
             let row = batch.push_block_table(&st.table);
             for (pos, &t) in tokens.iter().enumerate().take(to).skip(from) {
@@ -326,7 +334,11 @@ impl DraftRunner {
         }
         let logits = self.forward(&batch)?;
         for &(id, from, to, _) in &plan {
-            let tokens = wants.iter().find(|w| w.0 == id).expect("planned from wants").1;
+            let tokens = wants
+                .iter()
+                .find(|w| w.0 == id)
+                .expect("planned from wants")
+                .1;
             let st = self.seqs.get_mut(&id).expect("planned");
             st.held.extend_from_slice(&tokens[from..to]);
         }

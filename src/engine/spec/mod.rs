@@ -87,7 +87,6 @@ impl SpecConfig {
 /// Steps between probes while proposals are switched off, so acceptance is measured again.
 const PROBE_EVERY: u64 = 64;
 
-
 /// Weight of a sequence's older verifications against its newest (it adapts within a few).
 const SEQ_DECAY: f64 = 0.7;
 
