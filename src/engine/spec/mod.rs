@@ -211,23 +211,14 @@ impl Speculator {
     /// proposals come back when the costs change (fewer sessions, a quieter machine) so that
     /// it beats the break-even.
     fn gate_draft(&mut self, num_decoding: usize) -> bool {
-        let n = num_decoding as f64;
         let draft = self.draft.as_ref().expect("draft mode");
-        let step = self.cost.predict(num_decoding);
-        let per_token = match self.cost.fit() {
-            Some((_, c)) => Some(c),
-            None => self.prefill.per_token_upper(),
-        };
-        let threshold = match (step, per_token) {
-            (Some(step), Some(c)) if step > 0.0 => {
-                let d = draft
-                    .cost
-                    .predict(num_decoding)
-                    .unwrap_or(step * draft.bytes_ratio);
-                Some((d + n * c) / step)
-            }
-            _ => None,
-        };
+        let threshold = cost::draft_break_even(
+            &self.cost,
+            &self.prefill,
+            &draft.cost,
+            draft.bytes_ratio,
+            num_decoding,
+        );
         // Not one decoding step measured yet: wait for one (the first decides).
         let Some(threshold) = threshold else {
             return false;
