@@ -10,6 +10,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 
 use crate::device::{Device, Executor};
+use crate::engine::spec::DraftSetup;
 use crate::engine::{EngineConfig, EngineHandle};
 use crate::model::Model;
 
@@ -61,9 +62,16 @@ pub struct EngineArgs {
     #[arg(long = "device", value_enum, default_value_t = Device::Auto)]
     pub device: Device,
     /// Speculative decoding: ngram (prompt lookup: proposals from the sequence's own prompt and
-    /// output, checked in the batched step) or off. It never changes the output.
+    /// output, checked in the batched step), draft (a small model of the same vocabulary,
+    /// --draft-model, proposes) or off. It never changes the output.
     #[arg(long = "spec", value_enum, default_value_t = SpecMode::Off)]
     pub spec: SpecMode,
+    /// The draft model of --spec draft: a GGUF file with the target's vocabulary.
+    #[arg(long = "draft-model", value_name = "FILE")]
+    pub draft_model: Option<PathBuf>,
+    /// KV memory of the draft model in MiB [default: as many tokens as the target's pool].
+    #[arg(long = "draft-kv-mem", value_name = "MIB")]
+    pub draft_kv_mem: Option<usize>,
     /// Most tokens proposed per sequence and step (speculative decoding).
     #[arg(long = "spec-max-tokens", default_value_t = 8)]
     pub spec_max_tokens: usize,
@@ -81,6 +89,7 @@ pub struct EngineArgs {
 pub enum SpecMode {
     Off,
     Ngram,
+    Draft,
 }
 
 impl EngineArgs {
@@ -97,14 +106,50 @@ impl EngineArgs {
                 )
             })?;
         let spec = crate::engine::SpecConfig {
-            enabled: self.spec == SpecMode::Ngram,
+            enabled: self.spec != SpecMode::Off,
             max_tokens: self.spec_max_tokens,
             ngram_min: min,
             ngram_max: max,
             adaptive: !self.spec_fixed,
+            draft: None,
         };
         spec.validate().map_err(anyhow::Error::msg)?;
+        match (self.spec, &self.draft_model) {
+            (SpecMode::Draft, None) => anyhow::bail!("--spec draft needs --draft-model FILE"),
+            (SpecMode::Off | SpecMode::Ngram, Some(_)) => {
+                anyhow::bail!("--draft-model is used only with --spec draft")
+            }
+            _ => {}
+        }
+        if self.draft_kv_mem.is_some() && self.spec != SpecMode::Draft {
+            anyhow::bail!("--draft-kv-mem is used only with --spec draft");
+        }
         Ok(spec)
+    }
+
+    /// Loads the draft model of `--spec draft` and sizes its KV pool (`--draft-kv-mem`, else
+    /// the tokens of the target's pool, `config`).
+    fn draft_setup(&self, config: &EngineConfig) -> Result<Option<DraftSetup>> {
+        let Some(path) = self.draft_model.as_ref().filter(|_| self.spec == SpecMode::Draft)
+        else {
+            return Ok(None);
+        };
+        let model = Model::load(path).context("--draft-model")?;
+        let per_block = crate::kv_cache::KvCache::bytes_per_block(&model.config, config.block_size);
+        let num_blocks = match self.draft_kv_mem {
+            Some(mib) => mib.saturating_mul(1 << 20) / per_block,
+            None => config.num_blocks,
+        };
+        if num_blocks == 0 {
+            anyhow::bail!(
+                "--draft-kv-mem {} MiB holds no KV block of the draft ({per_block} bytes each)",
+                self.draft_kv_mem.unwrap_or(0)
+            );
+        }
+        Ok(Some(DraftSetup {
+            model: std::sync::Arc::new(model),
+            num_blocks,
+        }))
     }
 
     /// The engine configuration for `model`.
@@ -152,7 +197,8 @@ impl EngineArgs {
         disk: Option<crate::engine::disk_cache::DiskCacheConfig>,
     ) -> Result<EngineHandle> {
         let config = self.config(&model)?;
-        let spec = self.spec_config()?;
+        let mut spec = self.spec_config()?;
+        spec.draft = self.draft_setup(&config)?;
         if let Some(ctx) = self.ctx_size.filter(|&c| c > model.config.n_ctx_train) {
             // As llama.cpp does: allowed, with a warning, for models that extrapolate.
             eprintln!(

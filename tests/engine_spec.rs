@@ -44,6 +44,7 @@ fn eager() -> SpecConfig {
         ngram_min: 1,
         ngram_max: 4,
         adaptive: false,
+        draft: None,
     }
 }
 

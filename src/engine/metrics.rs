@@ -39,6 +39,8 @@ pub struct Metrics {
     pub spec_proposed_tokens: u64,
     pub spec_accepted_tokens: u64,
     pub spec_blocks_rolled_back: u64,
+    /// The draft model's KV pool (`--spec draft`): (blocks, free blocks); None without one.
+    pub draft_blocks: Option<(usize, usize)>,
     /// Blocks held by pinned prompts.
     pub blocks_pinned: usize,
     /// The disk tier's counters; None when it is off.

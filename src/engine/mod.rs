@@ -404,6 +404,13 @@ impl EngineHandle {
         let in_flight = Arc::new(AtomicU64::new(0));
         let config = Arc::new(config);
         let metrics = Arc::new(Mutex::new(Metrics::default()));
+        let speculator = spec::Speculator::start(
+            spec,
+            &model,
+            exec.device(),
+            config.block_size,
+            config.max_batched_tokens,
+        )?;
         let worker = worker::Worker::new(
             model.clone(),
             (*config).clone(),
@@ -411,7 +418,7 @@ impl EngineHandle {
             in_flight.clone(),
             metrics.clone(),
             kv_events,
-            spec,
+            speculator,
             disk,
         );
         let disk_stats = worker.disk_stats();

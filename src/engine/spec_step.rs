@@ -1,5 +1,5 @@
 //! The worker's speculative-decoding part of a step (see `engine::spec`): before scheduling,
-//! decoding sequences get proposals; after the forward pass, a sequence with proposals samples
+//! decoding sequences get proposals (prompt lookup, or one batched run of the draft model); after the forward pass, a sequence with proposals samples
 //! row by row with its own sampler while the sampled token equals the proposal, and the
 //! scheduler rolls back the keys and values of the rest.
 
@@ -34,13 +34,27 @@ impl Worker {
             })
             .collect();
         let on = self.speculator.gate(decoding.len());
+        // The draft pool's safety net: whatever is held for sequences gone goes back.
+        if let Some(d) = &mut self.speculator.draft {
+            let sched = &self.sched;
+            d.retain(|id| sched.get(id).is_some());
+        }
+        let drafts = if on {
+            let wants: Vec<(u64, &[u32], usize)> = decoding
+                .iter()
+                .map(|&(id, room)| {
+                    let seq = self.sched.get(id).expect("listed above");
+                    (id, seq.tokens.as_slice(), room)
+                })
+                .collect();
+            let tokenizer = &self.model.tokenizer;
+            self.speculator.propose_all(&wants, |t| tokenizer.is_eog(t))
+        } else {
+            Vec::new()
+        };
+        let mut drafts = drafts.into_iter();
         for (id, room) in decoding {
-            let seq = self.sched.get(id).expect("listed above");
-            let mut draft = if on {
-                self.speculator.propose(id, &seq.tokens)
-            } else {
-                Vec::new()
-            };
+            let mut draft = drafts.next().unwrap_or_default();
             draft.truncate(room);
             self.sched.get_mut(id).expect("listed above").draft = draft;
         }

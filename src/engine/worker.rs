@@ -95,7 +95,7 @@ impl Worker {
         in_flight: Arc<AtomicU64>,
         published: Arc<Mutex<Metrics>>,
         kv_events: Option<KvEventSink>,
-        spec: super::spec::SpecConfig,
+        speculator: super::spec::Speculator,
         disk: Option<DiskCacheConfig>,
     ) -> Self {
         // The salt names what the cached keys and values depend on besides the tokens (the
@@ -143,7 +143,7 @@ impl Worker {
             metrics: Metrics::default(),
             published,
             kv_events,
-            speculator: super::spec::Speculator::new(spec),
+            speculator,
             disk,
             parked: Vec::new(),
             next_ticket: 0,
@@ -428,6 +428,7 @@ impl Worker {
             blocks_pinned: self.sched.num_pinned(),
             disk_cache: self.disk.as_ref().map(|d| d.stats()),
             preemptions: self.sched.num_preemptions,
+            draft_blocks: self.speculator.draft_blocks(),
             ..self.metrics.clone()
         }
     }
@@ -437,6 +438,9 @@ impl Worker {
         let step_started = Instant::now();
         self.propose();
         let out = self.sched.schedule();
+        for &id in &out.preempted {
+            self.speculator.release(id); // its draft blocks too
+        }
         // Before any slot is written: the cached blocks this schedule evicted go to disk.
         self.save_evicted();
         if out.is_empty() {
@@ -795,6 +799,7 @@ impl Worker {
                 .unwrap_or_default()
             {
                 if other != seq_id {
+                    self.speculator.forget(other);
                     self.sched.finish(other);
                     self.seqs.remove(&other);
                 }

@@ -98,7 +98,7 @@ pub fn prometheus(m: &Metrics) -> String {
     metric(
         "spec_proposed_tokens_total",
         "counter",
-        "Speculative decoding: tokens proposed (prompt lookup).",
+        "Speculative decoding: tokens proposed (prompt lookup or the draft model).",
         &[("", c(m.spec_proposed_tokens))],
     );
     metric(
@@ -189,6 +189,17 @@ pub fn prometheus(m: &Metrics) -> String {
             ("{state=\"cached\"}", m.blocks_cached as f64),
         ],
     );
+    if let Some((total, free)) = m.draft_blocks {
+        metric(
+            "draft_kv_blocks",
+            "gauge",
+            "The draft model's KV pool (--spec draft): blocks used by speculating sequences, and free.",
+            &[
+                ("{state=\"used\"}", (total - free) as f64),
+                ("{state=\"free\"}", free as f64),
+            ],
+        );
+    }
     let mut recent = m.ttft_ms.clone();
     recent.sort_unstable();
     let quantile = |q: f64| -> f64 {

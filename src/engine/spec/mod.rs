@@ -12,15 +12,21 @@
 //! speculation, so greedy output is identical and a seeded sampled output is too.
 //!
 //! - `ngram`: the prompt-lookup proposer.
+//! - `draft`: the draft-model proposer (a small model of the same vocabulary, greedy, on its
+//!   own KV pool), used when `SpecConfig::draft` is set.
 //! - `cost`: a fit of step time against tokens per step, which decides whether proposals pay.
 //! - [`Speculator`]: per-sequence proposal lengths that follow acceptance, and the gate.
 
 pub mod cost;
+pub mod draft;
 pub mod ngram;
 
 use std::collections::HashMap;
 
+use anyhow::Result;
+
 use cost::StepCost;
+pub use draft::{check_vocab, DraftRunner, DraftSetup};
 
 /// How an engine speculates; fixed at start-up.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -35,6 +41,8 @@ pub struct SpecConfig {
     /// Proposal lengths follow acceptance and proposals stop when they do not pay; false
     /// proposes `max_tokens` whenever there is a match (for tests and measurements).
     pub adaptive: bool,
+    /// The draft model that proposes instead of prompt lookup (`--spec draft`), with its pool.
+    pub draft: Option<DraftSetup>,
 }
 
 impl Default for SpecConfig {
@@ -45,6 +53,7 @@ impl Default for SpecConfig {
             ngram_min: 2,
             ngram_max: 4,
             adaptive: true,
+            draft: None,
         }
     }
 }
@@ -84,6 +93,10 @@ const SEQ_DECAY: f64 = 0.7;
 /// Break-even acceptance assumed until step times are known.
 const DEFAULT_BREAK_EVEN: f64 = 0.25;
 
+/// A draft model's acceptance assumed before any of its proposals were verified (a draft of
+/// the target's family agrees with it on most tokens of code and prose).
+const DRAFT_PRIOR_ACCEPTANCE: f64 = 0.8;
+
 /// A sequence's recent verifications: proposed tokens kept, and proposals cut by a rejection.
 #[derive(Clone, Copy, Debug, Default)]
 struct SeqStats {
@@ -99,12 +112,20 @@ pub struct Speculator {
     /// The acceptance a proposed row must beat in the current step (see `gate`).
     break_even: f64,
     cost: StepCost,
+    /// Steps with prompt rows (which skip the output matrix): a first guess of a row's cost
+    /// before any proposal was verified.
+    prefill: StepCost,
     /// Decayed sums of proposed and accepted tokens over recent steps.
     recent_proposed: f64,
     recent_accepted: f64,
+    /// The last acceptance measured over enough proposals (the draft model's gate keeps it
+    /// while proposals are off).
+    last_acceptance: Option<f64>,
     /// Whether the last decision was to propose, and steps since proposals were switched off.
     on: bool,
     steps_off: u64,
+    /// The draft model, when it proposes (`config.draft`).
+    pub draft: Option<DraftRunner>,
 }
 
 impl Speculator {
@@ -114,11 +135,36 @@ impl Speculator {
             stats: HashMap::new(),
             break_even: DEFAULT_BREAK_EVEN,
             cost: StepCost::default(),
+            prefill: StepCost::default(),
             recent_proposed: 0.0,
             recent_accepted: 0.0,
+            last_acceptance: None,
             on: true,
             steps_off: 0,
+            draft: None,
         }
+    }
+
+    /// The speculator of an engine of `target` on `device` with KV blocks of `block_size`
+    /// tokens: with `config.draft`, its draft model is checked against the target's vocabulary
+    /// and loaded on its own pool (catch-up steps of at most `max_rows` rows).
+    pub fn start(
+        config: SpecConfig,
+        target: &crate::model::Model,
+        device: crate::device::Device,
+        block_size: usize,
+        max_rows: usize,
+    ) -> Result<Self> {
+        let draft = match (&config.draft, config.enabled) {
+            (Some(setup), true) => Some(DraftRunner::new(
+                setup, target, device, block_size, max_rows,
+            )?),
+            _ => None,
+        };
+        Ok(Speculator {
+            draft,
+            ..Speculator::new(config)
+        })
     }
 
     /// Whether this step should carry proposals for `num_decoding` decoding sequences: when the
@@ -132,8 +178,17 @@ impl Speculator {
         if !self.config.adaptive {
             return true;
         }
+        if self.draft.is_some() {
+            return self.gate_draft(num_decoding);
+        }
         if self.recent_proposed >= 4.0 {
-            if let Some(threshold) = self.cost.break_even(num_decoding) {
+            // A draft model's step over these sequences is paid once per proposed token.
+            let extra = match &self.draft {
+                Some(d) => d.cost.predict(num_decoding),
+                None => Some(0.0),
+            };
+            if let Some(threshold) = extra.and_then(|x| self.cost.break_even_with(num_decoding, x))
+            {
                 self.break_even = threshold;
                 self.on = self.acceptance() > threshold;
             }
@@ -144,6 +199,42 @@ impl Speculator {
         }
         self.steps_off += 1;
         self.steps_off.is_multiple_of(PROBE_EVERY)
+    }
+
+    /// The gate with a draft model. Every proposed token costs a draft step over the N
+    /// sequences plus N target rows; a step without proposals brings N tokens. Both costs are
+    /// estimated before they are measured (a row from prompt steps, a draft step from the
+    /// weights' size), so the draft never starts (its first proposal computes the whole
+    /// context) where it cannot pay. There are no periodic probes: a probe would catch the
+    /// draft's KV up on every token since the last one, which costs about what keeping the
+    /// draft running would. Instead the last measured acceptance is kept while off, and
+    /// proposals come back when the costs change (fewer sessions, a quieter machine) so that
+    /// it beats the break-even.
+    fn gate_draft(&mut self, num_decoding: usize) -> bool {
+        let draft = self.draft.as_ref().expect("draft mode");
+        let threshold = cost::draft_break_even(
+            &self.cost,
+            &self.prefill,
+            &draft.cost,
+            draft.bytes_ratio,
+            num_decoding,
+        );
+        // Not one decoding step measured yet: wait for one (the first decides).
+        let Some(threshold) = threshold else {
+            return false;
+        };
+        self.break_even = threshold;
+        if self.recent_proposed >= 4.0 {
+            self.last_acceptance = Some(self.acceptance());
+        }
+        let acceptance = self.last_acceptance.unwrap_or(DRAFT_PRIOR_ACCEPTANCE);
+        self.on = acceptance > threshold;
+        self.on
+    }
+
+    /// The break-even acceptance the last gate decision used.
+    pub fn break_even(&self) -> f64 {
+        self.break_even
     }
 
     /// Recent accepted tokens per proposed token.
@@ -199,14 +290,55 @@ impl Speculator {
     pub fn record_step(&mut self, num_tokens: usize, secs: f64, all_logits: bool) {
         if all_logits {
             self.cost.record(num_tokens, secs);
+        } else {
+            self.prefill.record(num_tokens, secs);
         }
         self.recent_proposed *= 0.97;
         self.recent_accepted *= 0.97;
     }
 
-    /// Forgets a finished sequence.
+    /// Proposals for several decoding sequences at once: (sequence, its tokens, most tokens
+    /// it may take). The draft model runs one batch over all of them; prompt lookup goes one
+    /// by one. `is_end` tokens end a draft's proposal.
+    pub fn propose_all(
+        &mut self,
+        wants: &[(u64, &[u32], usize)],
+        is_end: impl Fn(u32) -> bool,
+    ) -> Vec<Vec<u32>> {
+        let sized: Vec<(u64, &[u32], usize)> = wants
+            .iter()
+            .map(|&(id, tokens, room)| (id, tokens, self.length(id).min(room)))
+            .collect();
+        match &mut self.draft {
+            Some(d) => d.propose(&sized, is_end),
+            None => sized
+                .iter()
+                .map(|&(id, tokens, room)| {
+                    let mut p = self.propose(id, tokens);
+                    p.truncate(room);
+                    p
+                })
+                .collect(),
+        }
+    }
+
+    /// Gives back what a sequence holds in the draft's KV pool (preempted: it catches up again
+    /// when it decodes), keeping its acceptance.
+    pub fn release(&mut self, seq_id: u64) {
+        if let Some(d) = &mut self.draft {
+            d.forget(seq_id);
+        }
+    }
+
+    /// Forgets a finished sequence, and gives back its draft blocks.
     pub fn forget(&mut self, seq_id: u64) {
         self.stats.remove(&seq_id);
+        self.release(seq_id);
+    }
+
+    /// Blocks in the draft's KV pool, and free ones (None without a draft model).
+    pub fn draft_blocks(&self) -> Option<(usize, usize)> {
+        self.draft.as_ref().map(|d| (d.num_blocks(), d.num_free()))
     }
 }
 
