@@ -66,6 +66,7 @@ fn config(num_blocks: usize) -> EngineConfig {
         max_batched_tokens: 512,
         max_seqs: 64,
         max_queue: 64,
+        max_step_ms: None,
     }
 }
 
