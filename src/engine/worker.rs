@@ -540,14 +540,14 @@ impl Worker {
         jobs
     }
 
-    /// The row's logits under its constraint: the mask computed beside the forward pass, or
-    /// one computed now (forks, lazily triggered rows). Err ends the request.
-    fn constrained_logits(
+    /// The row's mask under its constraint, end-of-generation tokens included: the one computed
+    /// beside the forward pass, or one computed now (forks, lazily triggered rows). None for an
+    /// unconstrained row; Err ends the request.
+    fn constrained_mask(
         &mut self,
         seq_id: u64,
-        logits: &[f32],
         mask: Option<MaskResult>,
-    ) -> Result<Option<Vec<f32>>, String> {
+    ) -> Result<Option<toktrie::SimpleVob>, String> {
         let st = self
             .seqs
             .get_mut(&seq_id)
@@ -555,7 +555,7 @@ impl Worker {
         let Some(state) = st.constraint.as_mut().filter(|c| c.is_active()) else {
             return Ok(None);
         };
-        let mask = match mask {
+        let mut mask = match mask {
             Some(m) => m?,
             None => {
                 let t = Instant::now();
@@ -566,12 +566,8 @@ impl Worker {
             }
         };
         let tok = &self.model.tokenizer;
-        Ok(Some(masks::apply(
-            logits,
-            &mask,
-            tok.eos_id(),
-            tok.eog_ids(),
-        )))
+        masks::allow_eog(&mut mask, tok.eos_id(), tok.eog_ids());
+        Ok(Some(mask))
     }
 
     /// Samples the next token of `seq_id` from its logits and tells the client. Returns the
@@ -627,23 +623,29 @@ impl Worker {
                 self.sample(child, logits, None);
             }
         }
-        let constrained = match self.constrained_logits(seq_id, logits, mask) {
-            Ok(c) => c,
+        let mask = match self.constrained_mask(seq_id, mask) {
+            Ok(m) => m,
             Err(e) => {
                 self.fail(seq_id, e);
                 return None;
             }
         };
-        let logits = constrained.as_deref().unwrap_or(logits);
         let seq = self.sched.get(seq_id)?;
         let tokenizer = &self.model.tokenizer;
         let st = self
             .seqs
             .get_mut(&seq_id)
             .expect("state of a live sequence");
-        let token = st
-            .sampler
-            .sample(logits, &seq.tokens[..seq.prompt_len], seq.generated());
+        let (prompt, generated) = (&seq.tokens[..seq.prompt_len], seq.generated());
+        // A constrained row samples under its mask (masked logits only where needed).
+        let (token, masked) = match &mask {
+            Some(m) => {
+                let want = st.request.logprobs.is_some();
+                masks::sample(&mut st.sampler, logits, m, prompt, generated, want)
+            }
+            None => (st.sampler.sample(logits, prompt, generated), None),
+        };
+        let logits = masked.as_deref().unwrap_or(logits);
         if st.ttft_ms.is_none() {
             let ms = st.submitted.elapsed().as_millis() as u64;
             st.ttft_ms = Some(ms);
