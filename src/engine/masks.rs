@@ -11,6 +11,8 @@
 //! penalties, logprobs) get them written out.
 
 use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::mpsc;
 use std::time::Instant;
 
 use rayon::prelude::*;
@@ -22,9 +24,56 @@ use crate::sampler::Sampler;
 /// A row's mask, or why it could not be computed (that request ends with the error).
 pub(super) type MaskResult = Result<SimpleVob, String>;
 
+/// A step's masks being computed on rayon's pool while the forward pass runs.
+pub(super) struct Pending {
+    rx: mpsc::Receiver<Option<Done>>,
+    ids: Vec<u64>,
+}
+
+/// A step's masks, computed.
+pub(super) struct Done {
+    /// The constraint states, back to their sequences.
+    pub states: Vec<(u64, ConstraintState)>,
+    pub masks: HashMap<u64, MaskResult>,
+    /// Time spent, summed over rows, in microseconds.
+    pub micros: u64,
+}
+
+/// Starts computing the masks of `jobs` as one job on rayon's pool (no thread is created per
+/// step: whichever pool thread is free first takes it, and the forward pass's work splits
+/// around it). None when there is nothing to compute.
+pub(super) fn start(jobs: Vec<(u64, ConstraintState)>) -> Option<Pending> {
+    if jobs.is_empty() {
+        return None;
+    }
+    let ids = jobs.iter().map(|j| j.0).collect();
+    let (tx, rx) = mpsc::sync_channel(1);
+    rayon::spawn(move || {
+        let mut jobs = jobs;
+        let done = std::panic::catch_unwind(AssertUnwindSafe(|| compute_all(&mut jobs)));
+        let _ = tx.send(done.ok().map(|(masks, micros)| Done {
+            states: jobs,
+            masks,
+            micros,
+        }));
+    });
+    Some(Pending { rx, ids })
+}
+
+impl Pending {
+    /// The masks; Err with the rows' sequence ids when the computation panicked (their states
+    /// are lost: those requests end with an error).
+    pub fn wait(self) -> Result<Done, Vec<u64>> {
+        match self.rx.recv() {
+            Ok(Some(done)) => Ok(done),
+            _ => Err(self.ids),
+        }
+    }
+}
+
 /// Masks of every state in `jobs`, by sequence id, and the time spent (summed over rows, in
 /// microseconds).
-pub(super) fn compute_all(jobs: &mut [(u64, ConstraintState)]) -> (HashMap<u64, MaskResult>, u64) {
+fn compute_all(jobs: &mut [(u64, ConstraintState)]) -> (HashMap<u64, MaskResult>, u64) {
     let results: Vec<(u64, MaskResult, u64)> = jobs
         .par_iter_mut()
         .map(|(id, state)| {
@@ -209,9 +258,17 @@ mod tests {
             let mask = mask_of(n, |t| bits[t]);
             let masked = apply(&logits, &mask);
             let want = bits.iter().any(|&b| b).then(|| argmax(&masked));
-            assert_eq!(argmax_allowed(&logits, mask.as_slice()), want, "case {case}");
+            assert_eq!(
+                argmax_allowed(&logits, mask.as_slice()),
+                want,
+                "case {case}"
+            );
             for t in 0..n {
-                let expect = if bits[t] { logits[t] } else { f32::NEG_INFINITY };
+                let expect = if bits[t] {
+                    logits[t]
+                } else {
+                    f32::NEG_INFINITY
+                };
                 assert_eq!(masked[t], expect, "case {case} token {t}");
             }
         }
@@ -245,7 +302,9 @@ mod tests {
         let mut rng = Rng::new(11);
         let n = 1000;
         for _ in 0..50 {
-            let logits: Vec<f32> = (0..n).map(|_| (rng.next_u64() % 1000) as f32 / 7.0).collect();
+            let logits: Vec<f32> = (0..n)
+                .map(|_| (rng.next_u64() % 1000) as f32 / 7.0)
+                .collect();
             let mask = mask_of(n, |t| t % 3 != 0 || t > 900);
             let mut s = Sampler::new(crate::sampler::SamplingParams::greedy());
             let (fast, none) = sample(&mut s, &logits, &mask, &[], &[], false);

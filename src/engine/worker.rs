@@ -452,22 +452,27 @@ impl Worker {
             .try_for_each(|c| self.exec.copy_block(c.src, c.dst));
         let batch = build_batch(&self.sched, &out);
         let started = Instant::now();
-        // The constrained rows that sample this step have their masks computed on a helper
-        // thread while the forward pass runs.
-        let mut jobs = self.take_mask_jobs(&out.scheduled);
-        let (forward, (mut masks, mask_us)) = std::thread::scope(|s| {
-            let helper = (!jobs.is_empty()).then(|| s.spawn(|| masks::compute_all(&mut jobs)));
-            let forward = copied.and_then(|()| self.exec.forward(&self.model, &batch));
-            let masks = helper
-                .map(|h| h.join().expect("mask computation does not panic"))
-                .unwrap_or_default();
-            (forward, masks)
-        });
-        self.metrics.mask_time_us += mask_us;
-        self.metrics.masks_computed += masks.len() as u64;
-        for (id, state) in jobs {
-            if let Some(st) = self.seqs.get_mut(&id) {
-                st.constraint = Some(state);
+        // The constrained rows that sample this step have their masks computed on rayon's pool
+        // while the forward pass runs.
+        let pending = masks::start(self.take_mask_jobs(&out.scheduled));
+        let forward = copied.and_then(|()| self.exec.forward(&self.model, &batch));
+        let mut masks = HashMap::new();
+        match pending.map(masks::Pending::wait) {
+            None => {}
+            Some(Ok(done)) => {
+                self.metrics.mask_time_us += done.micros;
+                self.metrics.masks_computed += done.masks.len() as u64;
+                for (id, state) in done.states {
+                    if let Some(st) = self.seqs.get_mut(&id) {
+                        st.constraint = Some(state);
+                    }
+                }
+                masks = done.masks;
+            }
+            Some(Err(lost)) => {
+                for id in lost {
+                    masks.insert(id, Err("the constraint failed: its mask panicked".into()));
+                }
             }
         }
         let logits = match forward {
@@ -512,6 +517,14 @@ impl Worker {
                 self.verify(seq_id, rows, &draft, mask);
             }
         }
+        // A row whose constraint state was lost in a panicking mask and that did not sample
+        // ends here, never unconstrained.
+        for (id, mask) in masks {
+            let lost = self.seqs.get(&id).is_some_and(|st| st.constraint.is_none());
+            if let (true, Err(e)) = (lost, mask) {
+                self.fail(id, e);
+            }
+        }
         // Only steps whose every row wants logits (decoding and verifying, no prompt chunk)
         // teach the cost of a proposed row: a prompt row skips the output matrix.
         self.speculator.record_step(
@@ -552,6 +565,9 @@ impl Worker {
             .seqs
             .get_mut(&seq_id)
             .expect("state of a live sequence");
+        if let Some(Err(e)) = mask {
+            return Err(e);
+        }
         let Some(state) = st.constraint.as_mut().filter(|c| c.is_active()) else {
             return Ok(None);
         };
