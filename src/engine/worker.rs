@@ -834,7 +834,8 @@ impl Worker {
     }
 }
 
-/// Log-probability of `token` and the `k` most likely tokens.
+/// Log-probability of `token` and the `k` most likely tokens (fewer where a constraint allows
+/// fewer).
 fn token_logprobs(logits: &[f32], token: u32, k: usize) -> TokenLogprobs {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
     let log_sum = logits
@@ -856,8 +857,10 @@ fn token_logprobs(logits: &[f32], token: u32, k: usize) -> TokenLogprobs {
                 .total_cmp(&logits[a as usize])
                 .then(a.cmp(&b))
         });
+        // Tokens a constraint disallows (minus infinity) are no alternatives.
         top = idx
             .into_iter()
+            .filter(|&t| logits[t as usize] > f32::NEG_INFINITY)
             .map(|t| (t, (logits[t as usize] as f64 - log_sum) as f32))
             .collect();
     }
