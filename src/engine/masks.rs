@@ -249,9 +249,9 @@ mod tests {
             let density = rng.next_u64() % 4;
             let bits: Vec<bool> = (0..n)
                 .map(|t| match density {
-                    0 => rng.next_u64() % 17 == 0,
-                    1 => rng.next_u64() % 2 == 0,
-                    2 => (t / 32) % 2 == 0 || rng.next_u64() % 5 == 0,
+                    0 => rng.next_u64().is_multiple_of(17),
+                    1 => rng.next_u64().is_multiple_of(2),
+                    2 => (t / 32) % 2 == 0 || rng.next_u64().is_multiple_of(5),
                     _ => true,
                 })
                 .collect();
