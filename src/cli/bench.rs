@@ -189,7 +189,20 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
             writeln!(out, "{j}")?;
         }
     } else {
-        let r = sessions(&engine, &mut rng, args, &constraint, args.repetitions, true)?;
+        // With a schema, each repetition is followed by the same run without it (bench_schema).
+        let comparison = match &constraint {
+            Some(_) => Some(super::bench_schema::compare(
+                &engine,
+                &mut rng,
+                args,
+                &constraint,
+            )?),
+            None => None,
+        };
+        let r = match &comparison {
+            Some(c) => c.constrained,
+            None => sessions(&engine, &mut rng, args, &constraint, args.repetitions, true)?,
+        };
         writeln!(out, "| sessions | shared prefix | prompt | gen | aggregate gen tokens/s | TTFT median ms | prefix-cache hit rate |")?;
         writeln!(out, "|---|---|---|---|---|---|---|")?;
         writeln!(
@@ -197,12 +210,20 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
             "| {} | {} | {} | {} | {:.1} | {:.0} | {:.3} |",
             args.sessions, args.shared_prefix, args.n_prompt, args.n_gen, r.0, r.1, r.2
         )?;
+        if let Some(c) = &comparison {
+            super::bench_schema::print(&mut out, args, c)?;
+        }
         if args.json {
-            let j = serde_json::json!({
+            let mut j = serde_json::json!({
                 "threads": threads, "sessions": args.sessions, "shared_prefix": args.shared_prefix,
                 "n_prompt": args.n_prompt, "n_gen": args.n_gen,
                 "aggregate_gen_tokens_per_s": r.0, "ttft_ms_median": r.1, "prefix_cache_hit_rate": r.2,
             });
+            if let (Some(c), Some(obj)) = (&comparison, j.as_object_mut()) {
+                if let serde_json::Value::Object(extra) = super::bench_schema::json(c) {
+                    obj.extend(extra);
+                }
+            }
             writeln!(out, "{j}")?;
         }
     }
@@ -266,44 +287,74 @@ pub(super) fn sessions(
     repetitions: usize,
     speculate: bool,
 ) -> Result<(f64, f64, f64)> {
-    let vocab = engine.model.config.vocab_size;
     let (mut agg, mut ttft, mut hit) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..repetitions {
-        let before = engine.metrics().unwrap_or_default().prefix_cache;
-        let prefix = random_tokens(rng, args.shared_prefix, vocab);
-        let started = Instant::now();
-        let mut streams = (0..args.sessions)
-            .map(|_| {
-                let mut p = prefix.clone();
-                p.extend(random_tokens(rng, args.n_prompt, vocab));
-                engine.submit(request(p, args.n_gen, constraint, speculate))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut generated = 0;
-        let mut lengths = Vec::new();
-        let mut first_ms = Vec::new();
-        let mut end = started;
-        for s in &mut streams {
-            let (first, last, n, ttft_ms) = drain(s)?;
-            generated += n;
-            lengths.push(n);
-            first_ms.push(ttft_ms.map_or((first - started).as_secs_f64() * 1000.0, |ms| ms as f64));
-            end = end.max(last);
-        }
-        let after = engine.metrics().unwrap_or_default().prefix_cache;
-        agg.push(generated as f64 / (end - started).as_secs_f64());
+        let run = sessions_once(engine, rng, args, constraint, speculate, None)?;
         if constraint.is_some() {
             // A constraint may end sessions early and unevenly: fewer rows in the last steps.
-            let (min, max) = (lengths.iter().min(), lengths.iter().max());
+            let (min, max) = (run.lengths.iter().min(), run.lengths.iter().max());
             eprintln!(
-                "constrained sessions generated {generated} tokens ({}..{} each)",
+                "constrained sessions generated {} tokens ({}..{} each)",
+                run.lengths.iter().sum::<usize>(),
                 min.unwrap_or(&0),
                 max.unwrap_or(&0)
             );
         }
-        ttft.push(median(first_ms));
-        let lookups = after.lookup_tokens - before.lookup_tokens;
-        hit.push((after.hit_tokens - before.hit_tokens) as f64 / lookups.max(1) as f64);
+        agg.push(run.tokens_per_s);
+        ttft.push(run.ttft_ms);
+        hit.push(run.hit_rate);
     }
     Ok((median(agg), median(ttft), median(hit)))
+}
+
+/// One run of `args.sessions` concurrent sessions.
+pub(super) struct SessionsRun {
+    /// Aggregate generated tokens/s: all sessions' tokens over the time to the last one.
+    pub tokens_per_s: f64,
+    /// Median time to first token, ms.
+    pub ttft_ms: f64,
+    pub hit_rate: f64,
+    /// Tokens each session generated, in submission order.
+    pub lengths: Vec<usize>,
+}
+
+/// One run of the sessions benchmark with a fresh shared prefix. `max_tokens`, when given,
+/// caps each session (in submission order) instead of `-n`.
+pub(super) fn sessions_once(
+    engine: &EngineHandle,
+    rng: &mut Rng,
+    args: &BenchArgs,
+    constraint: &Option<Constraint>,
+    speculate: bool,
+    max_tokens: Option<&[usize]>,
+) -> Result<SessionsRun> {
+    let vocab = engine.model.config.vocab_size;
+    let before = engine.metrics().unwrap_or_default().prefix_cache;
+    let prefix = random_tokens(rng, args.shared_prefix, vocab);
+    let started = Instant::now();
+    let mut streams = (0..args.sessions)
+        .map(|i| {
+            let mut p = prefix.clone();
+            p.extend(random_tokens(rng, args.n_prompt, vocab));
+            let n = max_tokens.map_or(args.n_gen, |m| m[i]);
+            engine.submit(request(p, n, constraint, speculate))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut lengths = Vec::new();
+    let mut first_ms = Vec::new();
+    let mut end = started;
+    for s in &mut streams {
+        let (first, last, n, ttft_ms) = drain(s)?;
+        lengths.push(n);
+        first_ms.push(ttft_ms.map_or((first - started).as_secs_f64() * 1000.0, |ms| ms as f64));
+        end = end.max(last);
+    }
+    let after = engine.metrics().unwrap_or_default().prefix_cache;
+    let lookups = after.lookup_tokens - before.lookup_tokens;
+    Ok(SessionsRun {
+        tokens_per_s: lengths.iter().sum::<usize>() as f64 / (end - started).as_secs_f64(),
+        ttft_ms: median(first_ms),
+        hit_rate: (after.hit_tokens - before.hit_tokens) as f64 / lookups.max(1) as f64,
+        lengths,
+    })
 }

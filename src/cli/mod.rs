@@ -5,6 +5,7 @@
 //! the subcommand list and calls either.
 
 mod bench;
+mod bench_schema;
 mod bench_spec;
 mod chat;
 mod commands;

@@ -458,22 +458,27 @@ impl Worker {
             .try_for_each(|c| self.exec.copy_block(c.src, c.dst));
         let batch = build_batch(&self.sched, &out);
         let started = Instant::now();
-        // The constrained rows that sample this step have their masks computed on a helper
-        // thread while the forward pass runs.
-        let mut jobs = self.take_mask_jobs(&out.scheduled);
-        let (forward, (mut masks, mask_us)) = std::thread::scope(|s| {
-            let helper = (!jobs.is_empty()).then(|| s.spawn(|| masks::compute_all(&mut jobs)));
-            let forward = copied.and_then(|()| self.exec.forward(&self.model, &batch));
-            let masks = helper
-                .map(|h| h.join().expect("mask computation does not panic"))
-                .unwrap_or_default();
-            (forward, masks)
-        });
-        self.metrics.mask_time_us += mask_us;
-        self.metrics.masks_computed += masks.len() as u64;
-        for (id, state) in jobs {
-            if let Some(st) = self.seqs.get_mut(&id) {
-                st.constraint = Some(state);
+        // The constrained rows that sample this step have their masks computed on rayon's pool
+        // while the forward pass runs.
+        let pending = masks::start(self.take_mask_jobs(&out.scheduled));
+        let forward = copied.and_then(|()| self.exec.forward(&self.model, &batch));
+        let mut masks = HashMap::new();
+        match pending.map(masks::Pending::wait) {
+            None => {}
+            Some(Ok(done)) => {
+                self.metrics.mask_time_us += done.micros;
+                self.metrics.masks_computed += done.masks.len() as u64;
+                for (id, state) in done.states {
+                    if let Some(st) = self.seqs.get_mut(&id) {
+                        st.constraint = Some(state);
+                    }
+                }
+                masks = done.masks;
+            }
+            Some(Err(lost)) => {
+                for id in lost {
+                    masks.insert(id, Err("the constraint failed: its mask panicked".into()));
+                }
             }
         }
         let logits = match forward {
@@ -519,6 +524,14 @@ impl Worker {
                 self.verify(seq_id, rows, &draft, mask);
             }
         }
+        // A row whose constraint state was lost in a panicking mask and that did not sample
+        // ends here, never unconstrained.
+        for (id, mask) in masks {
+            let lost = self.seqs.get(&id).is_some_and(|st| st.constraint.is_none());
+            if let (true, Err(e)) = (lost, mask) {
+                self.fail(id, e);
+            }
+        }
         // Only steps whose every row wants logits (decoding and verifying, no prompt chunk)
         // teach the cost of a proposed row: a prompt row skips the output matrix.
         self.speculator.record_step(
@@ -552,22 +565,25 @@ impl Worker {
         jobs
     }
 
-    /// The row's logits under its constraint: the mask computed beside the forward pass, or
-    /// one computed now (forks, lazily triggered rows). Err ends the request.
-    fn constrained_logits(
+    /// The row's mask under its constraint, end-of-generation tokens included: the one computed
+    /// beside the forward pass, or one computed now (forks, lazily triggered rows). None for an
+    /// unconstrained row; Err ends the request.
+    fn constrained_mask(
         &mut self,
         seq_id: u64,
-        logits: &[f32],
         mask: Option<MaskResult>,
-    ) -> Result<Option<Vec<f32>>, String> {
+    ) -> Result<Option<toktrie::SimpleVob>, String> {
         let st = self
             .seqs
             .get_mut(&seq_id)
             .expect("state of a live sequence");
+        if let Some(Err(e)) = mask {
+            return Err(e);
+        }
         let Some(state) = st.constraint.as_mut().filter(|c| c.is_active()) else {
             return Ok(None);
         };
-        let mask = match mask {
+        let mut mask = match mask {
             Some(m) => m?,
             None => {
                 let t = Instant::now();
@@ -578,12 +594,8 @@ impl Worker {
             }
         };
         let tok = &self.model.tokenizer;
-        Ok(Some(masks::apply(
-            logits,
-            &mask,
-            tok.eos_id(),
-            tok.eog_ids(),
-        )))
+        masks::allow_eog(&mut mask, tok.eos_id(), tok.eog_ids());
+        Ok(Some(mask))
     }
 
     /// Samples the next token of `seq_id` from its logits and tells the client. Returns the
@@ -639,23 +651,29 @@ impl Worker {
                 self.sample(child, logits, None);
             }
         }
-        let constrained = match self.constrained_logits(seq_id, logits, mask) {
-            Ok(c) => c,
+        let mask = match self.constrained_mask(seq_id, mask) {
+            Ok(m) => m,
             Err(e) => {
                 self.fail(seq_id, e);
                 return None;
             }
         };
-        let logits = constrained.as_deref().unwrap_or(logits);
         let seq = self.sched.get(seq_id)?;
         let tokenizer = &self.model.tokenizer;
         let st = self
             .seqs
             .get_mut(&seq_id)
             .expect("state of a live sequence");
-        let token = st
-            .sampler
-            .sample(logits, &seq.tokens[..seq.prompt_len], seq.generated());
+        let (prompt, generated) = (&seq.tokens[..seq.prompt_len], seq.generated());
+        // A constrained row samples under its mask (masked logits only where needed).
+        let (token, masked) = match &mask {
+            Some(m) => {
+                let want = st.request.logprobs.is_some();
+                masks::sample(&mut st.sampler, logits, m, prompt, generated, want)
+            }
+            None => (st.sampler.sample(logits, prompt, generated), None),
+        };
+        let logits = masked.as_deref().unwrap_or(logits);
         if st.ttft_ms.is_none() {
             let ms = st.submitted.elapsed().as_millis() as u64;
             st.ttft_ms = Some(ms);
@@ -829,7 +847,8 @@ impl Worker {
     }
 }
 
-/// Log-probability of `token` and the `k` most likely tokens.
+/// Log-probability of `token` and the `k` most likely tokens (fewer where a constraint allows
+/// fewer).
 fn token_logprobs(logits: &[f32], token: u32, k: usize) -> TokenLogprobs {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
     let log_sum = logits
@@ -851,8 +870,10 @@ fn token_logprobs(logits: &[f32], token: u32, k: usize) -> TokenLogprobs {
                 .total_cmp(&logits[a as usize])
                 .then(a.cmp(&b))
         });
+        // Tokens a constraint disallows (minus infinity) are no alternatives.
         top = idx
             .into_iter()
+            .filter(|&t| logits[t as usize] > f32::NEG_INFINITY)
             .map(|t| (t, (logits[t as usize] as f64 - log_sum) as f32))
             .collect();
     }
