@@ -353,12 +353,14 @@ pub fn paged_attention(
 
 /// Items (token, head) per attention task. The kernel reads a KV head's keys and values once
 /// for every query of its GQA group within a task, so tasks hold whole groups where they can:
-/// whole tokens for large batches; for a few tokens (decode), whole groups, or parts of one
+/// whole tokens for large batches (up to 128 items); for a few tokens (decode), whole groups, or parts of one
 /// when there are fewer groups than threads. One head per task would read each key and value
 /// `group` times over (decode at long contexts is bound by that traffic). Tasks only change
 /// which queries share a pass, never a query's arithmetic.
 fn attention_task_items(n_items: usize, n_heads: usize, group: usize, threads: usize) -> usize {
-    let chunk = (n_items / (4 * threads)).clamp(1, 64);
+    // Up to 128 items: 14 tokens of 9 heads, so the kernel's passes over the keys (up to 64
+    // queries) serve many queries in long prompts.
+    let chunk = (n_items / (4 * threads)).clamp(1, 128);
     if chunk >= n_heads {
         return chunk - chunk % n_heads;
     }
@@ -393,8 +395,8 @@ mod tests {
         assert_eq!(attention_task_items(14, 14, 7, 2), 7);
         // Gemma 3 270M: 4 heads in 1 group, 2 threads: half a group each (both threads busy).
         assert_eq!(attention_task_items(4, 4, 4, 2), 2);
-        // Large batches: whole tokens, at most 64 items.
-        assert_eq!(attention_task_items(512 * 9, 9, 3, 2), 63);
+        // Large batches: whole tokens, at most 128 items.
+        assert_eq!(attention_task_items(512 * 9, 9, 3, 2), 126);
         assert_eq!(attention_task_items(16 * 9, 9, 3, 2), 18);
     }
 }
