@@ -291,6 +291,13 @@ pub(super) fn single(
                 args.depth
             );
         }
+        if args.depth > 0 {
+            eprintln!(
+                "--depth {}: {cached} tokens of context from the prefix cache, {} computed in the timed request's prefill",
+                args.depth,
+                n_tokens - cached
+            );
+        }
         // (Without --depth every prompt token counts, as before, even where a --prompt-file
         // prompt repeats.)
         let computed = if args.depth > 0 {
