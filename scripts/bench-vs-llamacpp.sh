@@ -2,14 +2,17 @@
 # Side-by-side speed of edge-llm and llama.cpp on the same model, threads and machine.
 #
 # Usage: scripts/bench-vs-llamacpp.sh [-m MODEL] [-t THREADS] [-r REPS] [--quick]
-#                                     [-o OUT.json] [--no-build]
+#                                     [-d DEPTH] [-o OUT.json] [--no-build]
 #   -m MODEL    GGUF file (default models/SmolLM2-135M-Instruct.Q4_1.gguf, fetched if missing)
 #   -t THREADS  compute threads for both engines (default 2)
 #   -r REPS     repetitions; every figure is the median over them (default 3; --quick: 1)
 #   --quick     smoke test: 1 repetition, pp128, tg32, 4 sessions sharing a 100-token system
 #               prompt with 16 new tokens each, short ceiling measurements
+#   -d DEPTH    tokens of context before the depth tests (default 4000; --quick: 500; 0: skip them)
 #   -o FILE     raw results as JSON (default target/bench-vs-llamacpp.json)
 #   --no-build  use the binaries as they are (no fetch-model/build-llamacpp/cargo build)
+#   LLAMACPP_DIR  llama.cpp's install folder (bin/llama-bench, bin/llama-server, BUILD_INFO);
+#               default .llama.cpp in the source tree
 #
 # What it measures, INTERLEAVED (within each repetition edge-llm runs, then llama.cpp, test by
 # test, so drift and the noise of a shared machine hit both alike):
@@ -21,6 +24,11 @@
 #        edge-llm bench -m MODEL -t T -p 16 -n 128 -r 1 --json         (gen_tokens_per_s)
 #      llama-bench runs with its defaults: -fa auto, -b 2048, -ub 512, KV f16, --repack 1,
 #      --poll 50, mmap, and its own warm-up run; edge-llm bench also warms up first.
+#   2b. long context (skipped with -d 0): DEPTH tokens of context prefilled first, not timed, then
+#        llama-bench -m MODEL -t T -p 512 -n 0 -d DEPTH -r 1 -o json  (pp512 @ dDEPTH)
+#        edge-llm bench -m MODEL -t T -p 512 -n 1 --depth DEPTH -r 1 --json
+#        llama-bench -m MODEL -t T -p 0 -n 64 -d DEPTH -r 1 -o json   (tg64 @ dDEPTH)
+#        edge-llm bench -m MODEL -t T -p 0 -n 64 --depth DEPTH -r 1 --json
 #   3. sessions: 16 concurrent chats sharing a ~400-token system prompt (the start of the GPL-3
 #      text, counted with `edge-llm tokenize`), 64 new tokens each (temperature 0, ignore_eos),
 #      driven by scripts/bench_sessions.py (the same client for both servers) against
@@ -42,6 +50,15 @@
 #      small C program compiled here with gcc -O3 -march=native. Decode ceiling = bandwidth /
 #      weight bytes read per token; prefill ceiling = int8 MAC/s / weight MACs per token (both
 #      from the GGUF tensor table of `edge-llm info`; attention's own MACs are left out).
+#      With context, the ceilings add attention: decode at depth D reads the weights and the f16
+#      keys and values of its D-token context (2 x 2 bytes x layers x KV heads x head size per
+#      token); a prompt token at depth D adds 2 x layers x heads x head size multiply-adds per
+#      key it attends (scores and values). The sessions ceiling is the workload's weight and
+#      attention multiply-adds at the int8 rate: the shared prefix computed once, each session's
+#      other prompt tokens and its generated tokens, every computed token paying all weight
+#      multiply-adds (as the pp ceiling) plus its attention over the keys before it.
+#   A run always ends with its report and JSON; what could not be measured or read (a failed
+#   run, no BUILD_INFO beside the llama.cpp binaries, no ceilings) is listed in both.
 #   Before each measurement it samples for 1 s how many CPUs other processes keep busy, and
 #   prints that with the load average: on a shared machine the figures are only as good as it
 #   was idle.
@@ -60,6 +77,7 @@ THREADS=2
 REPS=""
 QUICK=0
 BUILD=1
+DEPTH=""
 OUT=target/bench-vs-llamacpp.json
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
@@ -69,6 +87,7 @@ while [ $# -gt 0 ]; do
     -t|--threads) THREADS="$2"; shift 2 ;;
     -r|--reps) REPS="$2"; shift 2 ;;
     -o|--out) OUT="$2"; shift 2 ;;
+    -d|--depth) DEPTH="$2"; shift 2 ;;
     --quick) QUICK=1; shift ;;
     --no-build) BUILD=0; shift ;;
     -h|--help) usage; exit 0 ;;
@@ -78,20 +97,24 @@ done
 
 if [ "$QUICK" = 1 ]; then
   PP=128; TG=32; SESSIONS=4; SYS_TOKENS=100; GEN=16; CACHED=1
-  BW_MIB=256; BW_PASSES=3; INT8_MS=300; : "${REPS:=1}"
+  BW_MIB=256; BW_PASSES=3; INT8_MS=300; : "${REPS:=1}"; : "${DEPTH:=500}"; DPP=64; DTG=16
 else
   PP=512; TG=128; SESSIONS=16; SYS_TOKENS=400; GEN=64; CACHED=3
-  BW_MIB=1024; BW_PASSES=10; INT8_MS=2000; : "${REPS:=3}"
+  BW_MIB=1024; BW_PASSES=10; INT8_MS=2000; : "${REPS:=3}"; : "${DEPTH:=4000}"; DPP=512; DTG=64
 fi
 TG_PROMPT=16
 SLOT_COUNTS=(4 16)
-case "$THREADS$REPS" in *[!0-9]*) echo "-t and -r take positive integers" >&2; exit 2 ;; esac
+case "$THREADS$REPS$DEPTH" in *[!0-9]*) echo "-t, -r and -d take positive integers" >&2; exit 2 ;; esac
 [ "$THREADS" -ge 1 ] && [ "$REPS" -ge 1 ] || { echo "-t and -r must be at least 1" >&2; exit 2; }
 
 log() { echo "[bench-vs-llamacpp] $*" >&2; }
 die() { log "error: $*"; exit 1; }
+NOTES="$(mktemp)"
+# note TEXT: something not measured or read; logged now, listed in the report and the JSON
+note() { log "note: $*"; echo "$*" >>"$NOTES"; }
 
-LLAMA_BIN="${LLAMACPP_DIR:-$ROOT/.llama.cpp}/bin"
+LLAMA_DIR="${LLAMACPP_DIR:-$ROOT/.llama.cpp}"
+LLAMA_BIN="$LLAMA_DIR/bin"
 EDGE="${CARGO_TARGET_DIR:-$ROOT/target}/release/edge-llm"
 
 # ------------------------------------------------------------------ setup
@@ -103,14 +126,14 @@ if [ "$BUILD" = 1 ]; then
 fi
 [ -f "$MODEL" ] || die "model not found: $MODEL"
 [ -x "$EDGE" ] || die "edge-llm binary not found: $EDGE"
-for b in llama-bench llama-server; do [ -x "$LLAMA_BIN/$b" ] || die "missing $LLAMA_BIN/$b (run scripts/build-llamacpp.sh)"; done
+for b in llama-bench llama-server; do [ -x "$LLAMA_BIN/$b" ] || note "missing $LLAMA_BIN/$b (run scripts/build-llamacpp.sh): its runs fail"; done
 command -v python3 >/dev/null || die "python3 is needed"
 
 TMP="$(mktemp -d)"
 SERVER_PID=""
 cleanup() {
   if [ -n "$SERVER_PID" ]; then kill "$SERVER_PID" 2>/dev/null || true; wait "$SERVER_PID" 2>/dev/null || true; fi
-  rm -rf "$TMP"
+  rm -rf "$TMP" "$NOTES"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -176,7 +199,7 @@ measure() {
   local out="$TMP/out.$test.$engine.$rep" load busy
   busy="$(others_busy)"
   load="$(loadavg)"
-  "$@" >"$out" 2>"$out.err" || log "$test $engine rep $rep: exit status $? ($(tail -c 300 "$out.err"))"
+  "$@" >"$out" 2>"$out.err" || note "$test $engine rep $rep: exit status $? ($(tail -c 300 "$out.err" | tr '\n' ' '))"
   python3 "$TMP/record.py" "$RAW" "$test" "$engine" "$rep" "$kind" "$out" "$load" "$busy" "$@"
 }
 
@@ -232,14 +255,18 @@ sessions() {
 }
 
 # ------------------------------------------------------------------ model figures
-"$EDGE" info -m "$MODEL" >"$TMP/info.txt"
-python3 - "$TMP/info.txt" >"$TMP/model.json" <<'PY'
+"$EDGE" info -m "$MODEL" >"$TMP/info.txt" 2>"$TMP/info.err" || note "edge-llm info failed: $(tail -c 300 "$TMP/info.err")"
+python3 - "$TMP/info.txt" >"$TMP/model.json" <<'PY' || { note "could not read the model's tensor table"; echo '{}' >"$TMP/model.json"; }
 import json, re, sys
 tensors = {}
+meta = {}
 for line in open(sys.argv[1]):
     m = re.match(r"^\s+(\S+)\s+(\S+)\s+\[([\d, ]+)\]\s+(\d+)\s+(\d+)\s*$", line)
     if m:
         tensors[m.group(1)] = ([int(d) for d in m.group(3).split(",")], int(m.group(4)))
+    m = re.match(r"^\s+\w+\.(block_count|embedding_length|attention\.head_count|attention\.head_count_kv|attention\.key_length)\s+u32\s+(\d+)\s*$", line)
+    if m:
+        meta[m.group(1)] = int(m.group(2))
 tied = "output.weight" not in tensors
 macs = 0
 read = 0
@@ -252,8 +279,13 @@ for name, (dims, nbytes) in tensors.items():
         for d in dims:
             n *= d
         macs += n
-print(json.dumps({"tensors": len(tensors), "weight_bytes_read_per_token": read,
-                  "weight_macs_per_token": macs, "tied_embeddings": tied}))
+out = {"tensors": len(tensors), "weight_bytes_read_per_token": read,
+       "weight_macs_per_token": macs, "tied_embeddings": tied}
+if all(k in meta for k in ("block_count", "embedding_length", "attention.head_count", "attention.head_count_kv")):
+    heads = meta["attention.head_count"]
+    out.update(n_layers=meta["block_count"], n_heads=heads, n_kv_heads=meta["attention.head_count_kv"],
+               head_dim=meta.get("attention.key_length", meta["embedding_length"] // heads))
+print(json.dumps(out))
 PY
 log "model: $(cat "$TMP/model.json")"
 
@@ -261,7 +293,7 @@ log "model: $(cat "$TMP/model.json")"
 log "building a ~$SYS_TOKENS-token system prompt from the GPL-3 text"
 python3 scripts/bench_sessions.py make-prompt --tokens "$SYS_TOKENS" \
   --tokenize-cmd "$EDGE tokenize -m $MODEL --no-special" >"$TMP/system.txt" 2>"$TMP/system.err" \
-  || { cat "$TMP/system.err" >&2; die "make-prompt failed"; }
+  || die "make-prompt failed: $(cat "$TMP/system.err")"
 SYS_NOTE="$(cat "$TMP/system.err")"
 SYS_TOKENS_REAL="$("$EDGE" tokenize -m "$MODEL" --no-special "Run 1. $(cat "$TMP/system.txt")" | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')"
 PER_SLOT=$(( (SYS_TOKENS_REAL + 48 + GEN + 63) / 64 * 64 ))
@@ -518,10 +550,10 @@ EOF
   if $CEIL_CC -o "$TMP/ceil" "$TMP/ceil.c" 2>"$TMP/ceil.err"; then
     CEIL_OK=1
   else
-    log "could not compile the ceilings program: $(head -5 "$TMP/ceil.err")"
+    note "could not compile the ceilings program: $(head -5 "$TMP/ceil.err" | tr '\n' ' ')"
   fi
 else
-  log "no gcc: ceilings skipped"
+  note "no gcc: ceilings not measured"
 fi
 [ "$CEIL_OK" = 1 ] || CEIL_CC=""
 : >"$TMP/ceil.jsonl"
@@ -532,7 +564,7 @@ ceilings() {
   local load; load="$(loadavg)"
   { "$TMP/ceil" bw "$THREADS" "$BW_MIB" "$BW_PASSES" && "$TMP/ceil" int8 "$THREADS" "$INT8_MS"; } \
     | python3 -c 'import json,sys; [print(json.dumps(dict(json.loads(l), when=sys.argv[1], loadavg=sys.argv[2]))) for l in sys.stdin]' "$1" "$load" \
-    >>"$TMP/ceil.jsonl" || log "ceilings program failed ($1)"
+    >>"$TMP/ceil.jsonl" || note "the ceilings program failed ($1)"
 }
 ceilings "before the repetitions"
 
@@ -548,6 +580,16 @@ for rep in $(seq 1 "$REPS"); do
     "$EDGE" bench -m "$MODEL" -t "$THREADS" -p "$TG_PROMPT" -n "$TG" -r 1 --json
   measure tg llama.cpp "$rep" llama-bench \
     "$LLAMA_BIN/llama-bench" -m "$MODEL" -t "$THREADS" -p 0 -n "$TG" -r 1 -o json
+  if [ "$DEPTH" -gt 0 ]; then
+    measure pp_depth edge-llm "$rep" edge-bench:prompt_tokens_per_s \
+      "$EDGE" bench -m "$MODEL" -t "$THREADS" -p "$DPP" -n 1 --depth "$DEPTH" -r 1 --json
+    measure pp_depth llama.cpp "$rep" llama-bench \
+      "$LLAMA_BIN/llama-bench" -m "$MODEL" -t "$THREADS" -p "$DPP" -n 0 -d "$DEPTH" -r 1 -o json
+    measure tg_depth edge-llm "$rep" edge-bench:gen_tokens_per_s \
+      "$EDGE" bench -m "$MODEL" -t "$THREADS" -p 0 -n "$DTG" --depth "$DEPTH" -r 1 --json
+    measure tg_depth llama.cpp "$rep" llama-bench \
+      "$LLAMA_BIN/llama-bench" -m "$MODEL" -t "$THREADS" -p 0 -n "$DTG" -d "$DEPTH" -r 1 -o json
+  fi
 
   port="$(free_port)"
   sessions edge-llm "$rep" "$port" "$EDGE" serve -m "$MODEL" -t "$THREADS" --host 127.0.0.1 --port "$port"
@@ -565,11 +607,18 @@ LOAD_END="$(loadavg)"
 mkdir -p "$(dirname "$OUT")"
 EDGE_REV="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 if [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then EDGE_REV="$EDGE_REV + uncommitted changes"; fi
-LLAMA_REV="$(sed -n 's/^llama.cpp commit: \([0-9a-f]*\).*/\1/p' "${LLAMACPP_DIR:-$ROOT/.llama.cpp}/BUILD_INFO" 2>/dev/null | cut -c1-9)"
-CPU="$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
+# BUILD_INFO (written by scripts/build-llamacpp.sh) may be absent beside binaries built elsewhere
+LLAMA_REV=""
+if [ -r "$LLAMA_DIR/BUILD_INFO" ]; then
+  LLAMA_REV="$(sed -n 's/^llama.cpp commit: \([0-9a-f]*\).*/\1/p' "$LLAMA_DIR/BUILD_INFO" | cut -c1-9 || true)"
+  [ -n "$LLAMA_REV" ] || note "no 'llama.cpp commit:' line in $LLAMA_DIR/BUILD_INFO"
+else
+  note "no BUILD_INFO in $LLAMA_DIR: llama.cpp's commit unknown"
+fi
+CPU="$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -1 || true)"
 [ -n "$CPU" ] || CPU="$(uname -m)"
 export MODEL THREADS REPS QUICK PP TG TG_PROMPT SESSIONS SYS_TOKENS_REAL GEN CACHED PER_SLOT OUT \
-  LOAD_START LOAD_END EDGE_REV LLAMA_REV CPU SYS_NOTE CEIL_CC TMP
+  LOAD_START LOAD_END EDGE_REV LLAMA_REV CPU SYS_NOTE CEIL_CC TMP DEPTH DPP DTG NOTES
 export NPROC="$(nproc)"
 python3 - <<'PY'
 import json, os, statistics
@@ -577,6 +626,8 @@ E = os.environ
 tmp = E["TMP"]
 recs = [json.loads(l) for l in open(f"{tmp}/raw.jsonl")]
 model = json.load(open(f"{tmp}/model.json"))
+notes = [l.strip() for l in open(E["NOTES"]) if l.strip()]
+depth, dpp, dtg = int(E["DEPTH"]), int(E["DPP"]), int(E["DTG"])
 ceil_runs = [json.loads(l) for l in open(f"{tmp}/ceil.jsonl")]
 bws = [c for c in ceil_runs if c["test"] == "read_bandwidth"]
 i8s = [c for c in ceil_runs if c["test"] == "int8_macs"]
@@ -602,8 +653,8 @@ def ratio(a, b):
 servers = sorted({r["engine"] for r in recs if r["engine"].startswith("llama-server")},
                   key=lambda s: int(s.split("np")[1]))
 med_vals = {
-    "pp": {"edge-llm": med("pp", "edge-llm"), "llama.cpp": med("pp", "llama.cpp")},
-    "tg": {"edge-llm": med("tg", "edge-llm"), "llama.cpp": med("tg", "llama.cpp")},
+    t: {"edge-llm": med(t, "edge-llm"), "llama.cpp": med(t, "llama.cpp")}
+    for t in (["pp", "tg"] + (["pp_depth", "tg_depth"] if depth > 0 else []))
 }
 for key, name in (("aggregate_gen_tokens_per_s", "sessions_aggregate_gen_tokens_per_s"),
                   ("ttft_ms_median", "sessions_ttft_ms_median"),
@@ -619,10 +670,11 @@ def best(name, higher):
 
 rows = []
 ratios = {}
-for name, label, higher in (
-    ("pp", f"pp{pp}: prompt tokens/s", True),
-    ("tg", f"tg{tg}: generated tokens/s", True),
-):
+single_tests = [("pp", f"pp{pp}: prompt tokens/s", True), ("tg", f"tg{tg}: generated tokens/s", True)]
+if depth > 0:
+    single_tests += [("pp_depth", f"pp{dpp} @ d{depth}: prompt tokens/s after {depth} tokens of context", True),
+                     ("tg_depth", f"tg{dtg} @ d{depth}: generated tokens/s after {depth} tokens of context", True)]
+for name, label, higher in single_tests:
     e, l = med_vals[name]["edge-llm"], med_vals[name]["llama.cpp"]
     ratios[name] = ratio(e, l)
     rows.append((label, fmt(e), fmt(l), ratios[name], "higher is better"))
@@ -661,7 +713,8 @@ print()
 print("Per repetition (load average before the repetition; 'others busy': CPUs used by other processes in the")
 print("second before each measurement of the repetition, min-max):")
 print()
-hdr = ["rep", "load", "others busy", "pp edge", "pp llama", "tg edge", "tg llama", "sess edge"] + \
+dhdr = ["pp@d edge", "pp@d llama", "tg@d edge", "tg@d llama"] if depth > 0 else []
+hdr = ["rep", "load", "others busy", "pp edge", "pp llama", "tg edge", "tg llama"] + dhdr + ["sess edge"] + \
       [f"sess {s.replace('llama-server-', '')}" for s in servers] + \
       ["ttft edge ms"] + [f"ttft {s.replace('llama-server-', '')} ms" for s in servers] + \
       ["cached ttft edge ms"] + [f"cached ttft {s.replace('llama-server-', '')} ms" for s in servers]
@@ -683,8 +736,10 @@ for rep in range(1, int(E["REPS"]) + 1):
     busy = [r["others_busy_cpus"] for r in recs if r["rep"] == rep and r.get("others_busy_cpus") is not None]
     cells = [str(rep), loads.get(rep, "?"), f"{min(busy):.2f}-{max(busy):.2f}" if busy else "?",
              one("pp", "edge-llm", rep), one("pp", "llama.cpp", rep),
-             one("tg", "edge-llm", rep), one("tg", "llama.cpp", rep),
-             one("sessions", "edge-llm", rep)] + [one("sessions", s, rep) for s in servers] + \
+             one("tg", "edge-llm", rep), one("tg", "llama.cpp", rep)] + \
+            ([one("pp_depth", "edge-llm", rep), one("pp_depth", "llama.cpp", rep),
+              one("tg_depth", "edge-llm", rep), one("tg_depth", "llama.cpp", rep)] if depth > 0 else []) + \
+            [one("sessions", "edge-llm", rep)] + [one("sessions", s, rep) for s in servers] + \
             [one("sessions", "edge-llm", rep, "ttft_ms_median", 0)] + \
             [one("sessions", s, rep, "ttft_ms_median", 0) for s in servers] + \
             [one("sessions", "edge-llm", rep, "cached_session_ttft_ms_median", 0)] + \
@@ -743,13 +798,59 @@ if bw and i8:
           f"decode {dec:,.0f} | tg {frac(med_vals['tg']['edge-llm'], dec)} | tg {frac(med_vals['tg']['llama.cpp'], dec)} |")
     print(f"| int8 multiply-adds ({i8['method']}) | {i8['gmacs_per_s']:.1f} G/s | {mpt / 1e6:.1f} M MACs | "
           f"prefill {pre:,.0f} | pp {frac(med_vals['pp']['edge-llm'], pre)} | pp {frac(med_vals['pp']['llama.cpp'], pre)} |")
-    agg = med_vals["sessions_aggregate_gen_tokens_per_s"]["edge-llm"]
-    if agg is not None:
-        print()
-        print(f"Sessions: edge-llm's {agg:,.1f} generated tokens/s is {100 * agg / pre:.1f}% of the int8 ceiling "
-              f"(its prompt tokens, computed too, are not counted).")
+    dims = all(k in model for k in ("n_layers", "n_heads", "n_kv_heads", "head_dim"))
+    if dims:
+        L, H, KVH, HD = model["n_layers"], model["n_heads"], model["n_kv_heads"], model["head_dim"]
+        kv_bytes_per_key = 2 * 2 * L * KVH * HD      # f16 keys and values, every layer
+        attn_macs_per_key = 2 * L * H * HD           # scores and values, every query head
+    else:
+        notes.append("model dimensions not read from `edge-llm info`: no ceilings with attention")
+    if depth > 0 and dims:
+        # decode at depth: weights plus the context's keys and values (the mean context over the run)
+        ctx = depth + (dtg - 1) / 2
+        dec_d = bw["best_gb_s"] * 1e9 / (bpt + kv_bytes_per_key * ctx)
+        # prompt after depth: weight MACs plus attention over (depth + position) keys, on average
+        keys = depth + (dpp + 1) / 2
+        pre_d = i8["gmacs_per_s"] * 1e9 / (mpt + attn_macs_per_key * keys)
+        ceil.update(decode_at_depth_tokens_per_s=dec_d, prefill_at_depth_tokens_per_s=pre_d)
+        print(f"| read bandwidth, with {depth} tokens of context | {bw['best_gb_s']:.1f} GB/s | "
+              f"{bpt / 1e6:.1f} MB of weights + {kv_bytes_per_key * ctx / 1e6:.1f} MB of keys and values | "
+              f"decode {dec_d:,.0f} | tg@d {frac(med_vals['tg_depth']['edge-llm'], dec_d)} | "
+              f"tg@d {frac(med_vals['tg_depth']['llama.cpp'], dec_d)} |")
+        print(f"| int8 multiply-adds, with {depth} tokens of context | {i8['gmacs_per_s']:.1f} G/s | "
+              f"{mpt / 1e6:.1f} M weight + {attn_macs_per_key * keys / 1e6:.1f} M attention MACs | "
+              f"prefill {pre_d:,.0f} | pp@d {frac(med_vals['pp_depth']['edge-llm'], pre_d)} | "
+              f"pp@d {frac(med_vals['pp_depth']['llama.cpp'], pre_d)} |")
+    # the sessions workload, from edge-llm's runs (the same requests for every server)
+    srs = [r for r in recs if r["test"] == "sessions" and r["engine"] == "edge-llm" and r.get("value") is not None]
+    per_session = srs[0]["raw"].get("prompt_tokens_per_session") if srs else None
+    if dims and per_session and None not in per_session:
+        shared = min(int(E["SYS_TOKENS_REAL"]), min(per_session))
+        computed = shared + sum(p - shared + gen - 1 for p in per_session)
+        keys = shared * (shared + 1) / 2 + sum(
+            (p + gen - 1) * (p + gen) / 2 - shared * (shared + 1) / 2 for p in per_session)
+        work = computed * mpt + keys * attn_macs_per_key
+        ses = i8["gmacs_per_s"] * 1e9 * S * gen / work
+        ceil.update(sessions_gen_tokens_per_s=ses, sessions_workload_macs=work)
+        print(f"| int8 multiply-adds, {S} sessions | {i8['gmacs_per_s']:.1f} G/s | {work / (S * gen) / 1e6:.1f} M MACs "
+              f"per generated token ({computed} tokens computed: the {shared}-token system prompt once) | "
+              f"sessions {ses:,.0f} | {frac(med_vals['sessions_aggregate_gen_tokens_per_s']['edge-llm'], ses)} | "
+              + ", ".join(f"{s_.replace('llama-server-', '')} {frac(med_vals['sessions_aggregate_gen_tokens_per_s'][s_], ses)}"
+                          for s_ in servers) + " |")
+    elif srs:
+        notes.append("sessions ceiling not computed (no per-session prompt token counts or model dimensions)")
 else:
     print("not measured (no gcc, or the program failed)")
+    notes.append("ceilings not measured: no shares of them")
+
+print()
+print("## Not measured or not read")
+print()
+if notes:
+    for n in notes:
+        print(f"- {n}")
+else:
+    print("- nothing: every run gave its figure")
 
 # commands
 print()
@@ -775,12 +876,14 @@ out = {
     "quick": E["QUICK"] == "1", "machine": {"cpu": E["CPU"], "nproc": int(E["NPROC"]),
     "loadavg_start": E["LOAD_START"], "loadavg_end": E["LOAD_END"]},
     "edge_llm_rev": E["EDGE_REV"], "llama_cpp_rev": E["LLAMA_REV"],
-    "params": {"pp": pp, "tg": tg, "tg_prompt": int(E["TG_PROMPT"]), "sessions": S,
+    "params": {"pp": pp, "tg": tg, "tg_prompt": int(E["TG_PROMPT"]), "depth": depth, "depth_pp": dpp,
+               "depth_tg": dtg, "sessions": S,
                "system_prompt_tokens": int(E["SYS_TOKENS_REAL"]), "gen": gen,
                "cached_sessions": int(E["CACHED"]), "llama_server_ctx_per_slot": int(E["PER_SLOT"])},
     "medians": med_vals, "ratios_edge_over_llama": ratios,
     "ceilings": {"read_bandwidth": bw, "int8": i8, "measurements": ceil_runs, "model": model, **ceil},
     "system_prompt_without_tag": system_prompt,
+    "not_measured_or_read": notes,
     "runs": recs,
 }
 with open(E["OUT"], "w") as f:

@@ -240,6 +240,7 @@ def run(args):
         "ttft_ms_min": min(ttft),
         "ttft_ms_max": max(ttft),
         "prompt_tokens": sorted({(r.usage or {}).get("prompt_tokens") for r in results} - {None}),
+        "prompt_tokens_per_session": [(r.usage or {}).get("prompt_tokens") for r in results],
         "cached_tokens_per_session": [cached_of(r) for r in results],
         "finish_reasons": sorted({str(r.finish) for r in results}),
         "cached_session_ttft_ms": [((c.first or c.last or c.sent) - c.sent) * 1000.0 for c in cached],

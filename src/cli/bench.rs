@@ -2,6 +2,11 @@
 //! pp and tg), and with `--sessions N --shared-prefix P` N concurrent sequences sharing a
 //! P-token prefix: aggregate generated tokens/s, time to first token and the prefix-cache hit
 //! rate. Everything runs through the engine, as the other faces do.
+//!
+//! `--depth D` (single sequence, like llama-bench's `-d`): each repetition first runs D random
+//! tokens through the engine (not timed), then the timed request is those D tokens plus the -p
+//! prompt tokens, so its prompt figure is the -p tokens prefilled after D tokens of context (the
+//! D tokens come from the prefix cache) and its generation figure is decode at depth D + p.
 
 use std::io::Write;
 use std::time::Instant;
@@ -32,6 +37,10 @@ pub struct BenchArgs {
     /// Repetitions; medians are reported.
     #[arg(short = 'r', long = "repetitions", default_value_t = 3)]
     pub repetitions: usize,
+    /// Single sequence: tokens of context prefilled (not timed) before the measured prompt and
+    /// decode, like llama-bench's -d; with --depth, -p 0 measures decode alone at that depth.
+    #[arg(short = 'd', long = "depth", default_value_t = 0)]
+    pub depth: usize,
     /// Concurrent sessions (0: the single-sequence benchmark).
     #[arg(long = "sessions", default_value_t = 0)]
     pub sessions: usize,
@@ -129,13 +138,16 @@ fn schema_constraint(engine: &EngineHandle, path: &std::path::Path) -> Result<Co
 
 pub fn bench(args: &BenchArgs) -> Result<()> {
     args.threads.init()?;
-    if args.repetitions == 0 || args.n_gen == 0 || args.n_prompt == 0 {
-        bail!("-p, -n and -r must be at least 1");
+    if args.repetitions == 0 || args.n_gen == 0 || (args.n_prompt == 0 && args.depth == 0) {
+        bail!("-p, -n and -r must be at least 1 (-p may be 0 with --depth)");
+    }
+    if args.depth > 0 && (args.sessions > 0 || args.prompt_file.is_some()) {
+        bail!("--depth applies to the single-sequence benchmark with random prompts (not with --sessions or --prompt-file)");
     }
     let threads = rayon::current_num_threads();
     let model = args.model.load()?;
     let mut engine_args = args.engine.clone();
-    let per_seq = args.shared_prefix + args.n_prompt + args.n_gen + 1;
+    let per_seq = args.depth + args.shared_prefix + args.n_prompt + args.n_gen + 1;
     if engine_args.ctx_size.is_none() {
         let least = if args.prompt_file.is_some() {
             4096
@@ -172,19 +184,29 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        writeln!(
-            out,
-            "| {name} | {threads} | pp{} | {pp:.1} |",
-            args.n_prompt
-        )?;
+        let at = match args.depth {
+            0 => String::new(),
+            d => format!(" @ d{d}"),
+        };
+        if let Some(pp) = pp {
+            writeln!(
+                out,
+                "| {name} | {threads} | pp{}{at} | {pp:.1} |",
+                args.n_prompt
+            )?;
+        }
         // tg needs at least two generated tokens (the first one ends the prefill).
         if let Some(tg) = tg {
-            writeln!(out, "| {name} | {threads} | tg{} | {tg:.1} |", args.n_gen)?;
+            writeln!(
+                out,
+                "| {name} | {threads} | tg{}{at} | {tg:.1} |",
+                args.n_gen
+            )?;
         }
         if args.json {
             let j = serde_json::json!({
                 "threads": threads, "n_prompt": args.n_prompt, "n_gen": args.n_gen,
-                "prompt_tokens_per_s": pp, "gen_tokens_per_s": tg,
+                "depth": args.depth, "prompt_tokens_per_s": pp, "gen_tokens_per_s": tg,
             });
             writeln!(out, "{j}")?;
         }
@@ -240,6 +262,10 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
 
 /// Medians of prompt tokens/s (prefill: submission to first token) and generated tokens/s
 /// (first to last token), each repetition with a fresh random prompt so nothing is cached.
+/// With `--depth D` each repetition first runs D random tokens (not timed) and then times those
+/// D tokens plus the prompt: the prefix cache holds the D tokens' full blocks, so the timed
+/// prefill is the prompt (and the context's last, partial block) after D tokens of context, and
+/// the prompt figure counts the tokens actually computed (none with -p 0).
 pub(super) fn single(
     engine: &EngineHandle,
     rng: &mut Rng,
@@ -247,7 +273,7 @@ pub(super) fn single(
     constraint: &Option<Constraint>,
     repetitions: usize,
     speculate: bool,
-) -> Result<(f64, Option<f64>)> {
+) -> Result<(Option<f64>, Option<f64>)> {
     let vocab = engine.model.config.vocab_size;
     let fixed = match &args.prompt_file {
         Some(path) => {
@@ -262,19 +288,60 @@ pub(super) fn single(
     // One warm-up run, not counted.
     drain(&mut engine.submit(request(random_tokens(rng, 16, vocab), 4, constraint, false))?)?;
     for _ in 0..repetitions {
+        let context = random_tokens(rng, args.depth, vocab);
+        if args.depth > 0 {
+            prefill_depth(engine, &context)?;
+        }
+        let before = engine.metrics().unwrap_or_default().prefix_cache.hit_tokens;
         let started = Instant::now();
-        let prompt = fixed
-            .clone()
-            .unwrap_or_else(|| random_tokens(rng, args.n_prompt, vocab));
-        let n_prompt = prompt.len();
+        let mut prompt = context;
+        match &fixed {
+            Some(f) => prompt.extend_from_slice(f),
+            None => prompt.extend(random_tokens(rng, args.n_prompt, vocab)),
+        }
+        let n_tokens = prompt.len();
         let mut s = engine.submit(request(prompt, args.n_gen, constraint, speculate))?;
         let (first, last, n, _) = drain(&mut s)?;
-        pp.push(n_prompt as f64 / (first - started).as_secs_f64());
+        // The tokens this request computed before its first token: all but the cached ones.
+        let cached =
+            (engine.metrics().unwrap_or_default().prefix_cache.hit_tokens - before) as usize;
+        let bs = engine.config.block_size;
+        if args.depth > 0 && cached + bs <= args.depth.min(n_tokens - 1) {
+            bail!(
+                "--depth {}: only {cached} tokens of the context came from the prefix cache (is the KV pool too small? try a larger -c)",
+                args.depth
+            );
+        }
+        if args.depth > 0 {
+            eprintln!(
+                "--depth {}: {cached} tokens of context from the prefix cache, {} computed in the timed request's prefill",
+                args.depth,
+                n_tokens - cached
+            );
+        }
+        // (Without --depth every prompt token counts, as before, even where a --prompt-file
+        // prompt repeats.)
+        let computed = if args.depth > 0 {
+            n_tokens - cached
+        } else {
+            n_tokens
+        };
+        if args.depth == 0 || args.n_prompt > 0 {
+            pp.push(computed as f64 / (first - started).as_secs_f64());
+        }
         if n > 1 {
             tg.push((n - 1) as f64 / (last - first).as_secs_f64());
         }
     }
-    Ok((median(pp), (!tg.is_empty()).then(|| median(tg))))
+    let pp = (!pp.is_empty()).then(|| median(pp));
+    Ok((pp, (!tg.is_empty()).then(|| median(tg))))
+}
+
+/// Runs `context` through the engine (one token generated, not timed) so that the prefix cache
+/// holds its full blocks for the request that starts with it.
+fn prefill_depth(engine: &EngineHandle, context: &[u32]) -> Result<()> {
+    drain(&mut engine.submit(request(context.to_vec(), 1, &None, false))?)?;
+    Ok(())
 }
 
 /// Medians over repetitions of (aggregate generated tokens/s, median TTFT in ms, hit rate).

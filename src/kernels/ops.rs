@@ -313,12 +313,12 @@ pub fn paged_attention(
     }
     let window = window.map(|w| w.min(i32::MAX as usize) as i32).unwrap_or(0);
     let n_items = n_tokens * s.n_heads;
-    let mut chunk_items = (n_items / (4 * rayon::current_num_threads())).clamp(1, 64);
-    if chunk_items >= s.n_heads {
-        // Whole tokens, so the kernel finds every GQA group whole (its queries share one pass
-        // over the keys).
-        chunk_items -= chunk_items % s.n_heads;
-    }
+    let chunk_items = attention_task_items(
+        n_items,
+        s.n_heads,
+        s.n_heads / s.n_kv_heads,
+        rayon::current_num_threads(),
+    );
     let out_ptr = SendPtr(out.as_mut_ptr());
     (0..n_items.div_ceil(chunk_items))
         .into_par_iter()
@@ -351,6 +351,27 @@ pub fn paged_attention(
         });
 }
 
+/// Items (token, head) per attention task. The kernel reads a KV head's keys and values once
+/// for every query of its GQA group within a task, so tasks hold whole groups where they can:
+/// whole tokens for large batches (up to 128 items); for a few tokens (decode), whole groups, or parts of one
+/// when there are fewer groups than threads. One head per task would read each key and value
+/// `group` times over (decode at long contexts is bound by that traffic). Tasks only change
+/// which queries share a pass, never a query's arithmetic.
+fn attention_task_items(n_items: usize, n_heads: usize, group: usize, threads: usize) -> usize {
+    // Up to 128 items: 14 tokens of 9 heads, so the kernel's passes over the keys (up to 64
+    // queries) serve many queries in long prompts.
+    let chunk = (n_items / (4 * threads)).clamp(1, 128);
+    if chunk >= n_heads {
+        return chunk - chunk % n_heads;
+    }
+    let chunk = chunk.max(n_items.div_ceil(threads).min(group));
+    if chunk >= group {
+        chunk - chunk % group
+    } else {
+        chunk
+    }
+}
+
 use super::EL_MAX_HEAD_DIM as EL_MAX_HEAD_DIM_U32;
 const EL_MAX_HEAD_DIM: usize = EL_MAX_HEAD_DIM_U32 as usize;
 
@@ -359,3 +380,23 @@ pub(crate) struct SendPtr<T>(pub(crate) *mut T);
 // SAFETY: users only write disjoint ranges through it, while the owning slice is borrowed mutably.
 unsafe impl<T> Send for SendPtr<T> {}
 unsafe impl<T> Sync for SendPtr<T> {}
+
+#[cfg(test)]
+mod tests {
+    use super::attention_task_items;
+
+    #[test]
+    fn attention_tasks_hold_whole_gqa_groups() {
+        // SmolLM2-135M: 9 heads in 3 groups. Decode, 2 threads: one group per task (was one head).
+        assert_eq!(attention_task_items(9, 9, 3, 2), 3);
+        // Two sequences decoding: still whole groups.
+        assert_eq!(attention_task_items(18, 9, 3, 2), 3);
+        // Qwen2.5 0.5B: 14 heads in 2 groups of 7: one group per thread.
+        assert_eq!(attention_task_items(14, 14, 7, 2), 7);
+        // Gemma 3 270M: 4 heads in 1 group, 2 threads: half a group each (both threads busy).
+        assert_eq!(attention_task_items(4, 4, 4, 2), 2);
+        // Large batches: whole tokens, at most 128 items.
+        assert_eq!(attention_task_items(512 * 9, 9, 3, 2), 126);
+        assert_eq!(attention_task_items(16 * 9, 9, 3, 2), 18);
+    }
+}
