@@ -10,11 +10,10 @@ use std::sync::Arc;
 
 use edge_llm::engine::block_manager::BlockManager;
 use edge_llm::engine::scheduler::{Scheduler, SchedulerConfig};
-use edge_llm::engine::{
-    EngineConfig, EngineHandle, Event, FinishReason, Metrics, Request, RequestStream, SpecConfig,
-};
+use edge_llm::engine::{EngineConfig, EngineHandle, FinishReason, SpecConfig};
 use edge_llm::model::Model;
 use edge_llm::sampler::SamplingParams;
+use support::{collect, request, wait_idle};
 
 fn shared_model() -> Arc<Model> {
     static MODEL: std::sync::OnceLock<Arc<Model>> = std::sync::OnceLock::new();
@@ -50,36 +49,6 @@ fn eager() -> SpecConfig {
 
 fn engine(num_blocks: usize, spec: SpecConfig) -> EngineHandle {
     EngineHandle::start_with_spec(shared_model(), config(num_blocks), spec).unwrap()
-}
-
-fn collect(stream: &mut RequestStream) -> (Vec<u32>, FinishReason) {
-    let mut tokens = Vec::new();
-    while let Some(e) = stream.next_blocking() {
-        match e {
-            Event::Token { token, .. } => tokens.push(token),
-            Event::Finished { reason, .. } => return (tokens, reason),
-            Event::Error(e) => panic!("engine error: {e}"),
-        }
-    }
-    panic!("stream ended without finishing")
-}
-
-fn request(prompt: &[u32], max_tokens: usize, sampling: SamplingParams) -> Request {
-    let mut r = Request::new(prompt.to_vec(), sampling, max_tokens);
-    r.ignore_eos = true;
-    r
-}
-
-fn wait_idle(e: &EngineHandle) -> Metrics {
-    for _ in 0..250 {
-        let m = e.metrics().unwrap();
-        let ended = m.requests_finished + m.requests_aborted + m.requests_failed;
-        if m.num_running == 0 && m.num_waiting == 0 && ended == m.requests_submitted {
-            return m;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    panic!("engine did not go idle")
 }
 
 /// The reference prompts (48 tokens each, as llama.cpp ran them) and three long prompts that

@@ -10,15 +10,16 @@
 //! models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf (scripts/fetch-extra-models.sh). A test
 //! skips when one is missing, and fails under CI=true.
 
+mod support;
+
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use edge_llm::engine::spec::DraftSetup;
-use edge_llm::engine::{
-    EngineConfig, EngineHandle, Event, FinishReason, Metrics, Request, RequestStream, SpecConfig,
-};
+use edge_llm::engine::{EngineConfig, EngineHandle, FinishReason, Metrics, SpecConfig};
 use edge_llm::model::Model;
 use edge_llm::sampler::SamplingParams;
+use support::{collect, request, wait_idle};
 
 const TARGET: &str = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf";
 const DRAFT: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
@@ -87,36 +88,6 @@ fn with_draft(draft: &Arc<Model>, draft_blocks: usize, max_tokens: usize) -> Spe
 
 fn engine(target: &Arc<Model>, num_blocks: usize, spec: SpecConfig) -> EngineHandle {
     EngineHandle::start_with_spec(target.clone(), config(num_blocks), spec).unwrap()
-}
-
-fn collect(stream: &mut RequestStream) -> (Vec<u32>, FinishReason) {
-    let mut tokens = Vec::new();
-    while let Some(e) = stream.next_blocking() {
-        match e {
-            Event::Token { token, .. } => tokens.push(token),
-            Event::Finished { reason, .. } => return (tokens, reason),
-            Event::Error(e) => panic!("engine error: {e}"),
-        }
-    }
-    panic!("stream ended without finishing")
-}
-
-fn request(prompt: &[u32], max_tokens: usize, sampling: SamplingParams) -> Request {
-    let mut r = Request::new(prompt.to_vec(), sampling, max_tokens);
-    r.ignore_eos = true;
-    r
-}
-
-fn wait_idle(e: &EngineHandle) -> Metrics {
-    for _ in 0..500 {
-        let m = e.metrics().unwrap();
-        let ended = m.requests_finished + m.requests_aborted + m.requests_failed;
-        if m.num_running == 0 && m.num_waiting == 0 && ended == m.requests_submitted {
-            return m;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    panic!("engine did not go idle")
 }
 
 /// Both pools are full again: the target's and the draft's.

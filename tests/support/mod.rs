@@ -6,7 +6,9 @@
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
-use edge_llm::engine::{EngineConfig, EngineHandle, Event, FinishReason, Request};
+use edge_llm::engine::{
+    EngineConfig, EngineHandle, Event, FinishReason, Metrics, Request, RequestStream,
+};
 use edge_llm::model::Model;
 use edge_llm::sampler::SamplingParams;
 
@@ -92,4 +94,37 @@ pub fn ids(v: &serde_json::Value) -> Vec<u32> {
         .iter()
         .map(|x| x.as_u64().expect("an id") as u32)
         .collect()
+}
+
+/// Every token of a request's stream, and how it finished; an engine error fails the test.
+pub fn collect(stream: &mut RequestStream) -> (Vec<u32>, FinishReason) {
+    let mut tokens = Vec::new();
+    while let Some(e) = stream.next_blocking() {
+        match e {
+            Event::Token { token, .. } => tokens.push(token),
+            Event::Finished { reason, .. } => return (tokens, reason),
+            Event::Error(e) => panic!("engine error: {e}"),
+        }
+    }
+    panic!("stream ended without finishing")
+}
+
+/// A request that runs to `max_tokens` (end-of-generation ignored).
+pub fn request(prompt: &[u32], max_tokens: usize, sampling: SamplingParams) -> Request {
+    let mut r = Request::new(prompt.to_vec(), sampling, max_tokens);
+    r.ignore_eos = true;
+    r
+}
+
+/// The engine's metrics once nothing runs or waits and every request has ended (at most 10 s).
+pub fn wait_idle(e: &EngineHandle) -> Metrics {
+    for _ in 0..500 {
+        let m = e.metrics().unwrap();
+        let ended = m.requests_finished + m.requests_aborted + m.requests_failed;
+        if m.num_running == 0 && m.num_waiting == 0 && ended == m.requests_submitted {
+            return m;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    panic!("engine did not go idle")
 }
