@@ -73,7 +73,7 @@ pub struct EngineArgs {
     #[arg(long = "draft-kv-mem", value_name = "MIB")]
     pub draft_kv_mem: Option<usize>,
     /// Most tokens proposed per sequence and step (speculative decoding).
-    #[arg(long = "spec-max-tokens", default_value_t = 16)]
+    #[arg(long = "spec-max-tokens", default_value_t = 8)]
     pub spec_max_tokens: usize,
     /// N-gram sizes prompt lookup matches, MIN..MAX (longest first).
     #[arg(long = "spec-ngram", default_value = "2..4", value_name = "MIN..MAX")]

@@ -49,7 +49,7 @@ impl Default for SpecConfig {
     fn default() -> Self {
         SpecConfig {
             enabled: false,
-            max_tokens: 16,
+            max_tokens: 8,
             ngram_min: 2,
             ngram_max: 4,
             adaptive: true,
