@@ -130,7 +130,10 @@ impl EngineArgs {
     /// Loads the draft model of `--spec draft` and sizes its KV pool (`--draft-kv-mem`, else
     /// the tokens of the target's pool, `config`).
     fn draft_setup(&self, config: &EngineConfig) -> Result<Option<DraftSetup>> {
-        let Some(path) = self.draft_model.as_ref().filter(|_| self.spec == SpecMode::Draft)
+        let Some(path) = self
+            .draft_model
+            .as_ref()
+            .filter(|_| self.spec == SpecMode::Draft)
         else {
             return Ok(None);
         };

@@ -670,9 +670,9 @@ fn paged_attention_is_bit_identical_to_the_reference() {
             (3, 3, 6, 1),
             (4, 2, 64, 64),
             (18, 1, 32, 16),
-            (9, 1, 64, 16),   // four tokens of a 9-head group: 36 queries share one pass
-            (66, 1, 32, 16),  // a GQA group wider than the AVX2 kernel's 64 queries at once
-            (8, 1, 512, 16),  // head size 512: at most 16 queries per pass (its stack buffer)
+            (9, 1, 64, 16), // four tokens of a 9-head group: 36 queries share one pass
+            (66, 1, 32, 16), // a GQA group wider than the AVX2 kernel's 64 queries at once
+            (8, 1, 512, 16), // head size 512: at most 16 queries per pass (its stack buffer)
         ] {
             let c = attention_case(&mut rng, n_heads, n_kv_heads, head_dim, block_size);
             for window in [None, Some(5), Some(40)] {
