@@ -211,12 +211,25 @@ impl EngineArgs {
         }
         let device = self.device.resolve()?;
         if device == Device::Cpu {
-            let flag = if self.kv_mem.is_some() {
-                "--kv-mem"
-            } else {
-                "-c/--ctx-size or --parallel"
+            let mut footprint = config.footprint(&model);
+            let flag = match &spec.draft {
+                // The draft's weights, KV pool and step buffers are held beside the target's.
+                Some(draft) => {
+                    let draft_config = EngineConfig {
+                        num_blocks: draft.num_blocks,
+                        ..config.clone()
+                    };
+                    footprint = footprint.plus(&draft_config.footprint(&draft.model));
+                    if self.draft_kv_mem.is_some() {
+                        "--draft-kv-mem or --kv-mem"
+                    } else {
+                        "-c/--ctx-size or --parallel (the draft's KV pool is sized as the target's)"
+                    }
+                }
+                None if self.kv_mem.is_some() => "--kv-mem",
+                None => "-c/--ctx-size or --parallel",
             };
-            crate::memory::admit(&config.footprint(&model), &crate::memory::limits(), flag)?;
+            crate::memory::admit(&footprint, &crate::memory::limits(), flag)?;
         }
         let exec = Executor::new(&model, device, config.block_size, config.num_blocks)?;
         if verbose || std::io::stderr().is_terminal() {

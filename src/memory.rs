@@ -18,6 +18,15 @@ pub struct Footprint {
 }
 
 impl Footprint {
+    /// Both footprints held at once (a target model and its draft).
+    pub fn plus(&self, other: &Footprint) -> Footprint {
+        Footprint {
+            kv: self.kv.saturating_add(other.kv),
+            weights: self.weights.saturating_add(other.weights),
+            scratch: self.scratch.saturating_add(other.scratch),
+        }
+    }
+
     pub fn total(&self) -> u64 {
         self.kv
             .saturating_add(self.weights)

@@ -240,6 +240,43 @@ fn oversized_kv_pool_is_refused_in_one_line_instead_of_aborting() {
     assert!(stderr(&out).contains("RLIMIT_AS"), "{}", stderr(&out));
 }
 
+/// The draft model's KV pool and weights were not in the start-up memory check:
+/// `--spec draft --draft-kv-mem 100000000` panicked allocating the draft's pool (exit 134).
+/// Now the target's and the draft's footprints are checked together, and the line names the
+/// draft's flag.
+#[test]
+fn oversized_draft_kv_pool_is_refused_in_one_line_instead_of_aborting() {
+    let m = model();
+    let draft = ["--spec", "draft", "--draft-model", &m];
+    let mut args = vec!["run", "-m", &m, "-p", "hi", "-n", "4"];
+    args.extend_from_slice(&draft);
+    args.extend_from_slice(&["--draft-kv-mem", "100000000"]);
+    let out = edge_llm(&args, b"");
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("error:"))
+        .expect("an error line");
+    assert!(
+        line.contains("not enough memory") && line.contains("--draft-kv-mem"),
+        "{line}"
+    );
+    // Each pool fits alone under this address-space limit (about 2.9 GiB); both do not.
+    let script = format!(
+        "ulimit -v 3000000 && exec '{}' run -m '{m}' -p hi -n 4 --kv-mem 1000 {} --draft-kv-mem 1500",
+        env!("CARGO_BIN_EXE_edge-llm"),
+        draft.join(" ")
+    );
+    let out = Command::new("sh").args(["-c", &script]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("RLIMIT_AS") && err.contains("--draft-kv-mem"),
+        "{err}"
+    );
+}
+
 /// Item 2: `-c 20000` on a model trained for 8192 was accepted silently; as in llama.cpp it
 /// runs, with a warning naming both sizes.
 #[test]
