@@ -157,7 +157,7 @@ mod tests {
             source: "MemAvailable in /proc/meminfo",
             address_space: false,
         };
-        assert!(admit(&f, &[roomy.clone()], "--kv-mem").is_ok());
+        assert!(admit(&f, std::slice::from_ref(&roomy), "--kv-mem").is_ok());
         let tight = Limit {
             bytes: 2 << 30,
             ..roomy

@@ -130,8 +130,7 @@ fn last_ttft(server: &Server) -> u64 {
         let log = server.log_text();
         let line = log
             .lines()
-            .filter(|l| l.contains("POST /v1/chat/completions"))
-            .next_back()
+            .rfind(|l| l.contains("POST /v1/chat/completions"))
             .map(str::to_string);
         match line {
             Some(line) => return ttft_ms(&line),

@@ -415,8 +415,10 @@ impl EngineHandle {
             model.clone(),
             (*config).clone(),
             exec,
-            in_flight.clone(),
-            metrics.clone(),
+            worker::SharedWithHandle {
+                in_flight: in_flight.clone(),
+                metrics: metrics.clone(),
+            },
             kv_events,
             speculator,
             disk,

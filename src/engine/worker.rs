@@ -87,13 +87,20 @@ struct Parked {
 /// recomputing them.
 const DISK_LOAD_WAIT: Duration = Duration::from_millis(500);
 
+/// What the worker shares with its `EngineHandle`.
+pub(super) struct SharedWithHandle {
+    /// Requests queued or running (the handle's `--max-queue` check).
+    pub in_flight: Arc<AtomicU64>,
+    /// The metrics the worker publishes after each step.
+    pub metrics: Arc<Mutex<Metrics>>,
+}
+
 impl Worker {
     pub(super) fn new(
         model: Arc<Model>,
         config: EngineConfig,
         exec: Executor,
-        in_flight: Arc<AtomicU64>,
-        published: Arc<Mutex<Metrics>>,
+        shared: SharedWithHandle,
         kv_events: Option<KvEventSink>,
         speculator: super::spec::Speculator,
         disk: Option<DiskCacheConfig>,
@@ -139,9 +146,9 @@ impl Worker {
             seqs: HashMap::new(),
             requests: HashMap::new(),
             next_seq_id: 0,
-            in_flight,
+            in_flight: shared.in_flight,
             metrics: Metrics::default(),
-            published,
+            published: shared.metrics,
             kv_events,
             speculator,
             disk,

@@ -17,7 +17,7 @@ use super::body::json_object;
 use super::error::ApiError;
 use super::middleware::{LogNote, RequestInfo};
 use super::response::{collect, full_response, log_note, Reply};
-use super::stream::sse_response;
+use super::stream::{sse_response, StreamShape};
 use super::structured;
 use super::AppState;
 use crate::api::plan::{self, Plan, Setting};
@@ -158,9 +158,11 @@ async fn generate(
             reply,
             model,
             stream,
-            params.n,
-            params.include_usage,
-            with_logprobs,
+            StreamShape {
+                n: params.n,
+                include_usage: params.include_usage,
+                with_logprobs,
+            },
             info,
             parsing,
         ));

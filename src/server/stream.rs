@@ -47,17 +47,29 @@ struct SseState {
     splitters: Option<Vec<ReasoningSplitter>>,
 }
 
+/// What a streamed reply holds besides the tokens.
+pub struct StreamShape {
+    /// Choices streamed side by side.
+    pub n: usize,
+    /// A final `usage` chunk (`stream_options.include_usage`).
+    pub include_usage: bool,
+    pub with_logprobs: bool,
+}
+
 /// A `text/event-stream` response fed by `stream`.
 pub fn sse_response(
     reply: Reply,
     model: Arc<Model>,
     stream: RequestStream,
-    n: usize,
-    include_usage: bool,
-    with_logprobs: bool,
+    shape: StreamShape,
     info: RequestInfo,
     parsing: ReplyParsing,
 ) -> Response {
+    let StreamShape {
+        n,
+        include_usage,
+        with_logprobs,
+    } = shape;
     let mut state = SseState {
         reply,
         model,
