@@ -8,9 +8,8 @@
 
 use std::ffi::c_void;
 
-use rayon::prelude::*;
-
 use super::bindings;
+use super::pool;
 use crate::tensor_type::TensorType;
 
 /// Output columns per matmul task. One activation row (decode) streams each weight row once:
@@ -24,7 +23,7 @@ fn cols_per_task(n_out: usize, n_rows: usize) -> usize {
     if n_rows < 4 {
         return MIN_COLS_PER_TASK;
     }
-    let per_task = n_out.div_ceil(TASKS_PER_THREAD * rayon::current_num_threads());
+    let per_task = n_out.div_ceil(TASKS_PER_THREAD * pool::num_threads());
     per_task.next_multiple_of(8).max(MIN_COLS_PER_TASK)
 }
 
@@ -168,11 +167,32 @@ pub fn quantize_rows(t: TensorType, x: &[f32], n_in: usize) -> Vec<u8> {
         x.len()
     );
     let rb = row_bytes(t, n_in);
-    let mut out = vec![0u8; x.len() / n_in * rb]; // [n_rows][rb]
-    out.par_chunks_mut(rb)
-        .zip(x.par_chunks(n_in))
-        .for_each(|(dst, src)| quantize_row(t, src, dst));
+    let n_rows = x.len() / n_in;
+    let mut out = vec![0u8; n_rows * rb]; // [n_rows][rb]
+    let shared = SharedBytes(out.as_mut_ptr());
+    pool::for_each_task(n_rows, &|r| {
+        // SAFETY: out holds n_rows rows of rb bytes and task r alone writes row r (see
+        // SharedBytes); the slice ends before `out` is read or dropped.
+        let dst = unsafe { std::slice::from_raw_parts_mut(shared.ptr().add(r * rb), rb) };
+        quantize_row(t, &x[r * n_in..(r + 1) * n_in], dst);
+    });
     out
+}
+
+/// `quantize_rows`' output, shared by the tasks that fill one row each.
+#[derive(Clone, Copy)]
+struct SharedBytes(*mut u8);
+
+// SAFETY: each task writes only its own row through it, while the Vec it points into is alive
+// and not otherwise touched.
+unsafe impl Send for SharedBytes {}
+unsafe impl Sync for SharedBytes {}
+
+impl SharedBytes {
+    /// A method, not a field access, so closures capture the whole (Sync) wrapper.
+    fn ptr(self) -> *mut u8 {
+        self.0
+    }
 }
 
 /// The matmul output, shared by the tasks that fill it.
@@ -205,7 +225,7 @@ fn for_column_tasks(
 ) {
     let shared = SharedOut(out.as_mut_ptr());
     let cols = cols_per_task(n_out, n_rows);
-    (0..n_out.div_ceil(cols)).into_par_iter().for_each(|chunk| {
+    pool::for_each_task(n_out.div_ceil(cols), &|chunk| {
         let o_begin = chunk * cols;
         task(shared.ptr(), o_begin, (o_begin + cols).min(n_out));
     });
