@@ -129,22 +129,37 @@ pub fn serial<R>(f: impl FnOnce() -> R) -> R {
 /// Runs `task(i)` for every `i` in `[0, n_tasks)`, each exactly once, on the pool's threads and
 /// this one; returns when all have ended. A panic in a task resumes here once every task ended.
 pub fn for_each_task(n_tasks: usize, task: &(dyn Fn(usize) + Sync)) {
-    if n_tasks == 0 {
-        return;
+    pool().for_each_task(n_tasks, task)
+}
+
+/// Every task on this thread, in order; as in the pool, a panic does not stop the others and
+/// the first one resumes at the end.
+fn run_in_place(n_tasks: usize, task: &(dyn Fn(usize) + Sync)) {
+    let mut first = None;
+    for i in 0..n_tasks {
+        if let Err(p) = panic::catch_unwind(AssertUnwindSafe(|| task(i))) {
+            first.get_or_insert(p);
+        }
     }
-    let pool = pool();
-    let in_place = n_tasks == 1 || n_tasks > u32::MAX as usize || pool.n_threads == 1;
-    if in_place || IN_PLACE.with(Cell::get) {
-        return (0..n_tasks).for_each(task);
-    }
-    match pool.submit.try_lock() {
-        Ok(_owner) => pool.run(n_tasks, task),
-        // Another caller's job is running (or this is one of its tasks): the same tasks here.
-        Err(_) => (0..n_tasks).for_each(task),
+    if let Some(p) = first {
+        panic::resume_unwind(p);
     }
 }
 
 impl Pool {
+    /// [`for_each_task`] on this pool.
+    fn for_each_task(&self, n_tasks: usize, task: &(dyn Fn(usize) + Sync)) {
+        let in_place = n_tasks <= 1 || n_tasks > u32::MAX as usize || self.n_threads == 1;
+        if in_place || IN_PLACE.with(Cell::get) {
+            return run_in_place(n_tasks, task);
+        }
+        match self.submit.try_lock() {
+            Ok(_owner) => self.run(n_tasks, task),
+            // Another caller's job is running (or this is one of its tasks): the same tasks here.
+            Err(_) => run_in_place(n_tasks, task),
+        }
+    }
+
     fn new(n_threads: usize) -> Pool {
         let n_threads = n_threads.max(1);
         let shared: &'static Shared = Box::leak(Box::new(Shared {
@@ -335,22 +350,32 @@ mod tests {
     use super::*;
     use std::sync::atomic::AtomicU32;
 
-    fn run_counts(n_tasks: usize) -> Vec<u32> {
+    fn run_counts(pool: &Pool, n_tasks: usize) -> Vec<u32> {
         let counts: Vec<AtomicU32> = (0..n_tasks).map(|_| AtomicU32::new(0)).collect();
-        for_each_task(n_tasks, &|i| {
+        pool.for_each_task(n_tasks, &|i| {
             counts[i].fetch_add(1, Ordering::Relaxed);
         });
         counts.into_iter().map(AtomicU32::into_inner).collect()
     }
 
     #[test]
-    fn every_task_runs_once() {
-        for n in [0, 1, 2, 3, 7, 64, 1000] {
-            for _ in 0..50 {
-                assert!(run_counts(n).iter().all(|&c| c == 1), "{n} tasks");
+    fn every_task_runs_once_whatever_the_thread_count() {
+        for n_threads in [1, 2, 3, 5] {
+            let pool = Pool::new(n_threads);
+            for n in [0, 1, 2, 3, 7, 64, 1000] {
+                for _ in 0..50 {
+                    assert!(run_counts(&pool, n).iter().all(|&c| c == 1), "{n} tasks");
+                }
+                // A result that depends on every task: the same on any number of threads.
+                let sums: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
+                pool.for_each_task(n, &|i| {
+                    sums[i].store((i as u64).pow(2) + 1, Ordering::Relaxed);
+                });
+                let total: u64 = sums.iter().map(|a| a.load(Ordering::Relaxed)).sum();
+                assert_eq!(total, (0..n as u64).map(|i| i * i + 1).sum::<u64>());
             }
+            serial(|| assert!(run_counts(&pool, 100).iter().all(|&c| c == 1)));
         }
-        serial(|| assert!(run_counts(100).iter().all(|&c| c == 1)));
     }
 
     #[test]
@@ -393,13 +418,13 @@ mod tests {
             assert_eq!(msg, format!("task {bad} fails"));
             // Every task was handed out (the others were not abandoned), and the pool still works.
             assert_eq!(ran.into_inner(), 100);
-            assert!(run_counts(50).iter().all(|&c| c == 1));
+            assert!(run_counts(pool(), 50).iter().all(|&c| c == 1));
         }
     }
 
     #[test]
     fn a_sleeping_pool_wakes() {
         std::thread::sleep(SPIN * 20);
-        assert!(run_counts(16).iter().all(|&c| c == 1));
+        assert!(run_counts(pool(), 16).iter().all(|&c| c == 1));
     }
 }
