@@ -21,7 +21,7 @@ use std::any::Any;
 use std::cell::{Cell, UnsafeCell};
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex, OnceLock};
+use std::sync::{Condvar, Mutex, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
 
 /// How long an idle worker spins for the next job before it sleeps, unless
@@ -75,7 +75,7 @@ unsafe impl Sync for Shared {}
 unsafe impl Send for Shared {}
 
 /// The pool: `n_threads - 1` workers and the lock that makes one caller at a time its owner.
-pub struct Pool {
+struct Pool {
     n_threads: usize,
     shared: &'static Shared,
     submit: Mutex<()>,
@@ -153,10 +153,17 @@ impl Pool {
         if in_place || IN_PLACE.with(Cell::get) {
             return run_in_place(n_tasks, task);
         }
-        match self.submit.try_lock() {
-            Ok(_owner) => self.run(n_tasks, task),
+        let owner = match self.submit.try_lock() {
+            Ok(owner) => owner,
+            // (Never poisoned: a task's panic resumes only once the lock is released.)
+            Err(TryLockError::Poisoned(owner)) => owner.into_inner(),
             // Another caller's job is running (or this is one of its tasks): the same tasks here.
-            Err(_) => run_in_place(n_tasks, task),
+            Err(TryLockError::WouldBlock) => return run_in_place(n_tasks, task),
+        };
+        let first_panic = self.run(n_tasks, task);
+        drop(owner);
+        if let Some(p) = first_panic {
+            panic::resume_unwind(p);
         }
     }
 
@@ -184,8 +191,8 @@ impl Pool {
         }
     }
 
-    /// Runs a job as its one caller (the `submit` lock held).
-    fn run(&self, n_tasks: usize, task: &(dyn Fn(usize) + Sync)) {
+    /// Runs a job as its one caller (the `submit` lock held); returns its first panic.
+    fn run(&self, n_tasks: usize, task: &(dyn Fn(usize) + Sync)) -> Option<Box<dyn Any + Send>> {
         let s = self.shared;
         // SAFETY: the lifetime is erased only for the duration of this call: the job is closed
         // and every worker that joined it has left before `run` returns (below).
@@ -220,10 +227,7 @@ impl Pool {
             }
             state = s.state.load(Ordering::Acquire);
         }
-        let first = s.panic.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(p) = first {
-            panic::resume_unwind(p);
-        }
+        s.panic.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 }
 
@@ -405,10 +409,11 @@ mod tests {
 
     #[test]
     fn a_panicking_task_resumes_on_the_caller() {
+        let pool = Pool::new(2);
         for bad in [0, 5, 99] {
             let ran = AtomicUsize::new(0);
             let r = panic::catch_unwind(AssertUnwindSafe(|| {
-                for_each_task(100, &|i| {
+                pool.for_each_task(100, &|i| {
                     ran.fetch_add(1, Ordering::Relaxed);
                     assert!(i != bad, "task {i} fails");
                 })
@@ -418,7 +423,9 @@ mod tests {
             assert_eq!(msg, format!("task {bad} fails"));
             // Every task was handed out (the others were not abandoned), and the pool still works.
             assert_eq!(ran.into_inner(), 100);
-            assert!(run_counts(pool(), 50).iter().all(|&c| c == 1));
+            // Not left poisoned (which would make every later job run in place).
+            assert!(!pool.submit.is_poisoned());
+            assert!(run_counts(&pool, 50).iter().all(|&c| c == 1));
         }
     }
 
