@@ -76,10 +76,6 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 fn main() {
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(1)
-        .build()
-        .unwrap();
     let rounds: usize = std::env::var("BENCH_ROUNDS").map_or(9, |v| v.parse().unwrap());
     let types: Vec<TensorType> = match std::env::var("BENCH_TYPES") {
         Ok(v) => v
@@ -119,7 +115,9 @@ fn main() {
                         set_isa(isa).unwrap();
                         let (mut reps, t0) = (0usize, cpu_time());
                         while (cpu_time() - t0).as_secs_f64() < 0.02 {
-                            pool.install(|| matmul(t, &w, n_in, n_out, &a, n_rows, &mut out));
+                            edge_llm::kernels::serial(|| {
+                                matmul(t, &w, n_in, n_out, &a, n_rows, &mut out)
+                            });
                             reps += 1;
                         }
                         secs[k].push((cpu_time() - t0).as_secs_f64() / reps as f64);

@@ -57,10 +57,6 @@ fn test_data(rng: &mut Rng, n: usize) -> Vec<f32> {
 /// best of 15 runs of at least 20 ms each, the ISAs interleaved: this machine is shared and noisy.
 /// `BENCH_TYPES=Q4_1,Q8_0` picks the types, `BENCH_N_OUT` the output width.
 fn main() {
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(1)
-        .build()
-        .unwrap();
     let n_out: usize = std::env::var("BENCH_N_OUT").map_or(1536, |v| v.parse().unwrap());
     let types: Vec<TensorType> = match std::env::var("BENCH_TYPES") {
         Ok(v) => v
@@ -103,7 +99,7 @@ fn main() {
                     set_isa(isa).unwrap();
                     let (mut reps, t0) = (0usize, Instant::now());
                     while t0.elapsed().as_secs_f64() < 0.02 {
-                        pool.install(|| match (&w8, x8) {
+                        edge_llm::kernels::serial(|| match (&w8, x8) {
                             (Some(w8), true) => matmul_x8(t, w8, n_in, n_out, &a, n_rows, &mut out),
                             _ => matmul(t, &w, n_in, n_out, &a, n_rows, &mut out),
                         });

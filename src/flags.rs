@@ -332,7 +332,8 @@ impl ThreadArgs {
         rayon::ThreadPoolBuilder::new()
             .num_threads(n)
             .build_global()
-            .context("starting the compute threads")
+            .context("starting the compute threads")?;
+        crate::kernels::init_threads(n).map_err(anyhow::Error::msg)
     }
 }
 

@@ -144,7 +144,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     if args.depth > 0 && (args.sessions > 0 || args.prompt_file.is_some()) {
         bail!("--depth applies to the single-sequence benchmark with random prompts (not with --sessions or --prompt-file)");
     }
-    let threads = rayon::current_num_threads();
+    let threads = crate::kernels::num_threads();
     let model = args.model.load()?;
     let mut engine_args = args.engine.clone();
     let per_seq = args.depth + args.shared_prefix + args.n_prompt + args.n_gen + 1;

@@ -6,25 +6,25 @@
 //! quantize, dot products, matrix products); `ops` the row operations, the KV write and attention;
 //! `isa` which instruction set (scalar references or SIMD variants) the kernels run.
 //!
-//! The threaded wrappers (matmul, quantize_rows, paged_attention) split their work over rayon's
-//! global pool. Called from a thread outside the pool, each call hands its work over and waits
-//! (about 10 us on a 2-core machine, hundreds of times per forward step); [`in_pool`] runs a whole
-//! step on a pool thread instead, where each split costs well under a microsecond.
+//! The threaded wrappers (matmul, quantize_rows, paged_attention) split their work over the
+//! kernels' own pool (`pool`): the calling thread plus workers that spin briefly between jobs,
+//! so each of the hundreds of splits of a forward step costs well under a microsecond.
 
 #[allow(non_camel_case_types, non_upper_case_globals, dead_code, clippy::all)]
 mod bindings;
 mod isa;
 mod ops;
+mod pool;
 mod quant;
 
 pub use bindings::EL_MAX_HEAD_DIM;
 pub use isa::*;
 pub use ops::*;
+pub use pool::{init_threads, num_threads, serial};
 pub use quant::*;
 
-/// Runs `f` on a thread of rayon's global pool (the calling thread waits), so that the kernels it
-/// calls split their work without a cross-thread hand-off each. Already on a pool thread, `f`
-/// runs in place.
+/// Runs `f`, a forward step, in place: the calling thread is one of the kernels' threads (see
+/// `pool`), so nothing is handed over for the step as a whole.
 pub fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    rayon::scope(|_| f())
+    f()
 }

@@ -1,8 +1,6 @@
 //! Safe wrappers over the row operations, the paged KV write and paged attention in
 //! `csrc/ops.c`. Called by the forward pass (`crate::model::forward`).
 
-use rayon::prelude::*;
-
 use super::bindings as ffi;
 
 /// `y[r] = x[r] / rms(x[r]) * w` for each row of `w.len()` elements. `y` may be `x` itself via
@@ -317,38 +315,36 @@ pub fn paged_attention(
         n_items,
         s.n_heads,
         s.n_heads / s.n_kv_heads,
-        rayon::current_num_threads(),
+        super::pool::num_threads(),
     );
     let out_ptr = SendPtr(out.as_mut_ptr());
-    (0..n_items.div_ceil(chunk_items))
-        .into_par_iter()
-        .for_each(|c| {
-            let begin = c * chunk_items;
-            let end = (begin + chunk_items).min(n_items);
-            let out_ptr = &out_ptr;
-            // SAFETY: all shapes and block ids were checked above; each task writes only the
-            // disjoint items [begin, end) of `out`.
-            unsafe {
-                ffi::el_paged_attention(
-                    out_ptr.0,
-                    q.as_ptr(),
-                    k_cache.as_ptr(),
-                    v_cache.as_ptr(),
-                    batch.block_tables.as_ptr(),
-                    batch.token_seq.as_ptr(),
-                    batch.context_lens.as_ptr(),
-                    s.n_heads as i64,
-                    s.n_kv_heads as i64,
-                    s.head_dim as i64,
-                    s.block_size as i64,
-                    batch.max_blocks_per_seq as i64,
-                    scale,
-                    window,
-                    begin as i64,
-                    end as i64,
-                )
-            }
-        });
+    super::pool::for_each_task(n_items.div_ceil(chunk_items), &|c| {
+        let begin = c * chunk_items;
+        let end = (begin + chunk_items).min(n_items);
+        let out_ptr = &out_ptr;
+        // SAFETY: all shapes and block ids were checked above; each task writes only the
+        // disjoint items [begin, end) of `out`.
+        unsafe {
+            ffi::el_paged_attention(
+                out_ptr.0,
+                q.as_ptr(),
+                k_cache.as_ptr(),
+                v_cache.as_ptr(),
+                batch.block_tables.as_ptr(),
+                batch.token_seq.as_ptr(),
+                batch.context_lens.as_ptr(),
+                s.n_heads as i64,
+                s.n_kv_heads as i64,
+                s.head_dim as i64,
+                s.block_size as i64,
+                batch.max_blocks_per_seq as i64,
+                scale,
+                window,
+                begin as i64,
+                end as i64,
+            )
+        }
+    });
 }
 
 /// Items (token, head) per attention task. The kernel reads a KV head's keys and values once

@@ -8,9 +8,8 @@
 
 use std::ffi::c_void;
 
-use rayon::prelude::*;
-
 use super::bindings;
+use super::pool;
 use crate::tensor_type::TensorType;
 
 /// Output columns per matmul task. One activation row (decode) streams each weight row once:
@@ -24,7 +23,7 @@ fn cols_per_task(n_out: usize, n_rows: usize) -> usize {
     if n_rows < 4 {
         return MIN_COLS_PER_TASK;
     }
-    let per_task = n_out.div_ceil(TASKS_PER_THREAD * rayon::current_num_threads());
+    let per_task = n_out.div_ceil(TASKS_PER_THREAD * pool::num_threads());
     per_task.next_multiple_of(8).max(MIN_COLS_PER_TASK)
 }
 
@@ -168,11 +167,32 @@ pub fn quantize_rows(t: TensorType, x: &[f32], n_in: usize) -> Vec<u8> {
         x.len()
     );
     let rb = row_bytes(t, n_in);
-    let mut out = vec![0u8; x.len() / n_in * rb]; // [n_rows][rb]
-    out.par_chunks_mut(rb)
-        .zip(x.par_chunks(n_in))
-        .for_each(|(dst, src)| quantize_row(t, src, dst));
+    let n_rows = x.len() / n_in;
+    let mut out = vec![0u8; n_rows * rb]; // [n_rows][rb]
+    let shared = SharedBytes(out.as_mut_ptr());
+    pool::for_each_task(n_rows, &|r| {
+        // SAFETY: out holds n_rows rows of rb bytes and task r alone writes row r (see
+        // SharedBytes); the slice ends before `out` is read or dropped.
+        let dst = unsafe { std::slice::from_raw_parts_mut(shared.ptr().add(r * rb), rb) };
+        quantize_row(t, &x[r * n_in..(r + 1) * n_in], dst);
+    });
     out
+}
+
+/// `quantize_rows`' output, shared by the tasks that fill one row each.
+#[derive(Clone, Copy)]
+struct SharedBytes(*mut u8);
+
+// SAFETY: each task writes only its own row through it, while the Vec it points into is alive
+// and not otherwise touched.
+unsafe impl Send for SharedBytes {}
+unsafe impl Sync for SharedBytes {}
+
+impl SharedBytes {
+    /// A method, not a field access, so closures capture the whole (Sync) wrapper.
+    fn ptr(self) -> *mut u8 {
+        self.0
+    }
 }
 
 /// The matmul output, shared by the tasks that fill it.
@@ -192,23 +212,6 @@ impl SharedOut {
     fn ptr(self) -> *mut f32 {
         self.0
     }
-}
-
-/// Runs `task(out, o_begin, o_end)` over the column chunks of an `[n_rows][n_out]` product in
-/// parallel (`cols_per_task`: multiples of 8 columns); each task writes only the elements of its
-/// own columns through the raw `out`.
-fn for_column_tasks(
-    n_out: usize,
-    n_rows: usize,
-    out: &mut [f32],
-    task: impl Fn(*mut f32, usize, usize) + Sync,
-) {
-    let shared = SharedOut(out.as_mut_ptr());
-    let cols = cols_per_task(n_out, n_rows);
-    (0..n_out.div_ceil(cols)).into_par_iter().for_each(|chunk| {
-        let o_begin = chunk * cols;
-        task(shared.ptr(), o_begin, (o_begin + cols).min(n_out));
-    });
 }
 
 /// The shape and alignment checks of `name` (`matmul`, `matmul_x8`: the same bytes in either
@@ -268,28 +271,109 @@ pub fn matmul(
     n_rows: usize,
     out: &mut [f32],
 ) {
-    let w_rb = row_bytes(t, n_in);
-    let a_rb = check_product("matmul", t, w, n_in, n_out, a, n_rows, out);
-    for_column_tasks(n_out, n_rows, out, |out, o_begin, o_end| {
-        // SAFETY: w holds n_out rows of w_rb bytes, a n_rows rows of a_rb bytes and out
-        // n_rows * n_out floats (all checked above); this task writes only columns
-        // [o_begin, o_end), which no other task touches (see SharedOut).
+    let p = Product {
+        t,
+        w,
+        interleaved: false,
+        n_in,
+        n_out,
+        a,
+        n_rows,
+        out,
+    };
+    matmuls(&mut [p]);
+}
+
+/// One matrix product for [`matmuls`]: `out[r][o] = vec_dot(w row o, a row r)` with `w` as
+/// [`matmul`] reads it, or as [`matmul_x8`] does when `interleaved`.
+pub struct Product<'a> {
+    pub t: TensorType,
+    pub w: &'a [u8],
+    pub interleaved: bool,
+    pub n_in: usize,
+    pub n_out: usize,
+    pub a: &'a [u8],
+    pub n_rows: usize,
+    pub out: &'a mut [f32],
+}
+
+/// Several products (q, k and v of one input; gate and up) in one parallel call: their column
+/// chunks are one list of tasks, so the threads meet once instead of once per product. Each
+/// element is computed exactly as the product alone computes it ([`matmul`], [`matmul_x8`]).
+pub fn matmuls(products: &mut [Product<'_>]) {
+    // (first task, columns per task, w row bytes, a row bytes, out) of each product.
+    let mut plan = Vec::with_capacity(products.len());
+    let mut n_tasks = 0;
+    for p in products.iter_mut() {
+        let name = if p.interleaved { "matmul_x8" } else { "matmul" };
+        if p.interleaved {
+            assert!(has_x8(p.t), "matmul_x8: {} has no interleaved layout", p.t);
+            assert!(
+                p.n_out.is_multiple_of(8),
+                "matmul_x8: {} rows are not groups of 8",
+                p.n_out
+            );
+        }
+        let a_rb = check_product(name, p.t, p.w, p.n_in, p.n_out, p.a, p.n_rows, p.out);
+        let cols = cols_per_task(p.n_out, p.n_rows);
+        plan.push((
+            n_tasks,
+            cols,
+            row_bytes(p.t, p.n_in),
+            a_rb,
+            SharedOut(p.out.as_mut_ptr()),
+        ));
+        n_tasks += p.n_out.div_ceil(cols);
+    }
+    let (products, plan) = (&*products, &plan);
+    pool::for_each_task(n_tasks, &|task| {
+        let k = plan.partition_point(|e| e.0 <= task) - 1;
+        let (first, cols, w_rb, a_rb, out) = plan[k];
+        let p = &products[k];
+        let o_begin = (task - first) * cols;
+        let o_end = (o_begin + cols).min(p.n_out);
+        // SAFETY: w holds n_out rows of w_rb bytes (or their interleaved groups), a n_rows rows
+        // of a_rb bytes and out n_rows * n_out floats (all checked above); cols is a multiple of
+        // 8 and so is an interleaved n_out, so [o_begin, o_end) is whole groups; this task writes
+        // only those columns of its product's out, which no other task touches (see SharedOut).
         let status = unsafe {
-            bindings::el_matmul(
-                type_id(t),
-                w.as_ptr().cast(),
-                w_rb as i64,
-                a.as_ptr().cast(),
-                a_rb as i64,
-                out,
-                n_out as i64,
-                n_in as i64,
-                n_rows as i64,
-                o_begin as i64,
-                o_end as i64,
-            )
+            if p.interleaved {
+                bindings::el_matmul_x8(
+                    type_id(p.t),
+                    p.w.as_ptr().cast(),
+                    p.a.as_ptr().cast(),
+                    a_rb as i64,
+                    out.ptr(),
+                    p.n_out as i64,
+                    p.n_in as i64,
+                    p.n_rows as i64,
+                    o_begin as i64,
+                    o_end as i64,
+                )
+            } else {
+                bindings::el_matmul(
+                    type_id(p.t),
+                    p.w.as_ptr().cast(),
+                    w_rb as i64,
+                    p.a.as_ptr().cast(),
+                    a_rb as i64,
+                    out.ptr(),
+                    p.n_out as i64,
+                    p.n_in as i64,
+                    p.n_rows as i64,
+                    o_begin as i64,
+                    o_end as i64,
+                )
+            }
         };
-        check_status(status, "el_matmul");
+        check_status(
+            status,
+            if p.interleaved {
+                "el_matmul_x8"
+            } else {
+                "el_matmul"
+            },
+        );
     });
 }
 
@@ -355,32 +439,17 @@ pub fn matmul_x8(
     n_rows: usize,
     out: &mut [f32],
 ) {
-    assert!(has_x8(t), "matmul_x8: {t} has no interleaved layout");
-    assert!(
-        n_out.is_multiple_of(8),
-        "matmul_x8: {n_out} rows are not groups of 8"
-    );
-    let a_rb = check_product("matmul_x8", t, w8, n_in, n_out, a, n_rows, out);
-    for_column_tasks(n_out, n_rows, out, |out, o_begin, o_end| {
-        // SAFETY: w8 holds the n_out / 8 groups of n_in / 32 blocks, a n_rows activation rows of
-        // a_rb bytes and out n_rows * n_out floats (checked above); cols is a multiple of 8 and so
-        // is n_out, so [o_begin, o_end) is whole groups, and this task writes only those columns.
-        let status = unsafe {
-            bindings::el_matmul_x8(
-                type_id(t),
-                w8.as_ptr().cast(),
-                a.as_ptr().cast(),
-                a_rb as i64,
-                out,
-                n_out as i64,
-                n_in as i64,
-                n_rows as i64,
-                o_begin as i64,
-                o_end as i64,
-            )
-        };
-        check_status(status, "el_matmul_x8");
-    });
+    let p = Product {
+        t,
+        w: w8,
+        interleaved: true,
+        n_in,
+        n_out,
+        a,
+        n_rows,
+        out,
+    };
+    matmuls(&mut [p]);
 }
 
 /// The statuses the C kernels return for a raw `type_id` and row length `n`, from dequantize,

@@ -64,6 +64,19 @@ pub trait Backend: WeightStore {
         m: &Self::Matrix,
         out: &mut Self::Acts,
     ) -> Result<()>;
+    /// `out = x @ m^T` for each `(m, out)` of `products`, matrices that read the same input
+    /// (q, k and v; gate and up). A backend may run them as one parallel call; each output is
+    /// exactly what [`Backend::matmul`] gives.
+    fn matmul_many(
+        &mut self,
+        x: &mut Self::Input<'_>,
+        products: &mut [(&Self::Matrix, &mut Self::Acts)],
+    ) -> Result<()> {
+        for (m, out) in products.iter_mut() {
+            self.matmul(x, m, out)?;
+        }
+        Ok(())
+    }
     /// `x[r] += bias` for every row.
     fn add_bias(&mut self, x: &mut Self::Acts, bias: &Self::Vector) -> Result<()>;
     /// Rotates `x` (`[n_tokens][n_heads][head_dim]`), token t at its position in the batch.

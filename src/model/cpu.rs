@@ -86,19 +86,27 @@ impl CpuMatrix {
 
     /// `out = x @ self^T` for `x` quantized to `ttype.vec_dot_type()`, [n_rows][n_out].
     fn matmul(&self, xq: &[u8], n_rows: usize, out: &mut Vec<f32>) {
+        kernels::matmuls(&mut [self.product(xq, n_rows, out)]);
+    }
+
+    /// The product `out = x @ self^T` (`out` sized to [n_rows][n_out]), for `kernels::matmuls`.
+    /// The interleaved products give the same results, bit for bit.
+    fn product<'a>(
+        &'a self,
+        xq: &'a [u8],
+        n_rows: usize,
+        out: &'a mut Vec<f32>,
+    ) -> kernels::Product<'a> {
         out.resize(n_rows * self.n_out, 0.0);
-        // The interleaved products give the same results, bit for bit.
-        match &self.interleaved {
-            Some(w8) => kernels::matmul_x8(self.ttype, w8, self.n_in, self.n_out, xq, n_rows, out),
-            None => kernels::matmul(
-                self.ttype,
-                self.bytes(),
-                self.n_in,
-                self.n_out,
-                xq,
-                n_rows,
-                out,
-            ),
+        kernels::Product {
+            t: self.ttype,
+            w: self.interleaved.as_deref().unwrap_or_else(|| self.bytes()),
+            interleaved: self.interleaved.is_some(),
+            n_in: self.n_in,
+            n_out: self.n_out,
+            a: xq,
+            n_rows,
+            out,
         }
     }
 }
@@ -163,6 +171,21 @@ pub struct CpuInput<'a> {
     quantized: Vec<(TensorType, Vec<u8>)>,
 }
 
+impl CpuInput<'_> {
+    /// The index in `quantized` of the rows `m`'s products read, quantized now if first asked.
+    fn quantized_for(&mut self, m: &CpuMatrix) -> usize {
+        let t = m.ttype.vec_dot_type();
+        match self.quantized.iter().position(|(qt, _)| *qt == t) {
+            Some(i) => i,
+            None => {
+                let rows = kernels::quantize_rows(t, self.x, m.n_in);
+                self.quantized.push((t, rows));
+                self.quantized.len() - 1
+            }
+        }
+    }
+}
+
 impl WeightStore for Cpu {
     type Matrix = CpuMatrix;
     type Vector = Vec<f32>;
@@ -219,16 +242,24 @@ impl Backend for Cpu {
     }
 
     fn matmul(&mut self, x: &mut CpuInput<'_>, m: &CpuMatrix, out: &mut Vec<f32>) -> Result<()> {
-        let t = m.ttype.vec_dot_type();
-        let i = match x.quantized.iter().position(|(qt, _)| *qt == t) {
-            Some(i) => i,
-            None => {
-                x.quantized
-                    .push((t, kernels::quantize_rows(t, x.x, m.n_in)));
-                x.quantized.len() - 1
-            }
-        };
+        let i = x.quantized_for(m);
         m.matmul(&x.quantized[i].1, x.x.len() / m.n_in, out);
+        Ok(())
+    }
+
+    /// One parallel call for all of `products` (`kernels::matmuls`).
+    fn matmul_many(
+        &mut self,
+        x: &mut CpuInput<'_>,
+        products: &mut [(&CpuMatrix, &mut Vec<f32>)],
+    ) -> Result<()> {
+        let which: Vec<usize> = products.iter().map(|(m, _)| x.quantized_for(m)).collect();
+        let mut list = Vec::with_capacity(products.len());
+        for ((m, out), i) in products.iter_mut().zip(which) {
+            let n_rows = x.x.len() / m.n_in;
+            list.push(m.product(&x.quantized[i].1, n_rows, out));
+        }
+        kernels::matmuls(&mut list);
         Ok(())
     }
 

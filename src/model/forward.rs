@@ -100,11 +100,16 @@ pub fn forward<B: Backend>(
         // Attention block: q, k, v (each head's q and k normed where the model does so),
         // rotated, k and v cached, attention over the layer's window, output projection.
         b.rms_norm(&x, &lw.attn_norm, eps, &mut h)?;
-        let mut hq = b.input(&h); // quantized once for q, k and v
-        linear(b, &mut hq, &lw.wq, &mut q)?;
-        linear(b, &mut hq, &lw.wk, &mut k)?;
-        linear(b, &mut hq, &lw.wv, &mut v)?;
+        let mut hq = b.input(&h); // quantized once for q, k and v, multiplied in one call
+        let qkv = [(&lw.wq, &mut q), (&lw.wk, &mut k), (&lw.wv, &mut v)];
+        let mut products = qkv.map(|(l, out)| (&l.weight, out));
+        b.matmul_many(&mut hq, &mut products)?;
         drop(hq);
+        for (l, out) in [(&lw.wq, &mut q), (&lw.wk, &mut k), (&lw.wv, &mut v)] {
+            if let Some(bias) = &l.bias {
+                b.add_bias(out, bias)?;
+            }
+        }
         if let Some(norm) = &lw.attn_q_norm {
             b.rms_norm_inplace(&mut q, norm, eps)?;
         }
@@ -127,9 +132,8 @@ pub fn forward<B: Backend>(
         // Feed-forward block: gate and up from the same normed input, the gated activation,
         // down projection.
         b.rms_norm(&x, &lw.ffn_norm, eps, &mut h)?;
-        let mut hq = b.input(&h); // quantized once for gate and up
-        b.matmul(&mut hq, &lw.w_gate, &mut gate)?;
-        b.matmul(&mut hq, &lw.w_up, &mut up)?;
+        let mut hq = b.input(&h); // quantized once for gate and up, multiplied in one call
+        b.matmul_many(&mut hq, &mut [(&lw.w_gate, &mut gate), (&lw.w_up, &mut up)])?;
         drop(hq);
         b.glu(&mut gate, &up, c.activation)?;
         matmul_of(b, &gate, &lw.w_down, &mut proj)?;
