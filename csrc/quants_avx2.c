@@ -375,6 +375,9 @@ static void row_scales_q4_1x8(const uint8_t *const *rows, int64_t nb, float *rs)
  * rows is spread X8_SPREAD_ROW_BLOCKS / R blocks at a time (20 KiB, which stays in L1 while a
  * task's weight groups stream past), once for all of the task's groups. */
 #define X8_SPREAD_ROW_BLOCKS 64
+/* Groups a task must have for spreading to pay: it costs about a third of one group's tile
+ * (measured: 4 groups, the K and V products' tasks, ran 10 % slower spread, 9 groups 4 % faster). */
+#define X8_SPREAD_MIN_GROUPS 8
 
 typedef struct {
     __m256i q[4][2];    /* [k][low, high]: bytes 4k..4k+3 and 16+4k..16+4k+3, broadcast */
@@ -548,7 +551,8 @@ static void row_scales_q8_0x8(const uint8_t *const *rows, int64_t nb, float *rs)
 /* ---- Rows interleaved in eights: the product ----------------------------------------------------
  * One activation row streams the matrix (matvec); batches run 4-row tiles over each group, the
  * rows' scales computed once per 4-row group (rows past n_rows repeat the last, computed, never
- * stored). Rows of more than X8_ROW_SCALES_MAX_NB blocks go one at a time. */
+ * stored). Rows of more than X8_ROW_SCALES_MAX_NB blocks go one at a time. Q4_1 batches over at
+ * least X8_SPREAD_MIN_GROUPS groups run the 8-row tiles over spread activations instead. */
 void el_matmul_x8_avx2(int32_t type, const void *w8, const void *a, int64_t a_row_bytes, float *out,
                        int64_t out_stride, int64_t nb, int64_t n_rows, int64_t g_begin, int64_t g_end) {
     const int q4_1 = type == EL_TYPE_Q4_1;
@@ -562,7 +566,7 @@ void el_matmul_x8_avx2(int32_t type, const void *w8, const void *a, int64_t a_ro
         }
         return;
     }
-    if (q4_1) {
+    if (q4_1 && g_end - g_begin >= X8_SPREAD_MIN_GROUPS) {
         matmul_q4_1x8_spread(w8, a8, a_row_bytes, out, out_stride, nb, n_rows, g_begin, g_end);
         return;
     }

@@ -1,7 +1,7 @@
 //! The interleaved (x8) matrix products' batch tiles at their edges: every batch size from 1 to 17
 //! rows (the 8-row and 4-row Q4_1 tiles, partial ones repeating their last row), row lengths on
 //! either side of the tiles' chunks of spread activations (8 blocks for 8 rows, 16 for 4), and
-//! widths of one to five groups of 8 columns. Every output equals the same ISA's vec_dot on the
+//! column tasks on either side of the width from which Q4_1 batches use them. Every output equals the same ISA's vec_dot on the
 //! row as stored, bit for bit, on every ISA this machine has.
 
 use edge_llm::kernels::{
@@ -38,6 +38,18 @@ impl Rng {
     }
 }
 
+/// `f` on a pool of one thread: the products' column tasks are then a quarter of the width each
+/// (at least 32 columns), so the widths below give tasks of 4 to 17 groups of 8 columns on any
+/// machine: both sides of X8_SPREAD_MIN_GROUPS (8) in csrc/quants_avx2.c, where Q4_1 batches
+/// switch from the 4-row tiles to the 8-row ones over spread activations.
+fn on_one_thread<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .expect("a one-thread pool")
+        .install(f)
+}
+
 #[test]
 fn x8_tiles_equal_vec_dot_for_every_batch_size_and_chunk_edge() {
     const MAX_ROWS: usize = 17;
@@ -47,32 +59,32 @@ fn x8_tiles_equal_vec_dot_for_every_batch_size_and_chunk_edge() {
     for t in [TensorType::Q4_1, TensorType::Q8_0] {
         for blocks in [1, 7, 8, 9, 15, 16, 17, 33] {
             let n_in = 32 * blocks;
-            for n_out in [8, 24, 40] {
+            for n_out in [8, 40, 264, 520] {
                 let w = quantize_rows(t, &rng.data(n_out * n_in), n_in);
                 let w8 = repack_x8(t, &w, n_in, n_out);
                 let a = quantize_rows(t.vec_dot_type(), &rng.data(MAX_ROWS * n_in), n_in);
                 let (w_rb, a_rb) = (w.len() / n_out, a.len() / MAX_ROWS);
                 for isa in available_isas() {
                     set_isa(isa).expect("an available ISA");
+                    let want: Vec<f32> = (0..MAX_ROWS * n_out)
+                        .map(|i| {
+                            let (r, o) = (i / n_out, i % n_out);
+                            vec_dot(t, n_in, &w[o * w_rb..][..w_rb], &a[r * a_rb..][..a_rb])
+                        })
+                        .collect();
                     for n_rows in 1..=MAX_ROWS {
                         let mut out = vec![f32::NAN; n_rows * n_out];
-                        matmul_x8(t, &w8, n_in, n_out, &a[..n_rows * a_rb], n_rows, &mut out);
-                        for r in 0..n_rows {
-                            for o in 0..n_out {
-                                let want = vec_dot(
-                                    t,
-                                    n_in,
-                                    &w[o * w_rb..][..w_rb],
-                                    &a[r * a_rb..][..a_rb],
-                                );
-                                let got = out[r * n_out + o];
-                                assert_eq!(
-                                    got.to_bits(),
-                                    want.to_bits(),
-                                    "{isa} {t} [{n_out}][{n_in}], {n_rows} rows, row {r} output {o}: {got} vs vec_dot {want}"
-                                );
-                                checked += 1;
-                            }
+                        on_one_thread(|| {
+                            matmul_x8(t, &w8, n_in, n_out, &a[..n_rows * a_rb], n_rows, &mut out)
+                        });
+                        for (i, (got, want)) in out.iter().zip(&want).enumerate() {
+                            let (r, o) = (i / n_out, i % n_out);
+                            assert_eq!(
+                                got.to_bits(),
+                                want.to_bits(),
+                                "{isa} {t} [{n_out}][{n_in}], {n_rows} rows, row {r} output {o}: {got} vs vec_dot {want}"
+                            );
+                            checked += 1;
                         }
                     }
                 }
