@@ -26,7 +26,7 @@ impl Rng {
     /// operations shows in the result.
     fn value(&mut self) -> f32 {
         let u = ((self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) as f32;
-        if self.next_u64() % 32 == 0 {
+        if self.next_u64().is_multiple_of(32) {
             8.0 * u
         } else {
             u
