@@ -375,13 +375,9 @@ static void row_scales_q4_1x8(const uint8_t *const *rows, int64_t nb, float *rs)
  * rows is spread X8_SPREAD_ROW_BLOCKS / R blocks at a time (20 KiB, which stays in L1 while a
  * task's weight groups stream past), once for all of the task's groups. */
 #define X8_SPREAD_ROW_BLOCKS 64
-/* Groups a task must have for spreading to pay: it costs about a third of one group's tile
- * (measured: 4 groups, the K and V products' tasks, ran 10 % slower spread, 9 groups 4 % faster). */
+/* Groups a task must have for spreading to pay (measured with the engine's task widths: the K and
+ * V products' 4-group tasks ran 10% slower spread, the 9-group ones of Q and O 4% faster). */
 #define X8_SPREAD_MIN_GROUPS 8
-
-typedef struct {
-    __m256i q[4][2];    /* [k][low, high]: bytes 4k..4k+3 and 16+4k..16+4k+3, broadcast */
-} q4_1x8_spread_q;
 
 /* Blocks [i0, i0 + n) of the R rows, spread: q[(i * 4 + k) * R + r], ds[(i * R + r) * 2 + {d, s}]. */
 EL_AI void spread_q4_1x8(const uint8_t *const *rows, int R, int64_t i0, int64_t n, __m256i *q, __m256 *ds) {
