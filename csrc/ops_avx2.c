@@ -394,6 +394,34 @@ EL_AI void attend_keys(const int64_t HD, const attn_query *qs, const int nq, att
     }
 }
 
+/* attend_keys for the common head sizes as constants, each its own function (a frame of its
+ * own: inlined at every call site, the span buffers made the frame 270 KiB). */
+#define ATTEND_KEYS_FOR(NAME, HD_EXPR)                                                                                  \
+    static __attribute__((noinline)) void NAME(const int64_t head_dim, const attn_query *qs, const int nq,              \
+                                               attn_state *st, const int st0, const uint16_t *k_cache,                 \
+                                               const uint16_t *v_cache, const int32_t *table, const int64_t block_size, \
+                                               const int64_t kv_off, const int64_t kv_dim, const int64_t begin,         \
+                                               const int64_t end, const float scale) {                                  \
+        (void)head_dim;                                                                                                 \
+        attend_keys(HD_EXPR, qs, nq, st, st0, k_cache, v_cache, table, block_size, kv_off, kv_dim, begin, end, scale);  \
+    }
+ATTEND_KEYS_FOR(attend_keys_64, 64)
+ATTEND_KEYS_FOR(attend_keys_128, 128)
+ATTEND_KEYS_FOR(attend_keys_256, 256)
+ATTEND_KEYS_FOR(attend_keys_any, head_dim)
+#undef ATTEND_KEYS_FOR
+
+static void attend_keys_hd(const int64_t head_dim, const attn_query *qs, const int nq, attn_state *st, const int st0,
+                           const uint16_t *k_cache, const uint16_t *v_cache, const int32_t *table,
+                           const int64_t block_size, const int64_t kv_off, const int64_t kv_dim, const int64_t begin,
+                           const int64_t end, const float scale) {
+    void (*f)(int64_t, const attn_query *, int, attn_state *, int, const uint16_t *, const uint16_t *,
+              const int32_t *, int64_t, int64_t, int64_t, int64_t, int64_t, float) =
+        head_dim == 64 ? attend_keys_64 : head_dim == 128 ? attend_keys_128 : head_dim == 256 ? attend_keys_256
+                                                                                             : attend_keys_any;
+    f(head_dim, qs, nq, st, st0, k_cache, v_cache, table, block_size, kv_off, kv_dim, begin, end, scale);
+}
+
 /* A run of consecutive tokens of one sequence whose windows start at the same key. */
 typedef struct {
     int64_t t0, t1;       /* tokens [t0, t1) */
@@ -421,7 +449,7 @@ static int64_t shared_keys(const attn_run *a, const attn_run *b, const int64_t b
  * [item_begin, item_end): every query of every run shares the pass over keys [first, shared)
  * through runs[0]'s table (the same physical blocks for all), then each run's queries go on
  * through their own table over their own keys. `shared` is a chunk boundary of the window. */
-EL_AI void attend_cluster(const int64_t HD, const attn_run *runs, const int n_runs, const int64_t shared,
+static void attend_cluster(const int64_t HD, const attn_run *runs, const int n_runs, const int64_t shared,
                           const float *q, float *out, const uint16_t *k_cache, const uint16_t *v_cache,
                           const int32_t *context_lens, const int64_t n_heads, const int64_t group, const int64_t kvh,
                           const int64_t kv_dim, const int64_t block_size, const int64_t max_q, const float scale,
@@ -439,7 +467,7 @@ EL_AI void attend_cluster(const int64_t HD, const attn_run *runs, const int n_ru
                 if (item < item_begin || item >= item_end) continue;
                 if (nq == max_q) { /* one run of a GQA group wider than max_q heads: in parts */
                     attn_begin(HD, &st, nq);
-                    attend_keys(HD, qs, nq, &st, 0, k_cache, v_cache, runs[r].table, block_size, kv_off, kv_dim,
+                    attend_keys_hd(HD, qs, nq, &st, 0, k_cache, v_cache, runs[r].table, block_size, kv_off, kv_dim,
                                 runs[r].first, INT64_MAX, scale);
                     attn_finish(HD, &st, qs, nq);
                     nq = 0;
@@ -452,15 +480,15 @@ EL_AI void attend_cluster(const int64_t HD, const attn_run *runs, const int n_ru
     if (nq == 0) return;
     attn_begin(HD, &st, nq);
     if (n_runs == 1) {
-        attend_keys(HD, qs, nq, &st, 0, k_cache, v_cache, runs[0].table, block_size, kv_off, kv_dim, runs[0].first,
+        attend_keys_hd(HD, qs, nq, &st, 0, k_cache, v_cache, runs[0].table, block_size, kv_off, kv_dim, runs[0].first,
                     INT64_MAX, scale);
     } else {
-        attend_keys(HD, qs, nq, &st, 0, k_cache, v_cache, runs[0].table, block_size, kv_off, kv_dim, runs[0].first,
+        attend_keys_hd(HD, qs, nq, &st, 0, k_cache, v_cache, runs[0].table, block_size, kv_off, kv_dim, runs[0].first,
                     shared, scale);
         for (int r = 0; r < n_runs; r++) {
             const int n = run_start[r + 1] - run_start[r];
             if (n > 0 && runs[r].len > shared) {
-                attend_keys(HD, qs + run_start[r], n, &st, run_start[r], k_cache, v_cache, runs[r].table, block_size,
+                attend_keys_hd(HD, qs + run_start[r], n, &st, run_start[r], k_cache, v_cache, runs[r].table, block_size,
                             kv_off, kv_dim, shared, INT64_MAX, scale);
             }
         }
@@ -523,16 +551,8 @@ void el_paged_attention_avx2(float *out, const float *q, const uint16_t *k_cache
             }
             shared = runs[lead].first + (shared - runs[lead].first) / CHUNK * CHUNK;
             for (int64_t kvh = 0; kvh < n_kv_heads; kvh++) {
-                switch (head_dim) {
-#define CLUSTER(HD)                                                                                                     \
-    attend_cluster(HD, cl, n_cl, shared, q, out, k_cache, v_cache, context_lens, n_heads, group, kvh, kv_dim,           \
-                   block_size, max_q, scale, item_begin, item_end)
-                case 64: CLUSTER(64); break;
-                case 128: CLUSTER(128); break;
-                case 256: CLUSTER(256); break;
-                default: CLUSTER(head_dim); break;
-#undef CLUSTER
-                }
+                attend_cluster(head_dim, cl, n_cl, shared, q, out, k_cache, v_cache, context_lens, n_heads, group, kvh,
+                               kv_dim, block_size, max_q, scale, item_begin, item_end);
             }
         }
     }
