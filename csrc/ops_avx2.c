@@ -231,11 +231,12 @@ EL_AI float hmax8(const __m256 x) {
 }
 
 /* Queries that share one pass over their keys: the heads of one GQA group, over consecutive
- * tokens of one sequence, at most ATTN_MAX_Q and at most ATTN_ACC_FLOATS / head_dim (their
- * outputs are accumulated on the stack). In a long context the keys' conversion from f16 (a
- * strided read of a KV head's rows, mostly from L3 or memory) costs as much as several queries'
- * arithmetic, so the more queries share it the better: 64 of them at head size 64 spend about
- * 25% less time than 16 did (4,000 keys). */
+ * tokens of one sequence or over tokens of several sequences whose block tables point at the same
+ * physical blocks (a shared prefix), at most ATTN_MAX_Q and at most ATTN_ACC_FLOATS / head_dim
+ * (their outputs are accumulated on the stack). In a long context the keys' conversion from f16
+ * (a strided read of a KV head's rows, mostly from L3 or memory) costs as much as several
+ * queries' arithmetic, so the more queries share it the better: 64 of them at head size 64 spend
+ * about 25% less time than 16 did (4,000 keys). */
 #define ATTN_MAX_Q 64
 #define ATTN_ACC_FLOATS (16 * EL_MAX_HEAD_DIM)
 
@@ -245,14 +246,43 @@ typedef struct {
     int64_t len; /* keys this query sees: [first, len) */
 } attn_query;
 
+/* Each query's online softmax between passes: its output accumulator, running max and the
+ * normaliser's eight lanes. A query's keys may be split into several passes (a shared prefix,
+ * then its own tail) at a chunk boundary; the state carries its arithmetic on unchanged. */
+typedef struct {
+    float acc[ATTN_ACC_FLOATS] __attribute__((aligned(32))); /* query i's output: acc + i * HD */
+    float m[ATTN_MAX_Q];
+    __m256 lanes[ATTN_MAX_Q];
+} attn_state;
+
+EL_AI void attn_begin(const int64_t HD, attn_state *st, const int nq) {
+    for (int i = 0; i < nq; i++) {
+        for (int64_t d = 0; d < HD; d += 8) _mm256_store_ps(st->acc + i * HD + d, _mm256_setzero_ps());
+        st->m[i] = -INFINITY;
+        st->lanes[i] = _mm256_setzero_ps();
+    }
+}
+
+EL_AI void attn_finish(const int64_t HD, const attn_state *st, const attn_query *qs, const int nq) {
+    for (int i = 0; i < nq; i++) {
+        float lane[CHUNK];
+        _mm256_storeu_ps(lane, st->lanes[i]);
+        const float l = el_tree8(lane);
+        const __m256 inv = _mm256_set1_ps(l > 0.0f ? 1.0f / l : 0.0f);
+        for (int64_t d = 0; d < HD; d += 8) _mm256_storeu_ps(qs[i].out + d, _mm256_mul_ps(_mm256_load_ps(st->acc + i * HD + d), inv));
+    }
+}
+
 /* Keys converted and scored per pass: 2048 floats of keys (and as many of values) per span. */
 #define ATTN_SPAN_FLOATS (2048 > CHUNK * EL_MAX_HEAD_DIM ? 2048 : CHUNK * EL_MAX_HEAD_DIM)
 #define ATTN_MAX_CHUNKS 8 /* at most 64 keys per span: the per-chunk state stays small */
 
-/* Up to ATTN_MAX_Q queries of one sequence and KV head that start at the same key, each computed
- * exactly as ops.c's paged_attention_ref computes its (token, head) item: a chunk's eight keys in
- * eight lanes, the scores' partial sums (lane d % 8 of each key's vector) by FMA in order of d,
- * the chunk's max, one vector exp, the values added key after key by FMA.
+/* Keys [begin, min(end, len_i)) of up to ATTN_MAX_Q queries of one KV head that read them
+ * through `table`, with state slots st0 .. st0 + nq - 1; begin lies on a chunk boundary of every
+ * query's window (its first key plus a multiple of CHUNK). Each query is computed exactly as
+ * ops.c's paged_attention_ref computes its (token, head) item: a chunk's eight keys in eight
+ * lanes, the scores' partial sums (lane d % 8 of each key's vector) by FMA in order of d, the
+ * chunk's max, one vector exp, the values added key after key by FMA.
  * The keys go a span of chunks at a time (2048 / HD keys, at least one chunk), converted from f16
  * once for all the queries, then three passes over the queries and the span's chunks: every score
  * (no chunk's scores depend on another's), then each query's softmax steps in order (the running
@@ -260,29 +290,27 @@ typedef struct {
  * the output applied just before its values, as the reference does. One query's chunk is a chain
  * of dependent steps; the passes give the core many independent ones at a time. HD: head_dim, a
  * multiple of 8 (a constant for the common sizes). */
-EL_AI void attend_group(const int64_t HD, const attn_query *qs, const int nq, const uint16_t *k_cache,
-                        const uint16_t *v_cache, const int32_t *table, const int64_t block_size, const int64_t kv_off,
-                        const int64_t kv_dim, const int64_t first, const float scale) {
-    float acc_all[ATTN_ACC_FLOATS] __attribute__((aligned(32))); /* query i's output: acc_all + i * HD */
+EL_AI void attend_keys(const int64_t HD, const attn_query *qs, const int nq, attn_state *st, const int st0,
+                       const uint16_t *k_cache, const uint16_t *v_cache, const int32_t *table, const int64_t block_size,
+                       const int64_t kv_off, const int64_t kv_dim, const int64_t begin, const int64_t end,
+                       const float scale) {
     float kf[ATTN_SPAN_FLOATS] __attribute__((aligned(32)));
     float vf[ATTN_SPAN_FLOATS] __attribute__((aligned(32)));
     __m256 sc[ATTN_MAX_Q][ATTN_MAX_CHUNKS];    /* scores, then weights */
     __m256 resc[ATTN_MAX_Q][ATTN_MAX_CHUNKS];  /* the output's rescale before each chunk */
     uint8_t rescale[ATTN_MAX_Q][ATTN_MAX_CHUNKS];
-    float m[ATTN_MAX_Q];
-    __m256 lanes[ATTN_MAX_Q];
+    float *const m = st->m + st0;
+    __m256 *const lanes = st->lanes + st0;
     const int64_t span_chunks = ATTN_SPAN_FLOATS / (CHUNK * HD) < ATTN_MAX_CHUNKS ? ATTN_SPAN_FLOATS / (CHUNK * HD)
                                                                                  : ATTN_MAX_CHUNKS;
     int64_t max_len = 0;
     for (int i = 0; i < nq; i++) {
-        for (int64_t d = 0; d < HD; d += 8) _mm256_store_ps(acc_all + i * HD + d, _mm256_setzero_ps());
-        m[i] = -INFINITY;
-        lanes[i] = _mm256_setzero_ps();
         if (qs[i].len > max_len) max_len = qs[i].len;
     }
+    if (max_len > end) max_len = end;
     const __m256 vscale = _mm256_set1_ps(scale);
-    int64_t blk = first / block_size, off = first % block_size; /* of key j0, walked without division */
-    for (int64_t j0 = first; j0 < max_len; j0 += span_chunks * CHUNK) {
+    int64_t blk = begin / block_size, off = begin % block_size; /* of key j0, walked without division */
+    for (int64_t j0 = begin; j0 < max_len; j0 += span_chunks * CHUNK) {
         const int64_t n_all = max_len - j0 < span_chunks * CHUNK ? max_len - j0 : span_chunks * CHUNK;
         for (int64_t k = 0; k < n_all; k++) {
             const int64_t at = ((int64_t)table[blk] * block_size + off) * kv_dim + kv_off;
@@ -336,7 +364,7 @@ EL_AI void attend_group(const int64_t HD, const attn_query *qs, const int nq, co
         }
         for (int i = 0; i < nq; i++) {
             const int64_t n_i = SPAN_KEYS(i);
-            float *a_i = acc_all + i * HD;
+            float *a_i = st->acc + (st0 + i) * HD;
             for (int64_t c = 0; c * CHUNK < n_i; c++) {
                 const float *vc = vf + c * CHUNK * HD;
                 const int64_t n = n_i - c * CHUNK;
@@ -364,18 +392,116 @@ EL_AI void attend_group(const int64_t HD, const attn_query *qs, const int nq, co
         }
 #undef SPAN_KEYS
     }
-    for (int i = 0; i < nq; i++) {
-        float lane[CHUNK];
-        _mm256_storeu_ps(lane, lanes[i]);
-        const float l = el_tree8(lane);
-        const __m256 inv = _mm256_set1_ps(l > 0.0f ? 1.0f / l : 0.0f);
-        for (int64_t d = 0; d < HD; d += 8) _mm256_storeu_ps(qs[i].out + d, _mm256_mul_ps(_mm256_load_ps(acc_all + i * HD + d), inv));
-    }
 }
 
-/* Items [item_begin, item_end) (token-major, then head), in groups for attend_group: for a run of
- * consecutive tokens of one sequence whose windows start at the same key (at most
- * max_q / group tokens), each KV head's query heads in the range. */
+/* attend_keys for the common head sizes as constants, each its own function (a frame of its
+ * own: inlined at every call site, the span buffers made the frame 270 KiB). */
+#define ATTEND_KEYS_FOR(NAME, HD_EXPR)                                                                                  \
+    static __attribute__((noinline)) void NAME(const int64_t head_dim, const attn_query *qs, const int nq,              \
+                                               attn_state *st, const int st0, const uint16_t *k_cache,                 \
+                                               const uint16_t *v_cache, const int32_t *table, const int64_t block_size, \
+                                               const int64_t kv_off, const int64_t kv_dim, const int64_t begin,         \
+                                               const int64_t end, const float scale) {                                  \
+        (void)head_dim;                                                                                                 \
+        attend_keys(HD_EXPR, qs, nq, st, st0, k_cache, v_cache, table, block_size, kv_off, kv_dim, begin, end, scale);  \
+    }
+ATTEND_KEYS_FOR(attend_keys_64, 64)
+ATTEND_KEYS_FOR(attend_keys_128, 128)
+ATTEND_KEYS_FOR(attend_keys_256, 256)
+ATTEND_KEYS_FOR(attend_keys_any, head_dim)
+#undef ATTEND_KEYS_FOR
+
+static void attend_keys_hd(const int64_t head_dim, const attn_query *qs, const int nq, attn_state *st, const int st0,
+                           const uint16_t *k_cache, const uint16_t *v_cache, const int32_t *table,
+                           const int64_t block_size, const int64_t kv_off, const int64_t kv_dim, const int64_t begin,
+                           const int64_t end, const float scale) {
+    void (*f)(int64_t, const attn_query *, int, attn_state *, int, const uint16_t *, const uint16_t *,
+              const int32_t *, int64_t, int64_t, int64_t, int64_t, int64_t, float) =
+        head_dim == 64 ? attend_keys_64 : head_dim == 128 ? attend_keys_128 : head_dim == 256 ? attend_keys_256
+                                                                                             : attend_keys_any;
+    f(head_dim, qs, nq, st, st0, k_cache, v_cache, table, block_size, kv_off, kv_dim, begin, end, scale);
+}
+
+/* A run of consecutive tokens of one sequence whose windows start at the same key. */
+typedef struct {
+    int64_t t0, t1;       /* tokens [t0, t1) */
+    int64_t first;        /* the window's first key */
+    int64_t len;          /* the most keys any of them sees */
+    const int32_t *table; /* the sequence's block table */
+} attn_run;
+
+/* Runs sharing a pass share at least this many keys: below it the pass saves little. */
+#define ATTN_SHARE_MIN_KEYS 32
+#define ATTN_MAX_RUNS 64
+
+/* Keys [a.first, S) that run b reads through the same physical blocks as run a (same window
+ * start): S is at most a's len, and covers b's keys below S; first if they share none. */
+static int64_t shared_keys(const attn_run *a, const attn_run *b, const int64_t block_size) {
+    if (a->first != b->first) return a->first;
+    const int64_t lim = a->len < b->len ? a->len : b->len;
+    int64_t blk = a->first / block_size;
+    while (blk * block_size < lim && a->table[blk] == b->table[blk]) blk++;
+    if (blk * block_size >= lim) return a->len; /* every key both see is in a shared block */
+    return blk * block_size > a->first ? blk * block_size : a->first;
+}
+
+/* One cluster of runs (runs[0] leads) for KV head kvh, over the items of the task in
+ * [item_begin, item_end): every query of every run shares the pass over keys [first, shared)
+ * through runs[0]'s table (the same physical blocks for all), then each run's queries go on
+ * through their own table over their own keys. `shared` is a chunk boundary of the window. */
+static void attend_cluster(const int64_t HD, const attn_run *runs, const int n_runs, const int64_t shared,
+                          const float *q, float *out, const uint16_t *k_cache, const uint16_t *v_cache,
+                          const int32_t *context_lens, const int64_t n_heads, const int64_t group, const int64_t kvh,
+                          const int64_t kv_dim, const int64_t block_size, const int64_t max_q, const float scale,
+                          const int64_t item_begin, const int64_t item_end) {
+    attn_state st;
+    attn_query qs[ATTN_MAX_Q];
+    int run_start[ATTN_MAX_RUNS + 1];
+    int nq = 0;
+    const int64_t kv_off = kvh * HD;
+    for (int r = 0; r < n_runs; r++) {
+        run_start[r] = nq;
+        for (int64_t h = kvh * group; h < (kvh + 1) * group; h++) {
+            for (int64_t t = runs[r].t0; t < runs[r].t1; t++) {
+                const int64_t item = t * n_heads + h;
+                if (item < item_begin || item >= item_end) continue;
+                if (nq == max_q) { /* one run of a GQA group wider than max_q heads: in parts */
+                    attn_begin(HD, &st, nq);
+                    attend_keys_hd(HD, qs, nq, &st, 0, k_cache, v_cache, runs[r].table, block_size, kv_off, kv_dim,
+                                runs[r].first, INT64_MAX, scale);
+                    attn_finish(HD, &st, qs, nq);
+                    nq = 0;
+                }
+                qs[nq++] = (attn_query){q + item * HD, out + item * HD, context_lens[t]};
+            }
+        }
+    }
+    run_start[n_runs] = nq;
+    if (nq == 0) return;
+    attn_begin(HD, &st, nq);
+    if (n_runs == 1) {
+        attend_keys_hd(HD, qs, nq, &st, 0, k_cache, v_cache, runs[0].table, block_size, kv_off, kv_dim, runs[0].first,
+                    INT64_MAX, scale);
+    } else {
+        attend_keys_hd(HD, qs, nq, &st, 0, k_cache, v_cache, runs[0].table, block_size, kv_off, kv_dim, runs[0].first,
+                    shared, scale);
+        for (int r = 0; r < n_runs; r++) {
+            const int n = run_start[r + 1] - run_start[r];
+            if (n > 0 && runs[r].len > shared) {
+                attend_keys_hd(HD, qs + run_start[r], n, &st, run_start[r], k_cache, v_cache, runs[r].table, block_size,
+                            kv_off, kv_dim, shared, INT64_MAX, scale);
+            }
+        }
+    }
+    attn_finish(HD, &st, qs, nq);
+}
+
+/* Items [item_begin, item_end) (token-major, then head). Tokens are taken in runs (consecutive
+ * tokens of one sequence whose windows start at the same key, at most max_q / group tokens), and
+ * runs in clusters: a leading run with the later runs that read at least ATTN_SHARE_MIN_KEYS of
+ * the same keys through the same physical blocks (sequences sharing a cached prefix), up to
+ * max_q queries per KV head. Each KV head's queries of a cluster then share the conversion of the
+ * shared keys; each query's arithmetic is the same whatever shares its pass. */
 void el_paged_attention_avx2(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
                              const int32_t *block_tables, const int32_t *token_seq,
                              const int32_t *context_lens, int64_t n_heads, int64_t n_kv_heads,
@@ -388,33 +514,45 @@ void el_paged_attention_avx2(float *out, const float *q, const uint16_t *k_cache
     const int64_t max_tokens = group >= max_q ? 1 : max_q / group;
     const int64_t t_end = (item_end - 1) / n_heads + 1;
 #define FIRST(t) ((window > 0 && context_lens[t] > window) ? context_lens[t] - window : 0)
-    for (int64_t t0 = item_begin / n_heads, t1; t0 < t_end; t0 = t1) {
-        const int64_t first = FIRST(t0);
-        for (t1 = t0 + 1; t1 < t_end && t1 - t0 < max_tokens && token_seq[t1] == token_seq[t0] && FIRST(t1) == first; t1++) {
-        }
-        const int32_t *table = block_tables + (int64_t)token_seq[t0] * max_blocks_per_seq;
-        for (int64_t kvh = 0; kvh < n_kv_heads; kvh++) {
-            attn_query qs[ATTN_MAX_Q];
-            int nq = 0;
-            for (int64_t h = kvh * group; h < (kvh + 1) * group; h++) {
-                for (int64_t t = t0; t < t1; t++) {
-                    const int64_t item = t * n_heads + h;
-                    if (item < item_begin || item >= item_end) continue;
-                    if (nq == max_q) { /* a group wider than max_q heads: in parts */
-                        attend_group(head_dim, qs, nq, k_cache, v_cache, table, block_size, kvh * head_dim, kv_dim, first,
-                                     scale);
-                        nq = 0;
-                    }
-                    qs[nq++] = (attn_query){q + item * head_dim, out + item * head_dim, context_lens[t]};
-                }
+    attn_run runs[ATTN_MAX_RUNS];
+    uint8_t taken[ATTN_MAX_RUNS];
+    for (int64_t t = item_begin / n_heads; t < t_end;) {
+        int n_runs = 0; /* the next ATTN_MAX_RUNS runs of the task */
+        for (; t < t_end && n_runs < ATTN_MAX_RUNS; n_runs++) {
+            attn_run *r = &runs[n_runs];
+            r->t0 = t;
+            r->first = FIRST(t);
+            r->len = context_lens[t];
+            r->table = block_tables + (int64_t)token_seq[t] * max_blocks_per_seq;
+            for (t++; t < t_end && t - r->t0 < max_tokens && token_seq[t] == token_seq[r->t0] && FIRST(t) == r->first;
+                 t++) {
+                if (context_lens[t] > r->len) r->len = context_lens[t];
             }
-            if (nq == 0) continue;
-            const int64_t kv_off = kvh * head_dim;
-            switch (head_dim) {
-            case 64: attend_group(64, qs, nq, k_cache, v_cache, table, block_size, kv_off, kv_dim, first, scale); break;
-            case 128: attend_group(128, qs, nq, k_cache, v_cache, table, block_size, kv_off, kv_dim, first, scale); break;
-            case 256: attend_group(256, qs, nq, k_cache, v_cache, table, block_size, kv_off, kv_dim, first, scale); break;
-            default: attend_group(head_dim, qs, nq, k_cache, v_cache, table, block_size, kv_off, kv_dim, first, scale); break;
+            r->t1 = t;
+            taken[n_runs] = 0;
+        }
+        for (int lead = 0; lead < n_runs; lead++) {
+            if (taken[lead]) continue;
+            attn_run cl[ATTN_MAX_RUNS];
+            int n_cl = 0;
+            cl[n_cl++] = runs[lead];
+            int64_t tokens = runs[lead].t1 - runs[lead].t0;
+            int64_t shared = runs[lead].len;
+            for (int r = lead + 1; r < n_runs && group * (tokens + runs[r].t1 - runs[r].t0) <= max_q; r++) {
+                if (taken[r]) continue;
+                const int64_t s = shared_keys(&runs[lead], &runs[r], block_size);
+                const int64_t s_all = s < shared ? s : shared;
+                const int64_t aligned = runs[lead].first + (s_all - runs[lead].first) / CHUNK * CHUNK;
+                if (aligned - runs[lead].first < ATTN_SHARE_MIN_KEYS) continue;
+                shared = s_all;
+                taken[r] = 1;
+                cl[n_cl++] = runs[r];
+                tokens += runs[r].t1 - runs[r].t0;
+            }
+            shared = runs[lead].first + (shared - runs[lead].first) / CHUNK * CHUNK;
+            for (int64_t kvh = 0; kvh < n_kv_heads; kvh++) {
+                attend_cluster(head_dim, cl, n_cl, shared, q, out, k_cache, v_cache, context_lens, n_heads, group, kvh,
+                               kv_dim, block_size, max_q, scale, item_begin, item_end);
             }
         }
     }

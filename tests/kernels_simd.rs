@@ -721,6 +721,140 @@ fn paged_attention_items_are_independent() {
     }
 }
 
+/// Sequences that share a cached prefix: `n_seqs` block tables whose first blocks point at the
+/// same physical blocks (each sequence shares a random number of them, up to `prefix_blocks`, so
+/// some share all, some part, some none), then blocks of their own; `tokens_per_seq` queries per
+/// sequence at the end of its context (decode: 1), context lengths odd and random.
+fn shared_prefix_case(
+    rng: &mut Rng,
+    (n_heads, n_kv_heads, head_dim, block_size): (usize, usize, usize, usize),
+    n_seqs: usize,
+    prefix_blocks: usize,
+    tokens_per_seq: usize,
+) -> AttentionCase {
+    let own_blocks = 3;
+    let max_blocks_per_seq = prefix_blocks + own_blocks;
+    let num_blocks = prefix_blocks + n_seqs * max_blocks_per_seq;
+    let mut ids: Vec<i32> = (0..num_blocks as i32).collect();
+    for i in (1..ids.len()).rev() {
+        ids.swap(i, rng.below(i + 1));
+    }
+    let (prefix, own) = ids.split_at(prefix_blocks);
+    let mut block_tables = Vec::new();
+    let (mut token_seq, mut context_lens) = (Vec::new(), Vec::new());
+    for s in 0..n_seqs {
+        // Most share the whole prefix (the 16-chat workload); a few share part of it or none.
+        let shared = match s % 5 {
+            3 => rng.below(prefix_blocks + 1),
+            4 if s % 2 == 0 => 0,
+            _ => prefix_blocks,
+        };
+        let mine = &own[s * max_blocks_per_seq..][..max_blocks_per_seq];
+        for b in 0..max_blocks_per_seq {
+            block_tables.push(if b < shared { prefix[b] } else { mine[b] });
+        }
+        // Past the shared blocks by a few keys to a few blocks (odd counts), or short of them.
+        let len = if s % 7 == 6 {
+            1 + rng.below(prefix_blocks * block_size + 1)
+        } else {
+            prefix_blocks * block_size + 1 + 2 * rng.below(own_blocks * block_size / 2)
+        };
+        let len = len.max(tokens_per_seq);
+        for k in 0..tokens_per_seq {
+            token_seq.push(s as i32);
+            context_lens.push((len + 1 - tokens_per_seq + k) as i32);
+        }
+    }
+    let cache_len = num_blocks * block_size * n_kv_heads * head_dim;
+    let k_cache = (0..cache_len)
+        .map(|_| f16_bits(rng.normal() * 1.5))
+        .collect();
+    let v_cache = (0..cache_len).map(|_| f16_bits(rng.normal())).collect();
+    let q = test_data(rng, token_seq.len() * n_heads * head_dim);
+    AttentionCase {
+        shape: AttentionShape {
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            block_size,
+            num_blocks,
+        },
+        k_cache,
+        v_cache,
+        q,
+        block_tables,
+        max_blocks_per_seq,
+        token_seq,
+        context_lens,
+    }
+}
+
+/// The token `t` of a case computed alone.
+fn run_token_alone(c: &AttentionCase, t: usize, window: Option<usize>) -> Vec<f32> {
+    let per_token = c.shape.n_heads * c.shape.head_dim;
+    let one = AttentionCase {
+        shape: c.shape,
+        k_cache: c.k_cache.clone(),
+        v_cache: c.v_cache.clone(),
+        q: c.q[t * per_token..][..per_token].to_vec(),
+        block_tables: c.block_tables.clone(),
+        max_blocks_per_seq: c.max_blocks_per_seq,
+        token_seq: vec![c.token_seq[t]],
+        context_lens: vec![c.context_lens[t]],
+    };
+    run_attention(&one, window)
+}
+
+#[test]
+fn shared_prefix_attention_is_bit_identical_to_the_reference_and_to_each_token_alone() {
+    // Queries of several sequences that read the same physical blocks share one pass over those
+    // keys (then each goes on over its own blocks): each must equal the scalar reference and the
+    // same token computed alone, for the GQA shapes of the three models (SmolLM2 9/3, Qwen2.5
+    // 14/2, Gemma 3 4/1 of 256) and odd ones, decode (one token per sequence) and several tokens
+    // per sequence, with and without a sliding window.
+    let _guard = lock_isa();
+    let mut rng = Rng(12);
+    let shapes = [
+        (9, 3, 64, 16),
+        (14, 2, 64, 16),
+        (4, 1, 256, 16),
+        (8, 2, 128, 16),
+        (6, 2, 64, 7),
+        (66, 1, 32, 16),
+    ];
+    for isa in simd_isas() {
+        for &shape in &shapes {
+            for (n_seqs, prefix_blocks, tokens_per_seq) in
+                [(16, 5, 1), (5, 9, 1), (4, 3, 3), (3, 0, 1)]
+            {
+                let c = shared_prefix_case(&mut rng, shape, n_seqs, prefix_blocks, tokens_per_seq);
+                for window in [None, Some(37), Some(70)] {
+                    let want = on(Isa::Scalar, || run_attention(&c, window));
+                    let got = on(isa, || run_attention(&c, window));
+                    let what = format!(
+                        "{isa} shape {shape:?}, {n_seqs} sequences x {tokens_per_seq} tokens, \
+                         {prefix_blocks} prefix blocks, window {window:?}"
+                    );
+                    if let Some(d) = first_difference(&got, &want) {
+                        panic!(
+                            "{what}: element {} is {}, the reference's {}",
+                            d.0, d.1, d.2
+                        );
+                    }
+                    let per_token = shape.0 * shape.2;
+                    for t in [0, c.token_seq.len() / 2, c.token_seq.len() - 1] {
+                        let alone = on(isa, || run_token_alone(&c, t, window));
+                        assert!(
+                            bits(&alone) == bits(&got[t * per_token..][..per_token]),
+                            "{what}: token {t} alone differs from the batch"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 // ---- The whole model -------------------------------------------------------------------------
 
 #[test]

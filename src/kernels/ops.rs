@@ -353,7 +353,15 @@ pub fn paged_attention(
 /// when there are fewer groups than threads. One head per task would read each key and value
 /// `group` times over (decode at long contexts is bound by that traffic). Tasks only change
 /// which queries share a pass, never a query's arithmetic.
+///
+/// A batch of a few tokens per thread (sequences decoding side by side) goes in one task per
+/// thread of whole tokens, so that the kernel can share one pass over a cached prefix's keys
+/// between all the sequences whose block tables point at those blocks.
 fn attention_task_items(n_items: usize, n_heads: usize, group: usize, threads: usize) -> usize {
+    let per_thread = n_items.div_ceil(threads).next_multiple_of(n_heads);
+    if n_items >= threads * n_heads && per_thread <= 128 {
+        return per_thread;
+    }
     // Up to 128 items: 14 tokens of 9 heads, so the kernel's passes over the keys (up to 64
     // queries) serve many queries in long prompts.
     let chunk = (n_items / (4 * threads)).clamp(1, 128);
@@ -385,14 +393,18 @@ mod tests {
     fn attention_tasks_hold_whole_gqa_groups() {
         // SmolLM2-135M: 9 heads in 3 groups. Decode, 2 threads: one group per task (was one head).
         assert_eq!(attention_task_items(9, 9, 3, 2), 3);
-        // Two sequences decoding: still whole groups.
-        assert_eq!(attention_task_items(18, 9, 3, 2), 3);
+        // Two sequences decoding: one token per thread.
+        assert_eq!(attention_task_items(18, 9, 3, 2), 9);
         // Qwen2.5 0.5B: 14 heads in 2 groups of 7: one group per thread.
         assert_eq!(attention_task_items(14, 14, 7, 2), 7);
         // Gemma 3 270M: 4 heads in 1 group, 2 threads: half a group each (both threads busy).
         assert_eq!(attention_task_items(4, 4, 4, 2), 2);
         // Large batches: whole tokens, at most 128 items.
         assert_eq!(attention_task_items(512 * 9, 9, 3, 2), 126);
-        assert_eq!(attention_task_items(16 * 9, 9, 3, 2), 18);
+        // 16 sequences decoding: 8 tokens per thread (their shared prefix read once per task).
+        assert_eq!(attention_task_items(16 * 9, 9, 3, 2), 72);
+        assert_eq!(attention_task_items(16 * 14, 14, 7, 2), 112);
+        // Too many for one task per thread: tasks of whole tokens as before.
+        assert_eq!(attention_task_items(64 * 9, 9, 3, 2), 72);
     }
 }
