@@ -12,7 +12,8 @@
  *   attention's reference is itself written for eight lanes (el_internal.h: q.k in eight partial
  *   sums added by a fixed tree, one softmax step per chunk of eight keys, its own exp, fmaf where
  *   it multiplies and adds), so its vector form here has the same bits;
- * - SwiGLU's exp is the reference's expf (libm), called per element;
+ * - SwiGLU's exp is glibc's expf computed eight lanes at a time with the same double operations
+ *   (expf_avx2.h), so it equals the reference's libm expf bit for bit;
  * - no FMA where the reference multiplies then adds (attention's reference uses fmaf throughout);
  * - kv_write converts with F16C (round to nearest even, as el_fp32_to_fp16; NaNs mapped to its
  *   quiet NaN); RoPE computes each token's cos/sin once instead of once per head, with the same
@@ -35,6 +36,7 @@
 
 #include "el_internal.h"
 #include "simd_avx2.h"
+#include "expf_avx2.h"
 #include "simd_internal.h"
 
 /* ---- RMSNorm ---------------------------------------------------------------------------------- */
@@ -160,14 +162,13 @@ void el_swiglu_avx2(const float *gate, const float *up, float *y, int64_t n) {
     const __m256 one = _mm256_set1_ps(1.0f);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        float e[8] __attribute__((aligned(32)));
-        for (int k = 0; k < 8; k++) e[k] = expf(-gate[i + k]); /* the reference's expf */
         const __m256 g = _mm256_loadu_ps(gate + i);
-        _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, _mm256_load_ps(e))), _mm256_loadu_ps(up + i)));
+        const __m256 e = el_expf8_avx2(_mm256_xor_ps(g, _mm256_set1_ps(-0.0f))); /* expf(-g) */
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
     }
     for (; i < n; i++) {
         const float g = gate[i];
-        y[i] = g / (1.0f + expf(-g)) * up[i];
+        y[i] = g / (1.0f + el_expf_glibc(-g)) * up[i];
     }
 }
 
