@@ -165,6 +165,9 @@ void el_rope_ext(float *x /* [n_tokens][n_heads][head_dim] */, const int32_t *po
 void el_swiglu(const float *gate /* [n] */, const float *up /* [n] */, float *y /* [n] */, int64_t n);
 /* y[i] = gelu_tanh(gate[i]) * up[i]. y may alias gate or up. */
 void el_geglu(const float *gate /* [n] */, const float *up /* [n] */, float *y /* [n] */, int64_t n);
+/* y[i] = expf(x[i]), bit for bit glibc's expf on a CPU with FMA (expf_glibc.h): the exp SwiGLU's
+ * AVX2 variant uses, exported so tests can check it against the process's libm. y may alias x. */
+void el_expf(const float *x /* [n] */, float *y /* [n] */, int64_t n);
 
 /* ---- Paged KV cache ------------------------------------------------------------------------ */
 

@@ -8,11 +8,12 @@
  * the kernels: the next matmul quantizes these outputs to int8, and a last-bit difference that
  * crosses a rounding boundary moves an activation by a whole quantization step, which shows in
  * the logits (about 0.3 on the default model) and flips near-tied greedy tokens. So:
- * - float sums keep the reference's order: RMSNorm's double sum runs four rows in four lanes;
+ * - float sums keep the reference's order: RMSNorm's double sum runs a row per lane, up to 16 rows;
  *   attention's reference is itself written for eight lanes (el_internal.h: q.k in eight partial
  *   sums added by a fixed tree, one softmax step per chunk of eight keys, its own exp, fmaf where
  *   it multiplies and adds), so its vector form here has the same bits;
- * - SwiGLU's exp is the reference's expf (libm), called per element;
+ * - SwiGLU's exp is glibc's expf computed eight lanes at a time with the same double operations
+ *   (expf_avx2.h), so it equals the reference's libm expf bit for bit;
  * - no FMA where the reference multiplies then adds (attention's reference uses fmaf throughout);
  * - kv_write converts with F16C (round to nearest even, as el_fp32_to_fp16; NaNs mapped to its
  *   quiet NaN); RoPE computes each token's cos/sin once instead of once per head, with the same
@@ -35,35 +36,54 @@
 
 #include "el_internal.h"
 #include "simd_avx2.h"
+#include "expf_avx2.h"
 #include "simd_internal.h"
 
 /* ---- RMSNorm ---------------------------------------------------------------------------------- */
 
-/* Rows r0 .. r0 + R - 1 (R <= 4): each row's sum of squares in its own double lane, added in
+/* sums[r] = the sum of squares of row[r], r < 4 G, each in its own double lane, added in
  * element order as the reference adds them (squares of floats are exact in double, so the fused
- * multiply-add rounds once, like the reference's add). */
-static void rms_rows(const float *x, const float *w, float *y, int64_t R, int64_t n, float eps) {
-    const float *row[4];
-    for (int64_t r = 0; r < 4; r++) row[r] = x + (r < R ? r : 0) * n;
-    __m256d sum = _mm256_setzero_pd();
+ * multiply-add rounds once, like the reference's add). Four rows share a vector; the G vectors'
+ * chains of dependent adds are independent, so they run at once (a chain alone waits an add's
+ * latency per element). */
+EL_AI void rms_sums(const float *const *row, const int64_t G, int64_t n, double *sums) {
+    __m256d sum[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()};
     int64_t i = 0;
-    for (; i + 4 <= n; i += 4) { /* a 4x4 transpose: v[k] lane r = row r, element i + k */
-        __m128 v0 = _mm_loadu_ps(row[0] + i), v1 = _mm_loadu_ps(row[1] + i);
-        __m128 v2 = _mm_loadu_ps(row[2] + i), v3 = _mm_loadu_ps(row[3] + i);
-        _MM_TRANSPOSE4_PS(v0, v1, v2, v3);
-        const __m256d d0 = _mm256_cvtps_pd(v0), d1 = _mm256_cvtps_pd(v1);
-        const __m256d d2 = _mm256_cvtps_pd(v2), d3 = _mm256_cvtps_pd(v3);
-        sum = _mm256_fmadd_pd(d0, d0, sum);
-        sum = _mm256_fmadd_pd(d1, d1, sum);
-        sum = _mm256_fmadd_pd(d2, d2, sum);
-        sum = _mm256_fmadd_pd(d3, d3, sum);
+    for (; i + 4 <= n; i += 4) {
+        for (int64_t g = 0; g < G; g++) { /* a 4x4 transpose: v[k] lane r = row 4g + r, element i + k */
+            const float *const *rg = row + 4 * g;
+            __m128 v0 = _mm_loadu_ps(rg[0] + i), v1 = _mm_loadu_ps(rg[1] + i);
+            __m128 v2 = _mm_loadu_ps(rg[2] + i), v3 = _mm_loadu_ps(rg[3] + i);
+            _MM_TRANSPOSE4_PS(v0, v1, v2, v3);
+            const __m256d d0 = _mm256_cvtps_pd(v0), d1 = _mm256_cvtps_pd(v1);
+            const __m256d d2 = _mm256_cvtps_pd(v2), d3 = _mm256_cvtps_pd(v3);
+            sum[g] = _mm256_fmadd_pd(d0, d0, sum[g]);
+            sum[g] = _mm256_fmadd_pd(d1, d1, sum[g]);
+            sum[g] = _mm256_fmadd_pd(d2, d2, sum[g]);
+            sum[g] = _mm256_fmadd_pd(d3, d3, sum[g]);
+        }
     }
     for (; i < n; i++) {
-        const __m256d d = _mm256_cvtps_pd(_mm_setr_ps(row[0][i], row[1][i], row[2][i], row[3][i]));
-        sum = _mm256_fmadd_pd(d, d, sum);
+        for (int64_t g = 0; g < G; g++) {
+            const float *const *rg = row + 4 * g;
+            const __m256d d = _mm256_cvtps_pd(_mm_setr_ps(rg[0][i], rg[1][i], rg[2][i], rg[3][i]));
+            sum[g] = _mm256_fmadd_pd(d, d, sum[g]);
+        }
     }
-    double sums[4];
-    _mm256_storeu_pd(sums, sum);
+    for (int64_t g = 0; g < G; g++) _mm256_storeu_pd(sums + 4 * g, sum[g]);
+}
+
+/* Rows 0 .. R - 1 (R <= 16) of x normalised into y. */
+static void rms_rows(const float *x, const float *w, float *y, int64_t R, int64_t n, float eps) {
+    const float *row[16];
+    for (int64_t r = 0; r < 16; r++) row[r] = x + (r < R ? r : 0) * n;
+    double sums[16];
+    switch ((R + 3) / 4) { /* vectors of four rows, a constant in each inlined copy */
+    case 1: rms_sums(row, 1, n, sums); break;
+    case 2: rms_sums(row, 2, n, sums); break;
+    case 3: rms_sums(row, 3, n, sums); break;
+    default: rms_sums(row, 4, n, sums); break;
+    }
     for (int64_t r = 0; r < R; r++) {
         const float *xr = x + r * n;
         float *yr = y + r * n;
@@ -78,8 +98,8 @@ static void rms_rows(const float *x, const float *w, float *y, int64_t R, int64_
 }
 
 void el_rms_norm_avx2(const float *x, const float *w, float *y, int64_t n_rows, int64_t n, float eps) {
-    for (int64_t r = 0; r < n_rows; r += 4) {
-        rms_rows(x + r * n, w, y + r * n, n_rows - r < 4 ? n_rows - r : 4, n, eps);
+    for (int64_t r = 0; r < n_rows; r += 16) {
+        rms_rows(x + r * n, w, y + r * n, n_rows - r < 16 ? n_rows - r : 16, n, eps);
     }
 }
 
@@ -160,14 +180,13 @@ void el_swiglu_avx2(const float *gate, const float *up, float *y, int64_t n) {
     const __m256 one = _mm256_set1_ps(1.0f);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        float e[8] __attribute__((aligned(32)));
-        for (int k = 0; k < 8; k++) e[k] = expf(-gate[i + k]); /* the reference's expf */
         const __m256 g = _mm256_loadu_ps(gate + i);
-        _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, _mm256_load_ps(e))), _mm256_loadu_ps(up + i)));
+        const __m256 e = el_expf8_avx2(_mm256_xor_ps(g, _mm256_set1_ps(-0.0f))); /* expf(-g) */
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
     }
     for (; i < n; i++) {
         const float g = gate[i];
-        y[i] = g / (1.0f + expf(-g)) * up[i];
+        y[i] = g / (1.0f + el_expf_glibc(-g)) * up[i];
     }
 }
 

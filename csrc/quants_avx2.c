@@ -778,16 +778,20 @@ EL_AI float quantize_block_q8(const float *x, uint16_t *d_out, int8_t *qs, __m25
     return d;
 }
 
+/* Whole groups of eight blocks in quantize_q8_avx2.c, the rest here. */
 static void quantize_q8_0(const float *x, void *vy, int64_t nb) {
     el_block_q8_0 *y = vy;
     __m256i i[4];
-    for (int64_t b = 0; b < nb; b++, x += QK) quantize_block_q8(x, &y[b].d, y[b].qs, i);
+    el_quantize_q8_0_by8_avx2(x, vy, nb);
+    for (int64_t b = nb / 8 * 8; b < nb; b++) quantize_block_q8(x + b * QK, &y[b].d, y[b].qs, i);
 }
 
 static void quantize_q8_1(const float *x, void *vy, int64_t nb) {
     el_block_q8_1 *y = vy;
     __m256i i[4];
-    for (int64_t b = 0; b < nb; b++, x += QK) {
+    el_quantize_q8_1_by8_avx2(x, vy, nb);
+    x += nb / 8 * 8 * QK;
+    for (int64_t b = nb / 8 * 8; b < nb; b++, x += QK) {
         const float d = quantize_block_q8(x, &y[b].d, y[b].qs, i);
         const int32_t sum = el_hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3])));
         y[b].s = el_fp32_to_fp16((float)sum * d);

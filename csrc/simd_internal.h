@@ -67,6 +67,11 @@ void el_rms_norm_avx2(const float *x, const float *w, float *y, int64_t n_rows, 
 void el_rope_avx2(float *x, const int32_t *pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
                   int64_t rope_dim, float freq_base, float freq_scale, int32_t neox);
 void el_swiglu_avx2(const float *gate, const float *up, float *y, int64_t n);
+/* quantize_q8_avx2.c: blocks 0 .. nb / 8 * 8 - 1 of Q8_0 / Q8_1, as their quantizers. */
+void el_quantize_q8_0_by8_avx2(const float *x, void *y, int64_t nb);
+void el_quantize_q8_1_by8_avx2(const float *x, void *y, int64_t nb);
+/* expf_avx2.c: el_expf's variant, same arguments. */
+void el_expf_avx2(const float *x, float *y, int64_t n);
 /* rope_ext_avx2.c: el_rope_ext's rotation of one token's n_heads heads by its cos/sin pairs
  * (cache[2i], cache[2i + 1] for pair i, computed by rope_ext.c). */
 void el_rope_ext_rotate_avx2(float *x, int64_t n_heads, int64_t head_dim, int64_t rope_dim, int32_t neox,

@@ -458,7 +458,7 @@ fn rms_norm_is_bit_identical_to_the_reference() {
     let mut rng = Rng(6);
     for isa in simd_isas() {
         for n in [1usize, 7, 64, 576, 1000, 2048] {
-            for n_rows in [1usize, 3, 4, 9] {
+            for n_rows in [1usize, 3, 4, 9, 16, 23, 37] {
                 let x = test_data(&mut rng, n_rows * n);
                 let w = test_data(&mut rng, n);
                 let run = |isa| {

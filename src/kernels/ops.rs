@@ -204,6 +204,14 @@ pub fn glu_inplace(gate: &mut [f32], up: &[f32], act: Activation) {
     }
 }
 
+/// `y[i] = expf(x[i])` with glibc's results bit for bit (the exp of SwiGLU's SIMD variant; see
+/// csrc/expf_glibc.h), under the current ISA.
+pub fn expf(x: &[f32], y: &mut [f32]) {
+    assert_eq!(x.len(), y.len(), "expf shapes");
+    // SAFETY: both hold x.len() floats.
+    unsafe { ffi::el_expf(x.as_ptr(), y.as_mut_ptr(), x.len() as i64) }
+}
+
 /// Writes the rows of `k` and `v` ([n_tokens][kv_dim]) into the f16 caches at the slots of
 /// `slot_mapping` (negative slots are skipped).
 pub fn kv_write(
