@@ -2,6 +2,7 @@
 //! `csrc/ops.c`. Called by the forward pass (`crate::model::forward`).
 
 use super::bindings as ffi;
+use super::pool::SharedMut;
 
 /// `y[r] = x[r] / rms(x[r]) * w` for each row of `w.len()` elements. `y` may be `x` itself via
 /// [`rms_norm_inplace`].
@@ -325,16 +326,15 @@ pub fn paged_attention(
         s.n_heads / s.n_kv_heads,
         super::pool::num_threads(),
     );
-    let out_ptr = SendPtr(out.as_mut_ptr());
+    let out_ptr = SharedMut(out.as_mut_ptr());
     super::pool::for_each_task(n_items.div_ceil(chunk_items), &|c| {
         let begin = c * chunk_items;
         let end = (begin + chunk_items).min(n_items);
-        let out_ptr = &out_ptr;
         // SAFETY: all shapes and block ids were checked above; each task writes only the
         // disjoint items [begin, end) of `out`.
         unsafe {
             ffi::el_paged_attention(
-                out_ptr.0,
+                out_ptr.ptr(),
                 q.as_ptr(),
                 k_cache.as_ptr(),
                 v_cache.as_ptr(),
@@ -386,12 +386,6 @@ fn attention_task_items(n_items: usize, n_heads: usize, group: usize, threads: u
 
 use super::EL_MAX_HEAD_DIM as EL_MAX_HEAD_DIM_U32;
 const EL_MAX_HEAD_DIM: usize = EL_MAX_HEAD_DIM_U32 as usize;
-
-/// A raw output pointer shared by tasks that write disjoint ranges of one buffer.
-pub(crate) struct SendPtr<T>(pub(crate) *mut T);
-// SAFETY: users only write disjoint ranges through it, while the owning slice is borrowed mutably.
-unsafe impl<T> Send for SendPtr<T> {}
-unsafe impl<T> Sync for SendPtr<T> {}
 
 #[cfg(test)]
 mod tests {

@@ -126,6 +126,24 @@ pub fn serial<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
+/// A buffer's raw pointer, shared by the tasks of one job that each write their own disjoint part
+/// of it (a row, a range of columns, an item's output).
+///
+/// SAFETY of the Send/Sync impls: the caller gives every task a part no other task touches, and
+/// keeps the buffer borrowed mutably, unread and alive until `for_each_task` returns.
+#[derive(Clone, Copy)]
+pub(crate) struct SharedMut<T>(pub(crate) *mut T);
+
+unsafe impl<T> Send for SharedMut<T> {}
+unsafe impl<T> Sync for SharedMut<T> {}
+
+impl<T> SharedMut<T> {
+    /// A method, not a field access, so closures capture the whole (Sync) wrapper.
+    pub(crate) fn ptr(self) -> *mut T {
+        self.0
+    }
+}
+
 /// Runs `task(i)` for every `i` in `[0, n_tasks)`, each exactly once, on the pool's threads and
 /// this one; returns when all have ended. A panic in a task resumes here once every task ended.
 pub fn for_each_task(n_tasks: usize, task: &(dyn Fn(usize) + Sync)) {

@@ -9,7 +9,7 @@
 use std::ffi::c_void;
 
 use super::bindings;
-use super::pool;
+use super::pool::{self, SharedMut};
 use crate::tensor_type::TensorType;
 
 /// Output columns per matmul task. One activation row (decode) streams each weight row once:
@@ -169,49 +169,14 @@ pub fn quantize_rows(t: TensorType, x: &[f32], n_in: usize) -> Vec<u8> {
     let rb = row_bytes(t, n_in);
     let n_rows = x.len() / n_in;
     let mut out = vec![0u8; n_rows * rb]; // [n_rows][rb]
-    let shared = SharedBytes(out.as_mut_ptr());
+    let shared = SharedMut(out.as_mut_ptr());
     pool::for_each_task(n_rows, &|r| {
         // SAFETY: out holds n_rows rows of rb bytes and task r alone writes row r (see
-        // SharedBytes); the slice ends before `out` is read or dropped.
+        // SharedMut); the slice ends before `out` is read or dropped.
         let dst = unsafe { std::slice::from_raw_parts_mut(shared.ptr().add(r * rb), rb) };
         quantize_row(t, &x[r * n_in..(r + 1) * n_in], dst);
     });
     out
-}
-
-/// `quantize_rows`' output, shared by the tasks that fill one row each.
-#[derive(Clone, Copy)]
-struct SharedBytes(*mut u8);
-
-// SAFETY: each task writes only its own row through it, while the Vec it points into is alive
-// and not otherwise touched.
-unsafe impl Send for SharedBytes {}
-unsafe impl Sync for SharedBytes {}
-
-impl SharedBytes {
-    /// A method, not a field access, so closures capture the whole (Sync) wrapper.
-    fn ptr(self) -> *mut u8 {
-        self.0
-    }
-}
-
-/// The matmul output, shared by the tasks that fill it.
-///
-/// SAFETY of the Send/Sync impls: `matmul` gives each task a disjoint range of output columns
-/// `[o_begin, o_end)`, and `el_matmul` writes only `out[r * n_out + o]` for `o` in that range, so
-/// no element is written by two threads; nothing reads `out` until every task has finished, and
-/// `out` (a `&mut [f32]` borrowed for the whole call) outlives them all.
-#[derive(Clone, Copy)]
-struct SharedOut(*mut f32);
-
-unsafe impl Send for SharedOut {}
-unsafe impl Sync for SharedOut {}
-
-impl SharedOut {
-    /// A method, not a field access, so closures capture the whole (Sync) wrapper.
-    fn ptr(self) -> *mut f32 {
-        self.0
-    }
 }
 
 /// The shape and alignment checks of `name` (`matmul`, `matmul_x8`: the same bytes in either
@@ -321,7 +286,7 @@ pub fn matmuls(products: &mut [Product<'_>]) {
             cols,
             row_bytes(p.t, p.n_in),
             a_rb,
-            SharedOut(p.out.as_mut_ptr()),
+            SharedMut(p.out.as_mut_ptr()),
         ));
         n_tasks += p.n_out.div_ceil(cols);
     }
@@ -335,7 +300,7 @@ pub fn matmuls(products: &mut [Product<'_>]) {
         // SAFETY: w holds n_out rows of w_rb bytes (or their interleaved groups), a n_rows rows
         // of a_rb bytes and out n_rows * n_out floats (all checked above); cols is a multiple of
         // 8 and so is an interleaved n_out, so [o_begin, o_end) is whole groups; this task writes
-        // only those columns of its product's out, which no other task touches (see SharedOut).
+        // only those columns of its product's out, which no other task touches (see SharedMut).
         let status = unsafe {
             if p.interleaved {
                 bindings::el_matmul_x8(
