@@ -15,9 +15,8 @@
 
 use std::ffi::CStr;
 use std::os::raw::c_char;
-use std::sync::{Mutex, MutexGuard};
 
-use edge_llm::kernels::{available_isas, current_isa, expf, glu_inplace, set_isa, Activation, Isa};
+use edge_llm::kernels::{available_isas, expf, glu_inplace, set_isa, Activation, Isa};
 
 extern "C" {
     /// The C library's own expf (not Rust's f32::exp, which constant folding could bypass).
@@ -33,27 +32,9 @@ fn libm_name() -> String {
     format!("glibc {}", v.to_string_lossy())
 }
 
-static ISA_LOCK: Mutex<()> = Mutex::new(());
-
-/// Holds the ISA lock and restores the ISA that was current when dropped.
-struct IsaGuard {
-    before: Isa,
-    _lock: MutexGuard<'static, ()>,
-}
-
-impl Drop for IsaGuard {
-    fn drop(&mut self) {
-        set_isa(self.before).expect("the ISA that was current is available");
-    }
-}
-
-fn lock_isa() -> IsaGuard {
-    let lock = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    IsaGuard {
-        before: current_isa(),
-        _lock: lock,
-    }
-}
+#[path = "support/isa_lock.rs"]
+mod isa_lock;
+use isa_lock::lock_isa;
 
 /// The ISAs whose el_expf must equal libm's: AVX2, and the scalar form too where the CPU has FMA
 /// (without it glibc runs its other build, __expf_sse2, which rounds x * 32/ln2 before

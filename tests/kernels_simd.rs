@@ -18,8 +18,6 @@
 
 mod support;
 
-use std::sync::{Mutex, MutexGuard};
-
 use edge_llm::generate::SequenceRunner;
 use edge_llm::kernels::{
     available_isas, current_isa, glu_inplace, isa_available, kv_write, matmul, matmul_x8,
@@ -30,27 +28,9 @@ use edge_llm::tensor_type::TensorType;
 
 // ---- ISA switching ---------------------------------------------------------------------------
 
-static ISA_LOCK: Mutex<()> = Mutex::new(());
-
-/// Holds the ISA lock and restores the ISA that was current when dropped.
-struct IsaGuard {
-    before: Isa,
-    _lock: MutexGuard<'static, ()>,
-}
-
-impl Drop for IsaGuard {
-    fn drop(&mut self) {
-        set_isa(self.before).expect("the ISA that was current is available");
-    }
-}
-
-fn lock_isa() -> IsaGuard {
-    let lock = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    IsaGuard {
-        before: current_isa(),
-        _lock: lock,
-    }
-}
+#[path = "support/isa_lock.rs"]
+mod isa_lock;
+use isa_lock::lock_isa;
 
 /// `f()` computed under `isa` (the caller holds the lock).
 fn on<T>(isa: Isa, f: impl FnOnce() -> T) -> T {
