@@ -175,8 +175,8 @@ impl Executor {
     pub fn forward(&mut self, model: &Model, batch: &Batch) -> Result<Vec<f32>> {
         let c = &model.config;
         match self {
-            // On a pool thread, so each kernel's parallel split costs no thread hand-off.
-            Executor::Cpu(m) => crate::kernels::in_pool(|| m.forward(c, batch)),
+            // This thread takes part in each kernel's parallel split (`kernels::pool`).
+            Executor::Cpu(m) => m.forward(c, batch),
             #[cfg(feature = "cuda")]
             Executor::Cuda(m) => m.forward(c, batch),
             #[cfg(feature = "cuda")]

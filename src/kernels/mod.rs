@@ -22,9 +22,3 @@ pub use isa::*;
 pub use ops::*;
 pub use pool::{init_threads, num_threads, serial};
 pub use quant::*;
-
-/// Runs `f`, a forward step, in place: the calling thread is one of the kernels' threads (see
-/// `pool`), so nothing is handed over for the step as a whole.
-pub fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    f()
-}

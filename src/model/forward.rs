@@ -42,10 +42,15 @@ fn linear<B: Backend>(
     out: &mut B::Acts,
 ) -> Result<()> {
     b.matmul(x, &l.weight, out)?;
-    if let Some(bias) = &l.bias {
-        b.add_bias(out, bias)?;
+    add_bias_of(b, l, out)
+}
+
+/// `out[r] += l`'s bias, if it has one.
+fn add_bias_of<B: Backend>(b: &mut B, l: &Linear<B>, out: &mut B::Acts) -> Result<()> {
+    match &l.bias {
+        Some(bias) => b.add_bias(out, bias),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// `out = x @ m^T` for an input no other matrix reads.
@@ -106,9 +111,7 @@ pub fn forward<B: Backend>(
         b.matmul_many(&mut hq, &mut products)?;
         drop(hq);
         for (l, out) in [(&lw.wq, &mut q), (&lw.wk, &mut k), (&lw.wv, &mut v)] {
-            if let Some(bias) = &l.bias {
-                b.add_bias(out, bias)?;
-            }
+            add_bias_of(b, l, out)?;
         }
         if let Some(norm) = &lw.attn_q_norm {
             b.rms_norm_inplace(&mut q, norm, eps)?;
