@@ -369,26 +369,26 @@ static void row_scales_q4_1x8(const uint8_t *const *rows, int64_t nb, float *rs)
     }
 }
 
-/* The batch tiles of Q4_1 (R = 4 or 8 activation rows by one group of 8 columns) read their
- * activations spread: per block, each row's four-byte chunks already broadcast to whole vectors
- * (maddubs' memory operand: no broadcast per tile) and its d and s as float vectors. A group of R
- * rows is spread X8_SPREAD_ROW_BLOCKS / R blocks at a time (20 KiB, which stays in L1 while a
- * task's weight groups stream past), once for all of the task's groups. */
-#define X8_SPREAD_ROW_BLOCKS 64
-/* Groups a task must have for spreading to pay (measured with the engine's task widths: the K and
- * V products' 4-group tasks ran 10% slower spread, the 9-group ones of Q and O 4% faster). */
-#define X8_SPREAD_MIN_GROUPS 8
+/* The batch tiles of Q4_1 (R = 4 or 8 activation rows by one group of 8 columns) broadcast their
+ * activations' four-byte chunks straight from the rows (vpbroadcastd from memory: a load, no
+ * shuffle), and read the rows' d and s *spread*: per block, as whole float vectors (vmulps' memory
+ * operand), made once per R rows for all of a task's groups. A row's blocks are cut into as few
+ * equal chunks as fit the spread buffer (X8_SPREAD_VECTORS vectors, 20 KiB: 40 blocks of 8 rows,
+ * 80 of 4, so one chunk for 576-element rows and two for 1536); a row's running float sum is
+ * carried across chunks through memory (the same adds in the same order).
+ * Measured against spreading the quants too (each chunk broadcast to whole vectors, 8 blocks of 8
+ * rows at a time: 16 KiB more): 576 -> 576 and 1536 -> 576 tasks (9 groups) 4-6% faster, 576 ->
+ * 1536 (24 groups) 1% faster, and 4-group tasks (576 -> 192) 8% faster, so they take this path
+ * too instead of the 4-row tiles. */
+#define X8_SPREAD_VECTORS 640
+/* Groups a task must have for the spread tiles (the K and V products' tasks have 4). */
+#define X8_SPREAD_MIN_GROUPS 4
 
-/* Blocks [i0, i0 + n) of the R rows, spread: q[(i * 4 + k) * R + r], ds[(i * R + r) * 2 + {d, s}]. */
-EL_AI void spread_q4_1x8(const uint8_t *const *rows, int R, int64_t i0, int64_t n, __m256i *q, __m256 *ds) {
+/* Blocks [i0, i0 + n) of the R rows' d and s, spread: ds[(i * R + r) * 2 + {d, s}]. */
+EL_AI void spread_q4_1x8(const uint8_t *const *rows, int R, int64_t i0, int64_t n, __m256 *ds) {
     for (int64_t i = 0; i < n; i++) {
         for (int r = 0; r < R; r++) {
             const uint8_t *blk = rows[r] + (size_t)(i0 + i) * sizeof(el_block_q8_1);
-            const uint8_t *aq = blk + offsetof(el_block_q8_1, qs);
-            for (int k = 0; k < 4; k++) {
-                q[((i * 4 + k) * R + r) * 2] = _mm256_set1_epi32((int)el_load_u32(aq + 4 * k));
-                q[((i * 4 + k) * R + r) * 2 + 1] = _mm256_set1_epi32((int)el_load_u32(aq + 16 + 4 * k));
-            }
             const __m128 dsv = _mm_cvtph_ps(_mm_cvtsi32_si128((int)el_load_u32(blk))); /* d, s */
             ds[(i * R + r) * 2] = _mm256_broadcastss_ps(dsv);
             ds[(i * R + r) * 2 + 1] = _mm256_broadcastss_ps(_mm_movehdup_ps(dsv));
@@ -396,11 +396,11 @@ EL_AI void spread_q4_1x8(const uint8_t *const *rows, int R, int64_t i0, int64_t 
     }
 }
 
-/* tile_q4_1x8_4's arithmetic for R rows over n spread blocks, the running sums in sums[R] (in
- * memory for R = 8: the sixteen registers hold the integer sums). A chunk boundary only stores and
- * reloads them: the same float adds in the same order. */
-EL_AI void tile_q4_1x8_spread(const el_block_q4_1x8 *b, int R, const __m256i *q, const __m256 *ds, int64_t n,
-                              __m256 *sums) {
+/* tile_q4_1x8_4's arithmetic for R rows over blocks [i0, i0 + n) (b: the group's block i0), the
+ * running sums in sums[R] (in memory for R = 8: the sixteen registers hold the integer sums). A
+ * chunk boundary only stores and reloads them: the same float adds in the same order. */
+EL_AI void tile_q4_1x8_spread(const el_block_q4_1x8 *b, int R, const uint8_t *const *rows, int64_t i0,
+                              const __m256 *ds, int64_t n, __m256 *sums) {
     const __m256i low4 = _mm256_set1_epi8(0x0F), ones16 = _mm256_set1_epi16(1);
     __m256 sum[8];
     if (R == 4) {
@@ -409,13 +409,15 @@ EL_AI void tile_q4_1x8_spread(const el_block_q4_1x8 *b, int R, const __m256i *q,
     for (int64_t i = 0; i < n; i++) {
         __m256i acc[8];
         for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_si256();
+        const size_t at = (size_t)(i0 + i) * sizeof(el_block_q8_1) + offsetof(el_block_q8_1, qs);
         for (int k = 0; k < 4; k++) {
             const __m256i w = el_loadu_256(b[i].qs[k]);
             const __m256i lo = _mm256_and_si256(w, low4), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
-            const __m256i *qk = q + (i * 4 + k) * R * 2;
             for (int r = 0; r < R; r++) {
-                acc[r] = _mm256_add_epi16(acc[r], _mm256_add_epi16(_mm256_maddubs_epi16(lo, qk[2 * r]),
-                                                                   _mm256_maddubs_epi16(hi, qk[2 * r + 1])));
+                const __m256i alo = _mm256_set1_epi32((int)el_load_u32(rows[r] + at + 4 * k));
+                const __m256i ahi = _mm256_set1_epi32((int)el_load_u32(rows[r] + at + 16 + 4 * k));
+                acc[r] = _mm256_add_epi16(acc[r], _mm256_add_epi16(_mm256_maddubs_epi16(lo, alo),
+                                                                   _mm256_maddubs_epi16(hi, ahi)));
             }
             /* as in tile_q4_1x8_4 */
             __asm__("" : "+x"(acc[0]), "+x"(acc[1]), "+x"(acc[2]), "+x"(acc[3]));
@@ -441,20 +443,21 @@ EL_AI void tile_q4_1x8_spread(const el_block_q4_1x8 *b, int R, const __m256i *q,
  * [g_begin, g_end), chunk by chunk of spread blocks. */
 EL_AI void rows_q4_1x8_spread(const el_block_q4_1x8 *w8, int R, const uint8_t *a8, int64_t a_row_bytes, int64_t r0,
                               int64_t n_rows, float *out, int64_t out_stride, int64_t nb, int64_t g_begin,
-                              int64_t g_end, __m256i *q, __m256 *ds) {
-    const int64_t left = n_rows - r0, chunk = X8_SPREAD_ROW_BLOCKS / R;
+                              int64_t g_end, __m256 *ds) {
+    const int64_t left = n_rows - r0, most = X8_SPREAD_VECTORS / (2 * R);
+    const int64_t n_chunks = (nb + most - 1) / most, chunk = (nb + n_chunks - 1) / n_chunks;
     const uint8_t *rows[8];
     for (int r = 0; r < R; r++) rows[r] = a8 + (r0 + (r < left ? r : left - 1)) * a_row_bytes;
     for (int64_t i0 = 0; i0 < nb; i0 += chunk) {
         const int64_t n = nb - i0 < chunk ? nb - i0 : chunk;
-        spread_q4_1x8(rows, R, i0, n, q, ds);
+        spread_q4_1x8(rows, R, i0, n, ds);
         for (int64_t g = g_begin; g < g_end; g++) {
             float *o = out + r0 * out_stride + 8 * g;
             __m256 sums[8];
             for (int r = 0; r < R; r++) {
                 sums[r] = i0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(o + (r < left ? r : left - 1) * out_stride);
             }
-            tile_q4_1x8_spread(w8 + g * nb + i0, R, q, ds, n, sums);
+            tile_q4_1x8_spread(w8 + g * nb + i0, R, rows, i0, ds, n, sums);
             for (int r = 0; r < R && r < left; r++) _mm256_storeu_ps(o + r * out_stride, sums[r]);
         }
     }
@@ -463,13 +466,12 @@ EL_AI void rows_q4_1x8_spread(const el_block_q4_1x8 *w8, int R, const uint8_t *a
 /* Q4_1 batches: 8-row tiles while more than four rows are left, then a 4-row one. */
 static void matmul_q4_1x8_spread(const el_block_q4_1x8 *w8, const uint8_t *a8, int64_t a_row_bytes, float *out,
                                  int64_t out_stride, int64_t nb, int64_t n_rows, int64_t g_begin, int64_t g_end) {
-    __m256i q[X8_SPREAD_ROW_BLOCKS * 8];  /* 16 KiB */
-    __m256 ds[X8_SPREAD_ROW_BLOCKS * 2];  /* 4 KiB */
+    __m256 ds[X8_SPREAD_VECTORS]; /* 20 KiB */
     int64_t r0 = 0;
     for (; n_rows - r0 > 4; r0 += 8) {
-        rows_q4_1x8_spread(w8, 8, a8, a_row_bytes, r0, n_rows, out, out_stride, nb, g_begin, g_end, q, ds);
+        rows_q4_1x8_spread(w8, 8, a8, a_row_bytes, r0, n_rows, out, out_stride, nb, g_begin, g_end, ds);
     }
-    if (r0 < n_rows) rows_q4_1x8_spread(w8, 4, a8, a_row_bytes, r0, n_rows, out, out_stride, nb, g_begin, g_end, q, ds);
+    if (r0 < n_rows) rows_q4_1x8_spread(w8, 4, a8, a_row_bytes, r0, n_rows, out, out_stride, nb, g_begin, g_end, ds);
 }
 
 /* ---- Rows interleaved in eights: Q8_0 -----------------------------------------------------------

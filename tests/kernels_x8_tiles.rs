@@ -39,9 +39,11 @@ impl Rng {
 }
 
 /// `f` on a pool of one thread: the products' column tasks are then a quarter of the width each
-/// (at least 32 columns), so the widths below give tasks of 4 to 17 groups of 8 columns on any
-/// machine: both sides of X8_SPREAD_MIN_GROUPS (8) in csrc/quants_avx2.c, where Q4_1 batches
-/// switch from the 4-row tiles to the 8-row ones over spread activations.
+/// (at least 32 columns), so the widths below give tasks of 1 to 17 groups of 8 columns on any
+/// machine: both sides of X8_SPREAD_MIN_GROUPS (4) in csrc/quants_avx2.c, where Q4_1 batches
+/// switch from the 4-row tiles to the 8-row ones over spread activation scales. The row lengths
+/// cross that file's chunk edges too: 40 blocks for 8 rows, 80 for 4 (41, 48 and 81 blocks are
+/// cut into two chunks, 81 into three for 8 rows).
 fn on_one_thread<T: Send>(f: impl FnOnce() -> T + Send) -> T {
     rayon::ThreadPoolBuilder::new()
         .num_threads(1)
@@ -57,7 +59,7 @@ fn x8_tiles_equal_vec_dot_for_every_batch_size_and_chunk_edge() {
     let mut rng = Rng(14);
     let mut checked = 0usize;
     for t in [TensorType::Q4_1, TensorType::Q8_0] {
-        for blocks in [1, 7, 8, 9, 15, 16, 17, 33] {
+        for blocks in [1, 7, 8, 9, 15, 16, 17, 33, 41, 48, 81] {
             let n_in = 32 * blocks;
             for n_out in [8, 40, 264, 520] {
                 let w = quantize_rows(t, &rng.data(n_out * n_in), n_in);
