@@ -221,7 +221,8 @@ static void bench_mv(int per_shape) {
 }
 
 static void bench_tile(int rows) {
-    /* (n_in, n_out, columns per task): cols_per_task for 2 threads = ceil(n_out / 8) to 8, >= 32. */
+    /* (n_in, n_out, columns per task): cols_per_task for 2 threads = ceil(n_out / 8) to 8, >= 32;
+     * 32 below 4 rows. */
     static const struct {
         const char *name;
         int64_t n_in, n_out, cols;
@@ -238,12 +239,16 @@ static void bench_tile(int rows) {
         double best = 1e9;
         for (int rep = 0; rep < 30; rep++) {
             const double t0 = now();
-            for (int64_t c0 = 0; c0 < shapes[s].n_out; c0 += shapes[s].cols) {
-                int64_t c1 = c0 + shapes[s].cols;
-                if (c1 > shapes[s].n_out) c1 = shapes[s].n_out;
-                el_matmul_x8_avx2(T_Q4_1, w, a, arb, out, shapes[s].n_out, nb, rows, c0 / 8, c1 / 8);
+            const int64_t cols = rows < 4 ? 32 : shapes[s].cols; /* cols_per_task */
+            const int iters = rows < 64 ? 64 / rows : 1; /* small batches: time several calls */
+            for (int it = 0; it < iters; it++) {
+                for (int64_t c0 = 0; c0 < shapes[s].n_out; c0 += cols) {
+                    int64_t c1 = c0 + cols;
+                    if (c1 > shapes[s].n_out) c1 = shapes[s].n_out;
+                    el_matmul_x8_avx2(T_Q4_1, w, a, arb, out, shapes[s].n_out, nb, rows, c0 / 8, c1 / 8);
+                }
             }
-            const double dt = now() - t0;
+            const double dt = (now() - t0) / iters;
             if (dt < best) best = dt;
         }
         printf("%-20s %6.1f G MAC/s\n", shapes[s].name, (double)rows * shapes[s].n_in * shapes[s].n_out / best * 1e-9);
