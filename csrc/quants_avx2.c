@@ -550,7 +550,7 @@ static void row_scales_q8_0x8(const uint8_t *const *rows, int64_t nb, float *rs)
  * One activation row streams the matrix (matvec); batches run 4-row tiles over each group, the
  * rows' scales computed once per 4-row group (rows past n_rows repeat the last, computed, never
  * stored). Rows of more than X8_ROW_SCALES_MAX_NB blocks go one at a time. Q4_1 batches over at
- * least X8_SPREAD_MIN_GROUPS groups run the 8-row tiles over spread activations instead. */
+ * least X8_SPREAD_MIN_GROUPS groups run the 8-row tiles over spread activation scales instead. */
 void el_matmul_x8_avx2(int32_t type, const void *w8, const void *a, int64_t a_row_bytes, float *out,
                        int64_t out_stride, int64_t nb, int64_t n_rows, int64_t g_begin, int64_t g_end) {
     const int q4_1 = type == EL_TYPE_Q4_1;
