@@ -16,6 +16,7 @@ mod isa;
 mod ops;
 mod pool;
 mod quant;
+pub mod rows;
 
 pub use bindings::EL_MAX_HEAD_DIM;
 pub use isa::*;

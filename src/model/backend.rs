@@ -39,8 +39,14 @@ pub trait Backend: WeightStore {
     /// Starts a step over `batch` (already validated): the backend keeps what the addressing
     /// operations need (tokens, positions, slots, block tables, logits rows).
     fn begin_step(&mut self, batch: &Batch) -> Result<()>;
-    /// Fresh activations of `[n_rows][width]`.
+    /// Activations of `[n_rows][width]`, possibly a buffer given back by [`Backend::recycle`]
+    /// with its old contents: every operation writes the whole of its output.
     fn acts(&mut self, n_rows: usize, width: usize) -> Result<Self::Acts>;
+    /// Gives back activations the step no longer reads, for a later [`Backend::acts`] to reuse
+    /// (by default they are dropped).
+    fn recycle(&mut self, x: Self::Acts) {
+        drop(x);
+    }
 
     /// `x[t]` = row `tokens[t]` of the embedding matrix `m`, times `scale`.
     fn embed(&mut self, m: &Self::Matrix, scale: f32, x: &mut Self::Acts) -> Result<()>;

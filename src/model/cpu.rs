@@ -11,11 +11,12 @@ use std::sync::Arc;
 
 use anyhow::Result;
 
+use super::arena::Arena;
 use super::backend::{Backend, WeightStore};
 use super::weights::{InFile, MatrixInfo, Weights};
 use super::{Batch, ModelConfig};
 use crate::gguf::{GgufFile, TensorInfo};
-use crate::kernels::{self, Activation, AttentionBatch, AttentionShape, Rope};
+use crate::kernels::{self, rows, Activation, AttentionBatch, AttentionShape, Rope};
 use crate::kv_cache::KvCache;
 use crate::tensor_type::TensorType;
 
@@ -137,6 +138,8 @@ pub struct Cpu {
     shape: AttentionShape,
     attn_scale: f32,
     step: Step,
+    /// The steps' activation buffers, reused from layer to layer and step to step.
+    arena: Arena,
 }
 
 impl Cpu {
@@ -157,6 +160,7 @@ impl Cpu {
             kv,
             attn_scale: c.attn_scale,
             step: Step::default(),
+            arena: Arena::default(),
         }
     }
 
@@ -208,7 +212,11 @@ impl Backend for Cpu {
     }
 
     fn acts(&mut self, n_rows: usize, width: usize) -> Result<Vec<f32>> {
-        Ok(vec![0.0; n_rows * width])
+        Ok(self.arena.take(n_rows * width))
+    }
+
+    fn recycle(&mut self, x: Vec<f32>) {
+        self.arena.give(x);
     }
 
     fn embed(&mut self, m: &CpuMatrix, scale: f32, x: &mut Vec<f32>) -> Result<()> {
@@ -264,8 +272,7 @@ impl Backend for Cpu {
     }
 
     fn add_bias(&mut self, x: &mut Vec<f32>, bias: &Vec<f32>) -> Result<()> {
-        x.chunks_exact_mut(bias.len())
-            .for_each(|row| add_inplace(row, bias));
+        rows::add_bias(x, bias);
         Ok(())
     }
 
@@ -322,7 +329,7 @@ impl Backend for Cpu {
     }
 
     fn add(&mut self, x: &mut Vec<f32>, y: &Vec<f32>) -> Result<()> {
-        add_inplace(x, y);
+        rows::add_inplace(x, y);
         Ok(())
     }
 
@@ -336,7 +343,7 @@ impl Backend for Cpu {
     }
 
     fn scale(&mut self, x: &mut Vec<f32>, s: f32) -> Result<()> {
-        x.iter_mut().for_each(|z| *z *= s);
+        rows::scale(x, s);
         Ok(())
     }
 
@@ -357,8 +364,4 @@ impl Backend for Cpu {
         self.kv.copy_block(src, dst);
         Ok(())
     }
-}
-
-fn add_inplace(x: &mut [f32], y: &[f32]) {
-    x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
 }

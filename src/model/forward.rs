@@ -147,20 +147,27 @@ pub fn forward<B: Backend>(
         b.add(&mut x, &proj)?;
     }
 
+    for buffer in [h, q, k, v, attn, proj, gate, up] {
+        b.recycle(buffer);
+    }
+
     // Final norm and logits, only for the rows that want them.
     let n_out = batch.logits_rows.len();
     if n_out == 0 {
+        b.recycle(x);
         b.end_step()?;
         return Ok(Vec::new());
     }
     let mut last = b.acts(n_out, n_embd)?;
     b.gather_logits_rows(&x, &mut last)?;
+    b.recycle(x);
     b.rms_norm_inplace(&mut last, &w.output_norm, eps)?;
     let mut logits = b.acts(n_out, c.vocab_size)?;
     match &w.output {
         Some(output) => linear_of(b, &last, output, &mut logits)?,
         None => matmul_of(b, &last, &w.token_embd, &mut logits)?, // tied to the embedding
     }
+    b.recycle(last);
     scale_if(b, &mut logits, 1.0 / c.logit_scale)?;
     if let Some(cap) = c.final_logit_softcap {
         b.softcap(&mut logits, cap)?;
