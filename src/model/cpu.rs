@@ -7,7 +7,7 @@
 //! loaded, a slice at a time, each slice's mapped pages released once copied, so the copy
 //! replaces the map in memory instead of sitting beside it.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use anyhow::Result;
 
@@ -140,6 +140,8 @@ pub struct Cpu {
     step: Step,
     /// The steps' activation buffers, reused from layer to layer and step to step.
     arena: Arena,
+    /// The buffers of quantized inputs ([`CpuInput`]), reused likewise.
+    spare_inputs: Arc<Mutex<Vec<Vec<u8>>>>,
 }
 
 impl Cpu {
@@ -161,6 +163,7 @@ impl Cpu {
             attn_scale: c.attn_scale,
             step: Step::default(),
             arena: Arena::default(),
+            spare_inputs: Arc::default(),
         }
     }
 
@@ -169,10 +172,12 @@ impl Cpu {
     }
 }
 
-/// Activations read by products: quantized once per vec_dot type.
+/// Activations read by products: quantized once per vec_dot type, into buffers taken from
+/// (and given back to when dropped) the backend's spare ones.
 pub struct CpuInput<'a> {
     x: &'a [f32],
     quantized: Vec<(TensorType, Vec<u8>)>,
+    spare: Arc<Mutex<Vec<Vec<u8>>>>,
 }
 
 impl CpuInput<'_> {
@@ -182,12 +187,28 @@ impl CpuInput<'_> {
         match self.quantized.iter().position(|(qt, _)| *qt == t) {
             Some(i) => i,
             None => {
-                let rows = kernels::quantize_rows(t, self.x, m.n_in);
+                let mut rows = lock(&self.spare).pop().unwrap_or_default();
+                kernels::quantize_rows_into(t, self.x, m.n_in, &mut rows);
                 self.quantized.push((t, rows));
                 self.quantized.len() - 1
             }
         }
     }
+}
+
+impl Drop for CpuInput<'_> {
+    fn drop(&mut self) {
+        let mut spare = lock(&self.spare);
+        spare.extend(self.quantized.drain(..).map(|(_, rows)| rows));
+        spare.truncate(MAX_SPARE_INPUTS);
+    }
+}
+
+/// Quantized input buffers kept for reuse (a step has at most a few alive at once).
+const MAX_SPARE_INPUTS: usize = 4;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl WeightStore for Cpu {
@@ -246,6 +267,7 @@ impl Backend for Cpu {
         CpuInput {
             x,
             quantized: Vec::new(),
+            spare: Arc::clone(&self.spare_inputs),
         }
     }
 
