@@ -1,5 +1,5 @@
-//! The row operations split over the kernels' pool (`kernels::rows`): RMSNorm, RoPE (plain and
-//! YaRN), the gated activations and the element-wise adds give, for every batch of 1 to 70 rows,
+//! The row operations split over the kernels' pool (`kernels::rows`): RMSNorm (alone and after
+//! the residual add), RoPE (plain and YaRN), the gated activations and the element-wise adds give, for every batch of 1 to 70 rows,
 //! exactly the bits of the same call on one thread (`kernels::serial`), on every ISA. The
 //! buffers are filled so that a row skipped (NaN or the unchanged input left behind) or done
 //! twice (rotated, normed or added a second time) shows up as a difference. And the default
@@ -13,8 +13,8 @@ mod isa_lock;
 
 use edge_llm::device::Executor;
 use edge_llm::kernels::{
-    available_isas, glu_inplace, init_threads, num_threads, rms_norm, rms_norm_inplace, rope,
-    rows, serial, set_isa, Activation, Rope, RopeStyle, Yarn,
+    add_rms_norm, available_isas, glu_inplace, init_threads, num_threads, rms_norm,
+    rms_norm_inplace, rope, rows, serial, set_isa, Activation, Rope, RopeStyle, Yarn,
 };
 use edge_llm::model::Batch;
 use isa_lock::lock_isa;
@@ -64,11 +64,7 @@ fn same_as_one_thread(what: &str, x: &[f32], row_len: usize, op: &dyn Fn(&mut Ve
                 alone[i]
             );
         }
-        for (r, (a, b)) in alone
-            .chunks(row_len)
-            .zip(x.chunks(row_len))
-            .enumerate()
-        {
+        for (r, (a, b)) in alone.chunks(row_len).zip(x.chunks(row_len)).enumerate() {
             assert_ne!(bits(a), bits(b), "{isa} {what}: row {r} unchanged");
         }
     }
@@ -86,6 +82,34 @@ fn rms_norm_runs_equal_one_thread() {
         same_as_one_thread("rms_norm_inplace", &x, WIDTH, &|y| {
             rms_norm_inplace(y, &w, 1e-5)
         });
+        // The residual add and the norm in one pass: the sum (in place) and the normed rows.
+        let y = data(500 + n_rows as u64, x.len());
+        same_as_one_thread("add_rms_norm (sum)", &x, WIDTH, &|v| {
+            let mut out = vec![f32::NAN; v.len()];
+            add_rms_norm(v, &y, &w, 1e-5, &mut out);
+        });
+        same_as_one_thread("add_rms_norm (norm)", &x, WIDTH, &|v| {
+            let mut out = vec![f32::NAN; v.len()];
+            add_rms_norm(v, &y, &w, 1e-5, &mut out);
+            *v = out;
+        });
+        // ... and equals the add, then the norm.
+        let (mut sum, mut fused) = (x.clone(), vec![f32::NAN; x.len()]);
+        add_rms_norm(&mut sum, &y, &w, 1e-5, &mut fused);
+        let mut apart = x.clone();
+        rows::add_inplace(&mut apart, &y);
+        let mut normed = vec![0.0; x.len()];
+        rms_norm(&apart, &w, &mut normed, 1e-5);
+        assert_eq!(
+            bits(&sum),
+            bits(&apart),
+            "add_rms_norm's sum, {n_rows} rows"
+        );
+        assert_eq!(
+            bits(&fused),
+            bits(&normed),
+            "add_rms_norm's norm, {n_rows} rows"
+        );
         // Into another buffer, filled with NaN: a skipped row stays NaN.
         same_as_one_thread("rms_norm", &x, WIDTH, &|y| {
             let mut out = vec![f32::NAN; y.len()];
@@ -180,7 +204,11 @@ fn model_prefill_rows_equal_one_thread_and_reused_buffers_equal_fresh_ones() {
     // The same step on one thread (it rewrites the same KV slots with the same values).
     let alone = serial(|| exec.forward(model, &long)).expect("forward");
     if let Some(i) = (0..pooled.len()).find(|&i| pooled[i].to_bits() != alone[i].to_bits()) {
-        panic!("row {} of 70: logit {} differs from one thread's", i / vocab, i % vocab);
+        panic!(
+            "row {} of 70: logit {} differs from one thread's",
+            i / vocab,
+            i % vocab
+        );
     }
     // A shorter step on the reused (longer) buffers equals the same step on a fresh backend,
     // and the first rows of the long one (a prefix sees only itself).

@@ -40,6 +40,37 @@ pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
     });
 }
 
+/// `x += y`, then `out[r] = x[r] / rms(x[r]) * w` (a residual add and the next block's norm) in
+/// one pass over each run of rows: the same arithmetic as [`super::rows::add_inplace`] then
+/// [`rms_norm`], each row's values still in cache for the norm.
+pub fn add_rms_norm(x: &mut [f32], y: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let n = w.len();
+    assert!(
+        n > 0 && x.len().is_multiple_of(n) && y.len() == x.len() && out.len() == x.len(),
+        "add_rms_norm shapes"
+    );
+    let out_ptr = SharedMut(out.as_mut_ptr());
+    for_row_runs_mut(x, n, RMS_ROWS, PAR_MIN_ELEMENTS, &|r0, xr| {
+        let begin = r0 * n;
+        let yr = &y[begin..begin + xr.len()];
+        xr.iter_mut()
+            .zip(yr)
+            .for_each(|(a, b)| *a += b);
+        // SAFETY: out holds as many floats as x; this run's rows [begin, begin + xr.len()) of
+        // it are touched by no other run, and `out` stays borrowed mutably until the runs end.
+        unsafe {
+            ffi::el_rms_norm(
+                xr.as_ptr(),
+                w.as_ptr(),
+                out_ptr.ptr().add(begin),
+                (xr.len() / n) as i64,
+                n as i64,
+                eps,
+            )
+        }
+    });
+}
+
 /// Rows the AVX2 RMSNorm normalises together: runs of whole groups of them.
 const RMS_ROWS: usize = 16;
 

@@ -91,7 +91,7 @@ pub fn for_element_runs(
 const ELEMENT_UNIT: usize = 64;
 
 /// `x[i] = op(x[i], y[i])` over the pool when large.
-fn zip_inplace(x: &mut [f32], y: &[f32], op: &(dyn Fn(&mut f32, f32) + Sync)) {
+fn zip_inplace(x: &mut [f32], y: &[f32], op: impl Fn(&mut f32, f32) + Sync) {
     assert_eq!(x.len(), y.len(), "element-wise shapes");
     let shared = super::pool::SharedMut(x.as_mut_ptr());
     for_element_runs(x.len(), ELEMENT_UNIT, PAR_MIN_ELEMENTS, &|run| {
@@ -104,7 +104,7 @@ fn zip_inplace(x: &mut [f32], y: &[f32], op: &(dyn Fn(&mut f32, f32) + Sync)) {
 
 /// `x[i] += y[i]`.
 pub fn add_inplace(x: &mut [f32], y: &[f32]) {
-    zip_inplace(x, y, &|a, b| *a += b);
+    zip_inplace(x, y, |a, b| *a += b);
 }
 
 /// `x[r] += bias` for every row of `bias.len()` elements.

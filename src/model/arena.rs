@@ -24,9 +24,7 @@ impl Arena {
             .filter(|(_, v)| v.capacity() >= n)
             .min_by_key(|(_, v)| v.capacity())
             .map(|(i, _)| i);
-        let largest = || {
-            (0..self.spare.len()).max_by_key(|&i| self.spare[i].capacity())
-        };
+        let largest = || (0..self.spare.len()).max_by_key(|&i| self.spare[i].capacity());
         let mut v = match fits.or_else(largest) {
             Some(i) => self.spare.swap_remove(i),
             None => Vec::new(),

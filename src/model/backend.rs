@@ -104,6 +104,19 @@ pub trait Backend: WeightStore {
     fn glu(&mut self, gate: &mut Self::Acts, up: &Self::Acts, act: Activation) -> Result<()>;
     /// `x += y`.
     fn add(&mut self, x: &mut Self::Acts, y: &Self::Acts) -> Result<()>;
+    /// `x += y`, then `out = x / rms(x) * w` over rows of `w`'s length: [`Backend::add`] then
+    /// [`Backend::rms_norm`], which a backend may run as one pass.
+    fn add_rms_norm(
+        &mut self,
+        x: &mut Self::Acts,
+        y: &Self::Acts,
+        w: &Self::Vector,
+        eps: f32,
+        out: &mut Self::Acts,
+    ) -> Result<()> {
+        self.add(x, y)?;
+        self.rms_norm(x, w, eps, out)
+    }
     /// `out` = the rows of `x` the batch wants logits for, in its order.
     fn gather_logits_rows(&mut self, x: &Self::Acts, out: &mut Self::Acts) -> Result<()>;
     /// `x *= s`.

@@ -355,6 +355,18 @@ impl Backend for Cpu {
         Ok(())
     }
 
+    fn add_rms_norm(
+        &mut self,
+        x: &mut Vec<f32>,
+        y: &Vec<f32>,
+        w: &Vec<f32>,
+        eps: f32,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        kernels::add_rms_norm(x, y, w, eps, out);
+        Ok(())
+    }
+
     fn gather_logits_rows(&mut self, x: &Vec<f32>, out: &mut Vec<f32>) -> Result<()> {
         let rows = &self.step.batch.logits_rows;
         let n = out.len() / rows.len().max(1);
