@@ -79,6 +79,7 @@ mod tests {
         let small_ptr = small.as_ptr();
         a.give(big);
         a.give(small);
-        assert_eq!(a.take(8).as_ptr(), small_ptr);
+        let got = a.take(8);
+        assert_eq!(got.as_ptr(), small_ptr);
     }
 }
