@@ -8,7 +8,9 @@
 //!
 //! The threaded wrappers (matmul, quantize_rows, paged_attention) split their work over the
 //! kernels' own pool (`pool`): the calling thread plus workers that spin briefly between jobs,
-//! so each of the hundreds of splits of a forward step costs well under a microsecond.
+//! so each of the hundreds of splits of a forward step costs well under a microsecond. The row
+//! operations of large batches (RMSNorm, RoPE, the gated activations, adds) split by runs of
+//! rows the same way (`rows`).
 
 #[allow(non_camel_case_types, non_upper_case_globals, dead_code, clippy::all)]
 mod bindings;
@@ -16,6 +18,7 @@ mod isa;
 mod ops;
 mod pool;
 mod quant;
+pub mod rows;
 
 pub use bindings::EL_MAX_HEAD_DIM;
 pub use isa::*;

@@ -3,36 +3,76 @@
 
 use super::bindings as ffi;
 use super::pool::SharedMut;
+use super::rows::{for_row_runs, for_row_runs_mut, PAR_MIN_ELEMENTS};
 
 /// `y[r] = x[r] / rms(x[r]) * w` for each row of `w.len()` elements. `y` may be `x` itself via
-/// [`rms_norm_inplace`].
+/// [`rms_norm_inplace`]. Large batches run in runs of rows over the pool ([`for_row_runs`]).
 pub fn rms_norm(x: &[f32], w: &[f32], y: &mut [f32], eps: f32) {
     let n = w.len();
     assert!(
         n > 0 && x.len().is_multiple_of(n) && y.len() == x.len(),
         "rms_norm shapes"
     );
-    // SAFETY: x and y hold n_rows * n floats and w holds n, as checked above.
-    unsafe {
-        ffi::el_rms_norm(
-            x.as_ptr(),
-            w.as_ptr(),
-            y.as_mut_ptr(),
-            (x.len() / n) as i64,
-            n as i64,
-            eps,
-        )
-    }
+    for_row_runs_mut(y, n, RMS_ROWS, PAR_MIN_ELEMENTS, &|r0, yr| {
+        let xr = &x[r0 * n..r0 * n + yr.len()];
+        // SAFETY: xr and yr hold the same whole rows of n floats and w holds n.
+        unsafe {
+            ffi::el_rms_norm(
+                xr.as_ptr(),
+                w.as_ptr(),
+                yr.as_mut_ptr(),
+                (yr.len() / n) as i64,
+                n as i64,
+                eps,
+            )
+        }
+    });
 }
 
 /// In-place RMSNorm over rows of `w.len()` elements.
 pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
     let n = w.len();
     assert!(n > 0 && x.len().is_multiple_of(n), "rms_norm shapes");
-    let p = x.as_mut_ptr();
-    // SAFETY: the kernel allows x and y to alias; x holds n_rows * n floats.
-    unsafe { ffi::el_rms_norm(p, w.as_ptr(), p, (x.len() / n) as i64, n as i64, eps) }
+    for_row_runs_mut(x, n, RMS_ROWS, PAR_MIN_ELEMENTS, &|_, xr| {
+        let p = xr.as_mut_ptr();
+        // SAFETY: the kernel allows x and y to alias; xr holds whole rows of n floats.
+        unsafe { ffi::el_rms_norm(p, w.as_ptr(), p, (xr.len() / n) as i64, n as i64, eps) }
+    });
 }
+
+/// `x += y`, then `out[r] = x[r] / rms(x[r]) * w` (a residual add and the next block's norm) in
+/// one pass over each run of rows: the same arithmetic as [`super::rows::add_inplace`] then
+/// [`rms_norm`], each row's values still in cache for the norm.
+pub fn add_rms_norm(x: &mut [f32], y: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let n = w.len();
+    assert!(
+        n > 0 && x.len().is_multiple_of(n) && y.len() == x.len() && out.len() == x.len(),
+        "add_rms_norm shapes"
+    );
+    let out_ptr = SharedMut(out.as_mut_ptr());
+    for_row_runs_mut(x, n, RMS_ROWS, PAR_MIN_ELEMENTS, &|r0, xr| {
+        let begin = r0 * n;
+        let yr = &y[begin..begin + xr.len()];
+        xr.iter_mut()
+            .zip(yr)
+            .for_each(|(a, b)| *a += b);
+        // SAFETY: out holds as many floats as x; this run's rows [begin, begin + xr.len()) of
+        // it are touched by no other run, and `out` stays borrowed mutably until the runs end.
+        unsafe {
+            ffi::el_rms_norm(
+                xr.as_ptr(),
+                w.as_ptr(),
+                out_ptr.ptr().add(begin),
+                (xr.len() / n) as i64,
+                n as i64,
+                eps,
+            )
+        }
+    });
+}
+
+/// Rows the AVX2 RMSNorm normalises together: runs of whole groups of them.
+const RMS_ROWS: usize = 16;
 
 /// How a rotary embedding pairs dimensions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -116,7 +156,8 @@ impl Yarn {
     }
 }
 
-/// Rotates `x` ([n_tokens][n_heads][head_dim]) in place, token t at position `pos[t]`.
+/// Rotates `x` ([n_tokens][n_heads][head_dim]) in place, token t at position `pos[t]`. Large
+/// batches run in runs of tokens over the pool (each token's cos and sin are its own).
 pub fn rope(x: &mut [f32], pos: &[i32], n_heads: usize, r: &Rope) {
     let n_tokens = pos.len();
     assert_eq!(x.len(), n_tokens * n_heads * r.head_dim, "rope shapes");
@@ -124,9 +165,27 @@ pub fn rope(x: &mut [f32], pos: &[i32], n_heads: usize, r: &Rope) {
         r.rope_dim <= r.head_dim && r.rope_dim.is_multiple_of(2),
         "rope dims"
     );
-    if r.freq_factors.is_some() || r.yarn.is_some() {
-        return rope_ext(x, pos, n_heads, r);
+    let row_len = n_heads * r.head_dim;
+    if row_len == 0 {
+        return;
     }
+    // A token's cos and sin cost about as much as rotating 16 floats per rotated dimension.
+    let cost = row_len + 16 * r.rope_dim;
+    let min_tokens = PAR_MIN_ELEMENTS.div_ceil(cost);
+    let ext = r.freq_factors.is_some() || r.yarn.is_some();
+    for_row_runs_mut(x, row_len, 1, min_tokens * row_len, &|t0, xr| {
+        let pos = &pos[t0..t0 + xr.len() / row_len];
+        if ext {
+            rope_ext(xr, pos, n_heads, r)
+        } else {
+            rope_plain(xr, pos, n_heads, r)
+        }
+    });
+}
+
+/// `rope` for a plain rope (el_rope) over the tokens of `pos`.
+fn rope_plain(x: &mut [f32], pos: &[i32], n_heads: usize, r: &Rope) {
+    let n_tokens = pos.len();
     // SAFETY: x holds n_tokens * n_heads * head_dim floats, pos n_tokens ints.
     unsafe {
         ffi::el_rope(
@@ -191,19 +250,35 @@ pub enum Activation {
     GeGlu,
 }
 
-/// `gate[i] = act(gate[i]) * up[i]`, in place in `gate`.
+/// `gate[i] = act(gate[i]) * up[i]`, in place in `gate`. Large batches run in runs of whole
+/// vectors (8 floats; the tail in the last run) over the pool.
 pub fn glu_inplace(gate: &mut [f32], up: &[f32], act: Activation) {
     assert_eq!(gate.len(), up.len(), "glu shapes");
-    let p = gate.as_mut_ptr();
-    let n = gate.len() as i64;
-    // SAFETY: both hold n floats; the kernel allows y to alias gate.
-    unsafe {
-        match act {
-            Activation::SwiGlu => ffi::el_swiglu(p, up.as_ptr(), p, n),
-            Activation::GeGlu => ffi::el_geglu(p, up.as_ptr(), p, n),
+    let n = gate.len();
+    let n_vectors = n.div_ceil(GLU_VECTOR);
+    let gate_ptr = SharedMut(gate.as_mut_ptr());
+    // An activation (an exponential or a tanh) costs about as much as four float operations.
+    let min_vectors = PAR_MIN_ELEMENTS.div_ceil(4 * GLU_VECTOR);
+    for_row_runs(n_vectors, 1, 1, min_vectors, &|vectors| {
+        let begin = vectors.start * GLU_VECTOR;
+        let len = (vectors.end * GLU_VECTOR).min(n) - begin;
+        // SAFETY: [begin, begin + len) is inside both buffers and no other run touches it (the
+        // runs are disjoint); the kernel allows y to alias gate; `gate` stays borrowed mutably
+        // until for_row_runs returns.
+        unsafe {
+            let p = gate_ptr.ptr().add(begin);
+            let u = up.as_ptr().add(begin);
+            match act {
+                Activation::SwiGlu => ffi::el_swiglu(p, u, p, len as i64),
+                Activation::GeGlu => ffi::el_geglu(p, u, p, len as i64),
+            }
         }
-    }
+    });
 }
+
+/// The gated activations' vector width: runs start on whole vectors, so every element goes
+/// through the same code (vector or tail) as in one call over all of them.
+const GLU_VECTOR: usize = 8;
 
 /// `y[i] = expf(x[i])` with glibc's results bit for bit (the exp of SwiGLU's SIMD variant; see
 /// csrc/expf_glibc.h), under the current ISA.

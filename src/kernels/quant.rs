@@ -161,6 +161,14 @@ pub fn vec_dot(t: TensorType, n: usize, w: &[u8], a: &[u8]) -> f32 {
 /// Quantizes `x` (`[n_rows][n_in]`) to `t`, row by row in parallel: returns `[n_rows]` rows of
 /// `t.row_bytes(n_in)` bytes.
 pub fn quantize_rows(t: TensorType, x: &[f32], n_in: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    quantize_rows_into(t, x, n_in, &mut out);
+    out
+}
+
+/// [`quantize_rows`] into `out`, resized to the rows (a reused buffer: only growth is zeroed,
+/// every byte is written).
+pub fn quantize_rows_into(t: TensorType, x: &[f32], n_in: usize, out: &mut Vec<u8>) {
     assert!(
         n_in > 0 && x.len().is_multiple_of(n_in),
         "quantize_rows: {} floats are not rows of {n_in}",
@@ -168,7 +176,7 @@ pub fn quantize_rows(t: TensorType, x: &[f32], n_in: usize) -> Vec<u8> {
     );
     let rb = row_bytes(t, n_in);
     let n_rows = x.len() / n_in;
-    let mut out = vec![0u8; n_rows * rb]; // [n_rows][rb]
+    out.resize(n_rows * rb, 0); // [n_rows][rb]
     let shared = SharedMut(out.as_mut_ptr());
     pool::for_each_task(n_rows, &|r| {
         // SAFETY: out holds n_rows rows of rb bytes and task r alone writes row r (see
@@ -176,7 +184,6 @@ pub fn quantize_rows(t: TensorType, x: &[f32], n_in: usize) -> Vec<u8> {
         let dst = unsafe { std::slice::from_raw_parts_mut(shared.ptr().add(r * rb), rb) };
         quantize_row(t, &x[r * n_in..(r + 1) * n_in], dst);
     });
-    out
 }
 
 /// The shape and alignment checks of `name` (`matmul`, `matmul_x8`: the same bytes in either

@@ -39,8 +39,14 @@ pub trait Backend: WeightStore {
     /// Starts a step over `batch` (already validated): the backend keeps what the addressing
     /// operations need (tokens, positions, slots, block tables, logits rows).
     fn begin_step(&mut self, batch: &Batch) -> Result<()>;
-    /// Fresh activations of `[n_rows][width]`.
+    /// Activations of `[n_rows][width]`, possibly a buffer given back by [`Backend::recycle`]
+    /// with its old contents: every operation writes the whole of its output.
     fn acts(&mut self, n_rows: usize, width: usize) -> Result<Self::Acts>;
+    /// Gives back activations the step no longer reads, for a later [`Backend::acts`] to reuse
+    /// (by default they are dropped).
+    fn recycle(&mut self, x: Self::Acts) {
+        drop(x);
+    }
 
     /// `x[t]` = row `tokens[t]` of the embedding matrix `m`, times `scale`.
     fn embed(&mut self, m: &Self::Matrix, scale: f32, x: &mut Self::Acts) -> Result<()>;
@@ -98,6 +104,19 @@ pub trait Backend: WeightStore {
     fn glu(&mut self, gate: &mut Self::Acts, up: &Self::Acts, act: Activation) -> Result<()>;
     /// `x += y`.
     fn add(&mut self, x: &mut Self::Acts, y: &Self::Acts) -> Result<()>;
+    /// `x += y`, then `out = x / rms(x) * w` over rows of `w`'s length: [`Backend::add`] then
+    /// [`Backend::rms_norm`], which a backend may run as one pass.
+    fn add_rms_norm(
+        &mut self,
+        x: &mut Self::Acts,
+        y: &Self::Acts,
+        w: &Self::Vector,
+        eps: f32,
+        out: &mut Self::Acts,
+    ) -> Result<()> {
+        self.add(x, y)?;
+        self.rms_norm(x, w, eps, out)
+    }
     /// `out` = the rows of `x` the batch wants logits for, in its order.
     fn gather_logits_rows(&mut self, x: &Self::Acts, out: &mut Self::Acts) -> Result<()>;
     /// `x *= s`.

@@ -7,15 +7,16 @@
 //! loaded, a slice at a time, each slice's mapped pages released once copied, so the copy
 //! replaces the map in memory instead of sitting beside it.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use anyhow::Result;
 
+use super::arena::Arena;
 use super::backend::{Backend, WeightStore};
 use super::weights::{InFile, MatrixInfo, Weights};
 use super::{Batch, ModelConfig};
 use crate::gguf::{GgufFile, TensorInfo};
-use crate::kernels::{self, Activation, AttentionBatch, AttentionShape, Rope};
+use crate::kernels::{self, rows, Activation, AttentionBatch, AttentionShape, Rope};
 use crate::kv_cache::KvCache;
 use crate::tensor_type::TensorType;
 
@@ -137,6 +138,10 @@ pub struct Cpu {
     shape: AttentionShape,
     attn_scale: f32,
     step: Step,
+    /// The steps' activation buffers, reused from layer to layer and step to step.
+    arena: Arena,
+    /// The buffers of quantized inputs ([`CpuInput`]), reused likewise.
+    spare_inputs: Arc<Mutex<Vec<Vec<u8>>>>,
 }
 
 impl Cpu {
@@ -157,6 +162,8 @@ impl Cpu {
             kv,
             attn_scale: c.attn_scale,
             step: Step::default(),
+            arena: Arena::default(),
+            spare_inputs: Arc::default(),
         }
     }
 
@@ -165,10 +172,12 @@ impl Cpu {
     }
 }
 
-/// Activations read by products: quantized once per vec_dot type.
+/// Activations read by products: quantized once per vec_dot type, into buffers taken from
+/// (and given back to when dropped) the backend's spare ones.
 pub struct CpuInput<'a> {
     x: &'a [f32],
     quantized: Vec<(TensorType, Vec<u8>)>,
+    spare: Arc<Mutex<Vec<Vec<u8>>>>,
 }
 
 impl CpuInput<'_> {
@@ -178,12 +187,28 @@ impl CpuInput<'_> {
         match self.quantized.iter().position(|(qt, _)| *qt == t) {
             Some(i) => i,
             None => {
-                let rows = kernels::quantize_rows(t, self.x, m.n_in);
+                let mut rows = lock(&self.spare).pop().unwrap_or_default();
+                kernels::quantize_rows_into(t, self.x, m.n_in, &mut rows);
                 self.quantized.push((t, rows));
                 self.quantized.len() - 1
             }
         }
     }
+}
+
+impl Drop for CpuInput<'_> {
+    fn drop(&mut self) {
+        let mut spare = lock(&self.spare);
+        spare.extend(self.quantized.drain(..).map(|(_, rows)| rows));
+        spare.truncate(MAX_SPARE_INPUTS);
+    }
+}
+
+/// Quantized input buffers kept for reuse (a step has at most a few alive at once).
+const MAX_SPARE_INPUTS: usize = 4;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl WeightStore for Cpu {
@@ -208,7 +233,11 @@ impl Backend for Cpu {
     }
 
     fn acts(&mut self, n_rows: usize, width: usize) -> Result<Vec<f32>> {
-        Ok(vec![0.0; n_rows * width])
+        Ok(self.arena.take(n_rows * width))
+    }
+
+    fn recycle(&mut self, x: Vec<f32>) {
+        self.arena.give(x);
     }
 
     fn embed(&mut self, m: &CpuMatrix, scale: f32, x: &mut Vec<f32>) -> Result<()> {
@@ -238,6 +267,7 @@ impl Backend for Cpu {
         CpuInput {
             x,
             quantized: Vec::new(),
+            spare: Arc::clone(&self.spare_inputs),
         }
     }
 
@@ -264,8 +294,7 @@ impl Backend for Cpu {
     }
 
     fn add_bias(&mut self, x: &mut Vec<f32>, bias: &Vec<f32>) -> Result<()> {
-        x.chunks_exact_mut(bias.len())
-            .for_each(|row| add_inplace(row, bias));
+        rows::add_bias(x, bias);
         Ok(())
     }
 
@@ -322,7 +351,19 @@ impl Backend for Cpu {
     }
 
     fn add(&mut self, x: &mut Vec<f32>, y: &Vec<f32>) -> Result<()> {
-        add_inplace(x, y);
+        rows::add_inplace(x, y);
+        Ok(())
+    }
+
+    fn add_rms_norm(
+        &mut self,
+        x: &mut Vec<f32>,
+        y: &Vec<f32>,
+        w: &Vec<f32>,
+        eps: f32,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        kernels::add_rms_norm(x, y, w, eps, out);
         Ok(())
     }
 
@@ -336,7 +377,7 @@ impl Backend for Cpu {
     }
 
     fn scale(&mut self, x: &mut Vec<f32>, s: f32) -> Result<()> {
-        x.iter_mut().for_each(|z| *z *= s);
+        rows::scale(x, s);
         Ok(())
     }
 
@@ -357,8 +398,4 @@ impl Backend for Cpu {
         self.kv.copy_block(src, dst);
         Ok(())
     }
-}
-
-fn add_inplace(x: &mut [f32], y: &[f32]) {
-    x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
 }

@@ -101,10 +101,15 @@ pub fn forward<B: Backend>(
     let mut proj = b.acts(n, n_embd)?; // a block's output before its residual add
     let (mut gate, mut up) = (b.acts(n, n_ff)?, b.acts(n, n_ff)?);
 
+    // Each block's input norm runs with the residual add before it (`add_rms_norm`), the
+    // first layer's alone.
+    if let Some(first) = w.layers.first() {
+        b.rms_norm(&x, &first.attn_norm, eps, &mut h)?;
+    }
     for (l, (lw, lo)) in w.layers.iter().zip(&c.layers).enumerate() {
-        // Attention block: q, k, v (each head's q and k normed where the model does so),
-        // rotated, k and v cached, attention over the layer's window, output projection.
-        b.rms_norm(&x, &lw.attn_norm, eps, &mut h)?;
+        // Attention block (on `h`, the normed input): q, k, v (each head's q and k normed
+        // where the model does so), rotated, k and v cached, attention over the layer's
+        // window, output projection.
         let mut hq = b.input(&h); // quantized once for q, k and v, multiplied in one call
         let qkv = [(&lw.wq, &mut q), (&lw.wk, &mut k), (&lw.wv, &mut v)];
         let mut products = qkv.map(|(l, out)| (&l.weight, out));
@@ -130,11 +135,10 @@ pub fn forward<B: Backend>(
             b.rms_norm_inplace(&mut proj, norm, eps)?;
         }
         scale_if(b, &mut proj, c.residual_scale)?;
-        b.add(&mut x, &proj)?;
+        b.add_rms_norm(&mut x, &proj, &lw.ffn_norm, eps, &mut h)?;
 
         // Feed-forward block: gate and up from the same normed input, the gated activation,
         // down projection.
-        b.rms_norm(&x, &lw.ffn_norm, eps, &mut h)?;
         let mut hq = b.input(&h); // quantized once for gate and up, multiplied in one call
         b.matmul_many(&mut hq, &mut [(&lw.w_gate, &mut gate), (&lw.w_up, &mut up)])?;
         drop(hq);
@@ -144,23 +148,33 @@ pub fn forward<B: Backend>(
             b.rms_norm_inplace(&mut proj, norm, eps)?;
         }
         scale_if(b, &mut proj, c.residual_scale)?;
-        b.add(&mut x, &proj)?;
+        match w.layers.get(l + 1) {
+            Some(next) => b.add_rms_norm(&mut x, &proj, &next.attn_norm, eps, &mut h)?,
+            None => b.add(&mut x, &proj)?,
+        }
+    }
+
+    for buffer in [h, q, k, v, attn, proj, gate, up] {
+        b.recycle(buffer);
     }
 
     // Final norm and logits, only for the rows that want them.
     let n_out = batch.logits_rows.len();
     if n_out == 0 {
+        b.recycle(x);
         b.end_step()?;
         return Ok(Vec::new());
     }
     let mut last = b.acts(n_out, n_embd)?;
     b.gather_logits_rows(&x, &mut last)?;
+    b.recycle(x);
     b.rms_norm_inplace(&mut last, &w.output_norm, eps)?;
     let mut logits = b.acts(n_out, c.vocab_size)?;
     match &w.output {
         Some(output) => linear_of(b, &last, output, &mut logits)?,
         None => matmul_of(b, &last, &w.token_embd, &mut logits)?, // tied to the embedding
     }
+    b.recycle(last);
     scale_if(b, &mut logits, 1.0 / c.logit_scale)?;
     if let Some(cap) = c.final_logit_softcap {
         b.softcap(&mut logits, cap)?;

@@ -8,6 +8,7 @@
 //! once, build a [`Batch`] per step, run [`forward::forward`], and get logits back only for the
 //! rows that asked for them.
 
+mod arena;
 pub mod backend;
 pub mod batch;
 pub mod config;

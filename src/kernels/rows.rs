@@ -1,0 +1,127 @@
+//! The row operations' split over the kernels' pool: a batch's rows (RMSNorm, RoPE, the gated
+//! activation, residual and bias adds) cut into contiguous runs, one task each, when the batch is
+//! large enough for a hand-off (about a microsecond or two) to pay; a small batch (decode) stays
+//! on the calling thread. Every row is computed by the same kernel call on the same data
+//! whichever run it falls in, so the results are bit-identical to one call over all the rows.
+
+use std::ops::Range;
+
+use super::pool;
+
+/// Below this many f32 elements in a call the rows stay on the calling thread: an RMSNorm of
+/// 16,384 floats takes a few microseconds, about what the threads' hand-off costs.
+pub const PAR_MIN_ELEMENTS: usize = 16 * 1024;
+
+/// Runs per thread: more than one, so a thread the operating system delays takes fewer.
+const RUNS_PER_THREAD: usize = 4;
+
+/// Calls `f(rows)` over runs of `[0, n_rows)` covering each row exactly once: one call on this
+/// thread when `n_rows * row_len < min_elements` (or there is one thread), else runs of whole
+/// multiples of `align` rows (a kernel's vector width in rows) spread over the pool. `f` must
+/// write only its own rows' outputs.
+pub fn for_row_runs(
+    n_rows: usize,
+    row_len: usize,
+    align: usize,
+    min_elements: usize,
+    f: &(dyn Fn(Range<usize>) + Sync),
+) {
+    let threads = pool::num_threads();
+    if n_rows == 0 {
+        return;
+    }
+    if threads == 1 || n_rows.saturating_mul(row_len) < min_elements {
+        return f(0..n_rows);
+    }
+    let align = align.max(1);
+    let per_run = n_rows
+        .div_ceil(threads * RUNS_PER_THREAD)
+        .next_multiple_of(align);
+    let n_runs = n_rows.div_ceil(per_run);
+    pool::for_each_task(n_runs, &|i| {
+        let begin = i * per_run;
+        f(begin..(begin + per_run).min(n_rows));
+    });
+}
+
+/// [`for_row_runs`] over `x` (`[n_rows][row_len]`) in place: `f(first row, its rows)`.
+pub fn for_row_runs_mut(
+    x: &mut [f32],
+    row_len: usize,
+    align: usize,
+    min_elements: usize,
+    f: &(dyn Fn(usize, &mut [f32]) + Sync),
+) {
+    assert!(
+        row_len > 0 && x.len().is_multiple_of(row_len),
+        "{} floats are not rows of {row_len}",
+        x.len()
+    );
+    let n_rows = x.len() / row_len;
+    let shared = super::pool::SharedMut(x.as_mut_ptr());
+    for_row_runs(n_rows, row_len, align, min_elements, &|rows| {
+        // SAFETY: x holds n_rows rows of row_len floats and the runs are disjoint (each row in
+        // exactly one), so this run's slice is the only one touching these floats; `x` stays
+        // borrowed mutably until for_row_runs returns.
+        let run = unsafe {
+            std::slice::from_raw_parts_mut(
+                shared.ptr().add(rows.start * row_len),
+                rows.len() * row_len,
+            )
+        };
+        f(rows.start, run);
+    });
+}
+
+/// Calls `f(elements)` over runs of `[0, n)` covering each element once, every run but the
+/// last a multiple of `unit` elements; on this thread alone below `min_elements`.
+pub fn for_element_runs(
+    n: usize,
+    unit: usize,
+    min_elements: usize,
+    f: &(dyn Fn(Range<usize>) + Sync),
+) {
+    let n_units = n.div_ceil(unit);
+    for_row_runs(n_units, unit, 1, min_elements, &|units| {
+        f(units.start * unit..(units.end * unit).min(n))
+    });
+}
+
+/// Element-wise operations' unit of work: a few cache lines.
+const ELEMENT_UNIT: usize = 64;
+
+/// `x[i] = op(x[i], y[i])` over the pool when large.
+fn zip_inplace(x: &mut [f32], y: &[f32], op: impl Fn(&mut f32, f32) + Sync) {
+    assert_eq!(x.len(), y.len(), "element-wise shapes");
+    let shared = super::pool::SharedMut(x.as_mut_ptr());
+    for_element_runs(x.len(), ELEMENT_UNIT, PAR_MIN_ELEMENTS, &|run| {
+        // SAFETY: the run is inside x and no other run touches it; `x` stays borrowed mutably
+        // until for_element_runs returns.
+        let xs = unsafe { std::slice::from_raw_parts_mut(shared.ptr().add(run.start), run.len()) };
+        xs.iter_mut().zip(&y[run]).for_each(|(a, &b)| op(a, b));
+    });
+}
+
+/// `x[i] += y[i]`.
+pub fn add_inplace(x: &mut [f32], y: &[f32]) {
+    zip_inplace(x, y, |a, b| *a += b);
+}
+
+/// `x[r] += bias` for every row of `bias.len()` elements.
+pub fn add_bias(x: &mut [f32], bias: &[f32]) {
+    for_row_runs_mut(x, bias.len(), 1, PAR_MIN_ELEMENTS, &|_, run| {
+        for row in run.chunks_exact_mut(bias.len()) {
+            row.iter_mut().zip(bias).for_each(|(a, b)| *a += b);
+        }
+    });
+}
+
+/// `x *= s`.
+pub fn scale(x: &mut [f32], s: f32) {
+    let shared = super::pool::SharedMut(x.as_mut_ptr());
+    for_element_runs(x.len(), ELEMENT_UNIT, PAR_MIN_ELEMENTS, &|run| {
+        // SAFETY: as in zip_inplace.
+        let xs = unsafe { std::slice::from_raw_parts_mut(shared.ptr().add(run.start), run.len()) };
+        xs.iter_mut().for_each(|z| *z *= s);
+    });
+}
