@@ -870,14 +870,13 @@ fn gpu_forward_pass_matches_the_cpu_and_copy_on_write_copies_blocks() {
         err <= FORWARD_LOGITS_BUDGET,
         "prefill logits {err:.3e} > {FORWARD_LOGITS_BUDGET:e}"
     );
-    let mut pos = prompt.len();
     let mut tok = argmax(&lc[(prompt.len() - 1) * vocab..]) as u32;
     assert_eq!(
         argmax(&lg[(prompt.len() - 1) * vocab..]) as u32,
         tok,
         "first greedy token"
     );
-    for step in 0..24 {
+    for (step, pos) in (0..24).zip(prompt.len()..) {
         let b = one_sequence(&[tok], pos, bs, false);
         let (lc, lg) = (
             cpu.forward(model, &b).unwrap(),
@@ -891,7 +890,6 @@ fn gpu_forward_pass_matches_the_cpu_and_copy_on_write_copies_blocks() {
         let (tc, tg) = (argmax(&lc), argmax(&lg));
         assert_eq!(tg, tc, "greedy token at decode step {step}");
         tok = tc as u32;
-        pos += 1;
     }
     // Copy-on-write: block 0 onto block 9 on both, then a sequence whose table starts with 9
     // reads the copy: same logits as reading block 0.
