@@ -26,14 +26,13 @@ Drives any OpenAI-compatible server (edge-llm serve, llama-server) the same way:
 """
 
 import argparse
-import http.client
 import json
 import statistics
 import subprocess
 import sys
 import threading
-import time
-import urllib.parse
+
+from sse_client import post_stream
 
 USER_MESSAGES = [
     "What is free software? Answer in one paragraph.",
@@ -116,8 +115,7 @@ class Result:
 
 
 def one_request(url, system, user, max_tokens, res, barrier=None):
-    u = urllib.parse.urlsplit(url)
-    body = json.dumps({
+    body = {
         "model": "bench",
         "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
         "max_tokens": max_tokens,
@@ -125,46 +123,24 @@ def one_request(url, system, user, max_tokens, res, barrier=None):
         "stream": True,
         "stream_options": {"include_usage": True},
         "ignore_eos": True,
-    })
-    try:
-        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=1800)
-        conn.connect()
-        if barrier is not None:
-            barrier.wait()
-        res.sent = time.perf_counter()
-        conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
-        r = conn.getresponse()
-        if r.status != 200:
-            res.error = f"HTTP {r.status}: {r.read()[:500]!r}"
-            return
-        while True:
-            line = r.readline()
-            if not line:
-                break
-            line = line.strip()
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                break
-            now = time.perf_counter()
-            ev = json.loads(data)
-            for ch in ev.get("choices") or []:
-                content = (ch.get("delta") or {}).get("content")
-                if content:
-                    res.chunks += 1
-                    res.last = now
-                    if res.first is None:
-                        res.first = now
-                if ch.get("finish_reason"):
-                    res.finish = ch["finish_reason"]
-            if ev.get("usage"):
-                res.usage = ev["usage"]
-            if ev.get("timings"):
-                res.timings = ev["timings"]
-        conn.close()
-    except Exception as e:  # reported, never hidden
-        res.error = f"{type(e).__name__}: {e}"
+    }
+
+    def on_event(now, ev):
+        for ch in ev.get("choices") or []:
+            content = (ch.get("delta") or {}).get("content")
+            if content:
+                res.chunks += 1
+                res.last = now
+                if res.first is None:
+                    res.first = now
+            if ch.get("finish_reason"):
+                res.finish = ch["finish_reason"]
+        if ev.get("usage"):
+            res.usage = ev["usage"]
+        if ev.get("timings"):
+            res.timings = ev["timings"]
+
+    post_stream(url, "/v1/chat/completions", body, res, on_event, barrier, error_chars=500)
 
 
 def tokens_of(res):

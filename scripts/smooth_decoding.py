@@ -35,6 +35,8 @@ import threading
 import time
 import urllib.parse
 
+from sse_client import post_stream
+
 GPL3 = "/usr/share/common-licenses/GPL-3"
 QUESTIONS = [
     "What is free software? Answer in one paragraph.",
@@ -83,37 +85,15 @@ class Stream:
 
 
 def stream_request(url, path, body, res):
-    u = urllib.parse.urlsplit(url)
-    try:
-        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=1800)
-        conn.connect()
-        res.sent = time.perf_counter()
-        conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
-        r = conn.getresponse()
-        if r.status != 200:
-            res.error = f"HTTP {r.status}: {r.read()[:300]!r}"
-            return
-        while True:
-            line = r.readline()
-            if not line:
-                break
-            line = line.strip()
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                break
-            now = time.perf_counter()
-            ev = json.loads(data)
-            for ch in ev.get("choices") or []:
-                text = (ch.get("delta") or {}).get("content") if "delta" in ch else ch.get("text")
-                if text:
-                    res.chunks.append(now)
-            if ev.get("usage"):
-                res.usage = ev["usage"]
-        conn.close()
-    except Exception as e:  # reported, never hidden
-        res.error = f"{type(e).__name__}: {e}"
+    def on_event(now, ev):
+        for ch in ev.get("choices") or []:
+            text = (ch.get("delta") or {}).get("content") if "delta" in ch else ch.get("text")
+            if text:
+                res.chunks.append(now)
+        if ev.get("usage"):
+            res.usage = ev["usage"]
+
+    post_stream(url, path, body, res, on_event)
 
 
 def chat_body(question, max_tokens):

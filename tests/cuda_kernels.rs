@@ -78,27 +78,11 @@ fn gpu() -> &'static Gpu {
     g
 }
 
-/// splitmix64, as the CPU kernel tests.
-struct Rng(u64);
+#[path = "support/splitmix.rs"]
+mod splitmix;
+use splitmix::Rng;
 
 impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn uniform(&mut self) -> f64 {
-        ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    }
-
-    fn normal(&mut self) -> f32 {
-        let (u, v) = (self.uniform(), self.uniform());
-        ((-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()) as f32
-    }
-
     /// `n` values ~N(0, 1), one in 64 scaled by 8 (outliers, as real rows have).
     fn data(&mut self, n: usize) -> Vec<f32> {
         (0..n)
@@ -886,14 +870,13 @@ fn gpu_forward_pass_matches_the_cpu_and_copy_on_write_copies_blocks() {
         err <= FORWARD_LOGITS_BUDGET,
         "prefill logits {err:.3e} > {FORWARD_LOGITS_BUDGET:e}"
     );
-    let mut pos = prompt.len();
     let mut tok = argmax(&lc[(prompt.len() - 1) * vocab..]) as u32;
     assert_eq!(
         argmax(&lg[(prompt.len() - 1) * vocab..]) as u32,
         tok,
         "first greedy token"
     );
-    for step in 0..24 {
+    for (step, pos) in (0..24).zip(prompt.len()..) {
         let b = one_sequence(&[tok], pos, bs, false);
         let (lc, lg) = (
             cpu.forward(model, &b).unwrap(),
@@ -907,7 +890,6 @@ fn gpu_forward_pass_matches_the_cpu_and_copy_on_write_copies_blocks() {
         let (tc, tg) = (argmax(&lc), argmax(&lg));
         assert_eq!(tg, tc, "greedy token at decode step {step}");
         tok = tc as u32;
-        pos += 1;
     }
     // Copy-on-write: block 0 onto block 9 on both, then a sequence whose table starts with 9
     // reads the copy: same logits as reading block 0.

@@ -49,24 +49,11 @@ const LAYERS: usize = 2;
 const BLOCK: usize = 8;
 const NUM_BLOCKS: usize = 24;
 
-/// splitmix64 normals.
-struct Rng(u64);
+#[path = "support/splitmix.rs"]
+mod splitmix;
+use splitmix::Rng;
 
 impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn normal(&mut self) -> f32 {
-        let u = ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
-        let v = ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
-        ((-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()) as f32
-    }
-
     fn vec(&mut self, n: usize, scale: f32, offset: f32) -> Vec<f32> {
         (0..n).map(|_| offset + scale * self.normal()).collect()
     }

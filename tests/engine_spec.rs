@@ -13,7 +13,7 @@ use edge_llm::engine::scheduler::{Scheduler, SchedulerConfig};
 use edge_llm::engine::{EngineConfig, EngineHandle, FinishReason, SpecConfig};
 use edge_llm::model::Model;
 use edge_llm::sampler::SamplingParams;
-use support::{collect, request, wait_idle};
+use support::{assert_greedy_among_sessions, collect, request, wait_idle};
 
 fn shared_model() -> Arc<Model> {
     static MODEL: std::sync::OnceLock<Arc<Model>> = std::sync::OnceLock::new();
@@ -131,21 +131,7 @@ fn greedy_output_is_the_same_with_prompt_lookup_alone_and_among_16_sessions() {
     );
 
     // Among 16 concurrent sessions (each prompt twice, with the long ones a third time).
-    let order: Vec<usize> = (0..16).map(|i| i % prompts.len()).collect();
-    let mut streams: Vec<_> = order
-        .iter()
-        .map(|&i| {
-            on.submit(request(&prompts[i].0, prompts[i].1, greedy()))
-                .unwrap()
-        })
-        .collect();
-    for (s, &i) in streams.iter_mut().zip(&order) {
-        assert_eq!(
-            collect(s).0,
-            expected[i],
-            "prompt {i} among 16 sessions: speculation changed the greedy output"
-        );
-    }
+    assert_greedy_among_sessions(&on, &prompts, &expected, 16, "speculation");
     let m2 = wait_idle(&on);
     assert!(m2.spec_accepted_tokens > m.spec_accepted_tokens, "{m2:?}");
     assert_eq!(m2.blocks_used, 0, "every block comes back: {m2:?}");

@@ -19,7 +19,7 @@ use edge_llm::engine::spec::DraftSetup;
 use edge_llm::engine::{EngineConfig, EngineHandle, FinishReason, Metrics, SpecConfig};
 use edge_llm::model::Model;
 use edge_llm::sampler::SamplingParams;
-use support::{collect, request, wait_idle};
+use support::{assert_greedy_among_sessions, collect, request, wait_idle};
 
 const TARGET: &str = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf";
 const DRAFT: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
@@ -188,21 +188,7 @@ fn greedy_output_with_the_draft_equals_spec_off_alone_and_among_16_sessions() {
     );
 
     // Among 16 concurrent sessions: the draft runs one batch over all of them.
-    let order: Vec<usize> = (0..16).map(|i| i % prompts.len()).collect();
-    let mut streams: Vec<_> = order
-        .iter()
-        .map(|&i| {
-            on.submit(request(&prompts[i].0, prompts[i].1, greedy()))
-                .unwrap()
-        })
-        .collect();
-    for (s, &i) in streams.iter_mut().zip(&order) {
-        assert_eq!(
-            collect(s).0,
-            expected[i],
-            "prompt {i} among 16 sessions: the draft changed the greedy output"
-        );
-    }
+    assert_greedy_among_sessions(&on, &prompts, &expected, 16, "the draft");
     let m2 = wait_idle(&on);
     assert!(
         m2.spec_accepted_tokens > m.spec_accepted_tokens

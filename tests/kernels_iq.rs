@@ -31,22 +31,17 @@ const IQ_TYPES: [TensorType; 9] = [
     TensorType::IQ1_S,
 ];
 
-/// splitmix64.
-struct Rng(u64);
+#[path = "support/splitmix.rs"]
+mod splitmix;
+use splitmix::Rng;
 
+/// This file's draws, in f32 (its inputs since it was written; the shared ones are f64).
 impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e3779b97f4a7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
-        z ^ (z >> 31)
-    }
-    fn uniform(&mut self) -> f32 {
+    fn uniform_f32(&mut self) -> f32 {
         (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
     }
-    fn normal(&mut self) -> f32 {
-        let (u, v) = (self.uniform().max(1e-7), self.uniform());
+    fn normal_f32(&mut self) -> f32 {
+        let (u, v) = (self.uniform_f32().max(1e-7), self.uniform_f32());
         (-2.0 * u.ln()).sqrt() * (std::f32::consts::TAU * v).cos()
     }
 }
@@ -117,7 +112,7 @@ fn random_blocks(t: TensorType, n_blocks: usize, rng: &mut Rng) -> Vec<u8> {
     let bb = t.block_bytes();
     let mut out: Vec<u8> = (0..n_blocks * bb).map(|_| rng.next_u64() as u8).collect();
     for block in out.chunks_exact_mut(bb) {
-        let d = f16::from_f32(0.001 + 0.05 * rng.uniform()).to_bits();
+        let d = f16::from_f32(0.001 + 0.05 * rng.uniform_f32()).to_bits();
         if t == TensorType::IQ1_M {
             // The super-scale's four nibbles sit in the top nibbles of the four scale words.
             let scales = &mut block[48..56];
@@ -237,7 +232,7 @@ fn iq_dot_products_within_budget_and_matmul_equals_vec_dot() {
     for t in IQ_TYPES {
         let w = random_blocks(t, N_OUT * N_IN / t.block_size(), &mut rng);
         let w_deq = ours(t, &w);
-        let a: Vec<f32> = (0..N_ROWS * N_IN).map(|_| rng.normal()).collect();
+        let a: Vec<f32> = (0..N_ROWS * N_IN).map(|_| rng.normal_f32()).collect();
         let aq = quantize_rows(t.vec_dot_type(), &a, N_IN);
         let (w_rb, a_rb) = (w.len() / N_OUT, aq.len() / N_ROWS);
         let mut out = vec![0.0f32; N_ROWS * N_OUT];
@@ -278,7 +273,7 @@ fn codebook_iq_types_refuse_to_quantize_and_iq4_types_do() {
     }
     // A row quantized by our IQ4 quantizers dequantizes to values from the IQ4 grid.
     let mut rng = Rng(3);
-    let x: Vec<f32> = (0..512).map(|_| rng.normal()).collect();
+    let x: Vec<f32> = (0..512).map(|_| rng.normal_f32()).collect();
     for t in [TensorType::IQ4_NL, TensorType::IQ4_XS] {
         let q = quantize_rows(t, &x, 512);
         let y = ours(t, &q);

@@ -9,18 +9,11 @@ use edge_llm::kernels::{
 };
 use edge_llm::tensor_type::TensorType;
 
-/// splitmix64.
-struct Rng(u64);
+#[path = "support/splitmix.rs"]
+mod splitmix;
+use splitmix::Rng;
 
 impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
     /// Uniform in [-1, 1), one value in 32 scaled by 8: blocks with large and small scales, and
     /// block sums with more bits than an f16 scale times them keeps, so the order of the float
     /// operations shows in the result.

@@ -20,6 +20,19 @@ fn open_files(pid: u32) -> usize {
         .count()
 }
 
+/// The server's open files once the connection of the last `/health` it answered is gone:
+/// the fewest of a few readings 20 ms apart (the client sees a reply end a moment before the
+/// server closes that socket).
+fn settled_open_files(pid: u32) -> usize {
+    (0..5)
+        .map(|_| {
+            std::thread::sleep(Duration::from_millis(20));
+            open_files(pid)
+        })
+        .min()
+        .unwrap()
+}
+
 /// `/health` on a fresh connection: its status and how long it took.
 fn health(addr: &str) -> (u16, Duration) {
     let started = Instant::now();
@@ -60,16 +73,16 @@ fn closed_within(s: &mut TcpStream, limit: Duration) -> Option<(Duration, Vec<u8
 
 #[test]
 fn slowloris_half_open_connections_leave_health_answering_and_files_under_the_cap() {
-    let cap = 256;
+    let (cap, header_timeout) = (256, Duration::from_secs(4));
     let server = Server::start(&[
         "--max-connections",
         &cap.to_string(),
         "--header-timeout",
-        "4",
+        &header_timeout.as_secs().to_string(),
     ])
     .expect("the default model (scripts/fetch-model.sh)");
     let pid = server.pid();
-    let base_files = open_files(pid);
+    let base_files = settled_open_files(pid);
     // 2 x 2,000 connections that send half a request line and nothing more.
     let mut held = Vec::new();
     for wave in 0..2 {
@@ -89,13 +102,22 @@ fn slowloris_half_open_connections_leave_health_answering_and_files_under_the_ca
             "wave {wave}: /health while {} are held",
             held.len()
         );
+        // Answered (not refused: the server made room by closing an idle connection), and
+        // before any held connection's header timeout could have freed a place. Not a tighter
+        // bound: the accept loop first works through the flood's backlog, which takes more
+        // than a second on a machine loaded beyond its cores.
+        eprintln!("wave {wave}: /health answered in {took:?}");
         assert!(
-            took < Duration::from_secs(1),
-            "wave {wave}: /health took {took:?}"
+            took < header_timeout,
+            "wave {wave}: /health took {took:?}, not under the header timeout"
         );
+        // Read at once, not settled: the `/health` connection may still be open, and it is
+        // one of the `cap` connections (it took the place of an evicted one), so the cap
+        // bounds it too. (A count taken while the startup `/health` was still open makes
+        // `base_files` one higher: lenient by one, never flaky.)
         let files = open_files(pid);
         assert!(
-            files < base_files + cap,
+            files <= base_files + cap,
             "{files} open files with {} held (base {base_files}, cap {cap})",
             held.len()
         );

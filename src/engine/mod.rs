@@ -17,6 +17,7 @@ pub mod batch_builder;
 pub mod block_manager;
 pub mod disk_cache;
 pub mod kv_events;
+mod least_squares;
 mod masks;
 pub mod metrics;
 pub mod scheduler;

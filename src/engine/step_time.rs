@@ -9,10 +9,17 @@
 //!
 //! Owned by the scheduler (`Scheduler::step_time`); the worker records each step's shape and
 //! wall time after it runs. Numbers only; tested without a model.
+//!
+//! Not speculation's `spec::cost::StepCost`, on purpose, though both fit the same decayed sums
+//! (`least_squares`): here every step counts, prompt rows beside decoding rows, so a row's
+//! cost depends on whether it computes logits and on the keys it attends to, and the fit
+//! follows the machine quickly (about 100 steps); `StepCost` fits decoding steps alone on one
+//! feature, per model, for the break-even of proposed tokens.
 
+use crate::engine::least_squares::DecayedSums;
 use crate::model::Batch;
 
-/// Weight of a step one step older (about the last 200 steps count).
+/// Weight of a step one step older (about the last 100 steps count).
 const DECAY: f64 = 0.99;
 
 /// Prompt tokens a step may always run, however slow the steps are, so long prompts progress.
@@ -69,13 +76,9 @@ impl StepShape {
 }
 
 /// Decayed least-squares sums of step times against step shapes, and the cap's target.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct StepTime {
-    /// Sum of w * x x^T, w * x y, w * y y, and the weight.
-    xx: [[f64; N]; N],
-    xy: [f64; N],
-    yy: f64,
-    w: f64,
+    sums: DecayedSums<N>,
     /// Decayed weight of steps that had prompt rows (until some are seen their cost is unknown).
     w_prompt: f64,
     /// The step-time target while sessions decode; None: no cap.
@@ -85,8 +88,9 @@ pub struct StepTime {
 impl StepTime {
     pub fn new(max_step_ms: Option<u64>) -> Self {
         StepTime {
+            sums: DecayedSums::new(DECAY),
+            w_prompt: 0.0,
             max_step: max_step_ms.map(|ms| ms as f64 / 1000.0),
-            ..Default::default()
         }
     }
 
@@ -95,15 +99,7 @@ impl StepTime {
         if shape.logit_rows + shape.prompt_rows == 0 || !secs.is_finite() {
             return;
         }
-        let x = shape.features();
-        for i in 0..N {
-            for j in 0..N {
-                self.xx[i][j] = self.xx[i][j] * DECAY + x[i] * x[j];
-            }
-            self.xy[i] = self.xy[i] * DECAY + x[i] * secs;
-        }
-        self.yy = self.yy * DECAY + secs * secs;
-        self.w = self.w * DECAY + 1.0;
+        self.sums.record(shape.features(), secs);
         self.w_prompt = self.w_prompt * DECAY + f64::from(u8::from(shape.prompt_rows > 0));
     }
 
@@ -112,13 +108,14 @@ impl StepTime {
     /// solved and the best fit whose costs are all non-negative wins (four features: sixteen
     /// tiny solves).
     pub fn fit(&self) -> Option<[f64; N]> {
-        if self.w < 1.0 {
+        let s = &self.sums;
+        if s.weight() < 1.0 {
             return None;
         }
         let mut best: Option<([f64; N], f64)> = None;
         for mask in 1u32..(1 << N) {
             let idx: Vec<usize> = (0..N).filter(|&i| mask & (1 << i) != 0).collect();
-            let Some(sol) = solve_subset(&self.xx, &self.xy, &idx) else {
+            let Some(sol) = solve_subset(&s.xx, &s.xy, &idx) else {
                 continue;
             };
             if sol.iter().any(|&c| c < 0.0) {
@@ -130,7 +127,7 @@ impl StepTime {
             }
             let sse = self.sse(&coef);
             // Ties (within rounding) go to the smaller subset, found first.
-            if best.is_none_or(|(_, b)| sse < b - 1e-12 * self.yy.max(1e-12)) {
+            if best.is_none_or(|(_, b)| sse < b - 1e-12 * s.yy.max(1e-12)) {
                 best = Some((coef, sse));
             }
         }
@@ -139,11 +136,12 @@ impl StepTime {
 
     /// Residual sum of squares of `coef`: yy - 2 c.xy + c^T xx c.
     fn sse(&self, coef: &[f64; N]) -> f64 {
-        let mut s = self.yy;
+        let sums = &self.sums;
+        let mut s = sums.yy;
         for i in 0..N {
-            s -= 2.0 * coef[i] * self.xy[i];
+            s -= 2.0 * coef[i] * sums.xy[i];
             for j in 0..N {
-                s += coef[i] * self.xx[i][j] * coef[j];
+                s += coef[i] * sums.xx[i][j] * coef[j];
             }
         }
         s

@@ -5,7 +5,9 @@
 //! about 150, each some microseconds to some tens of microseconds). A general pool's fork/join
 //! costs a hand-off each (a futex wake, a steal); here the workers spin for a short while
 //! ([`SPIN`]) after each job, so the next one reaches them through one cache line, and only
-//! then sleep on a condition variable (an idle server burns no CPU). The caller takes part.
+//! then sleep on a condition variable (an idle server burns no CPU). On a machine with more
+//! runnable threads than cores they notice (a yield that gives the core away) and sleep at once
+//! instead (see [`wait_for_epoch`]). The caller takes part.
 //! Tasks are split into one contiguous range per thread (a matrix product's threads each
 //! stream their own run of rows, which the prefetchers follow); a thread that is done takes
 //! tasks from the back of the others' ranges, so one that the operating system delays simply
@@ -20,7 +22,7 @@
 use std::any::Any;
 use std::cell::{Cell, UnsafeCell};
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
 
@@ -65,6 +67,11 @@ struct Shared {
     sleepers: AtomicUsize,
     sleep_lock: Mutex<()>,
     wake: Condvar,
+    /// Set while the caller sleeps on `done` for the workers still inside its job (on a
+    /// machine with more runnable threads than cores); the last worker out wakes it.
+    caller_sleeps: AtomicBool,
+    done_lock: Mutex<()>,
+    done: Condvar,
 }
 
 // SAFETY: `job` is written only by the one caller holding `Pool::submit`, while no worker is
@@ -195,6 +202,9 @@ impl Pool {
             sleepers: AtomicUsize::new(0),
             sleep_lock: Mutex::new(()),
             wake: Condvar::new(),
+            caller_sleeps: AtomicBool::new(false),
+            done_lock: Mutex::new(()),
+            done: Condvar::new(),
         }));
         for i in 1..n_threads {
             std::thread::Builder::new()
@@ -240,8 +250,12 @@ impl Pool {
             spins += 1;
             if spins < 1 << 11 {
                 std::hint::spin_loop();
+            } else if !yield_gave_way() {
+                // (A quiet machine: the worker is running its last task.)
             } else {
-                std::thread::yield_now();
+                // The worker inside lost its core to another thread: sleep until it is out
+                // rather than take time slices it needs.
+                wait_for_workers(s);
             }
             state = s.state.load(Ordering::Acquire);
         }
@@ -302,7 +316,7 @@ fn run_tasks(s: &Shared, me: usize, task: *const (dyn Fn(usize) + Sync)) {
     }
 }
 
-/// A worker: waits for each new epoch (spinning for `SPIN`, then asleep), joins the job unless
+/// A worker: waits for each new epoch (spinning a while, then asleep), joins the job unless
 /// the caller has already closed it, runs tasks, leaves.
 fn worker(s: &'static Shared, me: usize) {
     IN_PLACE.with(|f| f.set(true));
@@ -317,8 +331,31 @@ fn worker(s: &'static Shared, me: usize) {
         // again until this worker has left (the count in `state`).
         let job = unsafe { *s.job.get() };
         run_tasks(s, me, job.task);
-        s.state.fetch_sub(1, Ordering::Release);
+        let before = s.state.fetch_sub(1, Ordering::SeqCst);
+        if before & ACTIVE_MASK == 1 && s.caller_sleeps.load(Ordering::SeqCst) {
+            let _guard = s.done_lock.lock().unwrap_or_else(|e| e.into_inner());
+            s.done.notify_one();
+        }
     }
+}
+
+/// Yields this thread's core; whether another thread took it meanwhile (the yield returned
+/// late: more threads want to run than there are cores).
+fn yield_gave_way() -> bool {
+    let before = Instant::now();
+    std::thread::yield_now();
+    before.elapsed() >= YIELD_GAVE_WAY
+}
+
+/// The caller's sleep until no worker is inside its (closed) job.
+fn wait_for_workers(s: &Shared) {
+    let mut guard = s.done_lock.lock().unwrap_or_else(|e| e.into_inner());
+    s.caller_sleeps.store(true, Ordering::SeqCst);
+    // The last worker out sees the flag (and notifies under the lock) or this sees its exit.
+    while s.state.load(Ordering::SeqCst) & ACTIVE_MASK != 0 {
+        guard = s.done.wait(guard).unwrap_or_else(|e| e.into_inner());
+    }
+    s.caller_sleeps.store(false, Ordering::SeqCst);
 }
 
 /// Counts this worker into the job of `state` (its epoch, not closed); false if it was closed
@@ -339,7 +376,25 @@ fn join(s: &Shared, mut state: u64) -> bool {
     }
 }
 
-/// The state once its epoch differs from `seen`: spins for `SPIN`, then sleeps on `wake`.
+/// How long a waiting worker spins before it starts offering its core to other threads
+/// (`sched_yield`): longer than most gaps between a decode step's jobs.
+const YIELD_AFTER: Duration = Duration::from_micros(20);
+
+/// A yield that returns later than this gave the core to another thread: more threads want to
+/// run than there are cores.
+const YIELD_GAVE_WAY: Duration = Duration::from_micros(20);
+
+/// The state once its epoch differs from `seen`: spins for the spin window, then sleeps on
+/// `wake`.
+///
+/// Past [`YIELD_AFTER`] the worker yields every 64 spins. On a quiet
+/// machine a yield returns at once (a system call, well under the gap between jobs), so the
+/// worker still sees the next job within a microsecond or so. On a machine loaded beyond its
+/// cores (other programs, other engines) the yield hands the core to a thread that wants it,
+/// and when it returns late ([`YIELD_GAVE_WAY`]) the worker stops spinning and sleeps: a worker
+/// spinning there only takes time slices from the step's thread, which would then run the job's
+/// tasks alone anyway (a late worker finds them taken), and a sleeping one is woken by the
+/// next job in a few microseconds.
 fn wait_for_epoch(s: &Shared, seen: u64) -> u64 {
     let (start, window) = (Instant::now(), spin_window());
     let mut spins = 0u32;
@@ -350,8 +405,14 @@ fn wait_for_epoch(s: &Shared, seen: u64) -> u64 {
         }
         std::hint::spin_loop();
         spins += 1;
-        if spins.is_multiple_of(64) && start.elapsed() >= window {
-            break;
+        if spins.is_multiple_of(64) {
+            let waited = start.elapsed();
+            if waited >= window {
+                break;
+            }
+            if waited >= YIELD_AFTER && yield_gave_way() {
+                break;
+            }
         }
     }
     let mut guard = s.sleep_lock.lock().unwrap_or_else(|e| e.into_inner());
@@ -445,6 +506,50 @@ mod tests {
             assert!(!pool.submit.is_poisoned());
             assert!(run_counts(&pool, 50).iter().all(|&c| c == 1));
         }
+    }
+
+    #[test]
+    fn idle_workers_sleep_after_the_spin_window() {
+        let pool = Pool::new(3);
+        assert!(run_counts(&pool, 64).iter().all(|&c| c == 1));
+        // An idle pool burns no CPU: every worker ends up on the condition variable.
+        let started = Instant::now();
+        while pool.shared.sleepers.load(Ordering::SeqCst) < 2 {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "workers still spinning"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn jobs_stay_right_with_more_runnable_threads_than_cores() {
+        // Busy threads beyond the cores: yields give way, workers and the caller sleep.
+        let stop = AtomicBool::new(false);
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        std::thread::scope(|scope| {
+            for _ in 0..2 * cores {
+                scope.spawn(|| {
+                    while !stop.load(Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                });
+            }
+            let pool = Pool::new(3);
+            for round in 0..200 {
+                let counts: Vec<AtomicU32> = (0..16).map(|_| AtomicU32::new(0)).collect();
+                pool.for_each_task(16, &|i| {
+                    if round % 20 == 0 && i % 5 == 0 {
+                        // A task long enough for its thread to lose the core.
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    counts[i].fetch_add(1, Ordering::Relaxed);
+                });
+                assert!(counts.iter().all(|c| c.load(Ordering::Relaxed) == 1));
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
     }
 
     #[test]

@@ -116,6 +116,37 @@ pub fn request(prompt: &[u32], max_tokens: usize, sampling: SamplingParams) -> R
     r
 }
 
+/// Submits `num_sessions` greedy requests at once, prompt `i % prompts.len()` each (a prompt
+/// and its `max_tokens`), and checks that each generates what it generated alone
+/// (`expected[i]`); `what` names the feature that must not change the output.
+pub fn assert_greedy_among_sessions(
+    e: &EngineHandle,
+    prompts: &[(Vec<u32>, usize)],
+    expected: &[Vec<u32>],
+    num_sessions: usize,
+    what: &str,
+) {
+    let order: Vec<usize> = (0..num_sessions).map(|i| i % prompts.len()).collect();
+    let mut streams: Vec<_> = order
+        .iter()
+        .map(|&i| {
+            e.submit(request(
+                &prompts[i].0,
+                prompts[i].1,
+                SamplingParams::greedy(),
+            ))
+            .unwrap()
+        })
+        .collect();
+    for (s, &i) in streams.iter_mut().zip(&order) {
+        assert_eq!(
+            collect(s).0,
+            expected[i],
+            "prompt {i} among {num_sessions} sessions: {what} changed the greedy output"
+        );
+    }
+}
+
 /// The engine's metrics once nothing runs or waits and every request has ended (at most 10 s).
 pub fn wait_idle(e: &EngineHandle) -> Metrics {
     for _ in 0..500 {

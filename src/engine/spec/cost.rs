@@ -5,44 +5,61 @@
 //! bound by the fixed part (few sessions) and stops paying when it is compute-bound (many).
 //! With a draft model, each proposed token also costs a draft step (the draft runner keeps a
 //! `StepCost` of its own): `break_even_with` adds it.
+//!
+//! Not the scheduler's `step_time::StepTime`, on purpose, though both fit the same decayed
+//! sums (`least_squares`): speculation asks what one more row of a decoding step costs, so it
+//! fits decoding steps only, of one model (the target's, its prompt steps', the draft's each
+//! apart), on one feature, slowly forgotten (about 200 steps), and refuses to extrapolate
+//! while the steps are too alike in size. `StepTime` fits every step of the target, mixed
+//! prompt and decoding rows, on four features (rows with and without logits, keys attended)
+//! with non-negative costs, to say how many prompt tokens fit beside the decoding rows.
+
+use crate::engine::least_squares::DecayedSums;
 
 /// Weight of a step one step older (about the last 200 steps count).
 const DECAY: f64 = 0.995;
 
-/// Decayed least-squares sums over (tokens, seconds) of recent steps.
-#[derive(Clone, Debug, Default)]
+/// Decayed least-squares sums over (1, tokens) and seconds of recent steps.
+#[derive(Clone, Debug)]
 pub struct StepCost {
-    w: f64,
-    t: f64,
-    y: f64,
-    tt: f64,
-    ty: f64,
+    sums: DecayedSums<2>,
+}
+
+impl Default for StepCost {
+    fn default() -> Self {
+        StepCost {
+            sums: DecayedSums::new(DECAY),
+        }
+    }
 }
 
 impl StepCost {
     pub fn record(&mut self, num_tokens: usize, secs: f64) {
-        let t = num_tokens as f64;
-        self.w = self.w * DECAY + 1.0;
-        self.t = self.t * DECAY + t;
-        self.y = self.y * DECAY + secs;
-        self.tt = self.tt * DECAY + t * t;
-        self.ty = self.ty * DECAY + t * secs;
+        self.sums.record([1.0, num_tokens as f64], secs);
+    }
+
+    /// The decayed sums of steps, tokens and seconds.
+    fn w_t_y(&self) -> (f64, f64, f64) {
+        let s = &self.sums;
+        (s.weight(), s.xx[0][1], s.xy[0])
     }
 
     /// (fixed seconds per step, seconds per token), or None while recent steps are too alike
     /// in size to tell them apart.
     pub fn fit(&self) -> Option<(f64, f64)> {
-        if self.w < 2.0 {
+        let (w, t, y) = self.w_t_y();
+        let (tt, ty) = (self.sums.xx[1][1], self.sums.xy[1]);
+        if w < 2.0 {
             return None;
         }
-        let mean_t = self.t / self.w;
-        let var_t = self.tt / self.w - mean_t * mean_t;
+        let mean_t = t / w;
+        let var_t = tt / w - mean_t * mean_t;
         if var_t < 0.25 {
             return None;
         }
-        let cov = self.ty / self.w - mean_t * self.y / self.w;
+        let cov = ty / w - mean_t * y / w;
         let per_token = (cov / var_t).max(0.0);
-        let fixed = (self.y / self.w - per_token * mean_t).max(0.0);
+        let fixed = (y / w - per_token * mean_t).max(0.0);
         Some((fixed, per_token))
     }
 
@@ -70,7 +87,8 @@ impl StepCost {
         if let Some((_, per_token)) = self.fit() {
             return Some(per_token);
         }
-        (self.t > 0.0).then(|| self.y / self.t)
+        let (_, t, y) = self.w_t_y();
+        (t > 0.0).then(|| y / t)
     }
 
     /// The predicted seconds of a step of `num_tokens` tokens: the fit, or the mean of recent
@@ -79,7 +97,8 @@ impl StepCost {
         if let Some((fixed, per_token)) = self.fit() {
             return Some(fixed + per_token * num_tokens as f64);
         }
-        (self.w > 0.0).then(|| self.y / self.w)
+        let (w, _, y) = self.w_t_y();
+        (w > 0.0).then(|| y / w)
     }
 }
 
