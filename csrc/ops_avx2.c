@@ -336,36 +336,43 @@ EL_AI void values1(const int64_t HD, const int nv, float *a, const float *w, con
     for (int j = 0; j < nv; j++) _mm256_store_ps(a + 8 * j, x[j]);
 }
 
-/* values1 for two queries over keys [0, n) of both: each value vector loaded feeds both. */
-EL_AI void values2(const int64_t HD, const int nv, float *a0, float *a1, const float *w0, const float *w1,
-                   const float *f0, const float *f1, const unsigned resc, const float *v, const int64_t n) {
-    __m256 x[4], y[4];
+/* values1 for three queries over keys [0, n) of all three: each value vector loaded feeds the
+ * three queries' FMAs, and the twelve accumulators (more chains than the FMA's latency times its
+ * throughput: eight would just cover it) stay in registers over the span. */
+EL_AI void values3(const int64_t HD, const int nv, float *a0, float *a1, float *a2, const float *w0, const float *w1,
+                   const float *w2, const float *f0, const float *f1, const float *f2, const unsigned resc,
+                   const float *v, const int64_t n) {
+    __m256 x[4], y[4], z[4];
     for (int j = 0; j < nv; j++) {
         x[j] = _mm256_load_ps(a0 + 8 * j);
         y[j] = _mm256_load_ps(a1 + 8 * j);
+        z[j] = _mm256_load_ps(a2 + 8 * j);
     }
     for (int64_t c = 0; c * CHUNK < n; c++) {
         if (resc >> c & 1) {
-            const __m256 fx = _mm256_set1_ps(f0[c]), fy = _mm256_set1_ps(f1[c]);
+            const __m256 fx = _mm256_set1_ps(f0[c]), fy = _mm256_set1_ps(f1[c]), fz = _mm256_set1_ps(f2[c]);
             for (int j = 0; j < nv; j++) {
                 x[j] = _mm256_mul_ps(x[j], fx);
                 y[j] = _mm256_mul_ps(y[j], fy);
+                z[j] = _mm256_mul_ps(z[j], fz);
             }
         }
         const int64_t k1 = n < (c + 1) * CHUNK ? n : (c + 1) * CHUNK;
         for (int64_t k = c * CHUNK; k < k1; k++) {
-            const __m256 bx = _mm256_set1_ps(w0[k]), by = _mm256_set1_ps(w1[k]);
+            const __m256 bx = _mm256_set1_ps(w0[k]), by = _mm256_set1_ps(w1[k]), bz = _mm256_set1_ps(w2[k]);
             for (int j = 0; j < nv; j++) {
                 __m256 vv = _mm256_load_ps(v + k * HD + 8 * j);
-                __asm__("" : "+x"(vv)); /* in a register for both FMAs, not loaded again by each */
+                __asm__("" : "+x"(vv)); /* in a register for the three FMAs, not loaded again by each */
                 x[j] = _mm256_fmadd_ps(bx, vv, x[j]);
                 y[j] = _mm256_fmadd_ps(by, vv, y[j]);
+                z[j] = _mm256_fmadd_ps(bz, vv, z[j]);
             }
         }
     }
     for (int j = 0; j < nv; j++) {
         _mm256_store_ps(a0 + 8 * j, x[j]);
         _mm256_store_ps(a1 + 8 * j, y[j]);
+        _mm256_store_ps(a2 + 8 * j, z[j]);
     }
 }
 
@@ -379,7 +386,7 @@ EL_AI void values2(const int64_t HD, const int nv, float *a0, float *a1, const f
  * once for all the queries, then three passes over the queries and the span's chunks: every score
  * (no chunk's scores depend on another's); then each query's softmax steps
  * in order (the running max chunk after chunk, the rescale factors of the chunks where it rose,
- * all in one vector exp, the weights); then the values, two queries at a time, a quarter of the
+ * all in one vector exp, the weights); then the values, three queries at a time, a quarter of the
  * head (four vectors each) held in registers over the whole span, each chunk's rescale of the
  * output applied just before its values, as the reference does. One query's chunk is a chain of
  * dependent steps; the passes give the core many independent ones at a time. HD: head_dim, a
@@ -460,17 +467,23 @@ EL_AI void attend_keys(const int64_t HD, const attn_query *qs, const int nq, att
             }
             lanes[i] = l;
         }
-        for (int i = 0; i < nq; i += 2) {
-            const int64_t n0 = SPAN_KEYS(i), n1 = SPAN_KEYS(i + 1), both = n0 < n1 ? n0 : n1;
-            float *a0 = st->acc + (st0 + i) * HD, *a1 = a0 + HD;
-            const float *w0 = (const float *)sc[i], *w1 = (const float *)sc[i + 1 < nq ? i + 1 : i];
-            const float *f1 = fac[i + 1 < nq ? i + 1 : i];
-            const unsigned r1 = i + 1 < nq ? resc[i + 1] : 0;
+        for (int i = 0; i < nq; i += 3) {
+            const int64_t n0 = SPAN_KEYS(i), n1 = SPAN_KEYS(i + 1), n2 = SPAN_KEYS(i + 2);
+            const int64_t all = n0 < n1 ? (n0 < n2 ? n0 : n2) : (n1 < n2 ? n1 : n2);
+            float *a0 = st->acc + (st0 + i) * HD, *a1 = a0 + HD, *a2 = a1 + HD;
+            const int i1 = i + 1 < nq ? i + 1 : i, i2 = i + 2 < nq ? i + 2 : i;
+            const float *w0 = (const float *)sc[i], *w1 = (const float *)sc[i1], *w2 = (const float *)sc[i2];
+            const unsigned r1 = i + 1 < nq ? resc[i + 1] : 0, r2 = i + 2 < nq ? resc[i + 2] : 0;
             for (int64_t d = 0; d < HD; d += 32) {
                 const int nv = HD - d >= 32 ? 4 : (int)(HD - d) / 8;
-                if (both > 0) values2(HD, nv, a0 + d, a1 + d, w0, w1, fac[i], f1, resc[i] | r1, vf + d, both);
-                if (n0 > both) values1(HD, nv, a0 + d, w0, fac[i], resc[i], vf + d, both, n0);
-                if (n1 > both) values1(HD, nv, a1 + d, w1, f1, r1, vf + d, both, n1);
+                if (all > 0) {
+                    values3(HD, nv, a0 + d, a1 + d, a2 + d, w0, w1, w2, fac[i], fac[i1], fac[i2], resc[i] | r1 | r2,
+                            vf + d, all);
+                }
+                const int64_t k0 = all > 0 ? all : 0;
+                if (n0 > k0) values1(HD, nv, a0 + d, w0, fac[i], resc[i], vf + d, k0, n0);
+                if (n1 > k0) values1(HD, nv, a1 + d, w1, fac[i1], r1, vf + d, k0, n1);
+                if (n2 > k0) values1(HD, nv, a2 + d, w2, fac[i2], r2, vf + d, k0, n2);
             }
         }
 #undef SPAN_KEYS
