@@ -294,7 +294,87 @@ EL_AI void attn_finish(const int64_t HD, const attn_state *st, const attn_query 
 
 /* Keys converted and scored per pass: 2048 floats of keys (and as many of values) per span. */
 #define ATTN_SPAN_FLOATS (2048 > CHUNK * EL_MAX_HEAD_DIM ? 2048 : CHUNK * EL_MAX_HEAD_DIM)
-#define ATTN_MAX_CHUNKS 8 /* at most 64 keys per span: the per-chunk state stays small */
+#define ATTN_MAX_CHUNKS 8 /* at most 64 keys per span: the per-chunk state stays small (a byte of flags) */
+
+/* One query's scores of a chunk of eight keys (kc: CHUNK keys of HD floats): lane k is q.k's
+ * eight partial sums (lane d % 8 of the vectors, FMA in order of d) added by el_tree8, times
+ * scale. */
+EL_AI __m256 score_chunk(const int64_t HD, const float *q, const float *kc, const __m256 vscale) {
+    __m256 part[CHUNK];
+    for (int k = 0; k < CHUNK; k++) part[k] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < HD; d += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + d);
+        for (int k = 0; k < CHUNK; k++) part[k] = _mm256_fmadd_ps(qv, _mm256_load_ps(kc + k * HD + d), part[k]);
+    }
+    return _mm256_mul_ps(tree8_lanes(part), vscale);
+}
+
+/* The scores of a chunk that holds only n < CHUNK of the query's keys: -inf past them. */
+EL_AI __m256 mask_keys(const __m256 s, const int64_t n) {
+    if (n >= CHUNK) return s;
+    const __m256 on =
+        _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+    return _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), s, on);
+}
+
+/* Keys [k0, k1) of a span (weights w, values v: HD floats a key) added to nv vectors of one
+ * query's output (a: at the same place in the head as v), key after key by FMA; at each chunk's
+ * first key, if bit c of `resc` is set, the output times f[c] first (the reference's rescale; 1.0
+ * where that query's max did not rise, which leaves it unchanged). */
+EL_AI void values1(const int64_t HD, const int nv, float *a, const float *w, const float *f, const unsigned resc,
+                   const float *v, const int64_t k0, const int64_t k1) {
+    __m256 x[4];
+    for (int j = 0; j < nv; j++) x[j] = _mm256_load_ps(a + 8 * j);
+    for (int64_t k = k0; k < k1; k++) {
+        if (k % CHUNK == 0 && (resc >> (k / CHUNK) & 1)) {
+            const __m256 fx = _mm256_set1_ps(f[k / CHUNK]);
+            for (int j = 0; j < nv; j++) x[j] = _mm256_mul_ps(x[j], fx);
+        }
+        const __m256 bx = _mm256_set1_ps(w[k]);
+        for (int j = 0; j < nv; j++) x[j] = _mm256_fmadd_ps(bx, _mm256_load_ps(v + k * HD + 8 * j), x[j]);
+    }
+    for (int j = 0; j < nv; j++) _mm256_store_ps(a + 8 * j, x[j]);
+}
+
+/* values1 for three queries over keys [0, n) of all three: each value vector loaded feeds the
+ * three queries' FMAs, and the twelve accumulators (more chains than the FMA's latency times its
+ * throughput: eight would just cover it) stay in registers over the span. */
+EL_AI void values3(const int64_t HD, const int nv, float *a0, float *a1, float *a2, const float *w0, const float *w1,
+                   const float *w2, const float *f0, const float *f1, const float *f2, const unsigned resc,
+                   const float *v, const int64_t n) {
+    __m256 x[4], y[4], z[4];
+    for (int j = 0; j < nv; j++) {
+        x[j] = _mm256_load_ps(a0 + 8 * j);
+        y[j] = _mm256_load_ps(a1 + 8 * j);
+        z[j] = _mm256_load_ps(a2 + 8 * j);
+    }
+    for (int64_t c = 0; c * CHUNK < n; c++) {
+        if (resc >> c & 1) {
+            const __m256 fx = _mm256_set1_ps(f0[c]), fy = _mm256_set1_ps(f1[c]), fz = _mm256_set1_ps(f2[c]);
+            for (int j = 0; j < nv; j++) {
+                x[j] = _mm256_mul_ps(x[j], fx);
+                y[j] = _mm256_mul_ps(y[j], fy);
+                z[j] = _mm256_mul_ps(z[j], fz);
+            }
+        }
+        const int64_t k1 = n < (c + 1) * CHUNK ? n : (c + 1) * CHUNK;
+        for (int64_t k = c * CHUNK; k < k1; k++) {
+            const __m256 bx = _mm256_set1_ps(w0[k]), by = _mm256_set1_ps(w1[k]), bz = _mm256_set1_ps(w2[k]);
+            for (int j = 0; j < nv; j++) {
+                __m256 vv = _mm256_load_ps(v + k * HD + 8 * j);
+                __asm__("" : "+x"(vv)); /* in a register for the three FMAs, not loaded again by each */
+                x[j] = _mm256_fmadd_ps(bx, vv, x[j]);
+                y[j] = _mm256_fmadd_ps(by, vv, y[j]);
+                z[j] = _mm256_fmadd_ps(bz, vv, z[j]);
+            }
+        }
+    }
+    for (int j = 0; j < nv; j++) {
+        _mm256_store_ps(a0 + 8 * j, x[j]);
+        _mm256_store_ps(a1 + 8 * j, y[j]);
+        _mm256_store_ps(a2 + 8 * j, z[j]);
+    }
+}
 
 /* Keys [begin, min(end, len_i)) of up to ATTN_MAX_Q queries of one KV head that read them
  * through `table`, with state slots st0 .. st0 + nq - 1; begin lies on a chunk boundary of every
@@ -304,10 +384,12 @@ EL_AI void attn_finish(const int64_t HD, const attn_state *st, const attn_query 
  * chunk's max, one vector exp, the values added key after key by FMA.
  * The keys go a span of chunks at a time (2048 / HD keys, at least one chunk), converted from f16
  * once for all the queries, then three passes over the queries and the span's chunks: every score
- * (no chunk's scores depend on another's), then each query's softmax steps in order (the running
- * max, the rescale factor where it rose, the weights), then the values, each chunk's rescale of
- * the output applied just before its values, as the reference does. One query's chunk is a chain
- * of dependent steps; the passes give the core many independent ones at a time. HD: head_dim, a
+ * (no chunk's scores depend on another's); then each query's softmax steps
+ * in order (the running max chunk after chunk, the rescale factors of the chunks where it rose,
+ * all in one vector exp, the weights); then the values, three queries at a time, a quarter of the
+ * head (four vectors each) held in registers over the whole span, each chunk's rescale of the
+ * output applied just before its values, as the reference does. One query's chunk is a chain of
+ * dependent steps; the passes give the core many independent ones at a time. HD: head_dim, a
  * multiple of 8 (a constant for the common sizes). */
 EL_AI void attend_keys(const int64_t HD, const attn_query *qs, const int nq, attn_state *st, const int st0,
                        const uint16_t *k_cache, const uint16_t *v_cache, const int32_t *table, const int64_t block_size,
@@ -315,9 +397,9 @@ EL_AI void attend_keys(const int64_t HD, const attn_query *qs, const int nq, att
                        const float scale) {
     float kf[ATTN_SPAN_FLOATS] __attribute__((aligned(32)));
     float vf[ATTN_SPAN_FLOATS] __attribute__((aligned(32)));
-    __m256 sc[ATTN_MAX_Q][ATTN_MAX_CHUNKS];    /* scores, then weights */
-    __m256 resc[ATTN_MAX_Q][ATTN_MAX_CHUNKS];  /* the output's rescale before each chunk */
-    uint8_t rescale[ATTN_MAX_Q][ATTN_MAX_CHUNKS];
+    __m256 sc[ATTN_MAX_Q][ATTN_MAX_CHUNKS];                       /* scores, then weights */
+    float fac[ATTN_MAX_Q][ATTN_MAX_CHUNKS] __attribute__((aligned(32))); /* the output's rescale before each chunk */
+    unsigned resc[ATTN_MAX_Q];                                      /* bit c: chunk c rescales */
     float *const m = st->m + st0;
     __m256 *const lanes = st->lanes + st0;
     const int64_t span_chunks = ATTN_SPAN_FLOATS / (CHUNK * HD) < ATTN_MAX_CHUNKS ? ATTN_SPAN_FLOATS / (CHUNK * HD)
@@ -328,6 +410,7 @@ EL_AI void attend_keys(const int64_t HD, const attn_query *qs, const int nq, att
     }
     if (max_len > end) max_len = end;
     const __m256 vscale = _mm256_set1_ps(scale);
+    const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
     int64_t blk = begin / block_size, off = begin % block_size; /* of key j0, walked without division */
     for (int64_t j0 = begin; j0 < max_len; j0 += span_chunks * CHUNK) {
         const int64_t n_all = max_len - j0 < span_chunks * CHUNK ? max_len - j0 : span_chunks * CHUNK;
@@ -345,68 +428,62 @@ EL_AI void attend_keys(const int64_t HD, const attn_query *qs, const int nq, att
         for (int64_t k = n_all; k % CHUNK != 0; k++) { /* scored, then masked out */
             for (int64_t d = 0; d < HD; d += 8) _mm256_store_ps(kf + k * HD + d, _mm256_load_ps(kf + d));
         }
-        /* Keys of query i in this span: [j0, j0 + n_i); its chunks: ceil(n_i / CHUNK). */
-#define SPAN_KEYS(i) (qs[i].len - j0 < n_all ? qs[i].len - j0 : n_all)
+        /* Keys of query i in this span: [j0, j0 + n_i), none where n_i <= 0. */
+#define SPAN_KEYS(i) ((i) >= nq || qs[i].len <= j0 ? 0 : qs[i].len - j0 < n_all ? qs[i].len - j0 : n_all)
         for (int i = 0; i < nq; i++) {
             const int64_t n_i = SPAN_KEYS(i);
             for (int64_t c = 0; c * CHUNK < n_i; c++) {
-                const float *kc = kf + c * CHUNK * HD;
-                __m256 part[CHUNK];
-                for (int k = 0; k < CHUNK; k++) part[k] = _mm256_setzero_ps();
-                for (int64_t d = 0; d < HD; d += 8) {
-                    const __m256 qv = _mm256_loadu_ps(qs[i].q + d);
-                    for (int k = 0; k < CHUNK; k++) part[k] = _mm256_fmadd_ps(qv, _mm256_load_ps(kc + k * HD + d), part[k]);
-                }
-                __m256 s = _mm256_mul_ps(tree8_lanes(part), vscale);
-                const int64_t n = n_i - c * CHUNK;
-                if (n < CHUNK) {
-                    const __m256 on = _mm256_castsi256_ps(
-                        _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
-                    s = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), s, on);
-                }
-                sc[i][c] = s;
+                sc[i][c] = mask_keys(score_chunk(HD, qs[i].q, kf + c * CHUNK * HD, vscale), n_i - c * CHUNK);
             }
         }
         for (int i = 0; i < nq; i++) {
             const int64_t n_i = SPAN_KEYS(i);
+            float before[CHUNK] __attribute__((aligned(32))) = {0}, after[CHUNK] __attribute__((aligned(32))) = {0};
+            unsigned rose = 0;
+            float mi = m[i];
             for (int64_t c = 0; c * CHUNK < n_i; c++) {
                 const float m_c = hmax8(sc[i][c]);
-                rescale[i][c] = m_c > m[i];
-                if (m_c > m[i]) {
-                    resc[i][c] = _mm256_permute_ps(exp_nonpos8(_mm256_set1_ps(m[i] - m_c)), 0); /* lane 0 everywhere */
-                    lanes[i] = _mm256_mul_ps(lanes[i], resc[i][c]);
-                    m[i] = m_c;
+                before[c] = mi;
+                if (m_c > mi) {
+                    mi = m_c;
+                    rose |= 1u << c;
                 }
-                sc[i][c] = exp_nonpos8(_mm256_sub_ps(sc[i][c], _mm256_set1_ps(m[i]))); /* 0 in masked lanes */
-                lanes[i] = _mm256_add_ps(lanes[i], sc[i][c]);
+                after[c] = mi;
             }
-        }
-        for (int i = 0; i < nq; i++) {
-            const int64_t n_i = SPAN_KEYS(i);
-            float *a_i = st->acc + (st0 + i) * HD;
+            m[i] = mi;
+            __m256 f = _mm256_set1_ps(1.0f);
+            if (rose) { /* exp(m - m_c) in each chunk where the max rose, 1 elsewhere */
+                const __m256 on = _mm256_castsi256_ps(
+                    _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32((int)rose), bit), bit));
+                f = _mm256_blendv_ps(f, exp_nonpos8(_mm256_sub_ps(_mm256_load_ps(before), _mm256_load_ps(after))), on);
+            }
+            _mm256_store_ps(fac[i], f);
+            resc[i] = rose;
+            __m256 l = lanes[i];
             for (int64_t c = 0; c * CHUNK < n_i; c++) {
-                const float *vc = vf + c * CHUNK * HD;
-                const int64_t n = n_i - c * CHUNK;
-                float pk[CHUNK] __attribute__((aligned(32)));
-                _mm256_store_ps(pk, sc[i][c]);
-                if (rescale[i][c]) {
-                    for (int64_t d = 0; d < HD; d += 8) _mm256_store_ps(a_i + d, _mm256_mul_ps(_mm256_load_ps(a_i + d), resc[i][c]));
+                if (rose >> c & 1) l = _mm256_mul_ps(l, _mm256_set1_ps(fac[i][c]));
+                sc[i][c] = exp_nonpos8(_mm256_sub_ps(sc[i][c], _mm256_set1_ps(after[c]))); /* 0 in masked lanes */
+                l = _mm256_add_ps(l, sc[i][c]);
+            }
+            lanes[i] = l;
+        }
+        for (int i = 0; i < nq; i += 3) {
+            const int64_t n0 = SPAN_KEYS(i), n1 = SPAN_KEYS(i + 1), n2 = SPAN_KEYS(i + 2);
+            const int64_t all = n0 < n1 ? (n0 < n2 ? n0 : n2) : (n1 < n2 ? n1 : n2);
+            float *a0 = st->acc + (st0 + i) * HD, *a1 = a0 + HD, *a2 = a1 + HD;
+            const int i1 = i + 1 < nq ? i + 1 : i, i2 = i + 2 < nq ? i + 2 : i;
+            const float *w0 = (const float *)sc[i], *w1 = (const float *)sc[i1], *w2 = (const float *)sc[i2];
+            const unsigned r1 = i + 1 < nq ? resc[i + 1] : 0, r2 = i + 2 < nq ? resc[i + 2] : 0;
+            for (int64_t d = 0; d < HD; d += 32) {
+                const int nv = HD - d >= 32 ? 4 : (int)(HD - d) / 8;
+                if (all > 0) {
+                    values3(HD, nv, a0 + d, a1 + d, a2 + d, w0, w1, w2, fac[i], fac[i1], fac[i2], resc[i] | r1 | r2,
+                            vf + d, all);
                 }
-                if (n >= CHUNK) { /* a whole chunk: the key loop unrolled */
-                    __m256 pb[CHUNK];
-                    for (int k = 0; k < CHUNK; k++) pb[k] = _mm256_set1_ps(pk[k]);
-                    for (int64_t d = 0; d < HD; d += 8) {
-                        __m256 a = _mm256_load_ps(a_i + d);
-                        for (int k = 0; k < CHUNK; k++) a = _mm256_fmadd_ps(pb[k], _mm256_load_ps(vc + k * HD + d), a);
-                        _mm256_store_ps(a_i + d, a);
-                    }
-                } else {
-                    for (int64_t d = 0; d < HD; d += 8) {
-                        __m256 a = _mm256_load_ps(a_i + d);
-                        for (int k = 0; k < n; k++) a = _mm256_fmadd_ps(_mm256_set1_ps(pk[k]), _mm256_load_ps(vc + k * HD + d), a);
-                        _mm256_store_ps(a_i + d, a);
-                    }
-                }
+                const int64_t k0 = all > 0 ? all : 0;
+                if (n0 > k0) values1(HD, nv, a0 + d, w0, fac[i], resc[i], vf + d, k0, n0);
+                if (n1 > k0) values1(HD, nv, a1 + d, w1, fac[i1], r1, vf + d, k0, n1);
+                if (n2 > k0) values1(HD, nv, a2 + d, w2, fac[i2], r2, vf + d, k0, n2);
             }
         }
 #undef SPAN_KEYS

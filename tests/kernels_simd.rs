@@ -811,6 +811,141 @@ fn shared_prefix_attention_is_bit_identical_to_the_reference_and_to_each_token_a
     }
 }
 
+/// `n_seqs` sequences prefilling `tokens` consecutive tokens each after `depth` keys already in
+/// the cache (token k of a sequence sees depth + k + 1 keys), over shuffled blocks.
+fn prefill_case(
+    rng: &mut Rng,
+    (n_heads, n_kv_heads, head_dim, block_size): (usize, usize, usize, usize),
+    n_seqs: usize,
+    depth: usize,
+    tokens: usize,
+) -> AttentionCase {
+    let max_blocks_per_seq = (depth + tokens).div_ceil(block_size);
+    let num_blocks = n_seqs * max_blocks_per_seq + 1;
+    let mut ids: Vec<i32> = (0..num_blocks as i32).collect();
+    for i in (1..ids.len()).rev() {
+        ids.swap(i, rng.below(i + 1));
+    }
+    let block_tables = ids[..n_seqs * max_blocks_per_seq].to_vec();
+    let (mut token_seq, mut context_lens) = (Vec::new(), Vec::new());
+    for s in 0..n_seqs {
+        for k in 0..tokens {
+            token_seq.push(s as i32);
+            context_lens.push((depth + k + 1) as i32);
+        }
+    }
+    let cache_len = num_blocks * block_size * n_kv_heads * head_dim;
+    let k_cache = (0..cache_len)
+        .map(|_| f16_bits(rng.normal() * 1.5))
+        .collect();
+    let v_cache = (0..cache_len).map(|_| f16_bits(rng.normal())).collect();
+    let q = test_data(rng, token_seq.len() * n_heads * head_dim);
+    AttentionCase {
+        shape: AttentionShape {
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            block_size,
+            num_blocks,
+        },
+        k_cache,
+        v_cache,
+        q,
+        block_tables,
+        max_blocks_per_seq,
+        token_seq,
+        context_lens,
+    }
+}
+
+#[test]
+fn prefill_attention_is_bit_identical_to_the_reference_and_to_each_token_alone() {
+    // A prompt's tokens share each pass over their keys (up to 64 queries of a GQA group: several
+    // tokens times the group's heads), scored one query at a time and their values added two
+    // queries at a time: odd and even numbers of queries, 1 to 70 tokens, keys ending mid-chunk
+    // and mid-span, after 0 to 150 keys of context, for the GQA shapes of the models (SmolLM2 9/3,
+    // Qwen2.5 0.5B 14/2, Qwen 1.5B 12/2 of 128, Gemma 3 4/1 of 256 with windows) and odd ones.
+    let _guard = lock_isa();
+    let mut rng = Rng(13);
+    let shapes = [
+        (9, 3, 64, 16),
+        (14, 2, 64, 16),
+        (12, 2, 128, 16),
+        (4, 1, 256, 16),
+        (6, 2, 64, 7),
+        (5, 5, 32, 16),
+    ];
+    for isa in simd_isas() {
+        for &shape in &shapes {
+            for (n_seqs, depth, tokens) in [
+                (1, 0, 1),
+                (1, 0, 70),
+                (2, 5, 21),
+                (1, 150, 22),
+                (2, 37, 3),
+                (1, 61, 64),
+            ] {
+                let c = prefill_case(&mut rng, shape, n_seqs, depth, tokens);
+                for window in [None, Some(37)] {
+                    let want = on(Isa::Scalar, || run_attention(&c, window));
+                    let got = on(isa, || run_attention(&c, window));
+                    let what = format!(
+                        "{isa} shape {shape:?}, {n_seqs} sequences x {tokens} tokens after {depth}, window {window:?}"
+                    );
+                    if let Some(d) = first_difference(&got, &want) {
+                        panic!(
+                            "{what}: element {} is {}, the reference's {}",
+                            d.0, d.1, d.2
+                        );
+                    }
+                    let per_token = shape.0 * shape.2;
+                    for t in [0, c.token_seq.len() / 2, c.token_seq.len() - 1] {
+                        let alone = on(isa, || run_token_alone(&c, t, window));
+                        assert!(
+                            bits(&alone) == bits(&got[t * per_token..][..per_token]),
+                            "{what}: token {t} alone differs from the batch"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn decode_attention_is_bit_identical_to_the_reference() {
+    // One token: with a pool of threads that does not divide the GQA groups (CI's 2 threads and
+    // SmolLM2's 3 groups), up to 1,024 keys, the kernel gets half the heads per task, a group's
+    // heads split between two tasks (each converts that group's keys); past 1,024 whole groups.
+    let _guard = lock_isa();
+    let mut rng = Rng(14);
+    let shapes = [
+        (9, 3, 64, 16),
+        (15, 5, 64, 16),
+        (14, 2, 64, 16),
+        (12, 2, 128, 16),
+        (4, 1, 256, 16),
+        (6, 3, 32, 7),
+    ];
+    for isa in simd_isas() {
+        for &shape in &shapes {
+            for keys in [1, 9, 100, 1024, 1025] {
+                let c = prefill_case(&mut rng, shape, 1, keys - 1, 1);
+                for window in [None, Some(37)] {
+                    let want = on(Isa::Scalar, || run_attention(&c, window));
+                    let got = on(isa, || run_attention(&c, window));
+                    if let Some(d) = first_difference(&got, &want) {
+                        panic!(
+                            "{isa} shape {shape:?}, {keys} keys, window {window:?}: element {} is {}, the reference's {}",
+                            d.0, d.1, d.2
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 // ---- The whole model -------------------------------------------------------------------------
 
 #[test]

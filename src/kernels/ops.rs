@@ -395,11 +395,18 @@ pub fn paged_attention(
     }
     let window = window.map(|w| w.min(i32::MAX as usize) as i32).unwrap_or(0);
     let n_items = n_tokens * s.n_heads;
+    let max_keys = batch
+        .context_lens
+        .iter()
+        .map(|&l| l as usize)
+        .max()
+        .unwrap_or(0);
     let chunk_items = attention_task_items(
         n_items,
         s.n_heads,
         s.n_heads / s.n_kv_heads,
         super::pool::num_threads(),
+        max_keys,
     );
     let out_ptr = SharedMut(out.as_mut_ptr());
     super::pool::for_each_task(n_items.div_ceil(chunk_items), &|c| {
@@ -433,14 +440,20 @@ pub fn paged_attention(
 /// Items (token, head) per attention task. The kernel reads a KV head's keys and values once
 /// for every query of its GQA group within a task, so tasks hold whole groups where they can:
 /// whole tokens for large batches (up to 128 items); for a few tokens (decode), whole groups, or parts of one
-/// when there are fewer groups than threads. One head per task would read each key and value
+/// when there are fewer groups than threads or (one token) the groups do not share out evenly. One head per task would read each key and value
 /// `group` times over (decode at long contexts is bound by that traffic). Tasks only change
 /// which queries share a pass, never a query's arithmetic.
 ///
 /// A batch of a few tokens per thread (sequences decoding side by side) goes in one task per
 /// thread of whole tokens, so that the kernel can share one pass over a cached prefix's keys
 /// between all the sequences whose block tables point at those blocks.
-fn attention_task_items(n_items: usize, n_heads: usize, group: usize, threads: usize) -> usize {
+fn attention_task_items(
+    n_items: usize,
+    n_heads: usize,
+    group: usize,
+    threads: usize,
+    max_keys: usize,
+) -> usize {
     let per_thread = n_items.div_ceil(threads).next_multiple_of(n_heads);
     if n_items >= threads * n_heads && per_thread <= 128 {
         return per_thread;
@@ -451,6 +464,20 @@ fn attention_task_items(n_items: usize, n_heads: usize, group: usize, threads: u
     if chunk >= n_heads {
         return chunk - chunk % n_heads;
     }
+    // One token whose GQA groups do not share out evenly (SmolLM2's 3 groups on 2 threads): one
+    // task per thread of the items split evenly, a group's heads on both sides where it falls
+    // across (3 tasks would leave a thread idle for a group's time). Each side converts that
+    // group's keys and values: a third more read, which pays only while they are few (SmolLM2,
+    // the busier thread's attention time: 1.28x less at 16 keys, 1.05x at 512, 1.03x at 4,000
+    // with the keys in cache; a loss where they come from memory).
+    let n_groups = n_heads / group;
+    if n_items == n_heads
+        && n_groups > 1
+        && !n_groups.is_multiple_of(threads)
+        && max_keys <= SPLIT_GROUP_MAX_KEYS
+    {
+        return n_items.div_ceil(threads);
+    }
     let chunk = chunk.max(n_items.div_ceil(threads).min(group));
     if chunk >= group {
         chunk - chunk % group
@@ -458,6 +485,9 @@ fn attention_task_items(n_items: usize, n_heads: usize, group: usize, threads: u
         chunk
     }
 }
+
+/// The longest context at which one token's attention splits a GQA group between two tasks.
+const SPLIT_GROUP_MAX_KEYS: usize = 1024;
 
 use super::EL_MAX_HEAD_DIM as EL_MAX_HEAD_DIM_U32;
 const EL_MAX_HEAD_DIM: usize = EL_MAX_HEAD_DIM_U32 as usize;
@@ -468,20 +498,26 @@ mod tests {
 
     #[test]
     fn attention_tasks_hold_whole_gqa_groups() {
-        // SmolLM2-135M: 9 heads in 3 groups. Decode, 2 threads: one group per task (was one head).
-        assert_eq!(attention_task_items(9, 9, 3, 2), 3);
+        // SmolLM2-135M: 9 heads in 3 groups. Decode, 2 threads: half the heads per thread, the
+        // middle group's split between them (whole groups made 3 tasks for 2 threads).
+        assert_eq!(attention_task_items(9, 9, 3, 2, 100), 5);
+        // ... and on 3 threads one group each; at long contexts whole groups (the split group's
+        // keys would be read twice).
+        assert_eq!(attention_task_items(9, 9, 3, 3, 100), 3);
+        assert_eq!(attention_task_items(9, 9, 3, 2, 1024), 5);
+        assert_eq!(attention_task_items(9, 9, 3, 2, 1025), 3);
         // Two sequences decoding: one token per thread.
-        assert_eq!(attention_task_items(18, 9, 3, 2), 9);
+        assert_eq!(attention_task_items(18, 9, 3, 2, 100), 9);
         // Qwen2.5 0.5B: 14 heads in 2 groups of 7: one group per thread.
-        assert_eq!(attention_task_items(14, 14, 7, 2), 7);
+        assert_eq!(attention_task_items(14, 14, 7, 2, 100), 7);
         // Gemma 3 270M: 4 heads in 1 group, 2 threads: half a group each (both threads busy).
-        assert_eq!(attention_task_items(4, 4, 4, 2), 2);
+        assert_eq!(attention_task_items(4, 4, 4, 2, 100), 2);
         // Large batches: whole tokens, at most 128 items.
-        assert_eq!(attention_task_items(512 * 9, 9, 3, 2), 126);
+        assert_eq!(attention_task_items(512 * 9, 9, 3, 2, 100), 126);
         // 16 sequences decoding: 8 tokens per thread (their shared prefix read once per task).
-        assert_eq!(attention_task_items(16 * 9, 9, 3, 2), 72);
-        assert_eq!(attention_task_items(16 * 14, 14, 7, 2), 112);
+        assert_eq!(attention_task_items(16 * 9, 9, 3, 2, 100), 72);
+        assert_eq!(attention_task_items(16 * 14, 14, 7, 2, 100), 112);
         // Too many for one task per thread: tasks of whole tokens as before.
-        assert_eq!(attention_task_items(64 * 9, 9, 3, 2), 72);
+        assert_eq!(attention_task_items(64 * 9, 9, 3, 2, 100), 72);
     }
 }
