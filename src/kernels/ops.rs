@@ -53,9 +53,7 @@ pub fn add_rms_norm(x: &mut [f32], y: &[f32], w: &[f32], eps: f32, out: &mut [f3
     for_row_runs_mut(x, n, RMS_ROWS, PAR_MIN_ELEMENTS, &|r0, xr| {
         let begin = r0 * n;
         let yr = &y[begin..begin + xr.len()];
-        xr.iter_mut()
-            .zip(yr)
-            .for_each(|(a, b)| *a += b);
+        xr.iter_mut().zip(yr).for_each(|(a, b)| *a += b);
         // SAFETY: out holds as many floats as x; this run's rows [begin, begin + xr.len()) of
         // it are touched by no other run, and `out` stays borrowed mutably until the runs end.
         unsafe {
