@@ -549,6 +549,40 @@ fn f16_bits(v: f32) -> u16 {
     half::f16::from_f32(v).to_bits()
 }
 
+/// The block ids `0..num_blocks` in a random order.
+fn shuffled_blocks(rng: &mut Rng, num_blocks: usize) -> Vec<i32> {
+    let mut ids: Vec<i32> = (0..num_blocks as i32).collect();
+    for i in (1..ids.len()).rev() {
+        ids.swap(i, rng.below(i + 1));
+    }
+    ids
+}
+
+/// A case over the given block tables and tokens, with random keys, values (f16) and queries.
+fn with_random_data(
+    rng: &mut Rng,
+    shape: AttentionShape,
+    (block_tables, max_blocks_per_seq): (Vec<i32>, usize),
+    (token_seq, context_lens): (Vec<i32>, Vec<i32>),
+) -> AttentionCase {
+    let cache_len = shape.num_blocks * shape.block_size * shape.n_kv_heads * shape.head_dim;
+    let k_cache = (0..cache_len)
+        .map(|_| f16_bits(rng.normal() * 1.5))
+        .collect();
+    let v_cache = (0..cache_len).map(|_| f16_bits(rng.normal())).collect();
+    let q = test_data(rng, token_seq.len() * shape.n_heads * shape.head_dim);
+    AttentionCase {
+        shape,
+        k_cache,
+        v_cache,
+        q,
+        block_tables,
+        max_blocks_per_seq,
+        token_seq,
+        context_lens,
+    }
+}
+
 /// Sequences of random lengths over shuffled blocks; each token attends to a random prefix.
 fn attention_case(
     rng: &mut Rng,
@@ -560,10 +594,7 @@ fn attention_case(
     let n_seqs = 3;
     let max_blocks_per_seq = 6;
     let num_blocks = n_seqs * max_blocks_per_seq + 2;
-    let mut ids: Vec<i32> = (0..num_blocks as i32).collect();
-    for i in (1..ids.len()).rev() {
-        ids.swap(i, rng.below(i + 1));
-    }
+    let ids = shuffled_blocks(rng, num_blocks);
     let block_tables: Vec<i32> = ids[..n_seqs * max_blocks_per_seq].to_vec();
     let cache_len = num_blocks * block_size * n_kv_heads * head_dim;
     // Keys with a spread that makes the softmax peaked for some heads and flat for others.
@@ -691,10 +722,7 @@ fn shared_prefix_case(
     let own_blocks = 3;
     let max_blocks_per_seq = prefix_blocks + own_blocks;
     let num_blocks = prefix_blocks + n_seqs * max_blocks_per_seq;
-    let mut ids: Vec<i32> = (0..num_blocks as i32).collect();
-    for i in (1..ids.len()).rev() {
-        ids.swap(i, rng.below(i + 1));
-    }
+    let ids = shuffled_blocks(rng, num_blocks);
     let (prefix, own) = ids.split_at(prefix_blocks);
     let mut block_tables = Vec::new();
     let (mut token_seq, mut context_lens) = (Vec::new(), Vec::new());
@@ -721,28 +749,18 @@ fn shared_prefix_case(
             context_lens.push((len + 1 - tokens_per_seq + k) as i32);
         }
     }
-    let cache_len = num_blocks * block_size * n_kv_heads * head_dim;
-    let k_cache = (0..cache_len)
-        .map(|_| f16_bits(rng.normal() * 1.5))
-        .collect();
-    let v_cache = (0..cache_len).map(|_| f16_bits(rng.normal())).collect();
-    let q = test_data(rng, token_seq.len() * n_heads * head_dim);
-    AttentionCase {
-        shape: AttentionShape {
+    with_random_data(
+        rng,
+        AttentionShape {
             n_heads,
             n_kv_heads,
             head_dim,
             block_size,
             num_blocks,
         },
-        k_cache,
-        v_cache,
-        q,
-        block_tables,
-        max_blocks_per_seq,
-        token_seq,
-        context_lens,
-    }
+        (block_tables, max_blocks_per_seq),
+        (token_seq, context_lens),
+    )
 }
 
 /// The token `t` of a case computed alone.
@@ -822,10 +840,7 @@ fn prefill_case(
 ) -> AttentionCase {
     let max_blocks_per_seq = (depth + tokens).div_ceil(block_size);
     let num_blocks = n_seqs * max_blocks_per_seq + 1;
-    let mut ids: Vec<i32> = (0..num_blocks as i32).collect();
-    for i in (1..ids.len()).rev() {
-        ids.swap(i, rng.below(i + 1));
-    }
+    let ids = shuffled_blocks(rng, num_blocks);
     let block_tables = ids[..n_seqs * max_blocks_per_seq].to_vec();
     let (mut token_seq, mut context_lens) = (Vec::new(), Vec::new());
     for s in 0..n_seqs {
@@ -834,28 +849,18 @@ fn prefill_case(
             context_lens.push((depth + k + 1) as i32);
         }
     }
-    let cache_len = num_blocks * block_size * n_kv_heads * head_dim;
-    let k_cache = (0..cache_len)
-        .map(|_| f16_bits(rng.normal() * 1.5))
-        .collect();
-    let v_cache = (0..cache_len).map(|_| f16_bits(rng.normal())).collect();
-    let q = test_data(rng, token_seq.len() * n_heads * head_dim);
-    AttentionCase {
-        shape: AttentionShape {
+    with_random_data(
+        rng,
+        AttentionShape {
             n_heads,
             n_kv_heads,
             head_dim,
             block_size,
             num_blocks,
         },
-        k_cache,
-        v_cache,
-        q,
-        block_tables,
-        max_blocks_per_seq,
-        token_seq,
-        context_lens,
-    }
+        (block_tables, max_blocks_per_seq),
+        (token_seq, context_lens),
+    )
 }
 
 #[test]
