@@ -779,6 +779,30 @@ fn run_token_alone(c: &AttentionCase, t: usize, window: Option<usize>) -> Vec<f3
     run_attention(&one, window)
 }
 
+/// Asserts that `isa`'s attention over `c` equals the scalar reference bit for bit and, with
+/// `alone`, that its first, middle and last tokens each equal that token computed alone.
+fn check_attention(isa: Isa, c: &AttentionCase, window: Option<usize>, what: &str, alone: bool) {
+    let want = on(Isa::Scalar, || run_attention(c, window));
+    let got = on(isa, || run_attention(c, window));
+    if let Some(d) = first_difference(&got, &want) {
+        panic!(
+            "{what}: element {} is {}, the reference's {}",
+            d.0, d.1, d.2
+        );
+    }
+    if !alone {
+        return;
+    }
+    let per_token = c.shape.n_heads * c.shape.head_dim;
+    for t in [0, c.token_seq.len() / 2, c.token_seq.len() - 1] {
+        let one = on(isa, || run_token_alone(c, t, window));
+        assert!(
+            bits(&one) == bits(&got[t * per_token..][..per_token]),
+            "{what}: token {t} alone differs from the batch"
+        );
+    }
+}
+
 #[test]
 fn shared_prefix_attention_is_bit_identical_to_the_reference_and_to_each_token_alone() {
     // Queries of several sequences that read the same physical blocks share one pass over those
@@ -803,26 +827,11 @@ fn shared_prefix_attention_is_bit_identical_to_the_reference_and_to_each_token_a
             {
                 let c = shared_prefix_case(&mut rng, shape, n_seqs, prefix_blocks, tokens_per_seq);
                 for window in [None, Some(37), Some(70)] {
-                    let want = on(Isa::Scalar, || run_attention(&c, window));
-                    let got = on(isa, || run_attention(&c, window));
                     let what = format!(
                         "{isa} shape {shape:?}, {n_seqs} sequences x {tokens_per_seq} tokens, \
                          {prefix_blocks} prefix blocks, window {window:?}"
                     );
-                    if let Some(d) = first_difference(&got, &want) {
-                        panic!(
-                            "{what}: element {} is {}, the reference's {}",
-                            d.0, d.1, d.2
-                        );
-                    }
-                    let per_token = shape.0 * shape.2;
-                    for t in [0, c.token_seq.len() / 2, c.token_seq.len() - 1] {
-                        let alone = on(isa, || run_token_alone(&c, t, window));
-                        assert!(
-                            bits(&alone) == bits(&got[t * per_token..][..per_token]),
-                            "{what}: token {t} alone differs from the batch"
-                        );
-                    }
+                    check_attention(isa, &c, window, &what, true);
                 }
             }
         }
@@ -892,25 +901,10 @@ fn prefill_attention_is_bit_identical_to_the_reference_and_to_each_token_alone()
             ] {
                 let c = prefill_case(&mut rng, shape, n_seqs, depth, tokens);
                 for window in [None, Some(37)] {
-                    let want = on(Isa::Scalar, || run_attention(&c, window));
-                    let got = on(isa, || run_attention(&c, window));
                     let what = format!(
                         "{isa} shape {shape:?}, {n_seqs} sequences x {tokens} tokens after {depth}, window {window:?}"
                     );
-                    if let Some(d) = first_difference(&got, &want) {
-                        panic!(
-                            "{what}: element {} is {}, the reference's {}",
-                            d.0, d.1, d.2
-                        );
-                    }
-                    let per_token = shape.0 * shape.2;
-                    for t in [0, c.token_seq.len() / 2, c.token_seq.len() - 1] {
-                        let alone = on(isa, || run_token_alone(&c, t, window));
-                        assert!(
-                            bits(&alone) == bits(&got[t * per_token..][..per_token]),
-                            "{what}: token {t} alone differs from the batch"
-                        );
-                    }
+                    check_attention(isa, &c, window, &what, true);
                 }
             }
         }
@@ -937,14 +931,8 @@ fn decode_attention_is_bit_identical_to_the_reference() {
             for keys in [1, 9, 100, 1024, 1025] {
                 let c = prefill_case(&mut rng, shape, 1, keys - 1, 1);
                 for window in [None, Some(37)] {
-                    let want = on(Isa::Scalar, || run_attention(&c, window));
-                    let got = on(isa, || run_attention(&c, window));
-                    if let Some(d) = first_difference(&got, &want) {
-                        panic!(
-                            "{isa} shape {shape:?}, {keys} keys, window {window:?}: element {} is {}, the reference's {}",
-                            d.0, d.1, d.2
-                        );
-                    }
+                    let what = format!("{isa} shape {shape:?}, {keys} keys, window {window:?}");
+                    check_attention(isa, &c, window, &what, false);
                 }
             }
         }
