@@ -8,12 +8,7 @@
 #include <immintrin.h>
 #include <string.h>
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-#endif
+#include "avx2_target_begin.h"
 
 #include "simd_avx2.h"
 #include "expf_avx2.h"
@@ -31,10 +26,6 @@ void el_expf_avx2(const float *x, float *y, int64_t n) {
     }
 }
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "avx2_target_end.h"
 
 #endif /* __x86_64__ */

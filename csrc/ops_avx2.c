@@ -27,12 +27,7 @@
 #include <math.h>
 #include <string.h>
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-#endif
+#include "avx2_target_begin.h"
 
 #include "el_internal.h"
 #include "simd_avx2.h"
@@ -655,10 +650,6 @@ void el_paged_attention_avx2(float *out, const float *q, const uint16_t *k_cache
 #undef FIRST
 }
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "avx2_target_end.h"
 
 #endif /* __x86_64__ */

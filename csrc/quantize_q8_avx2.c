@@ -13,12 +13,7 @@
 #include <immintrin.h>
 #include <stddef.h>
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-#endif
+#include "avx2_target_begin.h"
 
 #include "el_blocks.h"
 #include "simd_avx2.h"
@@ -99,10 +94,6 @@ void el_quantize_q8_1_by8_avx2(const float *x, void *vy, int64_t nb) {
     }
 }
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "avx2_target_end.h"
 
 #endif /* __x86_64__ */

@@ -23,12 +23,7 @@
 #include <stddef.h>
 #include <string.h>
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-#endif
+#include "avx2_target_begin.h"
 
 #include "el_blocks.h"
 #include "el_internal.h"
@@ -395,10 +390,6 @@ const el_simd_quant_kernels *el_avx2_quant_iq(int32_t type) {
     return NULL;
 }
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "avx2_target_end.h"
 
 #endif /* __x86_64__ */

@@ -10,12 +10,7 @@
 #include <immintrin.h>
 #include <string.h>
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-#endif
+#include "avx2_target_begin.h"
 
 #include "edge_kernels.h"
 #include "simd_avx2.h"
@@ -78,10 +73,6 @@ void el_rope_ext_rotate_avx2(float *x, int64_t n_heads, int64_t head_dim, int64_
     }
 }
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "avx2_target_end.h"
 
 #endif /* __x86_64__ */

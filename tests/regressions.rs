@@ -31,6 +31,15 @@ fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// The one `error:` line a refused run printed.
+fn error_line(out: &Output) -> String {
+    stderr(out)
+        .lines()
+        .find(|l| l.starts_with("error:"))
+        .expect("an error line")
+        .to_string()
+}
+
 /// Item 4: a line that is not UTF-8 stopped `run --jsonl` (exit 1) before the next line ran.
 #[test]
 fn jsonl_line_that_is_not_utf8_gets_an_error_line_and_the_next_line_runs() {
@@ -216,11 +225,7 @@ fn oversized_kv_pool_is_refused_in_one_line_instead_of_aborting() {
         all.extend_from_slice(args);
         let out = edge_llm(&all, b"");
         assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stderr(&out));
-        let err = stderr(&out);
-        let line = err
-            .lines()
-            .find(|l| l.starts_with("error:"))
-            .expect("an error line");
+        let line = error_line(&out);
         assert!(
             line.contains("not enough memory") && line.contains("GiB") && line.contains(flag),
             "{line}"
@@ -253,11 +258,7 @@ fn oversized_draft_kv_pool_is_refused_in_one_line_instead_of_aborting() {
     args.extend_from_slice(&["--draft-kv-mem", "100000000"]);
     let out = edge_llm(&args, b"");
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-    let err = stderr(&out);
-    let line = err
-        .lines()
-        .find(|l| l.starts_with("error:"))
-        .expect("an error line");
+    let line = error_line(&out);
     assert!(
         line.contains("not enough memory") && line.contains("--draft-kv-mem"),
         "{line}"

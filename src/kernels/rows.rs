@@ -73,32 +73,30 @@ pub fn for_row_runs_mut(
     });
 }
 
-/// Calls `f(elements)` over runs of `[0, n)` covering each element once, every run but the
-/// last a multiple of `unit` elements; on this thread alone below `min_elements`.
-pub fn for_element_runs(
-    n: usize,
-    unit: usize,
-    min_elements: usize,
-    f: &(dyn Fn(Range<usize>) + Sync),
-) {
-    let n_units = n.div_ceil(unit);
-    for_row_runs(n_units, unit, 1, min_elements, &|units| {
-        f(units.start * unit..(units.end * unit).min(n))
-    });
-}
-
 /// Element-wise operations' unit of work: a few cache lines.
 const ELEMENT_UNIT: usize = 64;
+
+/// Calls `f(first element, its elements)` over runs of `x` covering each element once, every run
+/// but the last a multiple of [`ELEMENT_UNIT`]; on this thread alone below [`PAR_MIN_ELEMENTS`].
+fn for_element_runs_mut(x: &mut [f32], f: &(dyn Fn(usize, &mut [f32]) + Sync)) {
+    let n = x.len();
+    let shared = super::pool::SharedMut(x.as_mut_ptr());
+    let n_units = n.div_ceil(ELEMENT_UNIT);
+    for_row_runs(n_units, ELEMENT_UNIT, 1, PAR_MIN_ELEMENTS, &|units| {
+        let run = units.start * ELEMENT_UNIT..(units.end * ELEMENT_UNIT).min(n);
+        // SAFETY: the run is inside x and no other run touches it; `x` stays borrowed mutably
+        // until for_row_runs returns.
+        let xs = unsafe { std::slice::from_raw_parts_mut(shared.ptr().add(run.start), run.len()) };
+        f(run.start, xs);
+    });
+}
 
 /// `x[i] = op(x[i], y[i])` over the pool when large.
 fn zip_inplace(x: &mut [f32], y: &[f32], op: impl Fn(&mut f32, f32) + Sync) {
     assert_eq!(x.len(), y.len(), "element-wise shapes");
-    let shared = super::pool::SharedMut(x.as_mut_ptr());
-    for_element_runs(x.len(), ELEMENT_UNIT, PAR_MIN_ELEMENTS, &|run| {
-        // SAFETY: the run is inside x and no other run touches it; `x` stays borrowed mutably
-        // until for_element_runs returns.
-        let xs = unsafe { std::slice::from_raw_parts_mut(shared.ptr().add(run.start), run.len()) };
-        xs.iter_mut().zip(&y[run]).for_each(|(a, &b)| op(a, b));
+    for_element_runs_mut(x, &|start, xs| {
+        let ys = &y[start..start + xs.len()];
+        xs.iter_mut().zip(ys).for_each(|(a, &b)| op(a, b));
     });
 }
 
@@ -118,10 +116,5 @@ pub fn add_bias(x: &mut [f32], bias: &[f32]) {
 
 /// `x *= s`.
 pub fn scale(x: &mut [f32], s: f32) {
-    let shared = super::pool::SharedMut(x.as_mut_ptr());
-    for_element_runs(x.len(), ELEMENT_UNIT, PAR_MIN_ELEMENTS, &|run| {
-        // SAFETY: as in zip_inplace.
-        let xs = unsafe { std::slice::from_raw_parts_mut(shared.ptr().add(run.start), run.len()) };
-        xs.iter_mut().for_each(|z| *z *= s);
-    });
+    for_element_runs_mut(x, &|_, xs| xs.iter_mut().for_each(|z| *z *= s));
 }
