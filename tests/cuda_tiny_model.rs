@@ -551,6 +551,7 @@ fn engine_on_emulated_cuda_matches_the_cpu() {
         assert_eq!(m.blocks_free, NUM_BLOCKS);
         assert_eq!(m.prefix_cache.hit_blocks, 4, "{m:?}");
     }
-    assert_eq!(cpu_metrics.steps, emu_metrics.steps);
+    // Not the step counts: whether C arrives before B's first step is up to the threads, and
+    // it changes how many steps the two take (10 or 11), not what they compute.
     assert_eq!(cpu_metrics.tokens_prefilled, emu_metrics.tokens_prefilled);
 }
