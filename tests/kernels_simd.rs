@@ -285,11 +285,12 @@ fn interleaved_matmul_equals_vec_dot_on_every_isa() {
     // Q4_1 and Q8_0 matrices are read from copies with their rows interleaved in eights; every
     // output equals the same ISA's vec_dot on the row as stored (and so the reference's), bit for
     // bit: lengths of one block to many, one group of rows to several tasks' worth, one activation
-    // row (the streaming path) and batches that fill 4-row tiles or leave a partial one.
+    // row (the streaming path) and batches that fill 4-row tiles or leave a partial one; rows of
+    // over 512 blocks, whose batches take the streaming path one row at a time.
     let _guard = lock_isa();
     let mut rng = Rng(21);
     for t in [TensorType::Q4_1, TensorType::Q8_0] {
-        for (n_in, n_out) in [(32, 8), (576, 1536), (1536, 72), (96, 40)] {
+        for (n_in, n_out) in [(32, 8), (576, 1536), (1536, 72), (96, 40), (32 * 1030, 16)] {
             let w = quantize_rows(t, &test_data(&mut rng, n_out * n_in), n_in);
             let w8 = repack_x8(t, &w, n_in, n_out);
             assert_eq!(
