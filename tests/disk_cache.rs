@@ -229,14 +229,25 @@ fn restart_after_damage(dir: &TempDir, model: &[&str], b: &Value, cold: &str, wh
     );
     let rejected = server.metric("edge_llm_disk_cache_rejected_files_total");
     assert!(rejected >= 1.0, "{what}: a rejected file is counted");
-    let log = server.log_text();
-    let warnings = log
-        .lines()
-        .filter(|l| l.contains("warning: disk cache:"))
-        .count();
+    // The server prints each warning before counting it, but the harness reads its stderr on
+    // another thread, which may not have read the line yet: wait for the lines (a hang guard),
+    // then they must match the count exactly.
+    let warnings = || {
+        server
+            .log_text()
+            .lines()
+            .filter(|l| l.contains("warning: disk cache:"))
+            .count() as f64
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while warnings() < rejected && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     assert_eq!(
-        warnings as f64, rejected,
-        "{what}: one warning per rejected file:\n{log}"
+        warnings(),
+        rejected,
+        "{what}: one warning per rejected file:\n{}",
+        server.log_text()
     );
     // Still serving, and the same again.
     let (again, _) = chat(&server, b, &[]);

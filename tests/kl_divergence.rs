@@ -18,8 +18,10 @@ fn edge_llm(args: &[&str]) -> Output {
         .expect("binary starts")
 }
 
-fn dir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("edge-llm-kld-{}", std::process::id()));
+/// A scratch folder of this test's own: the tests run on parallel threads of one process, and
+/// each removes its folder when done (one shared folder was removed under a test still using it).
+fn dir(test: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("edge-llm-kld-{}-{test}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
     d
 }
@@ -97,7 +99,7 @@ fn base_written_and_read_back_is_the_model_against_itself() {
         eprintln!("skipped: {TEXT} is missing");
         return;
     }
-    let base = dir().join("self.kld");
+    let base = dir("self").join("self.kld");
     let written = write_base(&base);
     // Writing the base scores the text like plain perplexity does.
     let plain = edge_llm(&[
@@ -158,7 +160,7 @@ fn base_written_and_read_back_is_the_model_against_itself() {
     // Without -f the base's own tokens are evaluated: the same figures.
     let no_text = read_base(&base, &["-c", "128"]);
     assert_eq!(no_text.stdout, out.stdout);
-    let _ = std::fs::remove_dir_all(dir());
+    let _ = std::fs::remove_dir_all(dir("self"));
 }
 
 #[test]
@@ -171,8 +173,7 @@ fn bad_base_files_give_one_line_errors() {
         eprintln!("skipped: {TEXT} is missing");
         return;
     }
-    let d = dir().join("bad");
-    std::fs::create_dir_all(&d).unwrap();
+    let d = dir("bad");
     let base = d.join("base.kld");
     write_base(&base);
     let bytes = std::fs::read(&base).unwrap();
@@ -281,7 +282,7 @@ fn reads_a_base_written_by_llama_cpp() {
     .map(|p| root.join(p))
     .find(|p| p.is_file())
     .expect("llama-perplexity: run scripts/build-llamacpp.sh");
-    let base = dir().join("llama.kld");
+    let base = dir("llama").join("llama.kld");
     let out = Command::new(tool)
         .args([
             "-m",
@@ -315,5 +316,5 @@ fn reads_a_base_written_by_llama_cpp() {
     assert!(stat(&report, "Mean    KLD:") < 0.01, "{report}");
     assert!(stat(&report, "Same top p:") > 90.0, "{report}");
     assert!((stat(&report, "Mean PPL(Q)/PPL(base)         :") - 1.0).abs() < 0.02);
-    let _ = std::fs::remove_dir_all(dir());
+    let _ = std::fs::remove_dir_all(dir("llama"));
 }

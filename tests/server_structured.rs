@@ -298,6 +298,10 @@ fn tool_calls_on_qwen() {
 /// A virtual environment with `openai` and `jsonschema` (scripts/test.sh installs them; made
 /// here too when missing). None outside CI when pip cannot get them; a failure in CI.
 fn structured_python() -> Option<PathBuf> {
+    // Two tests call this on parallel threads: one at a time, or both would make the venv and
+    // pip-install into it at once when scripts/test.sh has not made it.
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/structured-venv");
     let python = venv.join("bin/python");
     let ready = |py: &PathBuf| {

@@ -225,6 +225,24 @@ impl Server {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
+
+    /// Waits until the server's log satisfies `cond` and returns it. Another thread reads the
+    /// server's stderr into the log, so a line the server wrote before its reply or a metric
+    /// changed may not be here yet when the test goes on (a hang guard, not a timing assumption).
+    pub fn wait_for_log(&self, what: &str, cond: impl Fn(&str) -> bool) -> String {
+        let start = Instant::now();
+        loop {
+            let log = self.log_text();
+            if cond(&log) {
+                return log;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "timed out waiting for {what} in the server's log:\n{log}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
 
 impl Drop for Server {
