@@ -8,7 +8,8 @@
  *         them out), over enough copies of the matrix (64 MiB) that it comes from memory; then
  *         the whole model's token (30 layers of q/k/v, o, gate/up, down, then the output: the
  *         engine's five parallel calls per layer) on two threads, as GB/s and products-only
- *         tokens/s (`token`: that alone).
+ *         tokens/s, then the same bytes in the same calls only read (a plain sum: what the
+ *         memory allows that pattern) (`token`: those two alone).
  *   tile: the batch tiles on one thread, G MAC/s per shape for 512 rows (weights in L2 / L3, as
  *         in prefill), with the engine's task widths (cols_per_task for 2 threads).
  *
@@ -88,12 +89,41 @@ typedef struct {
 static prod job[8];
 static int job_n;
 static atomic_int gen, done;
+/* Set: each job reads its half's weight bytes (a plain sum) instead of multiplying them. */
+static int read_only;
+static volatile uint64_t read_sink;
+
+/* The bytes [p, p + n) summed with 256-bit loads, four chains: memory speed, nothing else. */
+#include "avx2_target_begin.h"
+#include <immintrin.h>
+static uint64_t read_bytes(const uint8_t *p, size_t n) {
+    __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
+    size_t i = 0;
+    for (; i + 128 <= n; i += 128) {
+        s0 = _mm256_add_epi64(s0, _mm256_loadu_si256((const __m256i *)(p + i)));
+        s1 = _mm256_add_epi64(s1, _mm256_loadu_si256((const __m256i *)(p + i + 32)));
+        s2 = _mm256_add_epi64(s2, _mm256_loadu_si256((const __m256i *)(p + i + 64)));
+        s3 = _mm256_add_epi64(s3, _mm256_loadu_si256((const __m256i *)(p + i + 96)));
+    }
+    s0 = _mm256_add_epi64(_mm256_add_epi64(s0, s1), _mm256_add_epi64(s2, s3));
+    uint64_t t[4], sum = 0;
+    _mm256_storeu_si256((__m256i *)t, s0);
+    for (; i < n; i++) sum += p[i];
+    return sum + t[0] + t[1] + t[2] + t[3];
+}
+#include "avx2_target_end.h"
 
 static void run_half(int half) {
     for (int p = 0; p < job_n; p++) {
         const prod *j = &job[p];
         const int64_t ng = j->n_out / 8, mid = ng / 2;
         const size_t arb = (size_t)(j->n_in / 32) * (j->type == T_Q4_1 ? 36 : 34);
+        if (read_only) {
+            const size_t group = w_bytes(j->type, j->n_in, 8);
+            const int64_t g0 = half ? mid : 0, g1 = half ? ng : mid;
+            read_sink += read_bytes((const uint8_t *)j->w + g0 * group, (size_t)(g1 - g0) * group);
+            continue;
+        }
         el_matmul_x8_avx2(j->type, j->w, j->a, (int64_t)arb, j->out, j->n_out, j->n_in / 32, 1, half ? mid : 0,
                           half ? ng : mid);
     }
@@ -194,6 +224,7 @@ static void bench_mv(int per_shape) {
     void *a576 = make_a(T_Q4_1, 576, 1), *a1536 = make_a(T_Q4_1, 1536, 1), *a0 = make_a(T_Q8_0, 576, 1);
     float *o1 = aligned_alloc(64, 4 * 4096), *o2 = aligned_alloc(64, 4 * 4096), *o3 = aligned_alloc(64, 4 * 4096);
     double t[9];
+    for (read_only = 0; read_only < 2; read_only++)
     for (int rep = 0; rep < 9; rep++) {
         const double t0 = now();
         for (int tok = 0; tok < 10; tok++) {
@@ -214,10 +245,13 @@ static void bench_mv(int per_shape) {
             job_n = 1, call2();
         }
         t[rep] = (now() - t0) / 10;
+        if (rep == 8) {
+            const double m = median(t, 9);
+            printf("whole token (%.1f MB, 2 threads): %.3f ms, %.1f GB/s, %.0f tokens/s (%s)\n", total * 1e-6, m * 1e3,
+                   total / m * 1e-9, 1 / m,
+                   read_only ? "the same bytes only read, in the same calls" : "products only");
+        }
     }
-    const double m = median(t, 9);
-    printf("whole token (%.1f MB, 2 threads): %.3f ms, %.1f GB/s, %.0f tokens/s (products only)\n", total * 1e-6,
-           m * 1e3, total / m * 1e-9, 1 / m);
 }
 
 static void bench_tile(int rows) {
