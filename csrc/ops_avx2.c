@@ -378,7 +378,9 @@ EL_AI void values3(const int64_t HD, const int nv, float *a0, float *a1, float *
  * lanes, the scores' partial sums (lane d % 8 of each key's vector) by FMA in order of d, the
  * chunk's max, one vector exp, the values added key after key by FMA.
  * The keys go a span of chunks at a time (2048 / HD keys, at least one chunk), converted from f16
- * once for all the queries, then three passes over the queries and the span's chunks: every score
+ * once for all the queries (as each key is converted, its lines in the next block are prefetched:
+ * a sequence's blocks lie anywhere in the pool, so the prefetchers cannot follow them alone), then
+ * three passes over the queries and the span's chunks: every score
  * (no chunk's scores depend on another's); then each query's softmax steps
  * in order (the running max chunk after chunk, the rescale factors of the chunks where it rose,
  * all in one vector exp, the weights); then the values, three queries at a time, a quarter of the
@@ -411,6 +413,13 @@ EL_AI void attend_keys(const int64_t HD, const attn_query *qs, const int nq, att
         const int64_t n_all = max_len - j0 < span_chunks * CHUNK ? max_len - j0 : span_chunks * CHUNK;
         for (int64_t k = 0; k < n_all; k++) {
             const int64_t at = ((int64_t)table[blk] * block_size + off) * kv_dim + kv_off;
+            if (j0 + k + block_size < max_len) { /* the same key of the next block, ahead of time */
+                const int64_t ahead = ((int64_t)table[blk + 1] * block_size + off) * kv_dim + kv_off;
+                for (int64_t d = 0; d < HD; d += 32) {
+                    _mm_prefetch((const char *)(k_cache + ahead + d), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(v_cache + ahead + d), _MM_HINT_T0);
+                }
+            }
             for (int64_t d = 0; d < HD; d += 8) {
                 _mm256_store_ps(kf + k * HD + d, _mm256_cvtph_ps(el_loadu_128(k_cache + at + d)));
                 _mm256_store_ps(vf + k * HD + d, _mm256_cvtph_ps(el_loadu_128(v_cache + at + d)));
