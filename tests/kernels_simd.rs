@@ -559,6 +559,14 @@ fn shuffled_blocks(rng: &mut Rng, num_blocks: usize) -> Vec<i32> {
     ids
 }
 
+/// Random f16 keys and values for a cache of `len` elements each: keys with a spread that makes
+/// the softmax peaked for some heads and flat for others.
+fn random_kv(rng: &mut Rng, len: usize) -> (Vec<u16>, Vec<u16>) {
+    let k = (0..len).map(|_| f16_bits(rng.normal() * 1.5)).collect();
+    let v = (0..len).map(|_| f16_bits(rng.normal())).collect();
+    (k, v)
+}
+
 /// A case over the given block tables and tokens, with random keys, values (f16) and queries.
 fn with_random_data(
     rng: &mut Rng,
@@ -567,10 +575,7 @@ fn with_random_data(
     (token_seq, context_lens): (Vec<i32>, Vec<i32>),
 ) -> AttentionCase {
     let cache_len = shape.num_blocks * shape.block_size * shape.n_kv_heads * shape.head_dim;
-    let k_cache = (0..cache_len)
-        .map(|_| f16_bits(rng.normal() * 1.5))
-        .collect();
-    let v_cache = (0..cache_len).map(|_| f16_bits(rng.normal())).collect();
+    let (k_cache, v_cache) = random_kv(rng, cache_len);
     let q = test_data(rng, token_seq.len() * shape.n_heads * shape.head_dim);
     AttentionCase {
         shape,
@@ -597,12 +602,7 @@ fn attention_case(
     let num_blocks = n_seqs * max_blocks_per_seq + 2;
     let ids = shuffled_blocks(rng, num_blocks);
     let block_tables: Vec<i32> = ids[..n_seqs * max_blocks_per_seq].to_vec();
-    let cache_len = num_blocks * block_size * n_kv_heads * head_dim;
-    // Keys with a spread that makes the softmax peaked for some heads and flat for others.
-    let k_cache = (0..cache_len)
-        .map(|_| f16_bits(rng.normal() * 1.5))
-        .collect();
-    let v_cache = (0..cache_len).map(|_| f16_bits(rng.normal())).collect();
+    let (k_cache, v_cache) = random_kv(rng, num_blocks * block_size * n_kv_heads * head_dim);
     let (mut token_seq, mut context_lens) = (Vec::new(), Vec::new());
     for s in 0..n_seqs {
         for _ in 0..4 {
