@@ -230,24 +230,20 @@ fn restart_after_damage(dir: &TempDir, model: &[&str], b: &Value, cold: &str, wh
     let rejected = server.metric("edge_llm_disk_cache_rejected_files_total");
     assert!(rejected >= 1.0, "{what}: a rejected file is counted");
     // The server prints each warning before counting it, but the harness reads its stderr on
-    // another thread, which may not have read the line yet: wait for the lines (a hang guard),
-    // then they must match the count exactly.
-    let warnings = || {
-        server
-            .log_text()
-            .lines()
+    // another thread, which may not have read the line yet: waited for, then they must match
+    // the count exactly.
+    let warnings = |log: &str| {
+        log.lines()
             .filter(|l| l.contains("warning: disk cache:"))
             .count() as f64
     };
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while warnings() < rejected && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    let log = server.wait_for_log("a warning per rejected file", |log| {
+        warnings(log) >= rejected
+    });
     assert_eq!(
-        warnings(),
+        warnings(&log),
         rejected,
-        "{what}: one warning per rejected file:\n{}",
-        server.log_text()
+        "{what}: one warning per rejected file:\n{log}"
     );
     // Still serving, and the same again.
     let (again, _) = chat(&server, b, &[]);
