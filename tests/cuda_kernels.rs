@@ -27,11 +27,11 @@ use edge_llm::cuda::kernels::{self as ck, DevAttentionBatch, MatmulKernel};
 use edge_llm::cuda::launch::{Arg, Plain};
 use edge_llm::cuda::{CudaDevice, Emu, Gpu, Launch};
 use edge_llm::device::{Device, Executor};
+use edge_llm::kernels::tensor_type::TensorType;
 use edge_llm::kernels::{
     self, Activation, AttentionBatch, AttentionShape, FreqFactors, Rope, RopeStyle, Yarn,
 };
 use edge_llm::model::Batch;
-use edge_llm::tensor_type::TensorType;
 
 /// Matrix products against `kernels::matmul`: float sums in another order.
 const MATMUL_BUDGET: f64 = 2e-5;

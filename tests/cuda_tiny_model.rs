@@ -25,14 +25,14 @@ use edge_llm::cuda::Emu;
 use std::sync::Arc;
 
 use edge_llm::device::Executor;
+use edge_llm::engine::sampler::SamplingParams;
 use edge_llm::engine::{
     EngineConfig, EngineHandle, Event, FinishReason, Metrics, Request, RequestStream,
 };
 use edge_llm::gguf::{MetaArray, MetaValue};
 use edge_llm::kernels;
+use edge_llm::kernels::tensor_type::TensorType;
 use edge_llm::model::{Batch, Model};
-use edge_llm::sampler::SamplingParams;
-use edge_llm::tensor_type::TensorType;
 use gguf_writer::{GgufBuilder, TensorSpec};
 
 /// Logits of the emulated CUDA pass against the CPU pass, relative to the largest CPU logit

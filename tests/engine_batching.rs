@@ -7,9 +7,9 @@ mod support;
 
 use std::sync::Arc;
 
+use edge_llm::engine::sampler::SamplingParams;
 use edge_llm::engine::{EngineConfig, EngineHandle, Event, FinishReason, Request};
 use edge_llm::model::Model;
-use edge_llm::sampler::SamplingParams;
 
 const GEN: usize = 12;
 

@@ -8,9 +8,9 @@ mod support;
 use std::sync::Arc;
 
 use edge_llm::constraint::{Constraint, ConstraintSpec};
+use edge_llm::engine::sampler::SamplingParams;
 use edge_llm::engine::{EngineConfig, EngineHandle, Event, FinishReason, Request};
 use edge_llm::model::Model;
-use edge_llm::sampler::SamplingParams;
 use serde_json::json;
 
 fn shared_model() -> Arc<Model> {

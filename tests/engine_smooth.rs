@@ -7,10 +7,10 @@
 mod support;
 
 use edge_llm::engine::block_manager::BlockManager;
+use edge_llm::engine::sampler::SamplingParams;
 use edge_llm::engine::scheduler::{Scheduler, SchedulerConfig};
 use edge_llm::engine::step_time::{StepShape, MIN_PREFILL_CHUNK};
 use edge_llm::engine::{EngineConfig, EngineHandle, Event, Request};
-use edge_llm::sampler::SamplingParams;
 
 fn scheduler() -> Scheduler {
     Scheduler::new(

@@ -9,10 +9,10 @@ mod support;
 use std::sync::Arc;
 
 use edge_llm::engine::block_manager::BlockManager;
+use edge_llm::engine::sampler::SamplingParams;
 use edge_llm::engine::scheduler::{Scheduler, SchedulerConfig};
 use edge_llm::engine::{EngineConfig, EngineHandle, FinishReason, SpecConfig};
 use edge_llm::model::Model;
-use edge_llm::sampler::SamplingParams;
 use support::{assert_greedy_among_sessions, collect, request, wait_idle};
 
 fn shared_model() -> Arc<Model> {

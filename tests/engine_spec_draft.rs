@@ -15,10 +15,10 @@ mod support;
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
-use edge_llm::engine::spec::DraftSetup;
+use edge_llm::engine::sampler::SamplingParams;
+use edge_llm::engine::speculative::DraftSetup;
 use edge_llm::engine::{EngineConfig, EngineHandle, FinishReason, Metrics, SpecConfig};
 use edge_llm::model::Model;
-use edge_llm::sampler::SamplingParams;
 use support::{assert_greedy_among_sessions, collect, request, wait_idle};
 
 const TARGET: &str = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf";

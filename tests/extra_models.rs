@@ -8,10 +8,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use edge_llm::chat_template::{ChatMessage, ChatTemplate};
+use edge_llm::engine::sampler::SamplingParams;
 use edge_llm::engine::{EngineConfig, EngineHandle, Event, Request};
-use edge_llm::generate::SequenceRunner;
 use edge_llm::model::Model;
-use edge_llm::sampler::SamplingParams;
+use edge_llm::scoring::runner::SequenceRunner;
 
 struct Case {
     /// The name scripts/fetch-extra-models.sh takes.
@@ -345,7 +345,8 @@ fn logits_follow_llama_cpp(case: &Case) {
                 case.name
             );
             for e in h["server_top2"][k].as_array().unwrap() {
-                let ours = edge_llm::sampler::log_softmax_at(row, e[0].as_u64().unwrap() as usize);
+                let ours =
+                    edge_llm::engine::sampler::log_softmax_at(row, e[0].as_u64().unwrap() as usize);
                 sum_dlp += (ours - e[1].as_f64().unwrap()).abs();
                 num_lp += 1;
             }
@@ -370,9 +371,13 @@ fn perplexity_matches_llama_cpp(case: &Case) {
     let text = std::fs::read_to_string("/usr/share/common-licenses/GPL-3")
         .expect("GPL-3 text (Debian base-files)");
     let mut seen = Vec::new();
-    edge_llm::perplexity::perplexity(&model, &text, 512, Some(case.ppl_running.len()), |s| {
-        seen.push(s.ppl())
-    })
+    edge_llm::scoring::perplexity::perplexity(
+        &model,
+        &text,
+        512,
+        Some(case.ppl_running.len()),
+        |s| seen.push(s.ppl()),
+    )
     .unwrap();
     assert_eq!(seen.len(), case.ppl_running.len());
     for (i, (&got, &want)) in seen.iter().zip(&case.ppl_running).enumerate() {
@@ -448,7 +453,8 @@ fn gemma3_sliding_window_perplexity_at_context_1024() {
     let Some(model) = load(&GEMMA3) else { return };
     let text = std::fs::read_to_string("/usr/share/common-licenses/GPL-3")
         .expect("GPL-3 text (Debian base-files)");
-    let stats = edge_llm::perplexity::perplexity(&model, &text, 1024, Some(1), |_| {}).unwrap();
+    let stats =
+        edge_llm::scoring::perplexity::perplexity(&model, &text, 1024, Some(1), |_| {}).unwrap();
     let rel = (stats.ppl() - GEMMA3_PPL_CTX_1024).abs() / GEMMA3_PPL_CTX_1024;
     eprintln!(
         "gemma3: ctx 1024, chunk 1: PPL {:.4} vs llama.cpp {GEMMA3_PPL_CTX_1024} ({:.2}% off)",
@@ -520,7 +526,7 @@ fn gemma3_prefix_cache_past_the_window() {
 #[test]
 fn qwen2_chat_template_renders() {
     let Some(model) = load(&QWEN2) else { return };
-    let t = ChatTemplate::from_model(&model).unwrap();
+    let t = ChatTemplate::from_gguf(&model.file, &model.tokenizer).unwrap();
     let text = t.render(&[ChatMessage::new("user", "Hi")], true).unwrap();
     assert_eq!(
         text,
@@ -543,7 +549,7 @@ fn qwen2_chat_template_renders() {
 #[test]
 fn gemma3_builtin_chat_template_renders() {
     let Some(model) = load(&GEMMA3) else { return };
-    let t = ChatTemplate::from_model(&model).unwrap();
+    let t = ChatTemplate::from_gguf(&model.file, &model.tokenizer).unwrap();
     let messages = [
         ChatMessage::new("system", "Be brief."),
         ChatMessage::new("user", "Hi "),

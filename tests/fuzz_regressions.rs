@@ -11,7 +11,7 @@ use std::panic::{self, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use edge_llm::fuzz_entry;
+use edge_llm::fuzz;
 
 /// An input slower than this twice in a row is a hang (the slowest seed takes milliseconds).
 const HANG_LIMIT: Duration = Duration::from_secs(2);
@@ -38,7 +38,7 @@ fn ready(target: &str) -> bool {
     if target == "gguf" {
         return true;
     }
-    match fuzz_entry::vocabularies() {
+    match fuzz::vocabularies() {
         Ok(v) => {
             assert!(!v.is_empty());
             true
@@ -58,7 +58,7 @@ fn ready(target: &str) -> bool {
 fn run_one(target: &str, data: &[u8]) -> Result<(), String> {
     let run = || {
         let start = Instant::now();
-        let result = panic::catch_unwind(AssertUnwindSafe(|| fuzz_entry::run_target(target, data)));
+        let result = panic::catch_unwind(AssertUnwindSafe(|| fuzz::run_target(target, data)));
         (result, start.elapsed())
     };
     let (mut result, mut elapsed) = run();

@@ -8,7 +8,7 @@
 mod gguf_writer;
 
 use edge_llm::gguf::{GgufError, GgufFile, MetaArray, MetaValue};
-use edge_llm::tensor_type::TensorType;
+use edge_llm::kernels::tensor_type::TensorType;
 use gguf_writer::{
     put_bytes, put_u32, put_u64, type_id, GgufBuilder, TempFile, TensorSpec, XorShift,
 };

@@ -5,7 +5,7 @@
 mod support;
 
 use edge_llm::engine::FinishReason;
-use edge_llm::generate::SequenceRunner;
+use edge_llm::scoring::runner::SequenceRunner;
 
 /// The greedy continuation through the engine (blocks of `block_size`, prompts cut into steps of
 /// `batch_tokens`); every block comes back (checked by `engine_greedy`).

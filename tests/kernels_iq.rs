@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use edge_llm::gguf::GgufFile;
+use edge_llm::kernels::tensor_type::TensorType;
 use edge_llm::kernels::{dequantize_row, matmul, quantize_rows, vec_dot};
-use edge_llm::tensor_type::TensorType;
 use half::f16;
 
 const IQ_TYPES: [TensorType; 9] = [

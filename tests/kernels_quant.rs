@@ -14,11 +14,11 @@
 
 use std::sync::Mutex;
 
+use edge_llm::kernels::tensor_type::TensorType;
 use edge_llm::kernels::{
     available_isas, c_block_bytes, c_block_size, c_vec_dot_type, current_isa, dequantize_row,
     kernel_statuses, matmul, quantize_rows, set_isa, vec_dot,
 };
-use edge_llm::tensor_type::TensorType;
 use half::f16;
 
 // ---- Deterministic data ---------------------------------------------------------------------

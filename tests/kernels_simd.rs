@@ -18,13 +18,13 @@
 
 mod support;
 
-use edge_llm::generate::SequenceRunner;
+use edge_llm::kernels::tensor_type::TensorType;
 use edge_llm::kernels::{
     available_isas, current_isa, glu_inplace, isa_available, kv_write, matmul, matmul_x8,
     paged_attention, quantize_rows, repack_x8, rms_norm, rope, set_isa, vec_dot, Activation,
     AttentionBatch, AttentionShape, FreqFactors, Isa, Rope, RopeStyle, Yarn,
 };
-use edge_llm::tensor_type::TensorType;
+use edge_llm::scoring::runner::SequenceRunner;
 
 // ---- ISA switching ---------------------------------------------------------------------------
 

@@ -4,10 +4,10 @@
 //! column tasks on either side of the width from which Q4_1 batches use them. Every output equals the same ISA's vec_dot on the
 //! row as stored, bit for bit, on every ISA this machine has.
 
+use edge_llm::kernels::tensor_type::TensorType;
 use edge_llm::kernels::{
     available_isas, current_isa, matmul_x8, quantize_rows, repack_x8, set_isa, vec_dot,
 };
-use edge_llm::tensor_type::TensorType;
 
 #[path = "support/splitmix.rs"]
 mod splitmix;

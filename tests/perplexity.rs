@@ -21,7 +21,8 @@ fn perplexity_within_one_percent_of_llama_cpp() {
         .expect("GPL-3 text (Debian base-files)");
     let mut seen = Vec::new();
     let stats =
-        edge_llm::perplexity::perplexity(model, &text, 512, None, |s| seen.push(s.ppl())).unwrap();
+        edge_llm::scoring::perplexity::perplexity(model, &text, 512, None, |s| seen.push(s.ppl()))
+            .unwrap();
     assert_eq!(stats.num_chunks, r["chunks"].as_u64().unwrap() as usize);
     for (i, (&got, &want)) in seen.iter().zip(&running).enumerate() {
         let rel = (got - want).abs() / want;

@@ -18,8 +18,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use edge_llm::generate::SequenceRunner;
 use edge_llm::model::Model;
+use edge_llm::scoring::runner::SequenceRunner;
 
 /// |our logit - llama.cpp's| over the magnitude of llama.cpp's top logit at that position (of
 /// order 3 with a separate output matrix, 40 with the output tied to the embedding, whose rows

@@ -19,8 +19,8 @@ use super::tools::{self, ToolChoice, ToolFormat};
 use super::{reasoning, structured, RequestError};
 use crate::chat_template::{encode_prompt, ChatMessage, ChatTemplate};
 use crate::constraint::{Constraint, ConstraintSpec, Grammars};
+use crate::engine::sampler::SamplingParams;
 use crate::engine::Request;
-use crate::sampler::SamplingParams;
 use crate::tokenizer::Tokenizer;
 
 /// `max_tokens` when neither the body nor the face gives one: OpenAI's 16 for completions (the

@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 
 use super::RequestError;
 use crate::chat_template::ChatMessage;
-use crate::sampler::SamplingParams;
+use crate::engine::sampler::SamplingParams;
 
 /// Most completions per request (the engine's limit).
 pub const MAX_N: u64 = 16;

@@ -16,9 +16,9 @@ use clap::Args;
 
 use crate::constraint::{Constraint, ConstraintSpec};
 use crate::engine::disk_cache::{DiskCacheConfig, DEFAULT_DISK_MIB};
+use crate::engine::sampler::{Rng, SamplingParams};
 use crate::engine::{EngineHandle, Event, Request, RequestStream};
 use crate::flags::{EngineArgs, ModelArgs, ThreadArgs};
-use crate::sampler::{Rng, SamplingParams};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {

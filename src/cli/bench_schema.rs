@@ -17,8 +17,8 @@ use anyhow::Result;
 
 use super::bench::{median, sessions_once, BenchArgs};
 use crate::constraint::Constraint;
+use crate::engine::sampler::Rng;
 use crate::engine::EngineHandle;
-use crate::sampler::Rng;
 
 /// Aggregate tokens/s of one repetition's three runs.
 #[derive(Clone, Copy, Debug)]

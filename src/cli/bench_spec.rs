@@ -8,8 +8,8 @@ use anyhow::Result;
 
 use super::bench::{median, sessions, single, BenchArgs};
 use crate::constraint::Constraint;
+use crate::engine::sampler::Rng;
 use crate::engine::EngineHandle;
-use crate::sampler::Rng;
 
 pub(super) fn compare(
     engine: &EngineHandle,

@@ -28,9 +28,9 @@ use clap::Args;
 
 use super::commands::SamplingArgs;
 use crate::chat_template::{ChatMessage, ChatTemplate};
+use crate::engine::sampler::SamplingParams;
 use crate::engine::{EngineHandle, FinishReason, Request, SubmitError};
 use crate::flags::{EngineArgs, ModelArgs, ThreadArgs};
-use crate::sampler::SamplingParams;
 use session::{Reply, Session, Settings};
 
 /// Flags of `chat`.
@@ -45,7 +45,7 @@ pub struct ChatArgs {
     #[command(flatten)]
     pub sampling: SamplingArgs,
     #[command(flatten)]
-    pub cache: crate::prefix_cache::CacheArgs,
+    pub cache: crate::flags::cache::CacheArgs,
     /// Most tokens per reply (`/set max_tokens` changes it per session).
     /// -1: no limit but the context.
     #[arg(
@@ -83,7 +83,8 @@ pub fn run(args: &ChatArgs) -> Result<()> {
         max_tokens,
     };
     let model = args.model.load()?;
-    let template = ChatTemplate::load(&model, args.chat_template.as_deref())?;
+    let template =
+        ChatTemplate::load(&model.file, &model.tokenizer, args.chat_template.as_deref())?;
     // A template that cannot render even a one-line conversation is reported now.
     template
         .render(&[ChatMessage::new("user", "hello")], true)

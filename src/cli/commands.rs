@@ -8,10 +8,10 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 
 use crate::device::Device;
+use crate::engine::sampler::SamplingParams;
 use crate::engine::{Event, FinishReason, Request};
 use crate::flags::{EngineArgs, ModelArgs, ThreadArgs};
 use crate::gguf::GgufFile;
-use crate::sampler::SamplingParams;
 use crate::tokenizer::Tokenizer;
 
 pub fn info(args: &ModelArgs) -> Result<()> {
@@ -27,8 +27,8 @@ pub fn info(args: &ModelArgs) -> Result<()> {
 /// What edge-llm runs, and whether it runs this file's architecture (the tensor types were
 /// checked when the file was opened: an unknown one fails there, naming the tensor).
 fn write_support(file: &GgufFile, out: &mut dyn Write) -> Result<()> {
+    use crate::kernels::tensor_type::TensorType;
     use crate::model::config::SUPPORTED_ARCHITECTURES;
-    use crate::tensor_type::TensorType;
     let arch = file.architecture().unwrap_or("(none)");
     let types: Vec<&str> = TensorType::ALL
         .iter()
@@ -297,10 +297,11 @@ pub fn perplexity(args: &PerplexityArgs) -> Result<()> {
         return super::kl_divergence::compare(&model, device, base, text.as_deref(), args);
     }
     let text = text.unwrap_or_default();
-    let show =
-        |s: &crate::perplexity::PerplexityStats| eprint!("[{}]{:.4},", s.num_chunks, s.ppl());
+    let show = |s: &crate::scoring::perplexity::PerplexityStats| {
+        eprint!("[{}]{:.4},", s.num_chunks, s.ppl())
+    };
     let stats = match &args.kl_divergence_base {
-        Some(base) => crate::kl_divergence::write_base(
+        Some(base) => crate::scoring::kl_divergence::write_base(
             &model,
             device,
             &text,
@@ -309,7 +310,7 @@ pub fn perplexity(args: &PerplexityArgs) -> Result<()> {
             base,
             show,
         )?,
-        None => crate::perplexity::perplexity_on(
+        None => crate::scoring::perplexity::perplexity_on(
             &model,
             device,
             &text,

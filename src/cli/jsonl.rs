@@ -34,8 +34,8 @@ use crate::api::reply::{self, ReplyParsing};
 use crate::api::request::Endpoint;
 use crate::api::RequestError;
 use crate::chat_template::ChatTemplate;
+use crate::engine::sampler::SamplingParams;
 use crate::engine::{EngineHandle, Event, Request, RequestStream, SubmitError, Usage};
-use crate::sampler::SamplingParams;
 
 #[derive(Serialize)]
 struct Completion<'a> {
@@ -115,7 +115,11 @@ impl Builder {
     ) -> Result<(Request, &'static str, ReplyParsing), RequestError> {
         let endpoint = plan::endpoint_of(map)?;
         if endpoint == Endpoint::Chat && self.template.is_none() {
-            let loaded = ChatTemplate::load(&self.engine.model, self.template_path.as_deref());
+            let loaded = ChatTemplate::load(
+                &self.engine.model.file,
+                &self.engine.model.tokenizer,
+                self.template_path.as_deref(),
+            );
             self.template = Some(loaded.map_err(|e| format!("{e:#}")));
         }
         let template = match &self.template {

@@ -21,7 +21,7 @@ pub fn compare(
     text: Option<&str>,
     args: &PerplexityArgs,
 ) -> Result<()> {
-    let stats = crate::kl_divergence::compare_with_base(
+    let stats = crate::scoring::kl_divergence::compare_with_base(
         model,
         device,
         base,

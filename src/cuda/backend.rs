@@ -12,9 +12,9 @@ use anyhow::{bail, Context, Result};
 
 use super::kernels::{self as k, DevAttentionBatch, MatmulKernel};
 use super::launch::{CudaDevice, DevPtr};
+use crate::kernels::tensor_type::TensorType;
 use crate::kernels::{Activation, AttentionShape, Rope};
 use crate::model::{Backend, Batch, Loaded, Model, WeightStore};
-use crate::tensor_type::TensorType;
 use std::sync::Arc;
 
 const F32: usize = 4;

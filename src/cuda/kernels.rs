@@ -6,8 +6,8 @@
 use anyhow::{bail, Result};
 
 use super::launch::{Arg, DevPtr, Launch};
+use crate::kernels::tensor_type::TensorType;
 use crate::kernels::{Activation, AttentionShape, Rope, RopeStyle, Yarn};
-use crate::tensor_type::TensorType;
 
 const F32: usize = 4;
 

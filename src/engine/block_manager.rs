@@ -1,5 +1,5 @@
 //! The KV block manager: which block belongs to whom, in integers only (it never touches the
-//! KV memory itself; `crate::kv_cache` does). Owned by the scheduler.
+//! KV memory itself; `crate::model::kv_cache` does). Owned by the scheduler.
 //!
 //! - Reference counts: a block is used by every sequence whose block table holds it.
 //! - Automatic prefix caching (vLLM's scheme): each full block gets a hash chained from its

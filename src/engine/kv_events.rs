@@ -5,7 +5,7 @@
 //!
 //! The block manager queues events as it works; the engine thread hands each step's events to
 //! a [`KvEventSink`], whose bounded queue never blocks the engine: when the consumer (the
-//! publisher thread in `crate::kv_events`) falls behind, the batch is dropped and counted.
+//! publisher thread in `crate::server::kv_publisher`) falls behind, the batch is dropped and counted.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

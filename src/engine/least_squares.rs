@@ -2,7 +2,7 @@
 //! step's measured seconds against its features (`x[0]` is always 1, the fixed part), so a
 //! model follows the machine as it warms, throttles or shares its cores, without keeping steps.
 //!
-//! Two models use them, on purpose apart: `spec::cost::StepCost` (decoding steps only, time
+//! Two models use them, on purpose apart: `speculative::cost::StepCost` (decoding steps only, time
 //! against tokens, one per model and kind of step, for speculation's break-even) and
 //! `step_time::StepTime` (every step, time against logit rows, prompt rows and keys attended,
 //! for the scheduler's `--max-step-ms` cap). Numbers only; tested without a model.

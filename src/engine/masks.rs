@@ -19,7 +19,7 @@ use rayon::prelude::*;
 use toktrie::SimpleVob;
 
 use crate::constraint::ConstraintState;
-use crate::sampler::Sampler;
+use crate::engine::sampler::Sampler;
 
 /// A row's mask, or why it could not be computed (that request ends with the error).
 pub(super) type MaskResult = Result<SimpleVob, String>;
@@ -223,7 +223,7 @@ fn max32(chunk: &[f32]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sampler::{argmax, Rng};
+    use crate::engine::sampler::{argmax, Rng};
 
     fn mask_of(n: usize, allowed: impl Fn(usize) -> bool) -> SimpleVob {
         let mut m = SimpleVob::alloc(n);
@@ -306,7 +306,7 @@ mod tests {
                 .map(|_| (rng.next_u64() % 1000) as f32 / 7.0)
                 .collect();
             let mask = mask_of(n, |t| t % 3 != 0 || t > 900);
-            let mut s = Sampler::new(crate::sampler::SamplingParams::greedy());
+            let mut s = Sampler::new(crate::engine::sampler::SamplingParams::greedy());
             let (fast, none) = sample(&mut s, &logits, &mask, &[], &[], false);
             let (slow, masked) = sample(&mut s, &logits, &mask, &[], &[], true);
             assert!(none.is_none());

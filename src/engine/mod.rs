@@ -19,10 +19,12 @@ pub mod disk_cache;
 pub mod kv_events;
 mod least_squares;
 mod masks;
+pub mod memory;
 pub mod metrics;
+pub mod sampler;
 pub mod scheduler;
 pub mod sequence;
-pub mod spec;
+pub mod speculative;
 pub mod step_time;
 mod worker;
 
@@ -33,13 +35,13 @@ use anyhow::{bail, Context, Result};
 use tokio::sync::mpsc as events;
 
 pub use metrics::Metrics;
-pub use spec::SpecConfig;
+pub use speculative::SpecConfig;
 
 use crate::constraint::Grammars;
 use crate::device::Executor;
-use crate::kv_cache::KvCache;
+use crate::engine::sampler::SamplingParams;
+use crate::model::kv_cache::KvCache;
 use crate::model::Model;
-use crate::sampler::SamplingParams;
 
 /// Sizes fixed at start-up.
 #[derive(Clone, Debug)]
@@ -111,13 +113,13 @@ impl EngineConfig {
 
     /// What this engine will hold in host memory: the KV pool, the weights and an estimate of
     /// one step's activations and logits (for `memory::admit`).
-    pub fn footprint(&self, model: &Model) -> crate::memory::Footprint {
+    pub fn footprint(&self, model: &Model) -> crate::engine::memory::Footprint {
         let c = &model.config;
         let per_token = 4 * c.n_embd + 3 * c.n_ff + c.q_dim() + 2 * c.kv_dim();
         let rows = self.max_batched_tokens.min(self.max_seqs) as u64;
         let scratch =
             (self.max_batched_tokens * per_token * 4) as u64 + rows * c.vocab_size as u64 * 4;
-        crate::memory::Footprint {
+        crate::engine::memory::Footprint {
             kv: (self.num_blocks as u64)
                 .saturating_mul(KvCache::bytes_per_block(c, self.block_size) as u64),
             weights: model.file.file_bytes(),
@@ -405,7 +407,7 @@ impl EngineHandle {
         let in_flight = Arc::new(AtomicU64::new(0));
         let config = Arc::new(config);
         let metrics = Arc::new(Mutex::new(Metrics::default()));
-        let speculator = spec::Speculator::start(
+        let speculator = speculative::Speculator::start(
             spec,
             &model,
             exec.device(),

@@ -10,7 +10,7 @@
 //! Owned by the scheduler (`Scheduler::step_time`); the worker records each step's shape and
 //! wall time after it runs. Numbers only; tested without a model.
 //!
-//! Not speculation's `spec::cost::StepCost`, on purpose, though both fit the same decayed sums
+//! Not speculation's `speculative::cost::StepCost`, on purpose, though both fit the same decayed sums
 //! (`least_squares`): here every step counts, prompt rows beside decoding rows, so a row's
 //! cost depends on whether it computes logits and on the keys it attends to, and the fit
 //! follows the machine quickly (about 100 steps); `StepCost` fits decoding steps alone on one

@@ -19,12 +19,12 @@ use super::scheduler::{Scheduler, SchedulerConfig};
 use super::{Command, EngineConfig, Event, FinishReason, Metrics, Request, TokenLogprobs, Usage};
 use crate::constraint::{ConstraintState, Consumed};
 use crate::device::Executor;
+use crate::engine::sampler::Sampler;
 use crate::model::Model;
-use crate::sampler::Sampler;
 use crate::tokenizer::StreamDecoder;
 
 // Speculative decoding's part of the step: proposals before, verification after.
-#[path = "spec_step.rs"]
+#[path = "speculative/step.rs"]
 mod spec_step;
 
 /// What the engine keeps per sequence beyond the scheduler's integers.
@@ -65,7 +65,7 @@ pub(super) struct Worker {
     /// Where the prefix cache's changes go after every step (`--kv-events`).
     kv_events: Option<KvEventSink>,
     /// Proposals and their adaptive lengths (speculative decoding; off by default).
-    speculator: super::spec::Speculator,
+    speculator: super::speculative::Speculator,
     /// The prefix cache's disk tier (`--no-disk-cache` leaves it None).
     disk: Option<DiskTier>,
     /// New sequences waiting for their prompt's blocks from disk before they are scheduled.
@@ -102,7 +102,7 @@ impl Worker {
         exec: Executor,
         shared: SharedWithHandle,
         kv_events: Option<KvEventSink>,
-        speculator: super::spec::Speculator,
+        speculator: super::speculative::Speculator,
         disk: Option<DiskCacheConfig>,
     ) -> Self {
         // The salt names what the cached keys and values depend on besides the tokens (the

@@ -7,7 +7,7 @@
 
 use std::path::PathBuf;
 
-use crate::tensor_type::TensorType;
+use crate::kernels::tensor_type::TensorType;
 
 /// An error from opening or querying a GGUF file.
 #[derive(Debug, thiserror::Error)]

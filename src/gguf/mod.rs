@@ -87,7 +87,7 @@ impl GgufFile {
     }
 
     /// Validates `bytes` as a GGUF file held in memory (a copy goes into an anonymous map);
-    /// `name` stands for the path in messages. Used by the fuzz targets (`crate::fuzz_entry`),
+    /// `name` stands for the path in messages. Used by the fuzz targets (`crate::fuzz`),
     /// which must not touch the disk for every input.
     pub fn from_bytes(name: &str, bytes: &[u8]) -> Result<GgufFile, GgufError> {
         let path = PathBuf::from(name);

@@ -4,7 +4,7 @@
 //! its weights, and by `edge-llm info`.
 
 use super::error::GgufError;
-use crate::tensor_type::TensorType;
+use crate::kernels::tensor_type::TensorType;
 
 /// GGUF (ggml) tensors have 1 to 4 dimensions.
 pub const MAX_DIMS: usize = 4;

@@ -19,6 +19,7 @@ mod ops;
 mod pool;
 mod quant;
 pub mod rows;
+pub mod tensor_type;
 
 pub use bindings::EL_MAX_HEAD_DIM;
 pub use isa::*;

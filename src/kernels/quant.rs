@@ -10,7 +10,7 @@ use std::ffi::c_void;
 
 use super::bindings;
 use super::pool::{self, SharedMut};
-use crate::tensor_type::TensorType;
+use crate::kernels::tensor_type::TensorType;
 
 /// Output columns per matmul task. One activation row (decode) streams each weight row once:
 /// 32-column tasks (four 8-column tiles) keep both threads streaming to the end. Batches reuse

@@ -5,8 +5,8 @@
 use anyhow::{bail, Context, Result};
 
 use crate::gguf::{GgufFile, MetaArray, MetaValue};
+use crate::kernels::tensor_type::TensorType;
 use crate::kernels::{Activation, FreqFactors, Rope, RopeStyle, Yarn};
-use crate::tensor_type::TensorType;
 
 /// Architectures the forward pass implements (`general.architecture`).
 pub const SUPPORTED_ARCHITECTURES: &[&str] = &[

@@ -16,9 +16,9 @@ use super::backend::{Backend, WeightStore};
 use super::weights::{InFile, MatrixInfo, Weights};
 use super::{Batch, ModelConfig};
 use crate::gguf::{GgufFile, TensorInfo};
+use crate::kernels::tensor_type::TensorType;
 use crate::kernels::{self, rows, Activation, AttentionBatch, AttentionShape, Rope};
-use crate::kv_cache::KvCache;
-use crate::tensor_type::TensorType;
+use crate::model::kv_cache::KvCache;
 
 /// A weight matrix on the CPU: its bytes in the mapped file, and the interleaved copy its
 /// products read when it has one.

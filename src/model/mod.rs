@@ -2,7 +2,7 @@
 //! (`weights`, one struct for every backend), the flat batch the engine hands over (`batch`),
 //! and the forward pass (`forward`): one layer loop, written against the operations of a
 //! [`Backend`] (`backend`). The CPU backend (`cpu`) wraps `crate::kernels` and the paged KV pool
-//! (`crate::kv_cache`); the CUDA backend lives in `crate::cuda`.
+//! (`crate::model::kv_cache`); the CUDA backend lives in `crate::cuda`.
 //!
 //! Callers (the engine, through `crate::device::Executor`) load the weights onto a backend
 //! once, build a [`Batch`] per step, run [`forward::forward`], and get logits back only for the
@@ -14,6 +14,7 @@ pub mod batch;
 pub mod config;
 pub mod cpu;
 pub mod forward;
+pub mod kv_cache;
 pub mod weights;
 
 use std::path::Path;

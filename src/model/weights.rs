@@ -10,8 +10,8 @@ use anyhow::{bail, Context, Result};
 use super::backend::WeightStore;
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::kernels;
+use crate::kernels::tensor_type::TensorType;
 use crate::model::ModelConfig;
-use crate::tensor_type::TensorType;
 
 /// The store of [`Weights<InFile>`]: matrices as [`MatrixInfo`], vectors in f32.
 #[derive(Clone, Debug)]

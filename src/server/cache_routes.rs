@@ -16,7 +16,7 @@ use super::AppState;
 use crate::api::request::{self as params, Fields};
 use crate::chat_template::encode_prompt;
 use crate::engine::{Event, SubmitError};
-use crate::prefix_cache::{pin_request, pinned_from};
+use crate::flags::cache::{pin_request, pinned_from};
 
 /// A pinned prompt, as `GET /v1/cache` lists it.
 #[derive(Clone, Debug)]

@@ -19,6 +19,7 @@
 pub(crate) mod body;
 mod cache_routes;
 pub(crate) mod error;
+pub mod kv_publisher;
 mod listener;
 mod metrics;
 mod middleware;
@@ -43,7 +44,7 @@ use clap::Args;
 use crate::chat_template::ChatTemplate;
 use crate::engine::EngineHandle;
 use crate::flags::{EngineArgs, ModelArgs, ThreadArgs};
-use crate::kv_events::KvEventPublisher;
+use crate::server::kv_publisher::KvEventPublisher;
 
 pub use error::ApiError;
 pub use router_api::LoadFormat;
@@ -82,7 +83,7 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub limits: listener::LimitArgs,
     #[command(flatten)]
-    pub cache: crate::prefix_cache::CacheArgs,
+    pub cache: crate::flags::cache::CacheArgs,
     /// Publish KV cache events (vLLM's format) on a ZMQ PUB socket bound at tcp://HOST:PORT
     /// (or PORT: 127.0.0.1), for prefix-aware routers such as vllm-router's kv_aware
     #[arg(long = "kv-events", value_name = "ENDPOINT")]
@@ -185,14 +186,15 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         .with_context(|| format!("--host {} resolves to no address", args.host))?;
     args.threads.init()?;
     let model = args.model.load()?;
-    let template = match ChatTemplate::load(&model, args.chat_template.as_deref()) {
-        Ok(t) => Ok(t),
-        Err(e) if args.chat_template.is_some() => return Err(e),
-        Err(e) => {
-            eprintln!("warning: {e:#}; /v1/chat/completions will answer 400");
-            Err(format!("chat is unavailable: {e:#}"))
-        }
-    };
+    let template =
+        match ChatTemplate::load(&model.file, &model.tokenizer, args.chat_template.as_deref()) {
+            Ok(t) => Ok(t),
+            Err(e) if args.chat_template.is_some() => return Err(e),
+            Err(e) => {
+                eprintln!("warning: {e:#}; /v1/chat/completions will answer 400");
+                Err(format!("chat is unavailable: {e:#}"))
+            }
+        };
     let model_id = match &args.alias {
         Some(a) => a.clone(),
         None => model
@@ -205,12 +207,13 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
     // The publisher binds first: the engine's first event (AllBlocksCleared) goes to it.
     let kv_events = match &args.kv_events {
         Some(endpoint) => {
-            let p = crate::kv_events::start(crate::kv_events::KvEventsConfig {
-                endpoint: endpoint.clone(),
-                replay_endpoint: args.kv_events_replay.clone(),
-                topic: args.kv_events_topic.clone(),
-                block_size: args.engine.block_size,
-            })?;
+            let p =
+                crate::server::kv_publisher::start(crate::server::kv_publisher::KvEventsConfig {
+                    endpoint: endpoint.clone(),
+                    replay_endpoint: args.kv_events_replay.clone(),
+                    topic: args.kv_events_topic.clone(),
+                    block_size: args.engine.block_size,
+                })?;
             eprintln!(
                 "edge-llm serve: KV events on {}{}",
                 p.endpoint,

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use edge_llm::gguf::{MetaArray, MetaValue};
-use edge_llm::tensor_type::TensorType;
+use edge_llm::kernels::tensor_type::TensorType;
 
 /// GGUF metadata value type ids.
 pub mod type_id {

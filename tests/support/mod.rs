@@ -6,11 +6,11 @@
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
+use edge_llm::engine::sampler::SamplingParams;
 use edge_llm::engine::{
     EngineConfig, EngineHandle, Event, FinishReason, Metrics, Request, RequestStream,
 };
 use edge_llm::model::Model;
-use edge_llm::sampler::SamplingParams;
 
 pub fn model_path() -> PathBuf {
     let p =

@@ -11,7 +11,7 @@ mod gguf_writer;
 use std::path::Path;
 
 use edge_llm::gguf::{GgufFile, MetaArray, MetaValue};
-use edge_llm::tensor_type::TensorType;
+use edge_llm::kernels::tensor_type::TensorType;
 use gguf_writer::{GgufBuilder, TensorSpec};
 
 /// Tiny sizes: embedding 256 (whole K-quant blocks), 4 query heads of 64, one KV head.

@@ -41,7 +41,7 @@ fn pin(chat: &mut Chat) -> Result<()> {
     }
     let text = chat.template.render(&conversation, false)?;
     let tokens = crate::chat_template::encode_prompt(&chat.engine.model.tokenizer, &text)?;
-    let done = crate::prefix_cache::pin_blocking(&chat.engine, tokens)?;
+    let done = crate::flags::cache::pin_blocking(&chat.engine, tokens)?;
     chat.say(format!(
         "pinned {} tokens ({} were cached)",
         done.prompt_tokens, done.cached_tokens

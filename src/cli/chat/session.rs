@@ -12,8 +12,8 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::chat_template::ChatMessage;
+use crate::engine::sampler::SamplingParams;
 use crate::engine::{Event, FinishReason, RequestStream, Usage};
-use crate::sampler::SamplingParams;
 
 /// The sampling settings of a session (`/set`), saved with its conversation.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

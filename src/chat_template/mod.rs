@@ -15,12 +15,18 @@ use std::path::Path;
 
 use anyhow::{anyhow, Context, Result};
 use minijinja::syntax::SyntaxConfig;
-use minijinja::value::{Kwargs, Value};
+use minijinja::value::Value;
 use minijinja::{Environment, Error, ErrorKind};
 use serde::{Deserialize, Serialize};
 
-use crate::model::Model;
+use crate::gguf::GgufFile;
 use crate::tokenizer::Tokenizer;
+
+mod python_json;
+mod strftime;
+
+use python_json::tojson;
+use strftime::strftime_now;
 
 /// The GGUF key holding the template.
 pub const TEMPLATE_KEY: &str = "tokenizer.chat_template";
@@ -28,16 +34,8 @@ pub const TEMPLATE_KEY: &str = "tokenizer.chat_template";
 /// Built-in templates for GGUF files that carry none, keyed by the turn marker whose presence
 /// in the vocabulary identifies the format.
 const BUILTIN_TEMPLATES: [(&str, &str, &str); 2] = [
-    (
-        "<start_of_turn>",
-        "Gemma",
-        include_str!("chat_templates/gemma.jinja"),
-    ),
-    (
-        "<|im_start|>",
-        "ChatML",
-        include_str!("chat_templates/chatml.jinja"),
-    ),
+    ("<start_of_turn>", "Gemma", include_str!("gemma.jinja")),
+    ("<|im_start|>", "ChatML", include_str!("chatml.jinja")),
 ];
 
 /// The built-in template (name, source) for a vocabulary with a known turn marker.
@@ -83,22 +81,21 @@ impl std::fmt::Debug for ChatTemplate {
 }
 
 impl ChatTemplate {
-    /// The template stored in the model's GGUF, with the model's BOS and EOS texts. A file
-    /// without one gets the built-in template its vocabulary's turn markers name (Gemma's
-    /// `<start_of_turn>`, ChatML's `<|im_start|>`), said once on stderr; a vocabulary with
-    /// neither is an error asking for `--chat-template FILE`.
-    pub fn from_model(model: &Model) -> Result<ChatTemplate> {
-        let path = model.file.path().display();
-        let (source, what) = match model.file.get(TEMPLATE_KEY) {
+    /// The template stored in the model's GGUF `file`, with the BOS and EOS texts of its
+    /// `tokenizer`. A file without one gets the built-in template its vocabulary's turn markers
+    /// name (Gemma's `<start_of_turn>`, ChatML's `<|im_start|>`), said once on stderr; a
+    /// vocabulary with neither is an error asking for `--chat-template FILE`.
+    pub fn from_gguf(file: &GgufFile, tokenizer: &Tokenizer) -> Result<ChatTemplate> {
+        let path = file.path().display();
+        let (source, what) = match file.get(TEMPLATE_KEY) {
             Some(_) => {
-                let source = model
-                    .file
+                let source = file
                     .get_str(TEMPLATE_KEY)
                     .with_context(|| format!("reading {TEMPLATE_KEY}"))?;
                 (source, TEMPLATE_KEY.to_string())
             }
             None => {
-                let Some((name, source)) = builtin_for(&model.tokenizer) else {
+                let Some((name, source)) = builtin_for(tokenizer) else {
                     anyhow::bail!(
                         "{path} has no {TEMPLATE_KEY}; pass a Jinja chat template with --chat-template FILE"
                     );
@@ -109,7 +106,7 @@ impl ChatTemplate {
         };
         let template = ChatTemplate::from_source(source)
             .with_context(|| format!("compiling {what} of {path}"))?;
-        Ok(template.with_tokens_of(&model.tokenizer))
+        Ok(template.with_tokens_of(tokenizer))
     }
 
     /// A template read from a file (the `--chat-template FILE` override). Its `bos_token` and
@@ -123,10 +120,14 @@ impl ChatTemplate {
 
     /// `--chat-template FILE` if given, else the model's own template; either way with the
     /// model's BOS and EOS texts.
-    pub fn load(model: &Model, override_path: Option<&Path>) -> Result<ChatTemplate> {
+    pub fn load(
+        file: &GgufFile,
+        tokenizer: &Tokenizer,
+        override_path: Option<&Path>,
+    ) -> Result<ChatTemplate> {
         match override_path {
-            Some(path) => Ok(ChatTemplate::from_file(path)?.with_tokens_of(&model.tokenizer)),
-            None => ChatTemplate::from_model(model),
+            Some(path) => Ok(ChatTemplate::from_file(path)?.with_tokens_of(tokenizer)),
+            None => ChatTemplate::from_gguf(file, tokenizer),
         }
     }
 
@@ -302,264 +303,10 @@ fn raise_exception(msg: String) -> Result<Value, Error> {
     ))
 }
 
-/// `tojson`, as Hugging Face's: Python's `json.dumps(x, ensure_ascii=False, indent=indent)`
-/// (keys in the order given, `", "` and `": "` separators, no HTML escaping).
-fn tojson(value: Value, indent: Option<Value>, kwargs: Kwargs) -> Result<Value, Error> {
-    let indent = match indent {
-        Some(v) => Some(v),
-        None => kwargs.get::<Option<Value>>("indent")?,
-    };
-    let indent = match indent {
-        None => None,
-        Some(v) if v.is_none() => None,
-        Some(v) => Some(usize::try_from(v)?),
-    };
-    // Python's sort_keys and separators: accepted; separators are honoured only in their
-    // default form.
-    let _: Option<bool> = kwargs.get("sort_keys")?;
-    let _: Option<Value> = kwargs.get("separators")?;
-    kwargs.assert_all_used()?;
-    let mut out = Vec::new();
-    let mut writer = serde_json::Serializer::with_formatter(&mut out, PythonJson::new(indent));
-    value
-        .serialize(&mut writer)
-        .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
-    let out = String::from_utf8(out).expect("serde_json writes UTF-8");
-    Ok(Value::from_safe_string(out))
-}
-
-/// serde_json's output in Python's `json.dumps` layout: `", "` and `": "` on one line; with an
-/// indent, `","` then a new line and `indent` spaces per level (serde_json's own pretty printer
-/// with Python's separators). Non-finite floats come out as `null`, as serde_json writes them.
-struct PythonJson {
-    indent: Option<usize>,
-    depth: usize,
-    /// The container just closed held something (its closing bracket goes on a new line).
-    has_value: bool,
-}
-
-impl PythonJson {
-    fn new(indent: Option<usize>) -> Self {
-        PythonJson {
-            indent,
-            depth: 0,
-            has_value: false,
-        }
-    }
-
-    /// Before an item: the separator, then (indented) a new line.
-    fn item<W: ?Sized + std::io::Write>(&self, w: &mut W, first: bool) -> std::io::Result<()> {
-        match self.indent {
-            None if first => Ok(()),
-            None => w.write_all(b", "),
-            Some(n) => {
-                w.write_all(if first { b"\n" } else { b",\n" })?;
-                w.write_all(" ".repeat(n * self.depth).as_bytes())
-            }
-        }
-    }
-
-    fn close<W: ?Sized + std::io::Write>(
-        &mut self,
-        w: &mut W,
-        bracket: &[u8],
-    ) -> std::io::Result<()> {
-        self.depth -= 1;
-        if let (Some(n), true) = (self.indent, self.has_value) {
-            w.write_all(b"\n")?;
-            w.write_all(" ".repeat(n * self.depth).as_bytes())?;
-        }
-        self.has_value = true;
-        w.write_all(bracket)
-    }
-}
-
-impl serde_json::ser::Formatter for PythonJson {
-    fn begin_array<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
-        self.depth += 1;
-        self.has_value = false;
-        w.write_all(b"[")
-    }
-
-    fn end_array<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
-        self.close(w, b"]")
-    }
-
-    fn begin_array_value<W: ?Sized + std::io::Write>(
-        &mut self,
-        w: &mut W,
-        first: bool,
-    ) -> std::io::Result<()> {
-        self.item(w, first)
-    }
-
-    fn end_array_value<W: ?Sized + std::io::Write>(&mut self, _: &mut W) -> std::io::Result<()> {
-        self.has_value = true;
-        Ok(())
-    }
-
-    fn begin_object<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
-        self.depth += 1;
-        self.has_value = false;
-        w.write_all(b"{")
-    }
-
-    fn end_object<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
-        self.close(w, b"}")
-    }
-
-    fn begin_object_key<W: ?Sized + std::io::Write>(
-        &mut self,
-        w: &mut W,
-        first: bool,
-    ) -> std::io::Result<()> {
-        self.item(w, first)
-    }
-
-    fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
-        w.write_all(b": ")
-    }
-
-    fn end_object_value<W: ?Sized + std::io::Write>(&mut self, _: &mut W) -> std::io::Result<()> {
-        self.has_value = true;
-        Ok(())
-    }
-}
-
-/// `strftime_now(fmt)`: the current UTC time in a C `strftime` format (the common fields:
-/// `%Y %y %m %d %e %B %b %A %a %H %I %M %S %p %j %%`).
-fn strftime_now(format: String) -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    strftime(&format, secs)
-}
-
-fn strftime(format: &str, unix_secs: u64) -> String {
-    const MONTHS: [&str; 12] = [
-        "January",
-        "February",
-        "March",
-        "April",
-        "May",
-        "June",
-        "July",
-        "August",
-        "September",
-        "October",
-        "November",
-        "December",
-    ];
-    const DAYS: [&str; 7] = [
-        "Monday",
-        "Tuesday",
-        "Wednesday",
-        "Thursday",
-        "Friday",
-        "Saturday",
-        "Sunday",
-    ];
-    let days = (unix_secs / 86_400) as i64;
-    let secs_of_day = unix_secs % 86_400;
-    let (hour, minute, second) = (secs_of_day / 3600, secs_of_day / 60 % 60, secs_of_day % 60);
-    // Howard Hinnant's days-to-civil.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    let leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
-    let before: [i64; 12] = [0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334];
-    let yday = before[(month - 1) as usize] + day + i64::from(leap && month > 2);
-    let weekday = (days + 3).rem_euclid(7) as usize; // 1970-01-01 was a Thursday.
-    let month_name = MONTHS[(month - 1) as usize];
-    let mut out = String::new();
-    let mut chars = format.chars();
-    while let Some(c) = chars.next() {
-        if c != '%' {
-            out.push(c);
-            continue;
-        }
-        match chars.next() {
-            Some('Y') => out.push_str(&year.to_string()),
-            Some('y') => out.push_str(&format!("{:02}", year.rem_euclid(100))),
-            Some('m') => out.push_str(&format!("{month:02}")),
-            Some('d') => out.push_str(&format!("{day:02}")),
-            Some('e') => out.push_str(&format!("{day:2}")),
-            Some('B') => out.push_str(month_name),
-            Some('b') | Some('h') => out.push_str(&month_name[..3]),
-            Some('A') => out.push_str(DAYS[weekday]),
-            Some('a') => out.push_str(&DAYS[weekday][..3]),
-            Some('H') => out.push_str(&format!("{hour:02}")),
-            Some('I') => out.push_str(&format!("{:02}", (hour + 11) % 12 + 1)),
-            Some('M') => out.push_str(&format!("{minute:02}")),
-            Some('S') => out.push_str(&format!("{second:02}")),
-            Some('p') => out.push_str(if hour < 12 { "AM" } else { "PM" }),
-            Some('j') => out.push_str(&format!("{yday:03}")),
-            Some('%') => out.push('%'),
-            Some(other) => {
-                out.push('%');
-                out.push(other);
-            }
-            None => out.push('%'),
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
+    use super::strftime::strftime;
     use super::*;
-
-    fn default_model() -> Option<Model> {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("models")
-            .join(crate::flags::DEFAULT_MODEL_FILE);
-        if !path.is_file() {
-            eprintln!(
-                "skipping: {} is missing (scripts/fetch-model.sh)",
-                path.display()
-            );
-            return None;
-        }
-        Some(Model::load(&path).expect("loading the default model"))
-    }
-
-    #[test]
-    fn default_model_template_renders_chatml_with_default_system_prompt() {
-        let Some(model) = default_model() else { return };
-        let t = ChatTemplate::from_model(&model).unwrap();
-        let prompt = t
-            .render(&[ChatMessage::new("user", "Hi there")], true)
-            .unwrap();
-        assert_eq!(
-            prompt,
-            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
-             <|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n"
-        );
-        let own = t
-            .render(
-                &[
-                    ChatMessage::new("system", "Be brief."),
-                    ChatMessage::new("user", "Hi"),
-                    ChatMessage::new("assistant", "Hello!"),
-                ],
-                false,
-            )
-            .unwrap();
-        assert_eq!(own, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n");
-        let ids = t
-            .encode(&model.tokenizer, &[ChatMessage::new("user", "Hi")], true)
-            .unwrap();
-        assert_eq!(ids[0], 1, "<|im_start|> is one control token");
-        assert_eq!(ids.iter().filter(|&&id| id == 1).count(), 3);
-        assert_eq!(ids.iter().filter(|&&id| id == 2).count(), 2);
-    }
 
     #[test]
     fn raise_exception_gives_a_clear_error() {
@@ -646,19 +393,5 @@ mod tests {
             strftime("%d %b %Y %H:%M:%S %A %j %%", 1_709_211_909),
             "29 Feb 2024 13:05:09 Thursday 060 %"
         );
-    }
-
-    #[test]
-    fn bos_is_not_doubled() {
-        let Some(model) = default_model() else { return };
-        let tok = &model.tokenizer;
-        let text = "<|im_start|>user\nHi<|im_end|>\n";
-        let ids = encode_prompt(tok, text).unwrap();
-        let plain = tok.encode(text, false, true).unwrap();
-        match tok.bos_id().filter(|_| tok.add_bos_default()) {
-            Some(bos) if plain[0] == bos => assert_eq!(ids, plain),
-            Some(bos) => assert_eq!(ids[0], bos),
-            None => assert_eq!(ids, plain),
-        }
     }
 }

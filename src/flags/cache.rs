@@ -9,9 +9,9 @@ use clap::Args;
 
 use crate::chat_template::{encode_prompt, ChatTemplate};
 use crate::engine::disk_cache::{DiskCacheConfig, DEFAULT_DISK_MIB};
+use crate::engine::sampler::SamplingParams;
 use crate::engine::{EngineHandle, Event, Request};
 use crate::model::Model;
-use crate::sampler::SamplingParams;
 
 #[derive(Args, Debug, Clone, Default)]
 pub struct CacheArgs {

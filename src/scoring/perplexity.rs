@@ -6,9 +6,9 @@
 use anyhow::{bail, Result};
 
 use crate::device::Device;
-use crate::generate::SequenceRunner;
+use crate::engine::sampler::log_softmax_at;
 use crate::model::Model;
-use crate::sampler::log_softmax_at;
+use crate::scoring::runner::SequenceRunner;
 
 /// Running totals after each chunk.
 #[derive(Clone, Debug, Default)]
@@ -133,7 +133,12 @@ pub fn for_each_chunk(
     let bos = tok.bos_id().filter(|_| tok.add_bos_default());
     let first = n_ctx / 2;
     let vocab = model.config.vocab_size;
-    let mut runner = SequenceRunner::on(model, n_ctx, crate::generate::DEFAULT_BLOCK_SIZE, device)?;
+    let mut runner = SequenceRunner::on(
+        model,
+        n_ctx,
+        crate::scoring::runner::DEFAULT_BLOCK_SIZE,
+        device,
+    )?;
     for (chunk, input) in tokens.chunks_exact(n_ctx).enumerate() {
         let mut input = input.to_vec();
         if let Some(bos) = bos {

@@ -6,7 +6,7 @@
 //! call [`Executor::forward`] with the same [`Batch`] either way; the scheduler and block manager
 //! never know which.
 //!
-//! [`SequenceRunner`]: crate::generate::SequenceRunner
+//! [`SequenceRunner`]: crate::scoring::runner::SequenceRunner
 
 use std::io::IsTerminal;
 

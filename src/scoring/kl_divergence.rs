@@ -19,7 +19,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::device::Device;
 use crate::model::Model;
-use crate::perplexity::{chunk_tokens, for_each_chunk, PerplexityStats};
+use crate::scoring::perplexity::{chunk_tokens, for_each_chunk, PerplexityStats};
 
 const MAGIC: &[u8; 8] = b"_logits_";
 

@@ -3,6 +3,8 @@
 //! starts the engine), and the compute threads (`ThreadArgs`). The faces (`cli`, `server`) are
 //! siblings that both flatten these into their own flags; neither imports the other.
 
+pub mod cache;
+
 use std::io::IsTerminal;
 use std::path::PathBuf;
 
@@ -10,7 +12,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 
 use crate::device::{Device, Executor};
-use crate::engine::spec::DraftSetup;
+use crate::engine::speculative::DraftSetup;
 use crate::engine::{EngineConfig, EngineHandle};
 use crate::model::Model;
 
@@ -41,7 +43,7 @@ pub struct EngineArgs {
     #[arg(long = "parallel", default_value_t = 4)]
     pub parallel: usize,
     /// Tokens per KV block.
-    #[arg(long = "block-size", default_value_t = crate::generate::DEFAULT_BLOCK_SIZE)]
+    #[arg(long = "block-size", default_value_t = crate::scoring::runner::DEFAULT_BLOCK_SIZE)]
     pub block_size: usize,
     /// Most tokens one forward step runs (prompts are cut into chunks to fit).
     #[arg(long = "max-batched-tokens", default_value_t = 512)]
@@ -138,7 +140,8 @@ impl EngineArgs {
             return Ok(None);
         };
         let model = Model::load(path).context("--draft-model")?;
-        let per_block = crate::kv_cache::KvCache::bytes_per_block(&model.config, config.block_size);
+        let per_block =
+            crate::model::kv_cache::KvCache::bytes_per_block(&model.config, config.block_size);
         let num_blocks = match self.draft_kv_mem {
             Some(mib) => mib.saturating_mul(1 << 20) / per_block,
             None => config.num_blocks,
@@ -229,7 +232,7 @@ impl EngineArgs {
                 None if self.kv_mem.is_some() => "--kv-mem",
                 None => "-c/--ctx-size or --parallel",
             };
-            crate::memory::admit(&footprint, &crate::memory::limits(), flag)?;
+            crate::engine::memory::admit(&footprint, &crate::engine::memory::limits(), flag)?;
         }
         let exec = Executor::new(&model, device, config.block_size, config.num_blocks)?;
         if verbose || std::io::stderr().is_terminal() {

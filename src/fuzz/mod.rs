@@ -65,7 +65,7 @@ pub fn load_vocabulary(path: &Path) -> Result<Vocabulary> {
     let file = GgufFile::open(path).with_context(|| format!("opening {}", path.display()))?;
     let tokenizer = Tokenizer::from_gguf(&file)
         .with_context(|| format!("building the tokenizer of {}", path.display()))?;
-    // As `ChatTemplate::from_model` chooses: the file's template, else the built-in one.
+    // As `ChatTemplate::from_gguf` chooses: the file's template, else the built-in one.
     let source = match file.get(TEMPLATE_KEY) {
         Some(_) => file
             .get_str(TEMPLATE_KEY)

@@ -1,6 +1,6 @@
 //! The draft-model proposer: a small model with the target's vocabulary, run by the engine
 //! thread on its own KV pool, proposes each speculating sequence's next tokens greedily (its
-//! argmax, so the proposal is deterministic and `spec::verify`'s exact acceptance holds for
+//! argmax, so the proposal is deterministic and `speculative::verify`'s exact acceptance holds for
 //! sampling too). Every proposal is one batched catch-up step (the tokens the target accepted
 //! since the draft last saw the sequence, plus its own last token) and one batched step per
 //! further proposed token, over all speculating sequences at once.
