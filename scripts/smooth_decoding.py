@@ -16,11 +16,17 @@ python3 standard library only. For each server configuration and repetition:
   4. the server stops.
 Configurations: edge-llm with each --max-step-ms value given (0: the cap off), and llama-server
 with -np 5 (its slots: the four chats and the long prompt). Prints one JSON line per run and a
-table of medians over the repetitions; --json FILE writes every run.
+table of medians over the repetitions; --json FILE writes every run. The servers' logs go to
+--log-dir (default: a new folder from tempfile.mkdtemp, printed at the start).
 
-Example (2 threads, three repetitions, interleaved per repetition):
-  scripts/smooth_decoding.py --edge target/release/edge-llm \\
-      --llama-bin /work/wt-kld/.llama.cpp/bin --max-step-ms 100,0 -r 3
+The default binary and model are found from the repository root, so the script runs from any
+folder (paths given on the command line are taken as usual, from the current folder).
+llama-server is compared only when --llama-bin names the folder holding it (for example
+.llama.cpp/bin, which scripts/build-llamacpp.sh builds).
+
+Example (2 threads, three repetitions, interleaved per repetition), from the repository root:
+  scripts/build-llamacpp.sh && cargo build --release
+  scripts/smooth_decoding.py --llama-bin .llama.cpp/bin --max-step-ms 100,0 -r 3
 """
 
 import argparse
@@ -31,12 +37,16 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.parse
 
 from sse_client import post_stream
 
+# The repository root (this file is scripts/smooth_decoding.py): relative defaults start here.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Debian's copy of the GPL-3 text (package base-files); --text names another file.
 GPL3 = "/usr/share/common-licenses/GPL-3"
 QUESTIONS = [
     "What is free software? Answer in one paragraph.",
@@ -60,9 +70,9 @@ def count_tokens(edge, model, text):
     return len(json.loads(out.strip().splitlines()[-1]))
 
 
-def long_text(edge, model, tokens, tag_tokens):
-    """The longest start of GPL-3 (by words) within `tokens - tag_tokens` tokens."""
-    with open(GPL3, encoding="utf-8") as f:
+def long_text(edge, model, path, tokens, tag_tokens):
+    """The longest start of the text at `path` (by words) within `tokens - tag_tokens` tokens."""
+    with open(path, encoding="utf-8") as f:
         words = f.read().split()
     lo, hi = 1, len(words)
     while lo < hi:
@@ -235,9 +245,12 @@ def run_one(name, cmd, text, tag, args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--edge", default="target/release/edge-llm", help="edge-llm binary")
+    ap.add_argument("--edge", default=None,
+                    help="edge-llm binary (default: target/release/edge-llm in the repository)")
     ap.add_argument("--llama-bin", default=None, help="folder with llama-server (left out: edge-llm only)")
-    ap.add_argument("-m", "--model", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    ap.add_argument("-m", "--model", default=None,
+                    help="GGUF file (default: models/SmolLM2-135M-Instruct.Q4_1.gguf in the repository)")
+    ap.add_argument("--text", default=GPL3, help="the text the long prompt is cut from (default: %(default)s)")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--max-step-ms", default="100,0", help="edge-llm configurations: comma-separated values (0: cap off)")
     ap.add_argument("-r", "--reps", type=int, default=3)
@@ -245,9 +258,17 @@ def main():
     ap.add_argument("--chat-tokens", type=int, default=150)
     ap.add_argument("--warm-tokens", type=int, default=5, help="tokens every chat streams before the long prompt is sent")
     ap.add_argument("--json", default=None, help="write every run here")
-    ap.add_argument("--log-dir", default="/tmp")
+    ap.add_argument("--log-dir", default=None,
+                    help="where the servers' logs go (default: a new folder from tempfile.mkdtemp)")
     args = ap.parse_args()
+    if args.edge is None:
+        args.edge = os.path.join(ROOT, "target", "release", "edge-llm")
+    if args.model is None:
+        args.model = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+    if args.log_dir is None:
+        args.log_dir = tempfile.mkdtemp(prefix="smooth-decoding.")
     os.makedirs(args.log_dir, exist_ok=True)
+    sys.stderr.write(f"server logs in {args.log_dir}\n")
 
     configs = []
     for ms in [int(x) for x in args.max_step_ms.split(",") if x.strip()]:
@@ -261,8 +282,8 @@ def main():
 
     # The tag ("Run 12a. ") takes a few tokens: count them once.
     tag_tokens = count_tokens(args.edge, args.model, "Run 12Ca.")
-    text = long_text(args.edge, args.model, args.long_tokens, tag_tokens)
-    sys.stderr.write(f"long prompt: {GPL3} cut to {count_tokens(args.edge, args.model, 'Run 12Ca. ' + text)} tokens\n")
+    text = long_text(args.edge, args.model, args.text, args.long_tokens, tag_tokens)
+    sys.stderr.write(f"long prompt: {args.text} cut to {count_tokens(args.edge, args.model, 'Run 12Ca. ' + text)} tokens\n")
 
     runs = []
     for rep in range(args.reps):
