@@ -27,7 +27,7 @@ use std::sync::Arc;
 use edge_llm::device::Executor;
 use edge_llm::engine::sampler::SamplingParams;
 use edge_llm::engine::{
-    EngineConfig, EngineHandle, Event, FinishReason, Metrics, Request, RequestStream,
+    EngineConfig, EngineHandle, EngineParts, Event, FinishReason, Metrics, Request, RequestStream,
 };
 use edge_llm::gguf::{MetaArray, MetaValue};
 use edge_llm::kernels;
@@ -461,7 +461,15 @@ fn engine_run(model: &Arc<Model>, exec: Executor) -> (Vec<Completion>, Metrics) 
         max_queue: 8,
         max_step_ms: None,
     };
-    let engine = EngineHandle::start_with(Arc::clone(model), config, exec).unwrap();
+    let engine = EngineHandle::start(
+        Arc::clone(model),
+        config,
+        EngineParts {
+            executor: Some(exec),
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let prefix: Vec<u32> = (0..16).map(|i| (i * 41 + 7) % VOCAB as u32).collect();
     let prompt = |suffix: &[u32]| [prefix.as_slice(), suffix].concat();
     let request = |prompt: Vec<u32>, n: usize| {

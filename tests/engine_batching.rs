@@ -8,7 +8,7 @@ mod support;
 use std::sync::Arc;
 
 use edge_llm::engine::sampler::SamplingParams;
-use edge_llm::engine::{EngineConfig, EngineHandle, Event, FinishReason, Request};
+use edge_llm::engine::{EngineConfig, EngineHandle, EngineParts, Event, FinishReason, Request};
 use edge_llm::model::Model;
 
 const GEN: usize = 12;
@@ -30,7 +30,7 @@ fn engine(num_blocks: usize) -> EngineHandle {
         max_queue: 64,
         max_step_ms: None,
     };
-    EngineHandle::start(shared_model(), config).unwrap()
+    EngineHandle::start(shared_model(), config, EngineParts::default()).unwrap()
 }
 
 /// Eight prompts: the same 400-token system text, then a different question each.

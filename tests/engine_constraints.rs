@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use edge_llm::constraint::{Constraint, ConstraintSpec};
 use edge_llm::engine::sampler::SamplingParams;
-use edge_llm::engine::{EngineConfig, EngineHandle, Event, FinishReason, Request};
+use edge_llm::engine::{EngineConfig, EngineHandle, EngineParts, Event, FinishReason, Request};
 use edge_llm::model::Model;
 use serde_json::json;
 
@@ -30,7 +30,7 @@ fn engine(max_batched_tokens: usize) -> EngineHandle {
         max_queue: 64,
         max_step_ms: None,
     };
-    EngineHandle::start(shared_model(), config).unwrap()
+    EngineHandle::start(shared_model(), config, EngineParts::default()).unwrap()
 }
 
 fn chat_prompt(question: &str) -> Vec<u32> {

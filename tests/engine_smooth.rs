@@ -10,7 +10,7 @@ use edge_llm::engine::block_manager::BlockManager;
 use edge_llm::engine::sampler::SamplingParams;
 use edge_llm::engine::scheduler::{Scheduler, SchedulerConfig};
 use edge_llm::engine::step_time::{StepShape, MIN_PREFILL_CHUNK};
-use edge_llm::engine::{EngineConfig, EngineHandle, Event, Request};
+use edge_llm::engine::{EngineConfig, EngineHandle, EngineParts, Event, Request};
 
 fn scheduler() -> Scheduler {
     Scheduler::new(
@@ -142,7 +142,7 @@ fn run(max_step_ms: Option<u64>) -> (Vec<Vec<u32>>, u64) {
         max_queue: 8,
         max_step_ms,
     };
-    let engine = EngineHandle::start(model.clone(), config).unwrap();
+    let engine = EngineHandle::start(model.clone(), config, EngineParts::default()).unwrap();
     let text = std::fs::read_to_string("/usr/share/common-licenses/GPL-3")
         .expect("the GPL-3 text of Debian's base-files");
     let tok = &model.tokenizer;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use edge_llm::engine::block_manager::BlockManager;
 use edge_llm::engine::sampler::SamplingParams;
 use edge_llm::engine::scheduler::{Scheduler, SchedulerConfig};
-use edge_llm::engine::{EngineConfig, EngineHandle, FinishReason, SpecConfig};
+use edge_llm::engine::{EngineConfig, EngineHandle, EngineParts, FinishReason, SpecConfig};
 use edge_llm::model::Model;
 use support::{assert_greedy_among_sessions, collect, request, wait_idle};
 
@@ -48,7 +48,15 @@ fn eager() -> SpecConfig {
 }
 
 fn engine(num_blocks: usize, spec: SpecConfig) -> EngineHandle {
-    EngineHandle::start_with_spec(shared_model(), config(num_blocks), spec).unwrap()
+    EngineHandle::start(
+        shared_model(),
+        config(num_blocks),
+        EngineParts {
+            spec,
+            ..Default::default()
+        },
+    )
+    .unwrap()
 }
 
 /// The reference prompts (48 tokens each, as llama.cpp ran them) and three long prompts that

@@ -17,7 +17,9 @@ use std::sync::{Arc, OnceLock};
 
 use edge_llm::engine::sampler::SamplingParams;
 use edge_llm::engine::speculative::DraftSetup;
-use edge_llm::engine::{EngineConfig, EngineHandle, FinishReason, Metrics, SpecConfig};
+use edge_llm::engine::{
+    EngineConfig, EngineHandle, EngineParts, FinishReason, Metrics, SpecConfig,
+};
 use edge_llm::model::Model;
 use support::{assert_greedy_among_sessions, collect, request, wait_idle};
 
@@ -87,7 +89,15 @@ fn with_draft(draft: &Arc<Model>, draft_blocks: usize, max_tokens: usize) -> Spe
 }
 
 fn engine(target: &Arc<Model>, num_blocks: usize, spec: SpecConfig) -> EngineHandle {
-    EngineHandle::start_with_spec(target.clone(), config(num_blocks), spec).unwrap()
+    EngineHandle::start(
+        target.clone(),
+        config(num_blocks),
+        EngineParts {
+            spec,
+            ..Default::default()
+        },
+    )
+    .unwrap()
 }
 
 /// Both pools are full again: the target's and the draft's.
@@ -246,9 +256,16 @@ fn a_draft_of_another_vocabulary_is_refused_in_one_line() {
         )
         .expect("the default model (scripts/fetch-model.sh)"),
     );
-    let err = EngineHandle::start_with_spec(target.clone(), config(16), with_draft(&smol, 16, 4))
-        .err()
-        .expect("a SmolLM2 draft for Qwen is refused");
+    let err = EngineHandle::start(
+        target.clone(),
+        config(16),
+        EngineParts {
+            spec: with_draft(&smol, 16, 4),
+            ..Default::default()
+        },
+    )
+    .err()
+    .expect("a SmolLM2 draft for Qwen is refused");
     let msg = format!("{err:#}");
     assert!(
         msg.contains("does not share the target's vocabulary") && !msg.contains('\n'),

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use edge_llm::chat_template::{ChatMessage, ChatTemplate};
 use edge_llm::engine::sampler::SamplingParams;
-use edge_llm::engine::{EngineConfig, EngineHandle, Event, Request};
+use edge_llm::engine::{EngineConfig, EngineHandle, EngineParts, Event, Request};
 use edge_llm::model::Model;
 use edge_llm::scoring::runner::SequenceRunner;
 
@@ -494,7 +494,7 @@ fn gemma3_prefix_cache_past_the_window() {
         max_queue: 4,
         max_step_ms: None,
     };
-    let engine = EngineHandle::start(model.clone(), config).unwrap();
+    let engine = EngineHandle::start(model.clone(), config, EngineParts::default()).unwrap();
     let run = |p: &[u32]| {
         let mut stream = engine
             .submit(Request::new(p.to_vec(), SamplingParams::greedy(), 8))

@@ -163,7 +163,14 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         root: root.clone(),
         budget_bytes: DEFAULT_DISK_MIB << 20,
     });
-    let engine = engine_args.start_with_cache(model, true, None, disk)?;
+    let engine = engine_args.start(
+        model,
+        true,
+        crate::engine::EngineParts {
+            disk,
+            ..Default::default()
+        },
+    )?;
     let constraint = match &args.json_schema {
         Some(path) => Some(schema_constraint(&engine, path)?),
         None => None,
@@ -178,9 +185,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         writeln!(out, "| model | threads | test | tokens/s |")?;
         writeln!(out, "|---|---|---|---|")?;
         let name = engine
-            .model
-            .file
-            .path()
+            .model_path()
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
@@ -274,12 +279,12 @@ pub(super) fn single(
     repetitions: usize,
     speculate: bool,
 ) -> Result<(Option<f64>, Option<f64>)> {
-    let vocab = engine.model.config.vocab_size;
+    let vocab = engine.model_config().vocab_size;
     let fixed = match &args.prompt_file {
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading --prompt-file {}", path.display()))?;
-            let tok = &engine.model.tokenizer;
+            let tok = &engine.tokenizer();
             Some(tok.encode(&text, tok.add_bos_default(), true)?)
         }
         None => None,
@@ -395,7 +400,7 @@ pub(super) fn sessions_once(
     speculate: bool,
     max_tokens: Option<&[usize]>,
 ) -> Result<SessionsRun> {
-    let vocab = engine.model.config.vocab_size;
+    let vocab = engine.model_config().vocab_size;
     let before = engine.metrics().unwrap_or_default().prefix_cache;
     let prefix = random_tokens(rng, args.shared_prefix, vocab);
     let started = Instant::now();

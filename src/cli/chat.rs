@@ -101,7 +101,14 @@ pub fn run(args: &ChatArgs) -> Result<()> {
         );
     }
     let disk = args.cache.disk_config()?;
-    let engine = args.engine.start_with_cache(model, false, None, disk)?;
+    let engine = args.engine.start(
+        model,
+        false,
+        crate::engine::EngineParts {
+            disk,
+            ..Default::default()
+        },
+    )?;
     args.cache.pin_all(&engine, Some(&template))?;
     let mut chat = Chat::new(
         engine,
@@ -337,7 +344,7 @@ impl Chat {
     /// Submits session `id`'s conversation; a thread reads the reply into the session.
     fn start_reply(&mut self, id: usize) -> Result<()> {
         let session = self.session(id).ok_or_else(|| anyhow!("no session {id}"))?;
-        let tokenizer = &self.engine.model.tokenizer;
+        let tokenizer = &self.engine.tokenizer();
         let prompt = self
             .template
             .encode(tokenizer, &session.conversation(), true)?;

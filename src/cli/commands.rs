@@ -201,7 +201,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     if engine_args.kv_mem.is_none() {
         engine_args.parallel = 1;
     }
-    let engine = engine_args.start(model, false)?;
+    let engine = engine_args.start(model, false, crate::engine::EngineParts::default())?;
     let mut request = Request::new(ids.clone(), sampling, max_tokens);
     request.ignore_eos = args.ignore_eos;
     request.sampling.constraint = args.constraint.compile(&engine)?;

@@ -115,11 +115,7 @@ impl Builder {
     ) -> Result<(Request, &'static str, ReplyParsing), RequestError> {
         let endpoint = plan::endpoint_of(map)?;
         if endpoint == Endpoint::Chat && self.template.is_none() {
-            let loaded = ChatTemplate::load(
-                &self.engine.model.file,
-                &self.engine.model.tokenizer,
-                self.template_path.as_deref(),
-            );
+            let loaded = self.engine.chat_template(self.template_path.as_deref());
             self.template = Some(loaded.map_err(|e| format!("{e:#}")));
         }
         let template = match &self.template {
@@ -128,7 +124,7 @@ impl Builder {
             None => Err("no chat template was loaded"),
         };
         let setting = Setting {
-            tokenizer: &self.engine.model.tokenizer,
+            tokenizer: &self.engine.tokenizer(),
             template,
             grammars: Some(&self.engine.grammars),
             max_seq_len: self.engine.config.max_seq_len,
@@ -179,7 +175,9 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let base = args.sampling.params()?;
     let model = args.model.load()?;
     let add_bos = model.tokenizer.add_bos_default() && !args.no_bos;
-    let engine = args.engine.start(model, false)?;
+    let engine = args
+        .engine
+        .start(model, false, crate::engine::EngineParts::default())?;
     let builder = Builder {
         engine: engine.clone(),
         base,

@@ -11,7 +11,7 @@ use crate::chat_template::{encode_prompt, ChatTemplate};
 use crate::engine::disk_cache::{DiskCacheConfig, DEFAULT_DISK_MIB};
 use crate::engine::sampler::SamplingParams;
 use crate::engine::{EngineHandle, Event, Request};
-use crate::model::Model;
+use crate::tokenizer::Tokenizer;
 
 #[derive(Args, Debug, Clone, Default)]
 pub struct CacheArgs {
@@ -69,7 +69,7 @@ impl CacheArgs {
         for path in &self.pin_prompt {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading --pin-prompt {}", path.display()))?;
-            let tokens = pin_tokens(&engine.model, template, &text)
+            let tokens = pin_tokens(engine.tokenizer(), template, &text)
                 .with_context(|| format!("--pin-prompt {}", path.display()))?;
             let done = pin_blocking(engine, tokens)
                 .with_context(|| format!("pinning --pin-prompt {}", path.display()))?;
@@ -92,7 +92,11 @@ fn display(p: &Path) -> String {
 /// The token ids of a prompt to pin: JSON chat messages (an array, or an object with
 /// `messages`) rendered through `template` without a generation prompt, or else the text as
 /// it is (special tokens such as `<|im_start|>` written in it count as such).
-pub fn pin_tokens(model: &Model, template: Option<&ChatTemplate>, text: &str) -> Result<Vec<u32>> {
+pub fn pin_tokens(
+    tokenizer: &Tokenizer,
+    template: Option<&ChatTemplate>,
+    text: &str,
+) -> Result<Vec<u32>> {
     let json: Option<serde_json::Value> = serde_json::from_str(text.trim()).ok();
     let messages = match &json {
         Some(serde_json::Value::Array(m)) => Some(m.as_slice()),
@@ -109,9 +113,9 @@ pub fn pin_tokens(model: &Model, template: Option<&ChatTemplate>, text: &str) ->
                 bail!("every message must be an object with role and content, got {bad}");
             }
             let rendered = template.render_json(messages, None, false)?;
-            encode_prompt(&model.tokenizer, &rendered)?
+            encode_prompt(tokenizer, &rendered)?
         }
-        None => encode_prompt(&model.tokenizer, text)?,
+        None => encode_prompt(tokenizer, text)?,
     };
     if tokens.is_empty() {
         bail!("the prompt to pin is empty");

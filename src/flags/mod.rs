@@ -11,9 +11,9 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Args;
 
-use crate::device::{Device, Executor};
+use crate::device::Device;
 use crate::engine::speculative::DraftSetup;
-use crate::engine::{EngineConfig, EngineHandle};
+use crate::engine::{EngineConfig, EngineHandle, EngineParts};
 use crate::model::Model;
 
 /// File name of the default model in `models/`.
@@ -40,16 +40,16 @@ pub struct EngineArgs {
     #[arg(short = 'c', long = "ctx-size")]
     pub ctx_size: Option<usize>,
     /// Sequences the KV pool is sized for when --kv-mem is not given.
-    #[arg(long = "parallel", default_value_t = 4)]
+    #[arg(long = "parallel", default_value_t = EngineConfig::DEFAULT_PARALLEL)]
     pub parallel: usize,
     /// Tokens per KV block.
-    #[arg(long = "block-size", default_value_t = crate::scoring::runner::DEFAULT_BLOCK_SIZE)]
+    #[arg(long = "block-size", default_value_t = EngineConfig::DEFAULT_BLOCK_SIZE)]
     pub block_size: usize,
     /// Most tokens one forward step runs (prompts are cut into chunks to fit).
-    #[arg(long = "max-batched-tokens", default_value_t = 512)]
+    #[arg(long = "max-batched-tokens", default_value_t = EngineConfig::DEFAULT_MAX_BATCHED_TOKENS)]
     pub max_batched_tokens: usize,
     /// Most requests queued or running; more are refused.
-    #[arg(long = "max-queue", default_value_t = 256)]
+    #[arg(long = "max-queue", default_value_t = EngineConfig::DEFAULT_MAX_QUEUE)]
     pub max_queue: usize,
     /// While any session decodes, cut each step's prefill so the step (the gap between two
     /// streamed tokens) takes about MS milliseconds, from step times the engine measures; 0
@@ -57,7 +57,7 @@ pub struct EngineArgs {
     #[arg(
         long = "max-step-ms",
         value_name = "MS",
-        default_value_t = crate::engine::step_time::DEFAULT_MAX_STEP_MS
+        default_value_t = EngineConfig::DEFAULT_MAX_STEP_MS
     )]
     pub max_step_ms: u64,
     /// Where the model runs: cuda when built with it and a GPU is usable (auto), or cpu, or cuda.
@@ -178,30 +178,10 @@ impl EngineArgs {
         Ok(config)
     }
 
-    /// Starts the engine thread on `model` and `--device`, logging the KV pool's size on a
-    /// terminal (`verbose` logs it anywhere).
-    pub fn start(&self, model: Model, verbose: bool) -> Result<EngineHandle> {
-        self.start_with_events(model, verbose, None)
-    }
-
-    /// As [`EngineArgs::start`], publishing the prefix cache's changes to `kv_events`.
-    pub fn start_with_events(
-        &self,
-        model: Model,
-        verbose: bool,
-        kv_events: Option<crate::engine::kv_events::KvEventSink>,
-    ) -> Result<EngineHandle> {
-        self.start_with_cache(model, verbose, kv_events, None)
-    }
-
-    /// As [`EngineArgs::start_with_events`], with the prefix cache's disk tier in `disk`.
-    pub fn start_with_cache(
-        &self,
-        model: Model,
-        verbose: bool,
-        kv_events: Option<crate::engine::kv_events::KvEventSink>,
-        disk: Option<crate::engine::disk_cache::DiskCacheConfig>,
-    ) -> Result<EngineHandle> {
+    /// Starts the engine thread on `model` and `--device` with `parts` (KV events, the disk
+    /// tier; speculation, the device and the memory check come from these flags), logging the
+    /// KV pool's size on a terminal (`verbose` logs it anywhere).
+    pub fn start(&self, model: Model, verbose: bool, parts: EngineParts) -> Result<EngineHandle> {
         let config = self.config(&model)?;
         let mut spec = self.spec_config()?;
         spec.draft = self.draft_setup(&config)?;
@@ -212,49 +192,37 @@ impl EngineArgs {
                 model.config.n_ctx_train
             );
         }
-        let device = self.device.resolve()?;
-        if device == Device::Cpu {
-            let mut footprint = config.footprint(&model);
-            let flag = match &spec.draft {
-                // The draft's weights, KV pool and step buffers are held beside the target's.
-                Some(draft) => {
-                    let draft_config = EngineConfig {
-                        num_blocks: draft.num_blocks,
-                        ..config.clone()
-                    };
-                    footprint = footprint.plus(&draft_config.footprint(&draft.model));
-                    if self.draft_kv_mem.is_some() {
-                        "--draft-kv-mem or --kv-mem"
-                    } else {
-                        "-c/--ctx-size or --parallel (the draft's KV pool is sized as the target's)"
-                    }
-                }
-                None if self.kv_mem.is_some() => "--kv-mem",
-                None => "-c/--ctx-size or --parallel",
-            };
-            crate::engine::memory::admit(&footprint, &crate::engine::memory::limits(), flag)?;
-        }
-        let exec = Executor::new(&model, device, config.block_size, config.num_blocks)?;
+        let memory_flag = match &spec.draft {
+            Some(_) if self.draft_kv_mem.is_some() => "--draft-kv-mem or --kv-mem",
+            Some(_) => "-c/--ctx-size or --parallel (the draft's KV pool is sized as the target's)",
+            None if self.kv_mem.is_some() => "--kv-mem",
+            None => "-c/--ctx-size or --parallel",
+        };
+        let kv_bytes = config.kv_bytes(&model);
+        let engine = EngineHandle::start(
+            std::sync::Arc::new(model),
+            config,
+            EngineParts {
+                device: self.device,
+                memory_flag: Some(memory_flag),
+                spec,
+                ..parts
+            },
+        )?;
+        let config = &engine.config;
         if verbose || std::io::stderr().is_terminal() {
             eprintln!(
                 "KV cache on {}: {} blocks of {} tokens ({} tokens, {:.1} MiB); max {} tokens per sequence, {} per step",
-                exec.describe(),
+                engine.device(),
                 config.num_blocks,
                 config.block_size,
                 config.num_blocks * config.block_size,
-                config.kv_bytes(&model) as f64 / (1 << 20) as f64,
+                kv_bytes as f64 / (1 << 20) as f64,
                 config.max_seq_len,
                 config.max_batched_tokens
             );
         }
-        EngineHandle::start_full(
-            std::sync::Arc::new(model),
-            config,
-            exec,
-            kv_events,
-            spec,
-            disk,
-        )
+        Ok(engine)
     }
 }
 

@@ -136,7 +136,7 @@ pub fn for_each_chunk(
     let mut runner = SequenceRunner::on(
         model,
         n_ctx,
-        crate::scoring::runner::DEFAULT_BLOCK_SIZE,
+        crate::engine::EngineConfig::DEFAULT_BLOCK_SIZE,
         device,
     )?;
     for (chunk, input) in tokens.chunks_exact(n_ctx).enumerate() {

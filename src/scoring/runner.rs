@@ -8,12 +8,8 @@
 use anyhow::{bail, Result};
 
 use crate::device::{Device, Executor};
+use crate::engine::EngineConfig;
 use crate::model::{Batch, Model};
-
-/// Default KV block size in tokens.
-pub const DEFAULT_BLOCK_SIZE: usize = 16;
-/// Most tokens one forward step takes from a prompt.
-pub const DEFAULT_BATCH_TOKENS: usize = 512;
 
 pub struct SequenceRunner<'m> {
     model: &'m Model,
@@ -51,7 +47,7 @@ impl<'m> SequenceRunner<'m> {
             block_table: Vec::new(),
             num_computed: 0,
             n_ctx,
-            batch_tokens: DEFAULT_BATCH_TOKENS,
+            batch_tokens: EngineConfig::DEFAULT_MAX_BATCHED_TOKENS,
         }
     }
 

@@ -71,7 +71,7 @@ pub async fn pin(
 ) -> Result<Json<Value>, ApiError> {
     let map = json_object(body, state.max_body_bytes)?;
     let f = Fields(&map);
-    let tok = &state.engine.model.tokenizer;
+    let tok = &state.engine.tokenizer();
     let (tokens, param) = if f.get("messages").is_some() {
         let messages = params::messages(&f)?;
         let template = state

@@ -235,7 +235,15 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
             d.budget_bytes >> 20
         );
     }
-    let engine = args.engine.start_with_cache(model, true, sink, disk)?;
+    let engine = args.engine.start(
+        model,
+        true,
+        crate::engine::EngineParts {
+            kv_events: sink,
+            disk,
+            ..Default::default()
+        },
+    )?;
     let pins = args
         .cache
         .pin_all(&engine, template.as_ref().ok())?

@@ -32,7 +32,7 @@ pub async fn health() -> Json<Value> {
 }
 
 fn model_card(state: &AppState) -> Value {
-    let cfg = &state.engine.model.config;
+    let cfg = state.engine.model_config();
     json!({
         "id": state.model_id,
         "object": "model",
@@ -110,7 +110,7 @@ pub async fn chat_completions(
 /// the template, the grammar cache and the context length.
 pub(super) fn setting(state: &AppState) -> Setting<'_> {
     Setting {
-        tokenizer: &state.engine.model.tokenizer,
+        tokenizer: &state.engine.tokenizer(),
         template: state.template.as_ref().map_err(String::as_str),
         grammars: Some(&state.engine.grammars),
         max_seq_len: state.engine.config.max_seq_len,
@@ -153,10 +153,9 @@ async fn generate(
     };
     let with_logprobs = params.logprobs.is_some();
     if params.stream {
-        let model = state.engine.model.clone();
         return Ok(sse_response(
             reply,
-            model,
+            state.engine.clone(),
             stream,
             StreamShape {
                 n: params.n,
@@ -168,12 +167,7 @@ async fn generate(
         ));
     }
     let choices = collect(&mut stream, params.n).await?;
-    let mut body = full_response(
-        &reply,
-        &state.engine.model.tokenizer,
-        &choices,
-        with_logprobs,
-    );
+    let mut body = full_response(&reply, &state.engine.tokenizer(), &choices, with_logprobs);
     if parsing.any() {
         if let Some(items) = body["choices"].as_array_mut() {
             for (index, choice) in items.iter_mut().enumerate() {
@@ -195,7 +189,7 @@ async fn generate(
 pub async fn tokenize(State(state): Shared, body: Body) -> Result<Json<Value>, ApiError> {
     let map = json_object(body, state.max_body_bytes)?;
     let f = Fields(&map);
-    let tok = &state.engine.model.tokenizer;
+    let tok = &state.engine.tokenizer();
     let add_special = f.bool("add_special")?.unwrap_or(false);
     let parse_special = f.bool("parse_special")?.unwrap_or(true);
     let with_pieces = f.bool("with_pieces")?.unwrap_or(false);
@@ -253,7 +247,7 @@ pub async fn detokenize(State(state): Shared, body: Body) -> Result<Json<Value>,
         }
         None => return Err(ApiError::invalid("tokens", "`tokens` is required")),
     };
-    let tok = &state.engine.model.tokenizer;
+    let tok = &state.engine.tokenizer();
     if let Some(bad) = ids.iter().find(|&&id| id as usize >= tok.vocab_size()) {
         return Err(ApiError::invalid(
             "tokens",

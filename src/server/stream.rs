@@ -5,7 +5,6 @@
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
-use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::http::{header, StatusCode};
@@ -21,13 +20,12 @@ use crate::api::reasoning::{Piece, ReasoningSplitter};
 use crate::api::reply::ReplyParsing;
 use crate::api::request::Endpoint;
 use crate::api::tool_parser::ToolCallParser;
-use crate::engine::{Event, FinishReason, RequestStream, TokenLogprobs, Usage};
-use crate::model::Model;
+use crate::engine::{EngineHandle, Event, FinishReason, RequestStream, TokenLogprobs, Usage};
 
 /// The state of one streamed response.
 struct SseState {
     reply: Reply,
-    model: Arc<Model>,
+    engine: EngineHandle,
     stream: RequestStream,
     include_usage: bool,
     with_logprobs: bool,
@@ -59,7 +57,7 @@ pub struct StreamShape {
 /// A `text/event-stream` response fed by `stream`.
 pub fn sse_response(
     reply: Reply,
-    model: Arc<Model>,
+    engine: EngineHandle,
     stream: RequestStream,
     shape: StreamShape,
     info: RequestInfo,
@@ -72,7 +70,7 @@ pub fn sse_response(
     } = shape;
     let mut state = SseState {
         reply,
-        model,
+        engine,
         stream,
         include_usage,
         with_logprobs,
@@ -133,7 +131,7 @@ impl SseState {
         logprobs: &[(u32, TokenLogprobs)],
         finish: Option<FinishReason>,
     ) -> Value {
-        let tok = &self.model.tokenizer;
+        let tok = self.engine.tokenizer();
         let lp = if self.with_logprobs && !logprobs.is_empty() {
             match self.reply.endpoint {
                 Endpoint::Completions => {

@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock};
 
 use edge_llm::engine::sampler::SamplingParams;
 use edge_llm::engine::{
-    EngineConfig, EngineHandle, Event, FinishReason, Metrics, Request, RequestStream,
+    EngineConfig, EngineHandle, EngineParts, Event, FinishReason, Metrics, Request, RequestStream,
 };
 use edge_llm::model::Model;
 
@@ -58,7 +58,8 @@ pub fn engine_greedy(
         max_queue: 1,
         max_step_ms: None,
     };
-    let engine = EngineHandle::start(shared_model(), config).expect("the engine starts");
+    let engine = EngineHandle::start(shared_model(), config, EngineParts::default())
+        .expect("the engine starts");
     let mut request = Request::new(prompt.to_vec(), SamplingParams::greedy(), n);
     request.ignore_eos = ignore_eos;
     let mut stream = engine.submit(request).expect("the request is accepted");

@@ -1,0 +1,331 @@
+//! The client side of the engine: [`EngineHandle::start`] (the one way to start it, with
+//! [`EngineParts`]), submitting requests, reading their [`RequestStream`]s, aborting, and what
+//! the faces may know of the model (its tokenizer, its config, its chat template).
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+
+use anyhow::{bail, Result};
+use tokio::sync::mpsc as events;
+
+use super::disk_cache::{self, DiskCacheConfig};
+use super::kv_events::KvEventSink;
+use super::memory;
+use super::speculative::{SpecConfig, Speculator};
+use super::worker::{SharedWithHandle, Worker};
+use super::{EngineConfig, Event, Metrics, Request, SubmitError};
+use crate::chat_template::ChatTemplate;
+use crate::constraint::Grammars;
+use crate::device::{Device, Executor};
+use crate::model::{Model, ModelConfig};
+use crate::tokenizer::Tokenizer;
+
+/// What [`EngineHandle::start`] takes besides the model and its sizes. The default: the CPU,
+/// no memory check, no KV events, no speculation, no disk tier.
+pub struct EngineParts {
+    /// The executor to run on (tests: the CUDA emulator); None makes one on `device`.
+    pub executor: Option<Executor>,
+    /// Where to make the executor when none is given (`--device`).
+    pub device: Device,
+    /// Check the pool, weights and step buffers against the machine's memory first, naming
+    /// this flag in the refusal; None skips the check.
+    pub memory_flag: Option<&'static str>,
+    /// Where the prefix cache's changes go (`serve --kv-events`); `AllBlocksCleared` first.
+    pub kv_events: Option<KvEventSink>,
+    /// Speculative decoding (off by default).
+    pub spec: SpecConfig,
+    /// The prefix cache's disk tier (CPU pools only; on a GPU it is left off with a warning).
+    pub disk: Option<DiskCacheConfig>,
+}
+
+impl Default for EngineParts {
+    fn default() -> Self {
+        EngineParts {
+            executor: None,
+            device: Device::Cpu,
+            memory_flag: None,
+            kv_events: None,
+            spec: SpecConfig::default(),
+            disk: None,
+        }
+    }
+}
+
+pub(super) enum Command {
+    Submit {
+        id: u64,
+        request: Request,
+        events: events::UnboundedSender<Event>,
+    },
+    Abort(u64),
+}
+
+/// The client side of the engine; cheap to clone and to share between threads.
+#[derive(Clone)]
+pub struct EngineHandle {
+    tx: mpsc::Sender<Command>,
+    next_id: Arc<AtomicU64>,
+    /// Requests submitted and not yet finished, for queue limits.
+    in_flight: Arc<AtomicU64>,
+    /// The engine's counters as of its last step or command.
+    metrics: Arc<Mutex<Metrics>>,
+    /// The disk tier's counters, read live (its thread writes between steps).
+    disk_stats: Option<disk_cache::DiskStatsHandle>,
+    pub config: Arc<EngineConfig>,
+    model: Arc<Model>,
+    /// The device the forward pass runs on, as a line for logs.
+    device: String,
+    /// Compiles and caches the constraints of requests for this model.
+    pub grammars: Arc<Grammars>,
+}
+
+/// The events of one request. Dropping it before the request finished aborts the request.
+pub struct RequestStream {
+    pub id: u64,
+    rx: events::UnboundedReceiver<Event>,
+    remaining: usize,
+    handle: EngineHandle,
+}
+
+impl RequestStream {
+    /// The next event (blocking), or None once every completion has finished.
+    pub fn next_blocking(&mut self) -> Option<Event> {
+        if self.remaining == 0 {
+            return None;
+        }
+        let e = self.rx.blocking_recv();
+        self.track(e)
+    }
+
+    /// The next event, or None once every completion has finished.
+    pub async fn next(&mut self) -> Option<Event> {
+        if self.remaining == 0 {
+            return None;
+        }
+        let e = self.rx.recv().await;
+        self.track(e)
+    }
+
+    /// The next event if one is ready now.
+    pub fn try_next(&mut self) -> Option<Event> {
+        if self.remaining == 0 {
+            return None;
+        }
+        let e = self.rx.try_recv().ok();
+        e.and_then(|e| self.track(Some(e)))
+    }
+
+    fn track(&mut self, e: Option<Event>) -> Option<Event> {
+        match &e {
+            Some(Event::Finished { .. }) => self.remaining -= 1,
+            Some(Event::Error(_)) | None => self.remaining = 0,
+            _ => {}
+        }
+        e
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.remaining == 0
+    }
+}
+
+impl Drop for RequestStream {
+    fn drop(&mut self) {
+        if self.remaining > 0 {
+            self.handle.abort(self.id);
+        }
+    }
+}
+
+impl EngineHandle {
+    /// Starts the engine thread on `model` with the sizes of `config` and the optional `parts`;
+    /// the thread owns the model's KV pool and scheduler from now on. Without an executor in
+    /// `parts`, one is made on `parts.device` for the config's pool, after checking that the
+    /// machine has the memory (`parts.memory_flag` names the flag to lower when it does not).
+    pub fn start(
+        model: Arc<Model>,
+        config: EngineConfig,
+        parts: EngineParts,
+    ) -> Result<EngineHandle> {
+        let EngineParts {
+            executor,
+            device,
+            memory_flag,
+            kv_events,
+            spec,
+            disk,
+        } = parts;
+        spec.validate().map_err(anyhow::Error::msg)?;
+        let exec = match executor {
+            Some(exec) => exec,
+            None => {
+                let device = device.resolve()?;
+                if let (Device::Cpu, Some(flag)) = (device, memory_flag) {
+                    let mut footprint = config.footprint(&model);
+                    if let Some(draft) = &spec.draft {
+                        // The draft's weights, KV pool and step buffers are held beside the target's.
+                        let draft_config = EngineConfig {
+                            num_blocks: draft.num_blocks,
+                            ..config.clone()
+                        };
+                        footprint = footprint.plus(&draft_config.footprint(&draft.model));
+                    }
+                    memory::admit(&footprint, &memory::limits(), flag)?;
+                }
+                Executor::new(&model, device, config.block_size, config.num_blocks)?
+            }
+        };
+        if exec.block_size() != config.block_size {
+            bail!(
+                "the executor's KV blocks hold {} tokens, the engine's {}",
+                exec.block_size(),
+                config.block_size
+            );
+        }
+        let (tx, rx) = mpsc::channel();
+        let in_flight = Arc::new(AtomicU64::new(0));
+        let config = Arc::new(config);
+        let metrics = Arc::new(Mutex::new(Metrics::default()));
+        let device = exec.describe();
+        let speculator = Speculator::start(
+            spec,
+            &model,
+            exec.device(),
+            config.block_size,
+            config.max_batched_tokens,
+        )?;
+        let worker = Worker::new(
+            model.clone(),
+            (*config).clone(),
+            exec,
+            SharedWithHandle {
+                in_flight: in_flight.clone(),
+                metrics: metrics.clone(),
+            },
+            kv_events,
+            speculator,
+            disk,
+        );
+        let disk_stats = worker.disk_stats();
+        std::thread::Builder::new()
+            .name("edge-llm-engine".into())
+            .spawn(move || worker.run(rx))?;
+        Ok(EngineHandle {
+            tx,
+            next_id: Arc::new(AtomicU64::new(1)),
+            in_flight,
+            metrics,
+            disk_stats,
+            config,
+            grammars: Arc::new(Grammars::new(model.clone())),
+            model,
+            device,
+        })
+    }
+
+    /// The model's tokenizer (the faces encode prompts and decode tokens with it).
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.model.tokenizer
+    }
+
+    /// The model's hyperparameters (architecture, vocabulary, training context).
+    pub fn model_config(&self) -> &ModelConfig {
+        &self.model.config
+    }
+
+    /// The model's chat template, or `--chat-template FILE` when given.
+    pub fn chat_template(&self, override_path: Option<&Path>) -> Result<ChatTemplate> {
+        ChatTemplate::load(&self.model.file, &self.model.tokenizer, override_path)
+    }
+
+    /// The model's GGUF file.
+    pub fn model_path(&self) -> &Path {
+        self.model.file.path()
+    }
+
+    /// Where the forward pass runs, as a line for logs (`cpu`, or the GPU's name).
+    pub fn device(&self) -> &str {
+        &self.device
+    }
+
+    /// Checks and queues a request; its events arrive on the returned stream.
+    pub fn submit(&self, request: Request) -> Result<RequestStream, SubmitError> {
+        if request.prompt.is_empty() {
+            return Err(SubmitError::EmptyPrompt);
+        }
+        if request.prompt.len() >= self.config.max_seq_len {
+            return Err(SubmitError::PromptTooLong {
+                prompt: request.prompt.len(),
+                max: self.config.max_seq_len,
+            });
+        }
+        if let Some(&bad) = request
+            .prompt
+            .iter()
+            .find(|&&t| t as usize >= self.model.config.vocab_size)
+        {
+            return Err(SubmitError::Invalid(format!(
+                "token id {bad} is outside the vocabulary"
+            )));
+        }
+        if request.max_tokens == 0 {
+            return Err(SubmitError::Invalid("max_tokens must be at least 1".into()));
+        }
+        if request.n == 0 || request.n > 16 {
+            return Err(SubmitError::Invalid(format!(
+                "n must be between 1 and 16, got {}",
+                request.n
+            )));
+        }
+        if request.logprobs.is_some_and(|k| k > 20) {
+            return Err(SubmitError::Invalid(
+                "top_logprobs must be at most 20".into(),
+            ));
+        }
+        request.sampling.validate().map_err(SubmitError::Invalid)?;
+        let queued = self.in_flight.fetch_add(1, Ordering::SeqCst);
+        if queued >= self.config.max_queue as u64 {
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
+            return Err(SubmitError::QueueFull(queued as usize));
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (etx, erx) = events::unbounded_channel();
+        let n = request.n;
+        if self
+            .tx
+            .send(Command::Submit {
+                id,
+                request,
+                events: etx,
+            })
+            .is_err()
+        {
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
+            return Err(SubmitError::Stopped);
+        }
+        Ok(RequestStream {
+            id,
+            rx: erx,
+            remaining: n,
+            handle: self.clone(),
+        })
+    }
+
+    /// Aborts a request: its sequences end and their blocks are freed at once.
+    pub fn abort(&self, id: u64) {
+        let _ = self.tx.send(Command::Abort(id));
+    }
+
+    /// The engine's counters as of its last step or command. Never waits for a step.
+    pub fn metrics(&self) -> Option<Metrics> {
+        let mut m = self.metrics.lock().ok().map(|m| m.clone())?;
+        m.disk_cache = self.disk_stats.as_ref().map(|d| d.stats());
+        Some(m)
+    }
+
+    /// Requests submitted and not finished.
+    pub fn num_in_flight(&self) -> u64 {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+}
