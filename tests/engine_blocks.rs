@@ -5,6 +5,7 @@
 
 use edge_llm::engine::block_manager::{BlockCopy, BlockManager};
 use edge_llm::engine::scheduler::{Scheduler, SchedulerConfig};
+use edge_llm::engine::sequence::SeqId;
 
 struct Rng(u64);
 impl Rng {
@@ -123,7 +124,7 @@ fn scheduler(num_blocks: usize, block_size: usize, budget: usize) -> Scheduler {
 
 /// Runs `sched` to completion like the engine would, appending `token(seq, i)` after each
 /// step that finishes a sequence's tokens, until each has `gen` tokens.
-fn drain(sched: &mut Scheduler, gen: usize) -> Vec<(u64, Vec<u32>)> {
+fn drain(sched: &mut Scheduler, gen: usize) -> Vec<(SeqId, Vec<u32>)> {
     let mut done = Vec::new();
     let mut steps = 0;
     while sched.has_work() {
@@ -139,7 +140,7 @@ fn drain(sched: &mut Scheduler, gen: usize) -> Vec<(u64, Vec<u32>)> {
                 let seq = sched.finish(id).unwrap();
                 done.push((id, seq.tokens));
             } else {
-                let token = (id * 1000 + n as u64) as u32;
+                let token = (id.0 * 1000 + n as u64) as u32;
                 sched.append_token(id, token);
             }
         }
@@ -153,22 +154,22 @@ fn drain(sched: &mut Scheduler, gen: usize) -> Vec<(u64, Vec<u32>)> {
 fn a_shared_prompt_is_computed_once() {
     let mut s = scheduler(64, 4, 64);
     let system: Vec<u32> = (0..40).collect();
-    s.add(1, system.iter().copied().chain([900, 901]).collect());
+    s.add(SeqId(1), system.iter().copied().chain([900, 901]).collect());
     let out = s.schedule();
-    assert_eq!(out.scheduled, vec![(1, 42)]);
+    assert_eq!(out.scheduled, vec![(SeqId(1), 42)]);
     s.step_done(&out);
     // Later arrivals with the same 40-token prefix reuse its 10 blocks.
     for id in 2..=4u64 {
         s.add(
-            id,
+            SeqId(id),
             system.iter().copied().chain([900 + id as u32]).collect(),
         );
     }
     let out = s.schedule();
-    let prefill: Vec<_> = out.scheduled.iter().filter(|x| x.0 != 1).collect();
+    let prefill: Vec<_> = out.scheduled.iter().filter(|x| x.0 != SeqId(1)).collect();
     assert_eq!(
         prefill,
-        vec![&(2, 1), &(3, 1), &(4, 1)],
+        vec![&(SeqId(2), 1), &(SeqId(3), 1), &(SeqId(4), 1)],
         "only the new token of each prompt is computed"
     );
     assert_eq!(s.blocks.stats.hit_blocks, 30);
@@ -181,41 +182,44 @@ fn simultaneous_arrivals_wait_for_a_prefix_in_flight() {
     let system: Vec<u32> = (0..40).collect();
     for id in 1..=4u64 {
         s.add(
-            id,
+            SeqId(id),
             system.iter().copied().chain([900 + id as u32]).collect(),
         );
     }
     // Only the first computes the shared prefix; the others wait one step for it.
     let out = s.schedule();
-    assert_eq!(out.scheduled, vec![(1, 41)]);
+    assert_eq!(out.scheduled, vec![(SeqId(1), 41)]);
     s.check_invariants().unwrap();
     s.step_done(&out);
-    s.append_token(1, 7);
+    s.append_token(SeqId(1), 7);
     let out = s.schedule();
-    assert_eq!(out.scheduled, vec![(1, 1), (2, 1), (3, 1), (4, 1)]);
+    assert_eq!(
+        out.scheduled,
+        vec![(SeqId(1), 1), (SeqId(2), 1), (SeqId(3), 1), (SeqId(4), 1)]
+    );
     assert_eq!(s.blocks.stats.hit_blocks, 30);
     s.check_invariants().unwrap();
     // A sequence that differs from the first block on computes at once.
-    s.add(9, (500..540).collect());
+    s.add(SeqId(9), (500..540).collect());
     let out = s.schedule();
-    assert!(out.scheduled.contains(&(9, 40)));
+    assert!(out.scheduled.contains(&(SeqId(9), 40)));
 }
 
 #[test]
 fn chunked_prefill_shares_the_budget_with_decodes() {
     let mut s = scheduler(64, 4, 8);
-    s.add(1, vec![1, 2, 3]);
+    s.add(SeqId(1), vec![1, 2, 3]);
     let out = s.schedule();
     s.step_done(&out);
-    s.append_token(1, 7);
-    s.add(2, (0..30).collect());
+    s.append_token(SeqId(1), 7);
+    s.add(SeqId(2), (0..30).collect());
     // The decode goes first; the long prompt takes the rest of the budget, chunk by chunk.
     let out = s.schedule();
-    assert_eq!(out.scheduled, vec![(1, 1), (2, 7)]);
+    assert_eq!(out.scheduled, vec![(SeqId(1), 1), (SeqId(2), 7)]);
     s.step_done(&out);
-    s.append_token(1, 8);
+    s.append_token(SeqId(1), 8);
     let out = s.schedule();
-    assert_eq!(out.scheduled, vec![(1, 1), (2, 7)]);
+    assert_eq!(out.scheduled, vec![(SeqId(1), 1), (SeqId(2), 7)]);
 }
 
 #[test]
@@ -223,7 +227,7 @@ fn preemption_takes_the_latest_arrival_and_everything_completes() {
     // 6 blocks of 4 tokens: three sequences growing to 12 tokens cannot all hold 3 blocks.
     let mut s = scheduler(6, 4, 64);
     for id in 1..=3u64 {
-        s.add(id, vec![id as u32; 4]);
+        s.add(SeqId(id), vec![id as u32; 4]);
     }
     let done = drain(&mut s, 8);
     assert!(
@@ -233,7 +237,7 @@ fn preemption_takes_the_latest_arrival_and_everything_completes() {
     assert_eq!(done.len(), 3);
     for (id, tokens) in &done {
         assert_eq!(tokens.len(), 12);
-        let expected: Vec<u32> = (0..8).map(|n| (id * 1000 + n) as u32).collect();
+        let expected: Vec<u32> = (0..8).map(|n| (id.0 * 1000 + n) as u32).collect();
         assert_eq!(
             &tokens[4..],
             &expected[..],
@@ -254,8 +258,8 @@ fn random_operations_keep_the_invariants() {
         let prefixes: Vec<Vec<u32>> = (0..3)
             .map(|p| (0..rng.below(20) as u32).map(|t| p * 100 + t).collect())
             .collect();
-        let mut next_id = 1u64;
-        let mut live: Vec<u64> = Vec::new();
+        let mut next_id = SeqId(1);
+        let mut live: Vec<SeqId> = Vec::new();
         for _ in 0..400 {
             match rng.below(10) {
                 0..=2 => {
@@ -264,7 +268,7 @@ fn random_operations_keep_the_invariants() {
                     if s.fits(prompt.len() + 16) {
                         s.add(next_id, prompt);
                         live.push(next_id);
-                        next_id += 1;
+                        next_id.0 += 1;
                     }
                 }
                 3 if !live.is_empty() => {
@@ -279,7 +283,7 @@ fn random_operations_keep_the_invariants() {
                     {
                         s.fork(id, next_id);
                         live.push(next_id);
-                        next_id += 1;
+                        next_id.0 += 1;
                     }
                 }
                 _ => {

@@ -9,6 +9,7 @@ mod support;
 use edge_llm::engine::block_manager::BlockManager;
 use edge_llm::engine::sampler::SamplingParams;
 use edge_llm::engine::scheduler::{Scheduler, SchedulerConfig};
+use edge_llm::engine::sequence::SeqId;
 use edge_llm::engine::step_time::{StepShape, MIN_PREFILL_CHUNK};
 use edge_llm::engine::{EngineConfig, EngineHandle, EngineParts, Event, Request};
 
@@ -43,7 +44,7 @@ fn teach(sched: &mut Scheduler) {
 
 /// Runs one step of `sched`, completing every scheduled sequence's tokens; sequences that
 /// finished their prompt get a token appended (they decode from then on).
-fn step(sched: &mut Scheduler) -> Vec<(u64, usize)> {
+fn step(sched: &mut Scheduler) -> Vec<(SeqId, usize)> {
     let out = sched.schedule();
     for id in sched.step_done(&out) {
         sched.append_token(id, 7);
@@ -58,24 +59,24 @@ fn a_lone_prefill_runs_uncapped_and_decoding_caps_the_next_one() {
     sched.set_max_step_ms(Some(50));
     teach(&mut sched);
     // Nothing decodes: a long prompt takes the whole token budget.
-    sched.add(1, vec![1; 2000]);
-    assert_eq!(step(&mut sched), vec![(1, 512)]);
-    sched.finish(1);
+    sched.add(SeqId(1), vec![1; 2000]);
+    assert_eq!(step(&mut sched), vec![(SeqId(1), 512)]);
+    sched.finish(SeqId(1));
     // Four short chats start together (nothing decodes yet: uncapped) and then decode.
     for id in 2..6 {
-        sched.add(id, vec![id as u32; 20]);
+        sched.add(SeqId(id), vec![id as u32; 20]);
     }
     assert_eq!(step(&mut sched).len(), 4);
     // A long prompt now gets what fits 50 ms beside the four decoding rows.
-    sched.add(10, vec![10; 2000]);
+    sched.add(SeqId(10), vec![10; 2000]);
     let s = step(&mut sched);
     assert!(
-        s.iter().filter(|s| s.0 != 10).all(|s| s.1 == 1),
+        s.iter().filter(|s| s.0 != SeqId(10)).all(|s| s.1 == 1),
         "every chat decodes one token: {s:?}"
     );
     let first = s
         .iter()
-        .find(|s| s.0 == 10)
+        .find(|s| s.0 == SeqId(10))
         .expect("the long prompt runs")
         .1;
     assert!(
@@ -85,7 +86,10 @@ fn a_lone_prefill_runs_uncapped_and_decoding_caps_the_next_one() {
     // Deeper into the prompt a token attends to more keys: chunks get smaller.
     let mut last = first;
     let mut num_chunks = 1;
-    while let Some(&(_, n)) = step(&mut sched).iter().find(|s| s.0 == 10 && s.1 > 1) {
+    while let Some(&(_, n)) = step(&mut sched)
+        .iter()
+        .find(|s| s.0 == SeqId(10) && s.1 > 1)
+    {
         assert!(n <= last, "chunk {n} after {last}");
         last = n;
         num_chunks += 1;
@@ -93,11 +97,11 @@ fn a_lone_prefill_runs_uncapped_and_decoding_caps_the_next_one() {
     assert!(num_chunks > 2000 / first, "{num_chunks} chunks");
     // With the cap off, the same state takes the full budget again.
     sched.set_max_step_ms(None);
-    sched.add(9, vec![3; 1000]);
+    sched.add(SeqId(9), vec![3; 1000]);
     let s = step(&mut sched);
-    assert_eq!(s.iter().find(|s| s.0 == 9).unwrap().1, 512 - 5);
+    assert_eq!(s.iter().find(|s| s.0 == SeqId(9)).unwrap().1, 512 - 5);
     for id in [2, 3, 4, 5, 9, 10] {
-        sched.finish(id);
+        sched.finish(SeqId(id));
     }
     sched.check_invariants().unwrap();
     assert_eq!(sched.blocks.num_used(), 0);
@@ -107,23 +111,23 @@ fn a_lone_prefill_runs_uncapped_and_decoding_caps_the_next_one() {
 fn a_step_always_gets_the_minimum_chunk_and_unknown_costs_give_only_that() {
     let mut sched = scheduler();
     sched.set_max_step_ms(Some(1));
-    sched.add(1, vec![2; 20]);
+    sched.add(SeqId(1), vec![2; 20]);
     step(&mut sched);
     // Nothing learnt yet, one sequence decoding: the minimum chunk.
-    sched.add(2, vec![1; 300]);
+    sched.add(SeqId(2), vec![1; 300]);
     let s = step(&mut sched);
-    assert_eq!(s, vec![(1, 1), (2, MIN_PREFILL_CHUNK)]);
+    assert_eq!(s, vec![(SeqId(1), 1), (SeqId(2), MIN_PREFILL_CHUNK)]);
     // Learnt costs that make even one prompt row too slow for 1 ms: still the minimum, shared
     // by every prompt of the step in order.
     teach(&mut sched);
-    sched.add(3, vec![4; 300]);
+    sched.add(SeqId(3), vec![4; 300]);
     let s = step(&mut sched);
-    assert_eq!(s, vec![(1, 1), (2, MIN_PREFILL_CHUNK)]);
+    assert_eq!(s, vec![(SeqId(1), 1), (SeqId(2), MIN_PREFILL_CHUNK)]);
     let mut prefilled = 2 * MIN_PREFILL_CHUNK;
-    while sched.get(2).unwrap().num_uncomputed() > 1 {
+    while sched.get(SeqId(2)).unwrap().num_uncomputed() > 1 {
         prefilled += step(&mut sched)
             .iter()
-            .find(|s| s.0 == 2)
+            .find(|s| s.0 == SeqId(2))
             .map_or(0, |s| s.1);
     }
     assert_eq!(prefilled, 300, "the long prompt progressed to its end");

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use edge_llm::engine::block_manager::BlockManager;
 use edge_llm::engine::sampler::SamplingParams;
 use edge_llm::engine::scheduler::{Scheduler, SchedulerConfig};
+use edge_llm::engine::sequence::SeqId;
 use edge_llm::engine::{EngineConfig, EngineHandle, EngineParts, FinishReason, SpecConfig};
 use edge_llm::model::Model;
 use support::{assert_greedy_among_sessions, collect, request, wait_idle};
@@ -220,31 +221,35 @@ fn rollback_gives_back_blocks_of_rejected_tokens_and_never_caches_them() {
         },
         BlockManager::new(16, bs, 0),
     );
-    s.add(1, (0..6).collect());
+    s.add(SeqId(1), (0..6).collect());
     let out = s.schedule();
-    assert_eq!(out.scheduled, vec![(1, 6)]);
-    assert_eq!(s.step_done(&out), vec![1]);
-    s.append_token(1, 6); // 7 tokens, 6 computed, 2 blocks
-    s.get_mut(1).unwrap().draft = vec![7, 8, 9, 10, 11, 12];
+    assert_eq!(out.scheduled, vec![(SeqId(1), 6)]);
+    assert_eq!(s.step_done(&out), vec![SeqId(1)]);
+    s.append_token(SeqId(1), 6); // 7 tokens, 6 computed, 2 blocks
+    s.get_mut(SeqId(1)).unwrap().draft = vec![7, 8, 9, 10, 11, 12];
     let out = s.schedule();
-    assert_eq!(out.scheduled, vec![(1, 7)], "the proposal rides along");
     assert_eq!(
-        s.get(1).unwrap().block_table.len(),
+        out.scheduled,
+        vec![(SeqId(1), 7)],
+        "the proposal rides along"
+    );
+    assert_eq!(
+        s.get(SeqId(1)).unwrap().block_table.len(),
         4,
         "slots for 13 tokens"
     );
-    assert_eq!(s.step_done(&out), vec![1]);
+    assert_eq!(s.step_done(&out), vec![SeqId(1)]);
     assert_eq!(
-        s.get(1).unwrap().num_computed,
+        s.get(SeqId(1)).unwrap().num_computed,
         7,
         "proposals are not computed yet"
     );
     // Two proposals kept (7, 8) and the target's own token (99).
     for t in [7, 8, 99] {
-        s.append_token(1, t);
+        s.append_token(SeqId(1), t);
     }
-    let given_back = s.settle_draft(1, 2);
-    let seq = s.get(1).unwrap();
+    let given_back = s.settle_draft(SeqId(1), 2);
+    let seq = s.get(SeqId(1)).unwrap();
     assert_eq!(seq.num_computed, 9);
     assert!(seq.draft.is_empty());
     assert_eq!(seq.block_table.len(), 3, "10 tokens need 3 blocks");
@@ -261,35 +266,39 @@ fn rollback_gives_back_blocks_of_rejected_tokens_and_never_caches_them() {
     assert_eq!(table.len(), 2);
     s.blocks.free(&mut table);
     // A proposal too large for the budget is cut to fit.
-    s.get_mut(1).unwrap().draft = (0..100).collect();
+    s.get_mut(SeqId(1)).unwrap().draft = (0..100).collect();
     let out = s.schedule();
-    assert_eq!(out.scheduled, vec![(1, 32)]);
+    assert_eq!(out.scheduled, vec![(SeqId(1), 32)]);
     assert_eq!(
-        s.get(1).unwrap().block_table.len(),
+        s.get(SeqId(1)).unwrap().block_table.len(),
         11,
         "slots for 10 + 31 tokens"
     );
     s.step_done(&out);
-    s.append_token(1, 0);
-    assert_eq!(s.settle_draft(1, 0), 8, "back to the 3 blocks of 11 tokens");
+    s.append_token(SeqId(1), 0);
+    assert_eq!(
+        s.settle_draft(SeqId(1), 0),
+        8,
+        "back to the 3 blocks of 11 tokens"
+    );
     s.check_invariants().unwrap();
     // Out of blocks, the proposal is dropped rather than anyone preempted.
-    s.add(2, (50..90).collect()); // 10 more blocks: 13 of 16 used
+    s.add(SeqId(2), (50..90).collect()); // 10 more blocks: 13 of 16 used
     let out = s.schedule();
-    assert_eq!(out.scheduled, vec![(1, 1), (2, 31)]);
+    assert_eq!(out.scheduled, vec![(SeqId(1), 1), (SeqId(2), 31)]);
     s.step_done(&out);
-    s.append_token(1, 1);
-    s.get_mut(1).unwrap().draft = (0..31).collect();
+    s.append_token(SeqId(1), 1);
+    s.get_mut(SeqId(1)).unwrap().draft = (0..31).collect();
     let out = s.schedule();
     assert!(out.preempted.is_empty(), "{out:?}");
     assert_eq!(
         out.scheduled[0],
-        (1, 1),
+        (SeqId(1), 1),
         "no room for the proposal: {out:?}"
     );
     s.step_done(&out);
-    s.finish(2);
-    s.finish(1);
+    s.finish(SeqId(2));
+    s.finish(SeqId(1));
     s.check_invariants().unwrap();
     assert_eq!(s.blocks.num_free(), 16);
 }

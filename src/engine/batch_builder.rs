@@ -22,24 +22,19 @@ pub fn build_batch(sched: &Scheduler, out: &SchedulerOutput) -> Batch {
         })
         .max()
         .unwrap_or(0);
-    let mut batch = Batch {
-        max_blocks_per_seq: max_blocks,
-        ..Default::default()
-    };
+    let mut batch = Batch::with_max_blocks(max_blocks);
     for &(id, n) in &out.scheduled {
         let seq = sched.get(id).expect("scheduled sequences are live");
-        let row = batch.push_block_table(&seq.block_table);
-        let end = seq.num_computed + n;
         let len = seq.tokens.len();
-        for pos in seq.num_computed..end {
-            let slot = seq.block_table[pos / bs] as usize * bs + pos % bs;
-            let token = if pos < len {
+        let token_at = |pos: usize| {
+            if pos < len {
                 seq.tokens[pos]
             } else {
                 seq.draft[pos - len]
-            };
-            batch.push_token(token, pos, slot, row, pos + 1 >= len);
-        }
+            }
+        };
+        let positions = seq.num_computed..seq.num_computed + n;
+        batch.push_sequence(&seq.block_table, bs, positions, token_at, len - 1);
     }
     batch
 }

@@ -10,6 +10,7 @@
 //! the vocabulary-wide row. Only rows that need the masked logits themselves (temperature,
 //! penalties, logprobs) get them written out.
 
+use crate::engine::sequence::SeqId;
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::mpsc;
@@ -27,14 +28,14 @@ pub(super) type MaskResult = Result<SimpleVob, String>;
 /// A step's masks being computed on rayon's pool while the forward pass runs.
 pub(super) struct Pending {
     rx: mpsc::Receiver<Option<Done>>,
-    ids: Vec<u64>,
+    ids: Vec<SeqId>,
 }
 
 /// A step's masks, computed.
 pub(super) struct Done {
     /// The constraint states, back to their sequences.
-    pub states: Vec<(u64, ConstraintState)>,
-    pub masks: HashMap<u64, MaskResult>,
+    pub states: Vec<(SeqId, ConstraintState)>,
+    pub masks: HashMap<SeqId, MaskResult>,
     /// Time spent, summed over rows, in microseconds.
     pub micros: u64,
 }
@@ -42,7 +43,7 @@ pub(super) struct Done {
 /// Starts computing the masks of `jobs` as one job on rayon's pool (no thread is created per
 /// step: whichever pool thread is free first takes it, and the forward pass's work splits
 /// around it). None when there is nothing to compute.
-pub(super) fn start(jobs: Vec<(u64, ConstraintState)>) -> Option<Pending> {
+pub(super) fn start(jobs: Vec<(SeqId, ConstraintState)>) -> Option<Pending> {
     if jobs.is_empty() {
         return None;
     }
@@ -63,7 +64,7 @@ pub(super) fn start(jobs: Vec<(u64, ConstraintState)>) -> Option<Pending> {
 impl Pending {
     /// The masks; Err with the rows' sequence ids when the computation panicked (their states
     /// are lost: those requests end with an error).
-    pub fn wait(self) -> Result<Done, Vec<u64>> {
+    pub fn wait(self) -> Result<Done, Vec<SeqId>> {
         match self.rx.recv() {
             Ok(Some(done)) => Ok(done),
             _ => Err(self.ids),
@@ -73,8 +74,8 @@ impl Pending {
 
 /// Masks of every state in `jobs`, by sequence id, and the time spent (summed over rows, in
 /// microseconds).
-fn compute_all(jobs: &mut [(u64, ConstraintState)]) -> (HashMap<u64, MaskResult>, u64) {
-    let results: Vec<(u64, MaskResult, u64)> = jobs
+fn compute_all(jobs: &mut [(SeqId, ConstraintState)]) -> (HashMap<SeqId, MaskResult>, u64) {
+    let results: Vec<(SeqId, MaskResult, u64)> = jobs
         .par_iter_mut()
         .map(|(id, state)| {
             let t = Instant::now();

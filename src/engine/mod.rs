@@ -31,6 +31,7 @@ mod least_squares;
 mod masks;
 pub mod memory;
 pub mod metrics;
+mod output;
 mod request;
 pub mod sampler;
 pub mod scheduler;

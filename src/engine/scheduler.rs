@@ -8,7 +8,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use super::block_manager::{BlockCopy, BlockManager};
-use super::sequence::{SeqStatus, Sequence};
+use super::sequence::{SeqId, SeqStatus, Sequence};
 use super::step_time::{PrefillAllowance, StepShape, StepTime};
 
 #[derive(Clone, Debug)]
@@ -23,11 +23,11 @@ pub struct SchedulerConfig {
 #[derive(Clone, Debug, Default)]
 pub struct SchedulerOutput {
     /// (seq_id, number of tokens to compute from its num_computed on), in batch order.
-    pub scheduled: Vec<(u64, usize)>,
+    pub scheduled: Vec<(SeqId, usize)>,
     /// Block copies to make before the step (copy-on-write).
     pub copies: Vec<BlockCopy>,
     /// Sequences preempted while scheduling this step.
-    pub preempted: Vec<u64>,
+    pub preempted: Vec<SeqId>,
     /// Whether the time cap cut this step's prefill (`--max-step-ms`).
     pub prefill_capped: bool,
 }
@@ -44,16 +44,16 @@ impl SchedulerOutput {
 pub struct Scheduler {
     pub config: SchedulerConfig,
     pub blocks: BlockManager,
-    seqs: HashMap<u64, Sequence>,
-    waiting: VecDeque<u64>,
+    seqs: HashMap<SeqId, Sequence>,
+    waiting: VecDeque<SeqId>,
     /// Running sequences in arrival order.
-    running: Vec<u64>,
+    running: Vec<SeqId>,
     next_arrival: u64,
     pub num_preemptions: u64,
     /// Prompt blocks being computed right now, by hash, and the sequence computing them. A
     /// waiting sequence whose next uncached block is among them waits for it instead of
     /// computing the same prefix a second time.
-    in_flight: HashMap<u64, u64>,
+    in_flight: HashMap<u64, SeqId>,
     /// Pinned blocks: held here forever, so they are never evicted.
     pinned: Vec<u32>,
     /// What steps cost, and the time cap on a step's prefill while sequences decode (none
@@ -100,7 +100,7 @@ impl Scheduler {
     }
 
     /// Adds a new sequence at the back of the waiting queue.
-    pub fn add(&mut self, seq_id: u64, prompt: Vec<u32>) {
+    pub fn add(&mut self, seq_id: SeqId, prompt: Vec<u32>) {
         assert!(
             !prompt.is_empty(),
             "empty prompts are rejected before the scheduler"
@@ -116,11 +116,11 @@ impl Scheduler {
         self.blocks.blocks_for(num_tokens) <= self.blocks.num_blocks()
     }
 
-    pub fn get(&self, seq_id: u64) -> Option<&Sequence> {
+    pub fn get(&self, seq_id: SeqId) -> Option<&Sequence> {
         self.seqs.get(&seq_id)
     }
 
-    pub fn get_mut(&mut self, seq_id: u64) -> Option<&mut Sequence> {
+    pub fn get_mut(&mut self, seq_id: SeqId) -> Option<&mut Sequence> {
         self.seqs.get_mut(&seq_id)
     }
 
@@ -136,7 +136,7 @@ impl Scheduler {
         !self.waiting.is_empty() || !self.running.is_empty()
     }
 
-    pub fn seq_ids(&self) -> impl Iterator<Item = &u64> {
+    pub fn seq_ids(&self) -> impl Iterator<Item = &SeqId> {
         self.seqs.keys()
     }
 
@@ -270,7 +270,7 @@ impl Scheduler {
     }
 
     /// Forgets the in-flight prompt blocks of `seq_id` from block `from` on (all: 0).
-    fn clear_in_flight(&mut self, seq_id: u64, from_block: usize) {
+    fn clear_in_flight(&mut self, seq_id: SeqId, from_block: usize) {
         let Some(seq) = self.seqs.get_mut(&seq_id) else {
             return;
         };
@@ -284,7 +284,7 @@ impl Scheduler {
         });
     }
 
-    fn preempt(&mut self, seq_id: u64) {
+    fn preempt(&mut self, seq_id: SeqId) {
         self.clear_in_flight(seq_id, usize::MAX);
         let seq = self.seqs.get_mut(&seq_id).expect("live");
         self.blocks.free(&mut seq.block_table);
@@ -308,7 +308,7 @@ impl Scheduler {
     /// Records that a step computed what `out` scheduled, and registers newly full blocks in
     /// the prefix cache. Returns the ids whose every token is now computed (they need a sample).
     /// Proposed tokens do not count as computed: they wait for `settle_draft`.
-    pub fn step_done(&mut self, out: &SchedulerOutput) -> Vec<u64> {
+    pub fn step_done(&mut self, out: &SchedulerOutput) -> Vec<SeqId> {
         let mut ready = Vec::new();
         for &(id, n) in &out.scheduled {
             let Some(seq) = self.seqs.get_mut(&id) else {
@@ -335,7 +335,7 @@ impl Scheduler {
     /// (their keys and values, written by the step, are now computed), the rest are rolled back.
     /// Blocks holding only rejected tokens go back to the pool; full blocks of verified tokens
     /// enter the prefix cache. Returns the blocks given back.
-    pub fn settle_draft(&mut self, seq_id: u64, accepted: usize) -> usize {
+    pub fn settle_draft(&mut self, seq_id: SeqId, accepted: usize) -> usize {
         let Some(seq) = self.seqs.get_mut(&seq_id) else {
             return 0;
         };
@@ -349,7 +349,7 @@ impl Scheduler {
     }
 
     /// Appends a sampled token to a sequence.
-    pub fn append_token(&mut self, seq_id: u64, token: u32) {
+    pub fn append_token(&mut self, seq_id: SeqId, token: u32) {
         if let Some(seq) = self.seqs.get_mut(&seq_id) {
             seq.tokens.push(token);
         }
@@ -357,7 +357,7 @@ impl Scheduler {
 
     /// A new running sequence sharing every block of `parent` (copy-on-write), with the same
     /// tokens and computed count. The parent must be running.
-    pub fn fork(&mut self, parent: u64, child: u64) {
+    pub fn fork(&mut self, parent: SeqId, child: SeqId) {
         let p = &self.seqs[&parent];
         assert_eq!(p.status, SeqStatus::Running, "only running sequences fork");
         let mut seq = p.clone();
@@ -376,7 +376,7 @@ impl Scheduler {
 
     /// Ends a sequence (finished or aborted): its blocks go back to the pool at once (full
     /// blocks stay in the prefix cache) and it is forgotten. Returns it, if it was live.
-    pub fn finish(&mut self, seq_id: u64) -> Option<Sequence> {
+    pub fn finish(&mut self, seq_id: SeqId) -> Option<Sequence> {
         self.clear_in_flight(seq_id, usize::MAX);
         let mut seq = self.seqs.remove(&seq_id)?;
         self.blocks.free(&mut seq.block_table);
@@ -389,7 +389,7 @@ impl Scheduler {
     /// Pins every registered full block of `seq_id`'s table (a pinned prompt): they are held
     /// from now on and every cache key's chain shares them. Returns the blocks newly pinned;
     /// fails (pinning nothing) when more than `limit` blocks would be pinned in all.
-    pub fn pin(&mut self, seq_id: u64, limit: usize) -> Result<usize, String> {
+    pub fn pin(&mut self, seq_id: SeqId, limit: usize) -> Result<usize, String> {
         let Some(seq) = self.seqs.get(&seq_id) else {
             return Ok(0);
         };
@@ -429,9 +429,9 @@ impl Scheduler {
         let tables = self.seqs.values().map(|s| s.block_table.as_slice());
         self.blocks
             .check_invariants(tables.chain(std::iter::once(self.pinned.as_slice())))?;
-        let mut all: Vec<u64> = self.waiting.iter().chain(&self.running).copied().collect();
+        let mut all: Vec<SeqId> = self.waiting.iter().chain(&self.running).copied().collect();
         all.sort_unstable();
-        let mut live: Vec<u64> = self.seqs.keys().copied().collect();
+        let mut live: Vec<SeqId> = self.seqs.keys().copied().collect();
         live.sort_unstable();
         if all != live {
             return Err(format!(

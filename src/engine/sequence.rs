@@ -2,6 +2,17 @@
 //! in the KV cache, and its block table. There is no prefill or decode phase: a sequence just
 //! has tokens not yet computed, and a step schedules some of them.
 
+/// A live sequence's id: the key the scheduler, the output side (`engine::output`), speculation
+/// and the disk tier's parking share. A request's completions (n > 1) are sequences of their own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SeqId(pub u64);
+
+impl std::fmt::Display for SeqId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
 /// Where a sequence is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SeqStatus {
@@ -12,7 +23,7 @@ pub enum SeqStatus {
 
 #[derive(Clone, Debug)]
 pub struct Sequence {
-    pub seq_id: u64,
+    pub seq_id: SeqId,
     /// Arrival order: earlier arrivals keep running when blocks run out.
     pub arrival: u64,
     /// Prompt followed by the generated tokens.
@@ -37,7 +48,7 @@ pub struct Sequence {
 }
 
 impl Sequence {
-    pub fn new(seq_id: u64, arrival: u64, prompt: Vec<u32>) -> Self {
+    pub fn new(seq_id: SeqId, arrival: u64, prompt: Vec<u32>) -> Self {
         Sequence {
             seq_id,
             arrival,

@@ -1,92 +1,51 @@
 //! The engine thread: takes commands from clients, runs one step at a time while there is
 //! work (schedule, copy-on-write copies, one batched forward, sample), and sleeps on its
-//! command channel when idle. Owns the model's KV pool, the scheduler and every sequence's
-//! sampling state.
+//! command channel when idle. Owns the model's KV pool (through its executor), the scheduler,
+//! the client side of every request (`output`), the disk tier's parking and the speculator.
+//!
+//! A row of logits goes to `Outputs::sample`, which answers with an `Outcome`; the worker
+//! applies it to the scheduler (append, fork, pin, finish, fail, abort).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::mpsc as events;
-
 use super::batch_builder::build_batch;
-use super::block_manager::{BlockHash, BlockManager};
-use super::disk_cache::{self, DiskCacheConfig, DiskTier};
+use super::block_manager::BlockManager;
+use super::disk_cache::{self, DiskCacheConfig, Parking};
 use super::handle::Command;
 use super::kv_events::{coalesce, KvCacheEvent, KvEventSink};
 use super::masks::{self, MaskResult};
+use super::output::{After, Notice, Outcome, Outputs};
 use super::scheduler::{Scheduler, SchedulerConfig};
-use super::{EngineConfig, Event, FinishReason, Metrics, Request, TokenLogprobs, Usage};
-use crate::constraint::{ConstraintState, Consumed};
+use super::sequence::SeqId;
+use super::speculative::Speculator;
+use super::step_time::StepShape;
+use super::{EngineConfig, FinishReason, Metrics};
 use crate::device::Executor;
-use crate::engine::sampler::Sampler;
 use crate::model::Model;
-use crate::tokenizer::StreamDecoder;
-
-// Speculative decoding's part of the step: proposals before, verification after.
-#[path = "speculative/step.rs"]
-mod spec_step;
-
-/// What the engine keeps per sequence beyond the scheduler's integers.
-struct SeqState {
-    request_id: u64,
-    index: usize,
-    sampler: Sampler,
-    events: events::UnboundedSender<Event>,
-    decoder: StreamDecoder,
-    /// Decoded text held back because it may be the start of a stop string.
-    pending: String,
-    request: Arc<Request>,
-    /// Completions still to fork from this one at its first token (n - 1 for the first).
-    forks_pending: usize,
-    submitted: Instant,
-    ttft_ms: Option<u64>,
-    num_cached: usize,
-    /// Hashes of the blocks loaded from disk for this sequence (cache explain).
-    from_disk: HashSet<BlockHash>,
-    /// Where the sequence is in its grammar, for constrained requests.
-    constraint: Option<ConstraintState>,
-}
 
 pub(super) struct Worker {
-    model: Arc<Model>,
-    config: EngineConfig,
+    pub(super) model: Arc<Model>,
+    pub(super) config: EngineConfig,
     /// The KV pool and the device the forward pass runs on.
     exec: Executor,
-    sched: Scheduler,
-    seqs: HashMap<u64, SeqState>,
-    /// Live sequences of each request.
-    requests: HashMap<u64, Vec<u64>>,
+    pub(super) sched: Scheduler,
+    /// The client side of every live request and sequence.
+    pub(super) out: Outputs,
     next_seq_id: u64,
     in_flight: Arc<AtomicU64>,
-    metrics: Metrics,
+    pub(super) metrics: Metrics,
     /// Where clients read the counters: refreshed after every step and command.
     published: Arc<Mutex<Metrics>>,
     /// Where the prefix cache's changes go after every step (`--kv-events`).
     kv_events: Option<KvEventSink>,
     /// Proposals and their adaptive lengths (speculative decoding; off by default).
-    speculator: super::speculative::Speculator,
-    /// The prefix cache's disk tier (`--no-disk-cache` leaves it None).
-    disk: Option<DiskTier>,
-    /// New sequences waiting for their prompt's blocks from disk before they are scheduled.
-    parked: Vec<Parked>,
-    next_ticket: u64,
+    pub(super) speculator: Speculator,
+    /// The prefix cache's disk tier and the sequences waiting for its loads.
+    parking: Parking,
 }
-
-/// A sequence whose prompt continues on disk: it waits for the load (at most
-/// `DISK_LOAD_WAIT`) and is then scheduled, reusing what arrived.
-struct Parked {
-    seq_id: u64,
-    ticket: u64,
-    deadline: Instant,
-    /// The hash of the block before the first one asked for.
-    parent: Option<BlockHash>,
-}
-
-/// How long a new request waits for its blocks from disk; a slower disk degrades to
-/// recomputing them.
-const DISK_LOAD_WAIT: Duration = Duration::from_millis(500);
 
 /// What the worker shares with its `EngineHandle`.
 pub(super) struct SharedWithHandle {
@@ -103,28 +62,15 @@ impl Worker {
         exec: Executor,
         shared: SharedWithHandle,
         kv_events: Option<KvEventSink>,
-        speculator: super::speculative::Speculator,
+        speculator: Speculator,
         disk: Option<DiskCacheConfig>,
     ) -> Self {
         // The salt names what the cached keys and values depend on besides the tokens (the
         // model's contents, the block size, the device): the disk tier's identity.
         let salt = disk_cache::identity(&model, config.block_size, exec.device().name());
         let mut blocks = BlockManager::new(config.num_blocks, config.block_size, salt);
-        let disk = disk.and_then(|d| {
-            let kv_bytes = exec.read_block(0).map(|b| b.len());
-            let Some(kv_bytes) = kv_bytes else {
-                eprintln!("warning: the disk cache is off: it does not reach the GPU's KV pool");
-                return None;
-            };
-            match DiskTier::open(&d, &model, salt, kv_bytes) {
-                Ok(t) => Some(t),
-                Err(e) => {
-                    eprintln!("warning: the disk cache is off: {e:#}");
-                    None
-                }
-            }
-        });
-        if disk.is_some() {
+        let parking = Parking::open(disk, &model, salt, &exec);
+        if parking.is_on() {
             blocks.enable_eviction_log();
         }
         if let Some(sink) = &kv_events {
@@ -144,25 +90,28 @@ impl Worker {
             config,
             exec,
             sched,
-            seqs: HashMap::new(),
-            requests: HashMap::new(),
+            out: Outputs::default(),
             next_seq_id: 0,
             in_flight: shared.in_flight,
             metrics: Metrics::default(),
             published: shared.metrics,
             kv_events,
             speculator,
-            disk,
-            parked: Vec::new(),
-            next_ticket: 0,
+            parking,
         }
+    }
+
+    /// The disk tier's live counters, when it is on.
+    pub(super) fn disk_stats(&self) -> Option<disk_cache::DiskStatsHandle> {
+        self.parking.stats_handle()
     }
 
     pub(super) fn run(mut self, rx: mpsc::Receiver<Command>) {
         self.publish();
         loop {
             let mut took = false; // commands taken in since the last step
-            if !self.sched.has_work() && self.parked.is_empty() {
+            let parked = self.parking.num_parked() > 0;
+            if !self.sched.has_work() && !parked {
                 match rx.recv() {
                     Ok(cmd) => {
                         self.handle(cmd);
@@ -179,7 +128,9 @@ impl Worker {
                     }
                     Err(mpsc::RecvTimeoutError::Timeout) => {}
                     Err(mpsc::RecvTimeoutError::Disconnected) => {
-                        self.unpark_all();
+                        for seq_id in self.parking.unpark_all() {
+                            self.enqueue(seq_id);
+                        }
                     }
                 }
             }
@@ -191,14 +142,18 @@ impl Worker {
                     }
                     Err(mpsc::TryRecvError::Empty) => break,
                     Err(mpsc::TryRecvError::Disconnected) => {
-                        if !self.sched.has_work() && self.parked.is_empty() {
+                        if !self.sched.has_work() && self.parking.num_parked() == 0 {
                             return;
                         }
                         break;
                     }
                 }
             }
-            took |= self.poll_disk();
+            for ready in self.parking.poll(&mut self.sched.blocks, &mut self.exec) {
+                self.out.set_from_disk(ready.seq_id, ready.from_disk);
+                self.enqueue(ready.seq_id);
+                took = true;
+            }
             // Published before the step too: a client that hears its first token must not read
             // a snapshot from before its request was counted in.
             if took {
@@ -207,7 +162,9 @@ impl Worker {
             if self.sched.has_work() {
                 self.step();
                 self.publish();
-                self.send_kv_events();
+                if let Some(sink) = &self.kv_events {
+                    sink.send(coalesce(self.sched.blocks.take_events()));
+                }
             }
         }
     }
@@ -220,39 +177,22 @@ impl Worker {
                 events,
             } => {
                 self.metrics.requests_submitted += 1;
-                let constraint = request.sampling.constraint.as_ref().map(|c| c.new_state());
-                if constraint.is_some() {
+                if request.sampling.constraint.is_some() {
                     self.metrics.requests_constrained += 1;
                 }
                 let seq_id = self.new_seq_id();
-                let request = Arc::new(request);
-                self.seqs.insert(
-                    seq_id,
-                    SeqState {
-                        request_id: id,
-                        index: 0,
-                        sampler: Sampler::new(request.sampling.clone()),
-                        events,
-                        decoder: StreamDecoder::new(),
-                        pending: String::new(),
-                        forks_pending: request.n - 1,
-                        request,
-                        submitted: Instant::now(),
-                        ttft_ms: None,
-                        num_cached: 0,
-                        from_disk: HashSet::new(),
-                        constraint,
-                    },
-                );
-                self.requests.insert(id, vec![seq_id]);
-                if !self.park(seq_id) {
+                let (prompt, key) = (request.prompt.clone(), request.cache_key);
+                self.out.add(id, seq_id, request, events);
+                if !self.parking.park(seq_id, &prompt, key, &self.sched.blocks) {
                     self.enqueue(seq_id);
                 }
             }
             Command::Abort(id) => {
-                let seqs = self.requests.get(&id).cloned().unwrap_or_default();
+                let seqs = self.out.seqs_of(id);
                 for &seq_id in &seqs {
-                    self.unpark(seq_id);
+                    if self.parking.unpark(seq_id) {
+                        self.enqueue(seq_id);
+                    }
                 }
                 for seq_id in seqs {
                     self.finish(seq_id, FinishReason::Abort);
@@ -262,182 +202,40 @@ impl Worker {
     }
 
     /// Hands a new sequence to the scheduler, with its request's cache key.
-    fn enqueue(&mut self, seq_id: u64) {
-        let Some(st) = self.seqs.get(&seq_id) else {
+    fn enqueue(&mut self, seq_id: SeqId) {
+        let Some(request) = self.out.request(seq_id) else {
             return;
         };
-        let (prompt, key) = (st.request.prompt.clone(), st.request.cache_key);
+        let (prompt, key) = (request.prompt.clone(), request.cache_key);
         self.sched.add(seq_id, prompt);
         if let Some(seq) = self.sched.get_mut(seq_id) {
             seq.cache_key = key;
         }
     }
 
-    /// Parks a new sequence whose prompt continues on disk past what memory holds, and asks
-    /// the disk tier for those blocks. False (nothing parked) when there is nothing to load.
-    fn park(&mut self, seq_id: u64) -> bool {
-        let (Some(disk), Some(st)) = (&self.disk, self.seqs.get(&seq_id)) else {
-            return false;
-        };
-        let prompt = &st.request.prompt;
-        let blocks = &self.sched.blocks;
-        let hashes = blocks.prompt_block_hashes_keyed(st.request.cache_key, prompt);
-        let Some(first) = hashes.iter().position(|&h| !blocks.is_cached(h)) else {
-            return false;
-        };
-        if !disk.is_written(hashes[first]) {
-            return false;
-        }
-        let bs = blocks.block_size;
-        let wanted: Vec<_> = (first..hashes.len())
-            .take_while(|&i| disk.is_written(hashes[i]))
-            .map(|i| (hashes[i], prompt[i * bs..(i + 1) * bs].to_vec()))
-            .collect();
-        self.next_ticket += 1;
-        let ticket = self.next_ticket;
-        if !disk.load(ticket, wanted) {
-            return false;
-        }
-        self.parked.push(Parked {
-            seq_id,
-            ticket,
-            deadline: Instant::now() + DISK_LOAD_WAIT,
-            parent: first.checked_sub(1).map(|i| hashes[i]),
-        });
-        true
-    }
-
-    /// Schedules a parked sequence now, with whatever has arrived from disk.
-    fn unpark(&mut self, seq_id: u64) {
-        if let Some(i) = self.parked.iter().position(|p| p.seq_id == seq_id) {
-            self.parked.remove(i);
-            self.enqueue(seq_id);
-        }
-    }
-
-    fn unpark_all(&mut self) {
-        for p in std::mem::take(&mut self.parked) {
-            self.enqueue(p.seq_id);
-        }
-    }
-
-    /// Takes in the disk tier's answers: loaded blocks enter the KV pool as cached blocks and
-    /// their sequences are scheduled; sequences whose load is late are scheduled without it.
-    /// True when a sequence was scheduled.
-    fn poll_disk(&mut self) -> bool {
-        let mut moved = false;
-        while let Some(loaded) = self.disk.as_ref().and_then(|d| d.try_loaded()) {
-            let Some(i) = self.parked.iter().position(|p| p.ticket == loaded.ticket) else {
-                continue; // its request was aborted; the blocks stay on disk
-            };
-            let p = self.parked.remove(i);
-            let mut parent = p.parent;
-            let mut from_disk = HashSet::new();
-            for (hash, token_ids, kv) in loaded.blocks {
-                if !self.sched.blocks.is_cached(hash) {
-                    let Some(id) = self.sched.blocks.insert_cached(hash, parent, &token_ids) else {
-                        break;
-                    };
-                    self.save_evicted();
-                    if let Err(e) = self.exec.write_block(id, &kv) {
-                        eprintln!("warning: disk cache: {e:#}; leaving it off");
-                        self.disk = None;
-                        break;
-                    }
-                    from_disk.insert(hash);
-                }
-                parent = Some(hash);
-            }
-            if let Some(st) = self.seqs.get_mut(&p.seq_id) {
-                st.from_disk = from_disk;
-            }
-            self.enqueue(p.seq_id);
-            moved = true;
-        }
-        let now = Instant::now();
-        let late: Vec<u64> = self
-            .parked
-            .iter()
-            .filter(|p| p.deadline <= now || self.disk.is_none())
-            .map(|p| p.seq_id)
-            .collect();
-        for seq_id in late {
-            self.unpark(seq_id);
-            moved = true;
-        }
-        moved
-    }
-
-    /// Hands the cached blocks just evicted from the pool to the disk tier (their slots still
-    /// hold their keys and values), unless it has them.
-    fn save_evicted(&mut self) {
-        let evicted = self.sched.blocks.take_evicted();
-        let Some(disk) = &self.disk else { return };
-        for (id, hash, token_ids) in evicted {
-            if !disk.contains(hash) {
-                if let Some(kv) = self.exec.read_block(id) {
-                    disk.write(hash, token_ids, kv);
-                }
-            }
-        }
-    }
-
-    /// Writes behind: the full blocks of a sequence that ends go to the disk tier.
-    fn write_behind(&mut self, seq_id: u64) {
-        let (Some(disk), Some(seq)) = (&self.disk, self.sched.get(seq_id)) else {
-            return;
-        };
-        for &id in &seq.block_table {
-            let Some((hash, token_ids)) = self.sched.blocks.registered(id) else {
-                continue;
-            };
-            if !disk.contains(hash) {
-                if let Some(kv) = self.exec.read_block(id) {
-                    disk.write(hash, token_ids.to_vec(), kv);
-                }
-            }
-        }
-    }
-
-    /// The disk tier's live counters, when it is on.
-    pub(super) fn disk_stats(&self) -> Option<disk_cache::DiskStatsHandle> {
-        self.disk.as_ref().map(|d| d.stats_handle())
-    }
-
-    fn new_seq_id(&mut self) -> u64 {
+    fn new_seq_id(&mut self) -> SeqId {
         self.next_seq_id += 1;
-        self.next_seq_id
+        SeqId(self.next_seq_id)
     }
 
     fn publish(&self) {
-        let snapshot = self.snapshot();
-        if let Ok(mut m) = self.published.lock() {
-            *m = snapshot;
-        }
-    }
-
-    /// Hands the step's prefix-cache changes to the sink (never waits).
-    fn send_kv_events(&mut self) {
-        if let Some(sink) = &self.kv_events {
-            sink.send(coalesce(self.sched.blocks.take_events()));
-        }
-    }
-
-    fn snapshot(&self) -> Metrics {
         let b = &self.sched.blocks;
-        Metrics {
+        let snapshot = Metrics {
             prefix_cache: b.stats,
             blocks_total: b.num_blocks(),
             blocks_used: b.num_used(),
             blocks_cached: b.num_cached_free(),
             blocks_free: b.num_free(),
             num_running: self.sched.num_running(),
-            num_waiting: self.sched.num_waiting() + self.parked.len(),
+            num_waiting: self.sched.num_waiting() + self.parking.num_parked(),
             blocks_pinned: self.sched.num_pinned(),
-            disk_cache: self.disk.as_ref().map(|d| d.stats()),
+            disk_cache: self.parking.stats(),
             preemptions: self.sched.num_preemptions,
             draft_blocks: self.speculator.draft_blocks(),
             ..self.metrics.clone()
+        };
+        if let Ok(mut m) = self.published.lock() {
+            *m = snapshot;
         }
     }
 
@@ -450,7 +248,8 @@ impl Worker {
             self.speculator.release(id); // its draft blocks too
         }
         // Before any slot is written: the cached blocks this schedule evicted go to disk.
-        self.save_evicted();
+        self.parking
+            .save_evicted(&mut self.sched.blocks, &self.exec);
         if out.is_empty() {
             // Nothing fits even alone (cannot happen with a pool of at least max_seq_len
             // tokens); fail the head of the queue rather than spin.
@@ -468,7 +267,7 @@ impl Worker {
         let started = Instant::now();
         // The constrained rows that sample this step have their masks computed on rayon's pool
         // while the forward pass runs.
-        let pending = masks::start(self.take_mask_jobs(&out.scheduled));
+        let pending = masks::start(self.out.take_mask_jobs(&self.sched, &out.scheduled));
         let forward = copied.and_then(|()| self.exec.forward(&self.model, &batch));
         let mut masks = HashMap::new();
         match pending.map(masks::Pending::wait) {
@@ -477,9 +276,7 @@ impl Worker {
                 self.metrics.mask_time_us += done.micros;
                 self.metrics.masks_computed += done.masks.len() as u64;
                 for (id, state) in done.states {
-                    if let Some(st) = self.seqs.get_mut(&id) {
-                        st.constraint = Some(state);
-                    }
+                    self.out.restore_constraint(id, state);
                 }
                 masks = done.masks;
             }
@@ -535,8 +332,7 @@ impl Worker {
         // A row whose constraint state was lost in a panicking mask and that did not sample
         // ends here, never unconstrained.
         for (id, mask) in masks {
-            let lost = self.seqs.get(&id).is_some_and(|st| st.constraint.is_none());
-            if let (true, Err(e)) = (lost, mask) {
+            if let (true, Err(e)) = (self.out.constraint_lost(id), mask) {
                 self.fail(id, e);
             }
         }
@@ -548,207 +344,83 @@ impl Worker {
             batch.logits_rows.len() == batch.n_tokens(),
         );
         // The whole step, as a streaming client sees it between two tokens, teaches the cap.
-        let shape = super::step_time::StepShape::of(&batch);
+        let shape = StepShape::of(&batch);
         self.sched
             .step_time
             .record(shape, step_started.elapsed().as_secs_f64());
     }
 
-    /// Takes out the active constraint states of the scheduled sequences that will sample after
-    /// this step (every token computed), to compute their masks beside the forward pass.
-    fn take_mask_jobs(&mut self, scheduled: &[(u64, usize)]) -> Vec<(u64, ConstraintState)> {
-        let mut jobs = Vec::new();
-        for &(id, n) in scheduled {
-            let samples = self
-                .sched
-                .get(id)
-                .is_some_and(|seq| seq.num_computed + n == seq.len());
-            let Some(st) = self.seqs.get_mut(&id) else {
-                continue;
-            };
-            if samples && st.constraint.as_ref().is_some_and(|c| c.is_active()) {
-                jobs.push((id, st.constraint.take().expect("checked")));
-            }
-        }
-        jobs
-    }
-
-    /// The row's mask under its constraint, end-of-generation tokens included: the one computed
-    /// beside the forward pass, or one computed now (forks, lazily triggered rows). None for an
-    /// unconstrained row; Err ends the request.
-    fn constrained_mask(
+    /// Samples the next token of `seq_id` from its row of logits and applies the outcome.
+    /// Returns the token when it was appended to the sequence.
+    pub(super) fn sample(
         &mut self,
-        seq_id: u64,
-        mask: Option<MaskResult>,
-    ) -> Result<Option<toktrie::SimpleVob>, String> {
-        let st = self
-            .seqs
-            .get_mut(&seq_id)
-            .expect("state of a live sequence");
-        if let Some(Err(e)) = mask {
-            return Err(e);
-        }
-        let Some(state) = st.constraint.as_mut().filter(|c| c.is_active()) else {
-            return Ok(None);
-        };
-        let mut mask = match mask {
-            Some(m) => m?,
-            None => {
-                let t = Instant::now();
-                let m = state.compute_mask();
-                self.metrics.mask_time_us += t.elapsed().as_micros() as u64;
-                self.metrics.masks_computed += 1;
-                m?
-            }
-        };
-        let tok = &self.model.tokenizer;
-        masks::allow_eog(&mut mask, tok.eos_id(), tok.eog_ids());
-        Ok(Some(mask))
-    }
-
-    /// Samples the next token of `seq_id` from its logits and tells the client. Returns the
-    /// token when it was appended to the sequence.
-    fn sample(&mut self, seq_id: u64, logits: &[f32], mask: Option<MaskResult>) -> Option<u32> {
+        seq_id: SeqId,
+        logits: &[f32],
+        mut mask: Option<MaskResult>,
+    ) -> Option<u32> {
         let seq = self.sched.get(seq_id)?;
-        let first = seq.generated().is_empty();
-        if first && self.seqs[&seq_id].request.pin {
-            self.pin(seq_id);
-            return None;
-        }
-        if first {
-            let num_cached = seq.num_cached;
-            let st = self
-                .seqs
-                .get_mut(&seq_id)
-                .expect("state of a live sequence");
-            st.num_cached = num_cached;
-            // n > 1: the other completions fork here, sharing every block of the prompt.
-            let forks = std::mem::take(&mut st.forks_pending);
-            for i in 1..=forks {
-                let child = self.new_seq_id();
-                self.sched.fork(seq_id, child);
-                let st = &self.seqs[&seq_id];
-                let mut params = st.request.sampling.clone();
-                params.seed = params.seed.wrapping_add(i as u64);
-                let state = SeqState {
-                    request_id: st.request_id,
-                    index: i,
-                    sampler: Sampler::new(params),
-                    events: st.events.clone(),
-                    decoder: StreamDecoder::new(),
-                    pending: String::new(),
-                    request: st.request.clone(),
-                    forks_pending: 0,
-                    submitted: st.submitted,
-                    ttft_ms: None,
-                    num_cached,
-                    from_disk: st.from_disk.clone(),
-                    constraint: st
-                        .request
-                        .sampling
-                        .constraint
-                        .as_ref()
-                        .map(|c| c.new_state()),
-                };
-                let request_id = state.request_id;
-                self.seqs.insert(child, state);
-                self.requests
-                    .get_mut(&request_id)
-                    .expect("request is live")
-                    .push(child);
-                self.sample(child, logits, None);
+        let outcome = self.out.sample(
+            seq,
+            logits,
+            &mut mask,
+            &self.model.tokenizer,
+            self.config.max_seq_len,
+            &mut self.metrics,
+        );
+        match outcome {
+            Outcome::Token { token, then } => {
+                self.sched.append_token(seq_id, token);
+                match then {
+                    After::Continue => {}
+                    After::Finish(reason) => self.finish(seq_id, reason),
+                    After::Abort => {
+                        if let Some(request_id) = self.out.request_id(seq_id) {
+                            self.handle(Command::Abort(request_id));
+                        }
+                    }
+                }
+                Some(token)
             }
-        }
-        let mask = match self.constrained_mask(seq_id, mask) {
-            Ok(m) => m,
-            Err(e) => {
+            Outcome::Fork(num_forks) => {
+                // n > 1: the other completions fork here, sharing every block of the prompt,
+                // and each samples this same row first.
+                for index in 1..=num_forks {
+                    let child = self.new_seq_id();
+                    self.sched.fork(seq_id, child);
+                    self.out.fork(seq_id, child, index);
+                    self.sample(child, logits, None);
+                }
+                self.sample(seq_id, logits, mask)
+            }
+            Outcome::Pin => {
+                // At most half the pool may be pinned, so requests always have room.
+                let limit = self.sched.blocks.num_blocks() / 2;
+                match self.sched.pin(seq_id, limit) {
+                    Ok(_) => self.finish(seq_id, FinishReason::Stop),
+                    Err(e) => self.fail(seq_id, e),
+                }
+                None
+            }
+            Outcome::Finish(reason) => {
+                self.finish(seq_id, reason);
+                None
+            }
+            Outcome::Fail(e) => {
                 self.fail(seq_id, e);
-                return None;
+                None
             }
-        };
-        let seq = self.sched.get(seq_id)?;
-        let tokenizer = &self.model.tokenizer;
-        let st = self
-            .seqs
-            .get_mut(&seq_id)
-            .expect("state of a live sequence");
-        let (prompt, generated) = (&seq.tokens[..seq.prompt_len], seq.generated());
-        // A constrained row samples under its mask (masked logits only where needed).
-        let (token, masked) = match &mask {
-            Some(m) => {
-                let want = st.request.logprobs.is_some();
-                masks::sample(&mut st.sampler, logits, m, prompt, generated, want)
-            }
-            None => (st.sampler.sample(logits, prompt, generated), None),
-        };
-        let logits = masked.as_deref().unwrap_or(logits);
-        if st.ttft_ms.is_none() {
-            let ms = st.submitted.elapsed().as_millis() as u64;
-            st.ttft_ms = Some(ms);
-            self.metrics.record_ttft(ms);
-        }
-        // An end token ends a constrained sequence even with ignore_eos: the constraint allowed it
-        // only because its grammar is complete.
-        let constrained_end = st.constraint.as_ref().is_some_and(|c| c.is_active());
-        if (!st.request.ignore_eos || constrained_end) && tokenizer.is_eog(token) {
-            self.finish(seq_id, FinishReason::Stop);
-            return None;
-        }
-        let consumed = match st.constraint.as_mut().map(|c| c.consume(token)) {
-            Some(Err(e)) => {
-                self.fail(seq_id, e);
-                return None;
-            }
-            Some(Ok(c)) => c,
-            None => Consumed::Continue,
-        };
-        let logprobs = st
-            .request
-            .logprobs
-            .map(|k| token_logprobs(logits, token, k));
-        self.sched.append_token(seq_id, token);
-        self.metrics.tokens_generated += 1;
-        let piece = st.decoder.push(tokenizer, token);
-        st.pending.push_str(&piece);
-        let (text, stopped) = take_emittable(&mut st.pending, &st.request.stop);
-        let sent = st.events.send(Event::Token {
-            index: st.index,
-            token,
-            text,
-            logprobs,
-        });
-        let seq = self.sched.get(seq_id).expect("live");
-        let st = &self.seqs[&seq_id];
-        if sent.is_err() {
-            let request_id = st.request_id;
-            self.handle(Command::Abort(request_id));
-        } else if stopped || consumed == Consumed::Done {
-            self.finish(seq_id, FinishReason::Stop);
-        } else if seq.generated().len() >= st.request.max_tokens
-            || seq.len() >= self.config.max_seq_len
-        {
-            self.finish(seq_id, FinishReason::Length);
-        }
-        Some(token)
-    }
-
-    /// A pin request's prompt is computed: its full blocks are pinned, and it finishes.
-    fn pin(&mut self, seq_id: u64) {
-        // At most half the pool may be pinned, so requests always have room.
-        let limit = self.sched.blocks.num_blocks() / 2;
-        match self.sched.pin(seq_id, limit) {
-            Ok(_) => self.finish(seq_id, FinishReason::Stop),
-            Err(e) => self.fail(seq_id, e),
         }
     }
 
     /// Where the cached prompt blocks of `seq_id` came from: (disk, pinned) tokens.
-    fn cache_sources(&self, seq_id: u64, num_cached: usize) -> (usize, usize) {
-        let (Some(seq), Some(st)) = (self.sched.get(seq_id), self.seqs.get(&seq_id)) else {
+    fn cache_sources(&self, seq_id: SeqId) -> (usize, usize) {
+        let (Some(seq), Some(from_disk)) = (self.sched.get(seq_id), self.out.from_disk(seq_id))
+        else {
             return (0, 0);
         };
         let bs = self.sched.blocks.block_size;
         let (mut disk, mut pinned) = (0, 0);
+        let num_cached = self.out.num_cached(seq_id);
         for &id in seq.block_table.iter().take(num_cached / bs) {
             if self.sched.is_pinned(id) {
                 pinned += bs;
@@ -756,7 +428,7 @@ impl Worker {
                 .sched
                 .blocks
                 .registered(id)
-                .is_some_and(|(h, _)| st.from_disk.contains(&h))
+                .is_some_and(|(h, _)| from_disk.contains(&h))
             {
                 disk += bs;
             }
@@ -764,176 +436,54 @@ impl Worker {
         (disk, pinned)
     }
 
-    /// Ends a sequence: the client hears why, its blocks go back at once.
-    fn finish(&mut self, seq_id: u64, reason: FinishReason) {
+    /// Ends a sequence: its blocks go back at once (full ones written behind to the disk
+    /// tier), and the client hears why.
+    fn finish(&mut self, seq_id: SeqId, reason: FinishReason) {
         self.speculator.forget(seq_id);
-        self.write_behind(seq_id);
-        let cached = self.seqs.get(&seq_id).map_or(0, |st| st.num_cached);
-        let (cached_disk_tokens, cached_pinned_tokens) = self.cache_sources(seq_id, cached);
+        if let Some(seq) = self.sched.get(seq_id) {
+            self.parking
+                .write_behind(&seq.block_table, &self.sched.blocks, &self.exec);
+        }
+        let sources = self.cache_sources(seq_id);
         let Some(seq) = self.sched.finish(seq_id) else {
             return;
         };
-        let Some(mut st) = self.seqs.remove(&seq_id) else {
+        let Some((notice, last)) = self.out.finish(&seq, reason, sources) else {
             return;
         };
-        let mut text = std::mem::take(&mut st.pending);
-        if reason != FinishReason::Stop
-            || !st
-                .request
-                .stop
-                .iter()
-                .any(|s| !s.is_empty() && text.contains(s.as_str()))
-        {
-            if reason == FinishReason::Length {
-                // Cut by max_tokens or the context inside a multi-byte char: that char was
-                // never completed, so it is left out rather than shown as U+FFFD.
-                st.decoder.drop_incomplete();
-            }
-            text.push_str(&st.decoder.finish());
-        }
-        let usage = Usage {
-            prompt_tokens: seq.prompt_len,
-            completion_tokens: seq.generated().len(),
-            cached_tokens: st.num_cached,
-            cached_disk_tokens,
-            cached_pinned_tokens,
-            ttft_ms: st.ttft_ms.unwrap_or(0),
-        };
-        // Counted out of the queue before the client hears, so it may submit again at once; and
-        // published, so metrics read as soon as it hears show its blocks freed (the step's own
-        // publish comes only after the whole step).
-        self.close_seq(st.request_id, seq_id, reason == FinishReason::Abort);
-        self.publish();
-        let _ = st.events.send(Event::Finished {
-            index: st.index,
-            reason,
-            text,
-            usage,
-        });
-    }
-
-    fn fail(&mut self, seq_id: u64, message: String) {
-        self.speculator.forget(seq_id);
-        self.sched.finish(seq_id);
-        if let Some(st) = self.seqs.remove(&seq_id) {
-            self.metrics.requests_failed += 1;
-            // The other completions of the request go too: the client stops listening.
-            for other in self
-                .requests
-                .get(&st.request_id)
-                .cloned()
-                .unwrap_or_default()
-            {
-                if other != seq_id {
-                    self.speculator.forget(other);
-                    self.sched.finish(other);
-                    self.seqs.remove(&other);
-                }
-            }
-            if self.requests.remove(&st.request_id).is_some() {
-                self.in_flight.fetch_sub(1, Ordering::SeqCst);
-            }
-            self.publish(); // as in finish: what the client reads next includes this
-            let _ = st.events.send(Event::Error(message));
-        }
-    }
-
-    fn close_seq(&mut self, request_id: u64, seq_id: u64, aborted: bool) {
-        let Some(seqs) = self.requests.get_mut(&request_id) else {
-            return;
-        };
-        seqs.retain(|&s| s != seq_id);
-        if seqs.is_empty() {
-            self.requests.remove(&request_id);
-            self.in_flight.fetch_sub(1, Ordering::SeqCst);
-            if aborted {
+        if last {
+            if reason == FinishReason::Abort {
                 self.metrics.requests_aborted += 1;
             } else {
                 self.metrics.requests_finished += 1;
             }
         }
+        self.notify(notice, last);
     }
-}
 
-/// Log-probability of `token` and the `k` most likely tokens (fewer where a constraint allows
-/// fewer).
-fn token_logprobs(logits: &[f32], token: u32, k: usize) -> TokenLogprobs {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let log_sum = logits
-        .iter()
-        .map(|&l| (l as f64 - max).exp())
-        .sum::<f64>()
-        .ln()
-        + max;
-    let mut top: Vec<(u32, f32)> = Vec::with_capacity(k);
-    if k > 0 {
-        let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
-        let k = k.min(idx.len());
-        idx.select_nth_unstable_by(k - 1, |&a, &b| {
-            logits[b as usize].total_cmp(&logits[a as usize])
-        });
-        idx.truncate(k);
-        idx.sort_by(|&a, &b| {
-            logits[b as usize]
-                .total_cmp(&logits[a as usize])
-                .then(a.cmp(&b))
-        });
-        // Tokens a constraint disallows (minus infinity) are no alternatives.
-        top = idx
-            .into_iter()
-            .filter(|&t| logits[t as usize] > f32::NEG_INFINITY)
-            .map(|t| (t, (logits[t as usize] as f64 - log_sum) as f32))
-            .collect();
-    }
-    TokenLogprobs {
-        logprob: (logits[token as usize] as f64 - log_sum) as f32,
-        top,
-    }
-}
-
-/// Splits off the text of `pending` that can be shown now: everything before a stop string
-/// (then `true`), or everything but a tail that could still grow into one.
-fn take_emittable(pending: &mut String, stop: &[String]) -> (String, bool) {
-    let stops = stop.iter().filter(|s| !s.is_empty());
-    if let Some(pos) = stops.clone().filter_map(|s| pending.find(s.as_str())).min() {
-        let text = pending[..pos].to_string();
-        pending.clear();
-        return (text, true);
-    }
-    // The longest suffix of pending that is a proper prefix of a stop string.
-    let mut hold = 0;
-    for s in stops {
-        for (i, _) in pending.char_indices() {
-            let tail = &pending[i..];
-            if s.starts_with(tail) && tail.len() > hold {
-                hold = tail.len();
-                break;
-            }
+    /// Ends the whole request of `seq_id` with an error; the client stops listening.
+    pub(super) fn fail(&mut self, seq_id: SeqId, message: String) {
+        let Some((seqs, notice)) = self.out.fail(seq_id, message) else {
+            self.speculator.forget(seq_id);
+            self.sched.finish(seq_id);
+            return;
+        };
+        for id in seqs {
+            self.speculator.forget(id);
+            self.sched.finish(id);
         }
+        self.metrics.requests_failed += 1;
+        self.notify(notice, true);
     }
-    let cut = pending.len() - hold;
-    let text = pending[..cut].to_string();
-    pending.replace_range(..cut, "");
-    (text, false)
-}
 
-#[cfg(test)]
-mod tests {
-    use super::take_emittable;
-
-    #[test]
-    fn stop_strings_are_held_back_and_cut() {
-        let stop = vec!["</s>".to_string(), "\n\n".to_string()];
-        let mut p = "Hello <".to_string();
-        assert_eq!(take_emittable(&mut p, &stop), ("Hello ".to_string(), false));
-        assert_eq!(p, "<");
-        p.push_str("/s> more");
-        assert_eq!(take_emittable(&mut p, &stop), ("".to_string(), true));
-        let mut p = "line\n".to_string();
-        assert_eq!(take_emittable(&mut p, &stop), ("line".to_string(), false));
-        p.push('x');
-        assert_eq!(take_emittable(&mut p, &stop), ("\nx".to_string(), false));
-        let mut p = "no stops".to_string();
-        assert_eq!(take_emittable(&mut p, &[]), ("no stops".to_string(), false));
+    /// Tells a client its completion or request ended: counted out of the queue first, so it
+    /// may submit again at once, and published, so metrics read as soon as it hears show its
+    /// blocks freed (the step's own publish comes only after the whole step).
+    fn notify(&mut self, notice: Notice, request_done: bool) {
+        if request_done {
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        }
+        self.publish();
+        notice.send();
     }
 }

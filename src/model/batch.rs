@@ -2,6 +2,8 @@
 //! integers the kernels need to find its KV slots. Kernels never see a sequence, only this.
 //! [`Batch::validate`] checks it once per step, before any backend touches memory with it.
 
+use std::ops::Range;
+
 use anyhow::{bail, Result};
 
 /// One forward step's input. All per-token vectors have `n_tokens` entries.
@@ -81,7 +83,35 @@ impl Batch {
         self.block_tables.len() / self.max_blocks_per_seq.max(1)
     }
 
-    /// Adds a sequence's block table; returns its row index for `push_token`.
+    /// An empty batch whose block tables hold up to `max_blocks_per_seq` blocks.
+    pub fn with_max_blocks(max_blocks_per_seq: usize) -> Batch {
+        Batch {
+            max_blocks_per_seq,
+            ..Default::default()
+        }
+    }
+
+    /// Adds one sequence: its block table (blocks of `block_size` tokens) and its tokens at
+    /// `positions` (`token_at(position)` gives each), each written to its KV slot in the table;
+    /// the tokens at positions from `logits_from` on want logits (`positions.end` for none).
+    /// Every batch (the engine's steps, the draft model's, scoring's) is built through this.
+    pub fn push_sequence(
+        &mut self,
+        block_table: &[u32],
+        block_size: usize,
+        positions: Range<usize>,
+        token_at: impl Fn(usize) -> u32,
+        logits_from: usize,
+    ) {
+        let row = self.push_block_table(block_table);
+        for pos in positions {
+            let slot = block_table[pos / block_size] as usize * block_size + pos % block_size;
+            self.push_token(token_at(pos), pos, slot, row, pos >= logits_from);
+        }
+    }
+
+    /// Adds a sequence's block table; returns its row index for `push_token` (tests build odd
+    /// batches with these two; the engine, scoring and the draft model use `push_sequence`).
     /// `max_blocks_per_seq` must be set first and cover `table`.
     pub fn push_block_table(&mut self, table: &[u32]) -> i32 {
         assert!(

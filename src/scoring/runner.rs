@@ -86,17 +86,17 @@ impl<'m> SequenceRunner<'m> {
             while self.block_table.len() * bs < end {
                 self.block_table.push(self.block_table.len() as u32);
             }
-            let mut batch = Batch {
-                max_blocks_per_seq: self.block_table.len(),
-                ..Default::default()
+            let mut batch = Batch::with_max_blocks(self.block_table.len());
+            let start = self.num_computed;
+            let logits_from = if all_logits {
+                start
+            } else if is_last_chunk {
+                end - 1
+            } else {
+                end
             };
-            let seq = batch.push_block_table(&self.block_table);
-            for (i, &tok) in chunk.iter().enumerate() {
-                let pos = self.num_computed + i;
-                let slot = self.block_table[pos / bs] as usize * bs + pos % bs;
-                let want = all_logits || (is_last_chunk && i + 1 == chunk.len());
-                batch.push_token(tok, pos, slot, seq, want);
-            }
+            let token_at = |pos: usize| chunk[pos - start];
+            batch.push_sequence(&self.block_table, bs, start..end, token_at, logits_from);
             logits.extend(self.exec.forward(self.model, &batch)?);
             self.num_computed = end;
         }

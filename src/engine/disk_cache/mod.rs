@@ -15,6 +15,7 @@
 
 mod file;
 mod index;
+mod parking;
 
 use std::collections::VecDeque;
 use std::io::ErrorKind;
@@ -30,6 +31,7 @@ use anyhow::{Context, Result};
 use super::block_manager::BlockHash;
 use crate::model::Model;
 use index::DiskIndex;
+pub(super) use parking::Parking;
 
 /// `--cache-disk-mib` when not given.
 pub const DEFAULT_DISK_MIB: u64 = 1024;

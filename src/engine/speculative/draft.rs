@@ -15,6 +15,7 @@
 //! `check_vocab` is the load-time check that the pair share tokens, token types, merges and
 //! special ids.
 
+use crate::engine::sequence::SeqId;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
@@ -161,7 +162,7 @@ struct DraftSeq {
 
 /// One sequence's part of a proposal round.
 struct Round {
-    seq_id: u64,
+    seq_id: SeqId,
     /// Tokens still to propose after the one the last step's logits give.
     left: usize,
     proposal: Vec<u32>,
@@ -172,7 +173,7 @@ pub struct DraftRunner {
     model: Arc<Model>,
     exec: Executor,
     blocks: BlockManager,
-    seqs: HashMap<u64, DraftSeq>,
+    seqs: HashMap<SeqId, DraftSeq>,
     /// Time of draft steps against their rows (the catch-up step has more).
     pub cost: StepCost,
     /// Most rows one catch-up step runs; longer catch-ups (a new sequence's prompt) go in chunks.
@@ -222,15 +223,15 @@ impl DraftRunner {
     }
 
     /// Gives back the draft blocks of a sequence that ended or was preempted.
-    pub fn forget(&mut self, seq_id: u64) {
+    pub fn forget(&mut self, seq_id: SeqId) {
         if let Some(mut s) = self.seqs.remove(&seq_id) {
             self.blocks.free(&mut s.table);
         }
     }
 
     /// Forgets every sequence `live` says is gone (a safety net beside `forget`).
-    pub fn retain(&mut self, live: impl Fn(u64) -> bool) {
-        let gone: Vec<u64> = self.seqs.keys().copied().filter(|&id| !live(id)).collect();
+    pub fn retain(&mut self, live: impl Fn(SeqId) -> bool) {
+        let gone: Vec<SeqId> = self.seqs.keys().copied().filter(|&id| !live(id)).collect();
         for id in gone {
             self.forget(id);
         }
@@ -242,7 +243,7 @@ impl DraftRunner {
     /// Errors of the draft's forward pass end every proposal (the target goes on alone).
     pub fn propose(
         &mut self,
-        wants: &[(u64, &[u32], usize)],
+        wants: &[(SeqId, &[u32], usize)],
         is_end: impl Fn(u32) -> bool,
     ) -> Vec<Vec<u32>> {
         let mut out = vec![Vec::new(); wants.len()];
@@ -266,13 +267,13 @@ impl DraftRunner {
 
     fn run(
         &mut self,
-        wants: &[(u64, &[u32], usize)],
+        wants: &[(SeqId, &[u32], usize)],
         is_end: &impl Fn(u32) -> bool,
     ) -> Result<Vec<Round>> {
         let bs = self.blocks.block_size;
         // The catch-up step: for each sequence, what its draft blocks lack of its tokens.
         let mut rows_left = self.max_rows;
-        let mut plan: Vec<(u64, usize, usize, usize)> = Vec::new(); // id, from, to, k
+        let mut plan: Vec<(SeqId, usize, usize, usize)> = Vec::new(); // id, from, to, k
         for &(id, tokens, k) in wants {
             if k == 0 || tokens.is_empty() || rows_left == 0 {
                 continue;
@@ -319,11 +320,8 @@ impl DraftRunner {
                 .expect("planned from wants")
                 .1;
             let st = &self.seqs[&id];
-            let row = batch.push_block_table(&st.table);
-            for (pos, &t) in tokens.iter().enumerate().take(to).skip(from) {
-                let slot = st.table[pos / bs] as usize * bs + pos % bs;
-                batch.push_token(t, pos, slot, row, k > 0 && pos + 1 == to);
-            }
+            let logits_from = if k > 0 { to - 1 } else { to };
+            batch.push_sequence(&st.table, bs, from..to, |pos| tokens[pos], logits_from);
             if k > 0 {
                 rounds.push(Round {
                     seq_id: id,
@@ -349,11 +347,9 @@ impl DraftRunner {
             let mut batch = self.new_batch(live.iter().map(|&i| rounds[i].seq_id));
             for &i in &live {
                 let st = &self.seqs[&rounds[i].seq_id];
-                let row = batch.push_block_table(&st.table);
                 let pos = st.held.len();
                 let t = *rounds[i].proposal.last().expect("proposing after a token");
-                let slot = st.table[pos / bs] as usize * bs + pos % bs;
-                batch.push_token(t, pos, slot, row, true);
+                batch.push_sequence(&st.table, bs, pos..pos + 1, |_| t, pos);
             }
             let logits = self.forward(&batch)?;
             for &i in &live {
@@ -385,12 +381,9 @@ impl DraftRunner {
     }
 
     /// A batch sized for the block tables of `ids`.
-    fn new_batch(&self, ids: impl Iterator<Item = u64>) -> Batch {
+    fn new_batch(&self, ids: impl Iterator<Item = SeqId>) -> Batch {
         let max_blocks = ids.map(|id| self.seqs[&id].table.len()).max().unwrap_or(0);
-        Batch {
-            max_blocks_per_seq: max_blocks,
-            ..Default::default()
-        }
+        Batch::with_max_blocks(max_blocks)
     }
 
     /// Runs one draft step and learns its cost.

@@ -20,7 +20,9 @@
 pub mod cost;
 pub mod draft;
 pub mod ngram;
+mod step;
 
+use crate::engine::sequence::SeqId;
 use std::collections::HashMap;
 
 use anyhow::Result;
@@ -108,7 +110,7 @@ struct SeqStats {
 pub struct Speculator {
     pub config: SpecConfig,
     /// Recent acceptance of each sequence (adaptive lengths).
-    stats: HashMap<u64, SeqStats>,
+    stats: HashMap<SeqId, SeqStats>,
     /// The acceptance a proposed row must beat in the current step (see `gate`).
     break_even: f64,
     cost: StepCost,
@@ -249,7 +251,7 @@ impl Speculator {
     /// The chance that a sequence's next proposed token is accepted after the ones before it
     /// were: its accepted tokens over accepted plus rejections, recent ones weighing more
     /// (one pseudo-count each way to start).
-    pub fn seq_acceptance(&self, seq_id: u64) -> f64 {
+    pub fn seq_acceptance(&self, seq_id: SeqId) -> f64 {
         let s = self.stats.get(&seq_id).copied().unwrap_or_default();
         (s.accepted + 1.0) / (s.accepted + s.rejected + 2.0)
     }
@@ -257,7 +259,7 @@ impl Speculator {
     /// How many tokens to propose for `seq_id` now. The k-th proposed token is kept with
     /// probability about a^k (a: the sequence's acceptance) and costs a row; it pays while
     /// a^k beats the break-even of this step, so k = ln(break_even) / ln(a).
-    pub fn length(&self, seq_id: u64) -> usize {
+    pub fn length(&self, seq_id: SeqId) -> usize {
         let max = self.config.max_tokens;
         if !self.config.adaptive {
             return max;
@@ -268,13 +270,13 @@ impl Speculator {
     }
 
     /// The proposal for a decoding sequence whose tokens are `tokens` (prompt and output).
-    pub fn propose(&self, seq_id: u64, tokens: &[u32]) -> Vec<u32> {
+    pub fn propose(&self, seq_id: SeqId, tokens: &[u32]) -> Vec<u32> {
         let c = &self.config;
         ngram::propose(tokens, c.ngram_min, c.ngram_max, self.length(seq_id))
     }
 
     /// Learns from one verification: `accepted` of `proposed` tokens kept.
-    pub fn record(&mut self, seq_id: u64, proposed: usize, accepted: usize) {
+    pub fn record(&mut self, seq_id: SeqId, proposed: usize, accepted: usize) {
         if proposed == 0 {
             return;
         }
@@ -302,10 +304,10 @@ impl Speculator {
     /// by one. `is_end` tokens end a draft's proposal.
     pub fn propose_all(
         &mut self,
-        wants: &[(u64, &[u32], usize)],
+        wants: &[(SeqId, &[u32], usize)],
         is_end: impl Fn(u32) -> bool,
     ) -> Vec<Vec<u32>> {
-        let sized: Vec<(u64, &[u32], usize)> = wants
+        let sized: Vec<(SeqId, &[u32], usize)> = wants
             .iter()
             .map(|&(id, tokens, room)| (id, tokens, self.length(id).min(room)))
             .collect();
@@ -324,14 +326,14 @@ impl Speculator {
 
     /// Gives back what a sequence holds in the draft's KV pool (preempted: it catches up again
     /// when it decodes), keeping its acceptance.
-    pub fn release(&mut self, seq_id: u64) {
+    pub fn release(&mut self, seq_id: SeqId) {
         if let Some(d) = &mut self.draft {
             d.forget(seq_id);
         }
     }
 
     /// Forgets a finished sequence, and gives back its draft blocks.
-    pub fn forget(&mut self, seq_id: u64) {
+    pub fn forget(&mut self, seq_id: SeqId) {
         self.stats.remove(&seq_id);
         self.release(seq_id);
     }
@@ -350,21 +352,31 @@ mod tests {
     fn lengths_follow_acceptance() {
         let mut s = Speculator::new(SpecConfig::ngram());
         // Break-even 0.25, acceptance 1/2 to start: 0.5^2 = 0.25 is the last that pays.
-        assert_eq!(s.length(1), 2);
-        s.record(1, 2, 2);
-        s.record(1, 4, 4);
-        assert_eq!(s.length(1), 8, "acceptance {}", s.seq_acceptance(1));
+        assert_eq!(s.length(SeqId(1)), 2);
+        s.record(SeqId(1), 2, 2);
+        s.record(SeqId(1), 4, 4);
+        assert_eq!(
+            s.length(SeqId(1)),
+            8,
+            "acceptance {}",
+            s.seq_acceptance(SeqId(1))
+        );
         for _ in 0..3 {
-            s.record(1, 8, 0);
+            s.record(SeqId(1), 8, 0);
         }
-        assert_eq!(s.length(1), 1, "acceptance {}", s.seq_acceptance(1));
-        s.forget(1);
-        assert_eq!(s.length(1), 2);
+        assert_eq!(
+            s.length(SeqId(1)),
+            1,
+            "acceptance {}",
+            s.seq_acceptance(SeqId(1))
+        );
+        s.forget(SeqId(1));
+        assert_eq!(s.length(SeqId(1)), 2);
         // A dearer row (break-even 0.6) shortens proposals at the same acceptance.
-        s.record(1, 4, 4);
-        let cheap = s.length(1);
+        s.record(SeqId(1), 4, 4);
+        let cheap = s.length(SeqId(1));
         s.break_even = 0.6;
-        assert!(s.length(1) < cheap);
+        assert!(s.length(SeqId(1)) < cheap);
     }
 
     #[test]
@@ -378,7 +390,7 @@ mod tests {
             }
         }
         for _ in 0..10 {
-            s.record(1, 4, 1); // 25% acceptance
+            s.record(SeqId(1), 4, 1); // 25% acceptance
         }
         assert!(
             s.gate(1),

@@ -1,33 +1,35 @@
-//! The worker's speculative-decoding part of a step (see `engine::spec`): before scheduling,
+//! The worker's speculative-decoding part of a step (see `engine::speculative`): before scheduling,
 //! decoding sequences get proposals (prompt lookup, or one batched run of the draft model); after the forward pass, a sequence with proposals samples
 //! row by row with its own sampler while the sampled token equals the proposal, and the
 //! scheduler rolls back the keys and values of the rest.
 
-use super::masks::MaskResult;
-use super::Worker;
+use crate::engine::masks::MaskResult;
+use crate::engine::sequence::{SeqId, SeqStatus};
+use crate::engine::worker::Worker;
 
 impl Worker {
     /// Gives every decoding sequence that may speculate a proposal for this step (or none, when
     /// the gate says proposals do not pay now).
-    pub(super) fn propose(&mut self) {
+    pub(in crate::engine) fn propose(&mut self) {
         if !self.speculator.config.enabled {
             return;
         }
         let max_seq_len = self.config.max_seq_len;
         // Decoding: one token to compute, past its first, unconstrained, speculation allowed.
-        let decoding: Vec<(u64, usize)> = self
-            .seqs
-            .iter()
-            .filter_map(|(&id, st)| {
+        let decoding: Vec<(SeqId, usize)> = self
+            .sched
+            .seq_ids()
+            .filter_map(|&id| {
                 let seq = self.sched.get(id)?;
-                let ok = seq.status == super::super::sequence::SeqStatus::Running
+                let request = self.out.request(id)?;
+                let ok = seq.status == SeqStatus::Running
                     && seq.num_uncomputed() == 1
                     && !seq.generated().is_empty()
-                    && st.request.speculate
-                    && st.constraint.is_none();
+                    && request.speculate
+                    && !self.out.is_constrained(id);
                 // Never propose past max_tokens or the context: what is accepted plus the
                 // target's own token must still fit.
-                let room = (st.request.max_tokens.saturating_sub(seq.generated().len()))
+                let room = (request.max_tokens.saturating_sub(seq.generated().len()))
                     .min(max_seq_len.saturating_sub(seq.len()))
                     .saturating_sub(1);
                 (ok && room > 0).then_some((id, room))
@@ -40,7 +42,7 @@ impl Worker {
             d.retain(|id| sched.get(id).is_some());
         }
         let drafts = if on {
-            let wants: Vec<(u64, &[u32], usize)> = decoding
+            let wants: Vec<(SeqId, &[u32], usize)> = decoding
                 .iter()
                 .map(|&(id, room)| {
                     let seq = self.sched.get(id).expect("listed above");
@@ -63,9 +65,9 @@ impl Worker {
     /// Verifies `draft` against `rows` (one row of logits per proposed token, plus one): each
     /// row's token is sampled as without speculation; the run goes on while it equals the
     /// proposal. Then the rejected proposals' keys and values are rolled back.
-    pub(super) fn verify(
+    pub(in crate::engine) fn verify(
         &mut self,
-        seq_id: u64,
+        seq_id: SeqId,
         rows: &[f32],
         draft: &[u32],
         mut mask: Option<MaskResult>,
