@@ -7,7 +7,8 @@
  * before it calls in (src/kernels/mod.rs is the only caller); a kernel handed an unknown type
  * returns EL_ERR_TYPE and writes nothing.
  *
- * Tensor types use the ggml/GGUF numbering so a GGUF tensor's type id passes straight through.
+ * Tensor types use the ggml/GGUF numbering so a GGUF tensor's type id passes straight through
+ * (enum el_type, in el_types.h with each type's block size, included below).
  * Quantized block layouts are bit-compatible with the files llama.cpp writes (ggml-common.h).
  */
 #ifndef EDGE_KERNELS_H
@@ -16,37 +17,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Tensor types (enum el_type, ggml numbering) and their block sizes (EL_QK, EL_QK_K and
+ * EL_<T>_ELEMS / EL_<T>_BYTES per type): one header for C, CUDA and Rust. */
+#include "el_types.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* Tensor types (ggml numbering). */
-enum el_type {
-    EL_TYPE_F32 = 0,
-    EL_TYPE_F16 = 1,
-    EL_TYPE_Q4_0 = 2,
-    EL_TYPE_Q4_1 = 3,
-    EL_TYPE_Q5_0 = 6,
-    EL_TYPE_Q5_1 = 7,
-    EL_TYPE_Q8_0 = 8,
-    EL_TYPE_Q8_1 = 9,
-    EL_TYPE_Q2_K = 10,
-    EL_TYPE_Q3_K = 11,
-    EL_TYPE_Q4_K = 12,
-    EL_TYPE_Q5_K = 13,
-    EL_TYPE_Q6_K = 14,
-    EL_TYPE_Q8_K = 15,
-    EL_TYPE_IQ2_XXS = 16,
-    EL_TYPE_IQ2_XS = 17,
-    EL_TYPE_IQ3_XXS = 18,
-    EL_TYPE_IQ1_S = 19,
-    EL_TYPE_IQ4_NL = 20,
-    EL_TYPE_IQ3_S = 21,
-    EL_TYPE_IQ2_S = 22,
-    EL_TYPE_IQ4_XS = 23,
-    EL_TYPE_IQ1_M = 29,
-    EL_TYPE_BF16 = 30,
-};
 
 /* Status codes. */
 enum el_status {

@@ -2,15 +2,18 @@
  * el_blocks.h: the quantized block layouts, one struct per type, bit-compatible with llama.cpp's
  * ggml-common.h. Shared by the scalar reference kernels (quants.c, quants_k.c) and their SIMD
  * variants (quants_avx2.c, quants_k_avx2.c), so each layout is written down once. Not part of the
- * Rust boundary.
+ * Rust boundary. The block sizes come from el_types.h, and each struct is checked against its
+ * type's EL_<T>_BYTES there.
  */
 #ifndef EL_BLOCKS_H
 #define EL_BLOCKS_H
 
 #include <stdint.h>
 
-#define QK 32           /* elements per block of the 32-element types */
-#define QK_K 256        /* elements per K-quant super-block */
+#include "el_types.h"
+
+#define QK EL_QK        /* elements per block of the 32-element types */
+#define QK_K EL_QK_K    /* elements per K-quant super-block */
 #define K_SCALE_SIZE 12 /* bytes of packed 6-bit scales in a q3_K/q4_K/q5_K block */
 
 /* ---- 32-element blocks ---------------------------------------------------------------------- */
@@ -20,14 +23,14 @@ typedef struct {
     uint16_t d;          /* f16 scale */
     uint8_t qs[QK / 2];  /* element j in the low nibble of qs[j], element j + 16 in the high nibble */
 } el_block_q4_0;
-_Static_assert(sizeof(el_block_q4_0) == 18, "block_q4_0 layout");
+_Static_assert(sizeof(el_block_q4_0) == EL_Q4_0_BYTES, "block_q4_0 layout");
 
 /* x[i] = d * q[i] + m. */
 typedef struct {
     uint16_t d, m;       /* f16 scale and min */
     uint8_t qs[QK / 2];  /* as q4_0 */
 } el_block_q4_1;
-_Static_assert(sizeof(el_block_q4_1) == 20, "block_q4_1 layout");
+_Static_assert(sizeof(el_block_q4_1) == EL_Q4_1_BYTES, "block_q4_1 layout");
 
 /* Block i of eight Q4_1 rows interleaved (el_repack_x8): the rows' scales and mins side by side
  * (one load each), then their quants four bytes at a time: qs[k][c] is bytes 4k..4k+3 of row c's
@@ -45,7 +48,7 @@ typedef struct {
     uint8_t qh[4];
     uint8_t qs[QK / 2];
 } el_block_q5_0;
-_Static_assert(sizeof(el_block_q5_0) == 22, "block_q5_0 layout");
+_Static_assert(sizeof(el_block_q5_0) == EL_Q5_0_BYTES, "block_q5_0 layout");
 
 /* x[i] = d * q[i] + m, q 5 bits as q5_0. */
 typedef struct {
@@ -53,14 +56,14 @@ typedef struct {
     uint8_t qh[4];
     uint8_t qs[QK / 2];
 } el_block_q5_1;
-_Static_assert(sizeof(el_block_q5_1) == 24, "block_q5_1 layout");
+_Static_assert(sizeof(el_block_q5_1) == EL_Q5_1_BYTES, "block_q5_1 layout");
 
 /* x[i] = d * qs[i]. */
 typedef struct {
     uint16_t d;
     int8_t qs[QK];
 } el_block_q8_0;
-_Static_assert(sizeof(el_block_q8_0) == 34, "block_q8_0 layout");
+_Static_assert(sizeof(el_block_q8_0) == EL_Q8_0_BYTES, "block_q8_0 layout");
 
 /* Block i of eight Q8_0 rows interleaved (el_repack_x8): the rows' scales side by side, then
  * their quants four bytes at a time: qs[k][c] is elements 4k..4k+3 of row c, so one 32-byte load
@@ -76,7 +79,7 @@ typedef struct {
     uint16_t d, s;
     int8_t qs[QK];
 } el_block_q8_1;
-_Static_assert(sizeof(el_block_q8_1) == 36, "block_q8_1 layout");
+_Static_assert(sizeof(el_block_q8_1) == EL_Q8_1_BYTES, "block_q8_1 layout");
 
 /* ---- K-quant super-blocks of 256 elements --------------------------------------------------- */
 
@@ -86,7 +89,7 @@ typedef struct {
     uint8_t qs[QK_K / 4];      /* element h*128 + j*32 + l at bits 2j of qs[h*32 + l] */
     uint16_t d, dmin;          /* f16 super-scales */
 } el_block_q2_K;
-_Static_assert(sizeof(el_block_q2_K) == 84, "block_q2_K layout");
+_Static_assert(sizeof(el_block_q2_K) == EL_Q2_K_BYTES, "block_q2_K layout");
 
 /* x = d * (scale[s] - 32) * (q - 4), q 3 bits, 16 sub-blocks of 16. */
 typedef struct {
@@ -95,7 +98,7 @@ typedef struct {
     uint8_t scales[K_SCALE_SIZE]; /* 16 6-bit scales: low nibbles in bytes 0-7, top bits in 8-11 */
     uint16_t d;
 } el_block_q3_K;
-_Static_assert(sizeof(el_block_q3_K) == 110, "block_q3_K layout");
+_Static_assert(sizeof(el_block_q3_K) == EL_Q3_K_BYTES, "block_q3_K layout");
 
 /* x = d * scale[s] * q - dmin * min[s], q 4 bits, 8 sub-blocks of 32, 6-bit scales and mins. */
 typedef struct {
@@ -103,7 +106,7 @@ typedef struct {
     uint8_t scales[K_SCALE_SIZE]; /* packed as get_scale_min_k4 reads them */
     uint8_t qs[QK_K / 2];         /* element c*64 + l in the low nibble of qs[c*32 + l], + 32 high */
 } el_block_q4_K;
-_Static_assert(sizeof(el_block_q4_K) == 144, "block_q4_K layout");
+_Static_assert(sizeof(el_block_q4_K) == EL_Q4_K_BYTES, "block_q4_K layout");
 
 /* As q4_K with a fifth bit: element e's at bit e/32 of qh[e % 32]. */
 typedef struct {
@@ -112,7 +115,7 @@ typedef struct {
     uint8_t qh[QK_K / 8];
     uint8_t qs[QK_K / 2];
 } el_block_q5_K;
-_Static_assert(sizeof(el_block_q5_K) == 176, "block_q5_K layout");
+_Static_assert(sizeof(el_block_q5_K) == EL_Q5_K_BYTES, "block_q5_K layout");
 
 /* x = d * scales[s] * (q - 32), q 6 bits, 16 sub-blocks of 16 with int8 scales. */
 typedef struct {
@@ -121,7 +124,7 @@ typedef struct {
     int8_t scales[QK_K / 16];
     uint16_t d;
 } el_block_q6_K;
-_Static_assert(sizeof(el_block_q6_K) == 210, "block_q6_K layout");
+_Static_assert(sizeof(el_block_q6_K) == EL_Q6_K_BYTES, "block_q6_K layout");
 
 /* x = d * qs; bsums[g] = sum of qs[16g .. 16g + 16), for the weight types' mins. */
 typedef struct {
@@ -129,18 +132,18 @@ typedef struct {
     int8_t qs[QK_K];
     int16_t bsums[QK_K / 16];
 } el_block_q8_K;
-_Static_assert(sizeof(el_block_q8_K) == 292, "block_q8_K layout");
+_Static_assert(sizeof(el_block_q8_K) == EL_Q8_K_BYTES, "block_q8_K layout");
 
 /* ---- IQ types (codebook and non-linear quants; decoded in quants_iq.c) ----------------------- */
 
-#define QK4_NL 32 /* elements per IQ4_NL block */
+#define QK4_NL EL_IQ4_NL_ELEMS /* elements per IQ4_NL block */
 
 /* x[i] = d * kvalues_iq4nl[q[i]], q a nibble laid out as q4_0. */
 typedef struct {
     uint16_t d;
     uint8_t qs[QK4_NL / 2];
 } el_block_iq4_nl;
-_Static_assert(sizeof(el_block_iq4_nl) == 18, "block_iq4_nl layout");
+_Static_assert(sizeof(el_block_iq4_nl) == EL_IQ4_NL_BYTES, "block_iq4_nl layout");
 
 /* x = d * (ls[s] - 32) * kvalues_iq4nl[q], 8 sub-blocks of 32 with 6-bit scales ls: low 4 bits in
  * the nibbles of scales_l, high 2 bits at bits 2s of scales_h; quants as q4_0 per sub-block. */
@@ -150,7 +153,7 @@ typedef struct {
     uint8_t scales_l[QK_K / 64];
     uint8_t qs[QK_K / 2];
 } el_block_iq4_xs;
-_Static_assert(sizeof(el_block_iq4_xs) == 136, "block_iq4_xs layout");
+_Static_assert(sizeof(el_block_iq4_xs) == EL_IQ4_XS_BYTES, "block_iq4_xs layout");
 
 /* 8 sub-blocks of 32, each four 8-element grid points: qs[4s .. 4s + 2) hold four 8-bit indices into
  * iq2xxs_grid, qs[4s + 2 .. 4s + 4) four 7-bit sign indices and a 4-bit scale in the top bits. */
@@ -158,7 +161,7 @@ typedef struct {
     uint16_t d;
     uint16_t qs[QK_K / 8];
 } el_block_iq2_xxs;
-_Static_assert(sizeof(el_block_iq2_xxs) == 66, "block_iq2_xxs layout");
+_Static_assert(sizeof(el_block_iq2_xxs) == EL_IQ2_XXS_BYTES, "block_iq2_xxs layout");
 
 /* qs[k]: a 9-bit iq2xs_grid index and a 7-bit sign index; 4-bit scales, two per sub-block of 32. */
 typedef struct {
@@ -166,7 +169,7 @@ typedef struct {
     uint16_t qs[QK_K / 8];
     uint8_t scales[QK_K / 32];
 } el_block_iq2_xs;
-_Static_assert(sizeof(el_block_iq2_xs) == 74, "block_iq2_xs layout");
+_Static_assert(sizeof(el_block_iq2_xs) == EL_IQ2_XS_BYTES, "block_iq2_xs layout");
 
 /* 10-bit iq2s_grid indices (low 8 bits in qs[0..32), high 2 in qh), explicit signs in qs[32..64). */
 typedef struct {
@@ -175,7 +178,7 @@ typedef struct {
     uint8_t qh[QK_K / 32];
     uint8_t scales[QK_K / 32];
 } el_block_iq2_s;
-_Static_assert(sizeof(el_block_iq2_s) == 82, "block_iq2_s layout");
+_Static_assert(sizeof(el_block_iq2_s) == EL_IQ2_S_BYTES, "block_iq2_s layout");
 
 /* 64 8-bit iq3xxs_grid indices (4 elements each), then per sub-block a uint32 of four 7-bit sign
  * indices and a 4-bit scale. */
@@ -183,7 +186,7 @@ typedef struct {
     uint16_t d;
     uint8_t qs[3 * QK_K / 8];
 } el_block_iq3_xxs;
-_Static_assert(sizeof(el_block_iq3_xxs) == 98, "block_iq3_xxs layout");
+_Static_assert(sizeof(el_block_iq3_xxs) == EL_IQ3_XXS_BYTES, "block_iq3_xxs layout");
 
 /* 9-bit iq3s_grid indices (low 8 in qs, high bit in qh), explicit signs, 4-bit scales per 32. */
 typedef struct {
@@ -193,7 +196,7 @@ typedef struct {
     uint8_t signs[QK_K / 8];
     uint8_t scales[QK_K / 64];
 } el_block_iq3_s;
-_Static_assert(sizeof(el_block_iq3_s) == 110, "block_iq3_s layout");
+_Static_assert(sizeof(el_block_iq3_s) == EL_IQ3_S_BYTES, "block_iq3_s layout");
 
 /* 11-bit iq1s_grid indices (low 8 in qs, high 3 in qh), per sub-block a 3-bit scale and the sign
  * of a +-1/8 shift in qh. */
@@ -202,7 +205,7 @@ typedef struct {
     uint8_t qs[QK_K / 8];
     uint16_t qh[QK_K / 32];
 } el_block_iq1_s;
-_Static_assert(sizeof(el_block_iq1_s) == 50, "block_iq1_s layout");
+_Static_assert(sizeof(el_block_iq1_s) == EL_IQ1_S_BYTES, "block_iq1_s layout");
 
 /* As iq1_s with 3-bit scales per 16 elements and shift signs per 8; the f16 super-scale is spread
  * over the top nibbles of the four uint16 scale words. */
@@ -211,6 +214,6 @@ typedef struct {
     uint8_t qh[QK_K / 16];
     uint8_t scales[QK_K / 32];
 } el_block_iq1_m;
-_Static_assert(sizeof(el_block_iq1_m) == 56, "block_iq1_m layout");
+_Static_assert(sizeof(el_block_iq1_m) == EL_IQ1_M_BYTES, "block_iq1_m layout");
 
 #endif /* EL_BLOCKS_H */

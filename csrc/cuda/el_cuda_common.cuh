@@ -1,7 +1,8 @@
 /*
  * el_cuda_common.cuh: what the CUDA kernels share: sized integer types, exact half/bfloat16
- * conversions, the quantized block layouts as byte offsets (the same layouts as csrc/el_blocks.h,
- * bit-compatible with llama.cpp's ggml-common.h), and warp reductions.
+ * conversions, the tensor types and block sizes (csrc/el_types.h, shared with the C kernels and
+ * Rust; the block layouts are csrc/el_blocks.h's, bit-compatible with llama.cpp's ggml-common.h),
+ * and warp reductions.
  *
  * The kernels include no CUDA header (not even cuda_fp16.h), so NVRTC compiles them at start-up
  * on any machine that has libnvrtc, with no include path (under nvcc, only <stdint.h>). They are compiled with --fmad=false,
@@ -29,37 +30,14 @@ typedef unsigned long long uint64_t;
 #include <stdint.h>
 #endif
 
+/* Tensor types (enum el_type, ggml numbering) and block sizes (EL_QK, EL_QK_K, EL_<T>_BYTES with
+ * each layout's byte offsets): the C kernels' own header, which src/cuda/nvrtc.rs embeds under
+ * this relative name. */
+#include "../el_types.h"
+
 #define EL_WARP 32
-#define EL_QK 32    /* elements per block of the 32-element types */
-#define EL_QK_K 256 /* elements per K-quant super-block */
 #define EL_MAX_HEAD_DIM 512
 #define EL_INF __int_as_float(0x7f800000) /* +infinity (no math.h) */
-
-/* Tensor types, ggml numbering (as enum el_type in csrc/edge_kernels.h). */
-#define EL_TYPE_F32 0
-#define EL_TYPE_F16 1
-#define EL_TYPE_Q4_0 2
-#define EL_TYPE_Q4_1 3
-#define EL_TYPE_Q5_0 6
-#define EL_TYPE_Q5_1 7
-#define EL_TYPE_Q8_0 8
-#define EL_TYPE_Q8_1 9
-#define EL_TYPE_Q2_K 10
-#define EL_TYPE_Q3_K 11
-#define EL_TYPE_Q4_K 12
-#define EL_TYPE_Q5_K 13
-#define EL_TYPE_Q6_K 14
-#define EL_TYPE_Q8_K 15
-#define EL_TYPE_IQ2_XXS 16
-#define EL_TYPE_IQ2_XS 17
-#define EL_TYPE_IQ3_XXS 18
-#define EL_TYPE_IQ1_S 19
-#define EL_TYPE_IQ4_NL 20
-#define EL_TYPE_IQ3_S 21
-#define EL_TYPE_IQ2_S 22
-#define EL_TYPE_IQ4_XS 23
-#define EL_TYPE_IQ1_M 29
-#define EL_TYPE_BF16 30
 
 /* ---- Half and bfloat16 ------------------------------------------------------------------------
  * cvt.rn is IEEE round-to-nearest-even, as el_fp32_to_fp16 in csrc/el_internal.h; half -> float
@@ -104,21 +82,6 @@ __device__ __forceinline__ int32_t el_pack4(int a, int b, int c, int d) {
     return (int32_t)((uint32_t)(a & 0xff) | ((uint32_t)(b & 0xff) << 8) | ((uint32_t)(c & 0xff) << 16) |
                      ((uint32_t)(d & 0xff) << 24));
 }
-
-/* ---- Block layouts (bytes) ------------------------------------------------------------------ */
-
-#define EL_Q4_0_BYTES 18  /* d f16 @0, qs[16] @2 */
-#define EL_Q4_1_BYTES 20  /* d @0, m @2, qs[16] @4 */
-#define EL_Q5_0_BYTES 22  /* d @0, qh[4] @2, qs[16] @6 */
-#define EL_Q5_1_BYTES 24  /* d @0, m @2, qh[4] @4, qs[16] @8 */
-#define EL_Q8_0_BYTES 34  /* d @0, qs[32] @2 */
-#define EL_Q8_1_BYTES 36  /* d @0, s @2, qs[32] @4 */
-#define EL_Q2_K_BYTES 84  /* scales[16] @0, qs[64] @16, d @80, dmin @82 */
-#define EL_Q3_K_BYTES 110 /* hmask[32] @0, qs[64] @32, scales[12] @96, d @108 */
-#define EL_Q4_K_BYTES 144 /* d @0, dmin @2, scales[12] @4, qs[128] @16 */
-#define EL_Q5_K_BYTES 176 /* d @0, dmin @2, scales[12] @4, qh[32] @16, qs[128] @48 */
-#define EL_Q6_K_BYTES 210 /* ql[128] @0, qh[64] @128, scales[16] int8 @192, d @208 */
-#define EL_Q8_K_BYTES 292 /* d f32 @0, qs[256] @4, bsums[16] int16 @260 */
 
 /* ---- Warp and block reductions ----------------------------------------------------------------- */
 

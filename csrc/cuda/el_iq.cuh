@@ -18,16 +18,8 @@
 
 #include "el_iq_tables.cuh"
 
-/* Block layouts in bytes (csrc/el_blocks.h). */
-#define EL_IQ4_NL_BYTES 18  /* d @0, qs[16] @2 (as q4_0) */
-#define EL_IQ4_XS_BYTES 136 /* d @0, scales_h u16 @2, scales_l[4] @4, qs[128] @8 */
-#define EL_IQ2_XXS_BYTES 66 /* d @0, per sub-block: 4 grid indices @2 + 8s, signs and scale u32 @6 + 8s */
-#define EL_IQ2_XS_BYTES 74  /* d @0, qs u16[32] @2 (9-bit index, 7-bit signs), scales[8] @66 */
-#define EL_IQ2_S_BYTES 82   /* d @0, qs[32] @2, signs[32] @34, qh[8] @66, scales[8] @74 */
-#define EL_IQ3_XXS_BYTES 98 /* d @0, qs[64] @2, per sub-block signs and scale u32 @66 + 4s */
-#define EL_IQ3_S_BYTES 110  /* d @0, qs[64] @2, qh[8] @66, signs[32] @74, scales[4] @106 */
-#define EL_IQ1_S_BYTES 50   /* d @0, qs[32] @2, qh u16[8] @34 */
-#define EL_IQ1_M_BYTES 56   /* qs[32] @0, qh[16] @32, scales u16[4] @48 (the f16 d in their top nibbles) */
+/* Block sizes in bytes (EL_IQ4_NL_BYTES, ...) with their layouts' offsets: csrc/el_types.h,
+ * through el_cuda_common.cuh. */
 
 /* Four unsigned grid bytes, byte j negated where bit j of `s` is set (s & kmask_iq2xs[j], as
  * quants_iq.c tests it): (b ^ m) - m per byte, m = 0xff or 0. */

@@ -333,7 +333,7 @@ __device__ void el_quantize_q8(const float *x, uint8_t *y, int64_t n_blocks) {
     const int64_t blk = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / EL_WARP;
     const int lane = threadIdx.x % EL_WARP;
     if (blk >= n_blocks) return;
-    const float v = x[blk * 32 + lane];
+    const float v = x[blk * EL_QK + lane];
     const float amax = el_warp_max(fabsf(v));
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;

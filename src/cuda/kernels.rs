@@ -6,7 +6,7 @@
 use anyhow::{bail, Result};
 
 use super::launch::{Arg, DevPtr, Launch};
-use crate::kernels::tensor_type::TensorType;
+use crate::kernels::tensor_type::{TensorType, QK};
 use crate::kernels::{Activation, AttentionShape, Rope, RopeStyle, Yarn};
 
 const F32: usize = 4;
@@ -86,10 +86,10 @@ pub fn get_rows(
     if float {
         gpu.launch(&name, (blocks(n_in, 256), n_ids as u32, 1), 256, &args)
     } else {
-        if !n_in.is_multiple_of(32) {
+        if !n_in.is_multiple_of(QK) {
             bail!("{name}: {n_in} elements per row");
         }
-        gpu.launch(&name, (blocks(n_in / 32, 128), n_ids as u32, 1), 128, &args)
+        gpu.launch(&name, (blocks(n_in / QK, 128), n_ids as u32, 1), 128, &args)
     }
 }
 
@@ -114,7 +114,7 @@ pub fn quantize(
             } else {
                 "el_cuda_quantize_q8_1"
             };
-            let nb = n / 32;
+            let nb = n / vdt.block_size();
             gpu.launch(
                 name,
                 (blocks(nb * 32, 256), 1, 1),
@@ -123,7 +123,7 @@ pub fn quantize(
             )
         }
         TensorType::Q8_K => {
-            let nb = n / 256;
+            let nb = n / vdt.block_size();
             gpu.launch(
                 "el_cuda_quantize_q8_K",
                 (blocks(nb * 32, 256), 1, 1),
@@ -178,7 +178,7 @@ pub fn matmul(
     let (name, rows_per_block) = if float {
         (format!("el_cuda_mm_{tn}"), 8)
     } else {
-        if !n_in.is_multiple_of(32) {
+        if !n_in.is_multiple_of(QK) {
             bail!("matmul {t}: {n_in} inputs");
         }
         let tiled = match kernel {

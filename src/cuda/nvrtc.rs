@@ -4,7 +4,9 @@
 //! program for each target architecture on machines without a GPU.
 //!
 //! The kernels include no CUDA header, so no include path is needed: the only `#include`s are of
-//! each other, resolved here from the embedded text.
+//! each other and of two C headers they share with the CPU kernels (csrc/el_types.h, the tensor
+//! types and block sizes; csrc/el_iq_tables.h, the IQ codebooks), resolved here from the
+//! embedded text.
 
 use anyhow::{bail, Context, Result};
 use std::ffi::{CStr, CString};
@@ -20,6 +22,9 @@ pub const SOURCES: &[(&str, &str)] = &[
         "el_iq_tables.cuh",
         include_str!("../../csrc/cuda/el_iq_tables.cuh"),
     ),
+    // The tensor types and block sizes the C kernels and Rust share, which el_cuda_common.cuh
+    // includes by this relative name.
+    ("../el_types.h", include_str!("../../csrc/el_types.h")),
     // The C kernels' IQ codebooks, which el_iq_tables.cuh includes by this relative name.
     (
         "../el_iq_tables.h",
