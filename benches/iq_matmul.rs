@@ -29,8 +29,8 @@ fn cpu_time() -> Duration {
     Duration::new(t.sec as u64, t.nsec as u32)
 }
 
+use edge_llm::kernels::tensor_type::TensorType;
 use edge_llm::kernels::{available_isas, matmul, quantize_rows, set_isa, Isa};
-use edge_llm::tensor_type::TensorType;
 
 /// splitmix64.
 struct Rng(u64);

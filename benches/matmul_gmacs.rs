@@ -5,10 +5,10 @@
 
 use std::time::Instant;
 
+use edge_llm::kernels::tensor_type::TensorType;
 use edge_llm::kernels::{
     available_isas, has_x8, matmul, matmul_x8, quantize_rows, repack_x8, set_isa,
 };
-use edge_llm::tensor_type::TensorType;
 
 /// splitmix64 (as in tests/kernels_simd.rs).
 struct Rng(u64);
