@@ -31,6 +31,7 @@ use edge_llm::kernels::tensor_type::TensorType;
 use edge_llm::kernels::{
     self, Activation, AttentionBatch, AttentionShape, FreqFactors, Rope, RopeStyle, Yarn,
 };
+use edge_llm::model::kv_cache::BlockId;
 use edge_llm::model::Batch;
 
 /// Matrix products against `kernels::matmul`: float sums in another order.
@@ -815,7 +816,7 @@ fn gpu_and_emulator_agree_bit_for_bit_on_the_exact_kernels() {
 /// A batch of one sequence: `tokens` at positions start.., blocks 0.. in order.
 fn one_sequence(tokens: &[u32], start: usize, block_size: usize, all_logits: bool) -> Batch {
     let end = start + tokens.len();
-    let table: Vec<u32> = (0..end.div_ceil(block_size) as u32).collect();
+    let table: Vec<BlockId> = (0..end.div_ceil(block_size) as u32).map(BlockId).collect();
     let mut b = Batch {
         max_blocks_per_seq: table.len(),
         ..Default::default()
@@ -826,7 +827,7 @@ fn one_sequence(tokens: &[u32], start: usize, block_size: usize, all_logits: boo
         b.push_token(
             t,
             p,
-            table[p / block_size] as usize * block_size + p % block_size,
+            table[p / block_size].index() * block_size + p % block_size,
             seq,
             all_logits || i + 1 == tokens.len(),
         );
@@ -893,13 +894,13 @@ fn gpu_forward_pass_matches_the_cpu_and_copy_on_write_copies_blocks() {
     }
     // Copy-on-write: block 0 onto block 9 on both, then a sequence whose table starts with 9
     // reads the copy: same logits as reading block 0.
-    cpu.copy_block(0, 9).unwrap();
-    gpu_exec.copy_block(0, 9).unwrap();
+    cpu.copy_block(BlockId(0), BlockId(9)).unwrap();
+    gpu_exec.copy_block(BlockId(0), BlockId(9)).unwrap();
     let mut b = Batch {
         max_blocks_per_seq: 2,
         ..Default::default()
     };
-    let seq = b.push_block_table(&[9, 10]);
+    let seq = b.push_block_table(&[BlockId(9), BlockId(10)]);
     b.push_token(prompt[bs % prompt.len()], bs, 10 * bs, seq, true);
     let (lc, lg) = (
         cpu.forward(model, &b).unwrap(),

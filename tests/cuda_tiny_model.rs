@@ -22,6 +22,7 @@
 mod gguf_writer;
 
 use edge_llm::cuda::Emu;
+use edge_llm::model::kv_cache::BlockId;
 use std::sync::Arc;
 
 use edge_llm::device::Executor;
@@ -275,22 +276,23 @@ fn argmax(v: &[f32]) -> usize {
         .fold(0, |best, (i, &x)| if x > v[best] { i } else { best })
 }
 
-/// Tokens of sequence `table` at positions start.. (logits for every row when `all`, else the
-/// last), appended to `b` as sequence row `seq`.
+/// Tokens of the sequence with block table `table` at positions start.. (logits for every row
+/// when `all`, else the last), appended to `b`.
 fn push_seq(b: &mut Batch, table: &[u32], tokens: &[u32], start: usize, all: bool) {
-    let seq = b.push_block_table(table);
-    for (i, &t) in tokens.iter().enumerate() {
-        let p = start + i;
-        let slot = table[p / BLOCK] as usize * BLOCK + p % BLOCK;
-        b.push_token(t, p, slot, seq, all || i + 1 == tokens.len());
-    }
+    let table: Vec<BlockId> = table.iter().map(|&id| BlockId(id)).collect();
+    let end = start + tokens.len();
+    let logits_from = if all { start } else { end - 1 };
+    b.push_sequence(
+        &table,
+        BLOCK,
+        start..end,
+        |p| tokens[p - start],
+        logits_from,
+    );
 }
 
 fn batch(max_blocks: usize) -> Batch {
-    Batch {
-        max_blocks_per_seq: max_blocks,
-        ..Default::default()
-    }
+    Batch::with_max_blocks(max_blocks)
 }
 
 /// Runs one batch on both backends and checks their logits agree; returns the CPU's.
@@ -389,8 +391,8 @@ fn run_family(s: Spec, seed: u64) {
     assert_eq!(l.len(), 3 * VOCAB);
 
     // Copy-on-write: block 1 onto block 7 on both; a sequence reading [0, 7] sees A's tokens.
-    cpu.copy_block(1, 7).unwrap();
-    emu.copy_block(1, 7).unwrap();
+    cpu.copy_block(BlockId(1), BlockId(7)).unwrap();
+    emu.copy_block(BlockId(1), BlockId(7)).unwrap();
     let mut b = batch(3);
     push_seq(&mut b, &[0, 7, 8], &[tok], 16, false);
     step(

@@ -5,7 +5,7 @@
 
 use std::collections::HashSet;
 
-use edge_llm::engine::block_manager::BlockManager;
+use edge_llm::engine::block_manager::{BlockId, BlockManager};
 use edge_llm::engine::kv_events::KvCacheEvent;
 
 fn stored(e: &KvCacheEvent) -> (&[u64], Option<u64>, &[u32]) {
@@ -48,7 +48,7 @@ fn chains_are_stored_once_and_evictions_remove_their_hashes() {
     assert_eq!(m.prompt_block_hashes(&prompt), hashes.to_vec());
     // The same prompt computed by a second sequence at the same time: the cache keeps the
     // first block for each hash, and nothing is announced twice.
-    let mut b: Vec<u32> = Vec::new();
+    let mut b: Vec<BlockId> = Vec::new();
     m.free(&mut a);
     let mut c = m.match_prefix(&prompt);
     assert_eq!(c.len(), 2);
@@ -93,7 +93,7 @@ fn replayed_events_equal_the_cache_contents() {
     let mut m = BlockManager::new(24, bs, 1);
     m.enable_events();
     let mut index: HashSet<u64> = HashSet::new();
-    let mut tables: Vec<(Vec<u32>, Vec<u32>)> = Vec::new();
+    let mut tables: Vec<(Vec<BlockId>, Vec<u32>)> = Vec::new();
     let (mut num_stored, mut num_removed) = (0, 0);
     for _ in 0..2000 {
         if tables.len() < 4 && next(2) == 0 {
@@ -141,7 +141,7 @@ fn replayed_events_equal_the_cache_contents() {
         // What a router replaying the events holds is exactly what the cache can serve.
         let cached: HashSet<u64> = m.cached_hashes().collect();
         assert_eq!(index, cached);
-        let refs: Vec<&[u32]> = tables.iter().map(|(t, _)| t.as_slice()).collect();
+        let refs: Vec<&[BlockId]> = tables.iter().map(|(t, _)| t.as_slice()).collect();
         m.check_invariants(refs).unwrap();
     }
     // The run stored and evicted plenty (it is not vacuous).

@@ -39,10 +39,20 @@ fn files_stay_small() {
     let generated = root().join("src/kernels/bindings.rs");
     let mut long = Vec::new();
     for f in files.iter().filter(|f| **f != generated) {
-        let lines = std::fs::read_to_string(f).expect("a source file").lines().count();
-        let limit = if f.ends_with("engine/worker.rs") { 500 } else { 600 };
+        let lines = std::fs::read_to_string(f)
+            .expect("a source file")
+            .lines()
+            .count();
+        let limit = if f.ends_with("engine/worker.rs") {
+            500
+        } else {
+            600
+        };
         if lines > limit {
-            long.push(format!("{} has {lines} lines (at most {limit})", f.display()));
+            long.push(format!(
+                "{} has {lines} lines (at most {limit})",
+                f.display()
+            ));
         }
     }
     assert!(long.is_empty(), "{}", long.join("\n"));

@@ -8,6 +8,7 @@ mod support;
 use std::sync::Arc;
 
 use edge_llm::device::Executor;
+use edge_llm::model::kv_cache::BlockId;
 use edge_llm::model::Batch;
 
 /// One sequence of `tokens` at positions 0.. in blocks 0.. of 16 tokens, last row's logits.
@@ -16,7 +17,7 @@ fn batch(tokens: &[u32]) -> Batch {
         max_blocks_per_seq: tokens.len().div_ceil(16),
         ..Default::default()
     };
-    let table: Vec<u32> = (0..b.max_blocks_per_seq as u32).collect();
+    let table: Vec<BlockId> = (0..b.max_blocks_per_seq as u32).map(BlockId).collect();
     let seq = b.push_block_table(&table);
     for (p, &t) in tokens.iter().enumerate() {
         b.push_token(t, p, p, seq, p + 1 == tokens.len());

@@ -16,6 +16,7 @@ use edge_llm::kernels::{
     add_rms_norm, available_isas, glu_inplace, init_threads, num_threads, rms_norm,
     rms_norm_inplace, rope, rows, serial, set_isa, Activation, Rope, RopeStyle, Yarn,
 };
+use edge_llm::model::kv_cache::BlockId;
 use edge_llm::model::Batch;
 use isa_lock::lock_isa;
 
@@ -183,7 +184,7 @@ fn batch(tokens: &[u32]) -> Batch {
         max_blocks_per_seq: tokens.len().div_ceil(16),
         ..Default::default()
     };
-    let table: Vec<u32> = (0..b.max_blocks_per_seq as u32).collect();
+    let table: Vec<BlockId> = (0..b.max_blocks_per_seq as u32).map(BlockId).collect();
     let seq = b.push_block_table(&table);
     for (p, &t) in tokens.iter().enumerate() {
         b.push_token(t, p, p, seq, true);

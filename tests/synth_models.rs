@@ -18,6 +18,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use edge_llm::model::kv_cache::BlockId;
 use edge_llm::model::Model;
 use edge_llm::scoring::runner::SequenceRunner;
 
@@ -242,7 +243,7 @@ fn check_emulated(case: &str) {
     let num_blocks = tokens.len().div_ceil(BLOCK);
     let mut emu = Executor::cuda_emulated(&model, Emu::new(), BLOCK, num_blocks)
         .unwrap_or_else(|e| panic!("{case} loads onto the emulated GPU: {e:#}"));
-    let table: Vec<u32> = (0..num_blocks as u32).collect();
+    let table: Vec<BlockId> = (0..num_blocks as u32).map(BlockId).collect();
     let mut b = Batch {
         max_blocks_per_seq: num_blocks,
         ..Default::default()

@@ -14,6 +14,7 @@ use super::kernels::{self as k, DevAttentionBatch, MatmulKernel};
 use super::launch::{CudaDevice, DevPtr};
 use crate::kernels::tensor_type::TensorType;
 use crate::kernels::{Activation, AttentionShape, Rope};
+use crate::model::kv_cache::BlockId;
 use crate::model::{Backend, Batch, Loaded, Model, WeightStore};
 use std::sync::Arc;
 
@@ -515,7 +516,7 @@ impl<D: CudaDevice> Backend for CudaBackend<D> {
         Ok(())
     }
 
-    fn copy_block(&mut self, src: u32, dst: u32) -> Result<()> {
+    fn copy_block(&mut self, src: BlockId, dst: BlockId) -> Result<()> {
         self.dev.bind()?;
         let block_elems = self.shape.block_size * self.kv_dim();
         for cache in self.k_cache.iter().chain(self.v_cache.iter()) {
@@ -524,8 +525,8 @@ impl<D: CudaDevice> Backend for CudaBackend<D> {
                 self.dev.ptr(cache),
                 self.shape.num_blocks,
                 block_elems,
-                src as usize,
-                dst as usize,
+                src.index(),
+                dst.index(),
             )?;
         }
         Ok(())

@@ -12,6 +12,7 @@ use std::io::IsTerminal;
 
 use anyhow::{bail, Result};
 
+use crate::model::kv_cache::BlockId;
 use crate::model::{Batch, Cpu, Loaded, Model};
 
 /// The `--device` choice.
@@ -185,7 +186,7 @@ impl Executor {
     }
 
     /// Copies KV block `src` onto `dst` in every layer (copy-on-write of a shared block).
-    pub fn copy_block(&mut self, src: u32, dst: u32) -> Result<()> {
+    pub fn copy_block(&mut self, src: BlockId, dst: BlockId) -> Result<()> {
         use crate::model::Backend;
         match self {
             Executor::Cpu(m) => m.backend.copy_block(src, dst),
@@ -198,7 +199,7 @@ impl Executor {
 
     /// Block `id`'s KV bytes (see `KvCache::read_block`), for the disk tier; None on devices
     /// whose pool the disk tier does not reach.
-    pub fn read_block(&self, id: u32) -> Option<Vec<u8>> {
+    pub fn read_block(&self, id: BlockId) -> Option<Vec<u8>> {
         match self {
             Executor::Cpu(m) => Some(m.backend.kv().read_block(id)),
             #[cfg(feature = "cuda")]
@@ -207,7 +208,7 @@ impl Executor {
     }
 
     /// Fills block `id` from bytes `read_block` gave.
-    pub fn write_block(&mut self, id: u32, bytes: &[u8]) -> Result<()> {
+    pub fn write_block(&mut self, id: BlockId, bytes: &[u8]) -> Result<()> {
         match self {
             Executor::Cpu(m) => m.backend.kv_mut().write_block(id, bytes),
             #[cfg(feature = "cuda")]

@@ -23,6 +23,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use super::kv_events::KvCacheEvent;
+pub use crate::model::kv_cache::BlockId;
 
 /// The hash of a full block: chained from its parent block's hash.
 pub type BlockHash = u64;
@@ -41,8 +42,8 @@ struct Block {
 /// A memory copy the caller must make before the next forward step (copy-on-write).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BlockCopy {
-    pub src: u32,
-    pub dst: u32,
+    pub src: BlockId,
+    pub dst: BlockId,
 }
 
 /// Counters of the prefix cache, for metrics.
@@ -62,16 +63,16 @@ pub struct BlockManager {
     pub block_size: usize,
     blocks: Vec<Block>,
     /// Free blocks by the order they were freed: the first is the least recently used.
-    free_queue: BTreeMap<u64, u32>,
+    free_queue: BTreeMap<u64, BlockId>,
     next_stamp: u64,
-    cached: HashMap<BlockHash, u32>,
+    cached: HashMap<BlockHash, BlockId>,
     salt: u64,
     pub stats: PrefixCacheStats,
     /// Prefix-cache changes not yet taken; None while events are off.
     events: Option<Vec<KvCacheEvent>>,
     /// Cached blocks evicted since the last `take_evicted` (id, hash, token ids), for the disk
     /// tier to save before the slot is written; None while the log is off.
-    evicted: Option<Vec<(u32, BlockHash, Vec<u32>)>>,
+    evicted: Option<Vec<(BlockId, BlockHash, Vec<u32>)>>,
     /// Hashes of pinned blocks: chains of every cache key share them.
     pinned: HashSet<BlockHash>,
 }
@@ -102,7 +103,7 @@ impl BlockManager {
             pinned: HashSet::new(),
         };
         for id in 0..num_blocks as u32 {
-            m.push_free(id);
+            m.push_free(BlockId(id));
         }
         m
     }
@@ -124,7 +125,7 @@ impl BlockManager {
 
     /// The cached blocks evicted since the last call: (block id, hash, token ids). Their slots
     /// still hold the old keys and values until the next forward step or block write.
-    pub fn take_evicted(&mut self) -> Vec<(u32, BlockHash, Vec<u32>)> {
+    pub fn take_evicted(&mut self) -> Vec<(BlockId, BlockHash, Vec<u32>)> {
         self.evicted
             .as_mut()
             .map(std::mem::take)
@@ -132,8 +133,8 @@ impl BlockManager {
     }
 
     /// The hash and token ids of block `id` if it is registered in the prefix cache.
-    pub fn registered(&self, id: u32) -> Option<(BlockHash, &[u32])> {
-        let b = &self.blocks[id as usize];
+    pub fn registered(&self, id: BlockId) -> Option<(BlockHash, &[u32])> {
+        let b = &self.blocks[id.index()];
         b.hash.map(|h| (h, b.token_ids.as_slice()))
     }
 
@@ -160,12 +161,12 @@ impl BlockManager {
         hash: BlockHash,
         parent: Option<BlockHash>,
         token_ids: &[u32],
-    ) -> Option<u32> {
+    ) -> Option<BlockId> {
         if self.cached.contains_key(&hash) || token_ids.len() != self.block_size {
             return None;
         }
         let id = self.allocate_block()?;
-        let b = &mut self.blocks[id as usize];
+        let b = &mut self.blocks[id.index()];
         b.hash = Some(hash);
         b.token_ids = token_ids.to_vec();
         self.cached.insert(hash, id);
@@ -224,7 +225,7 @@ impl BlockManager {
     pub fn num_cached_free(&self) -> usize {
         self.free_queue
             .values()
-            .filter(|&&b| self.blocks[b as usize].hash.is_some())
+            .filter(|&&b| self.blocks[b.index()].hash.is_some())
             .count()
     }
 
@@ -232,8 +233,8 @@ impl BlockManager {
         self.blocks.len() - self.free_queue.len()
     }
 
-    pub fn ref_count(&self, block: u32) -> u32 {
-        self.blocks[block as usize].ref_count
+    pub fn ref_count(&self, block: BlockId) -> u32 {
+        self.blocks[block.index()].ref_count
     }
 
     /// Blocks needed to hold `num_tokens` tokens.
@@ -241,24 +242,24 @@ impl BlockManager {
         num_tokens.div_ceil(self.block_size)
     }
 
-    fn push_free(&mut self, id: u32) {
+    fn push_free(&mut self, id: BlockId) {
         let stamp = self.next_stamp;
         self.next_stamp += 1;
-        self.blocks[id as usize].free_stamp = Some(stamp);
+        self.blocks[id.index()].free_stamp = Some(stamp);
         self.free_queue.insert(stamp, id);
     }
 
-    fn take_from_free(&mut self, id: u32) {
-        if let Some(stamp) = self.blocks[id as usize].free_stamp.take() {
+    fn take_from_free(&mut self, id: BlockId) {
+        if let Some(stamp) = self.blocks[id.index()].free_stamp.take() {
             self.free_queue.remove(&stamp);
         }
     }
 
     /// Takes the least recently used free block, evicting its cached prefix if it has one.
-    fn allocate_block(&mut self) -> Option<u32> {
+    fn allocate_block(&mut self) -> Option<BlockId> {
         let (&stamp, &id) = self.free_queue.iter().next()?;
         self.free_queue.remove(&stamp);
-        let b = &mut self.blocks[id as usize];
+        let b = &mut self.blocks[id.index()];
         b.free_stamp = None;
         debug_assert_eq!(b.ref_count, 0);
         b.ref_count = 1;
@@ -281,8 +282,8 @@ impl BlockManager {
         Some(id)
     }
 
-    fn release_block(&mut self, id: u32) {
-        let b = &mut self.blocks[id as usize];
+    fn release_block(&mut self, id: BlockId) {
+        let b = &mut self.blocks[id.index()];
         assert!(b.ref_count > 0, "block {id} released more often than held");
         b.ref_count -= 1;
         if b.ref_count == 0 {
@@ -294,12 +295,12 @@ impl BlockManager {
     /// holding the last token, whose logits must be computed). Takes a reference on every hit
     /// and returns the block table it starts with; the sequence has `len * block_size` tokens
     /// computed.
-    pub fn match_prefix(&mut self, tokens: &[u32]) -> Vec<u32> {
+    pub fn match_prefix(&mut self, tokens: &[u32]) -> Vec<BlockId> {
         self.match_prefix_keyed(None, tokens)
     }
 
     /// As `match_prefix`, on the chain of cache key `key`.
-    pub fn match_prefix_keyed(&mut self, key: Option<u64>, tokens: &[u32]) -> Vec<u32> {
+    pub fn match_prefix_keyed(&mut self, key: Option<u64>, tokens: &[u32]) -> Vec<BlockId> {
         let bs = self.block_size;
         let matchable = tokens.len().saturating_sub(1) / bs;
         let mut table = Vec::new();
@@ -309,9 +310,9 @@ impl BlockManager {
             let chunk = &tokens[i * bs..(i + 1) * bs];
             let h = self.chain_step(parent, &mut keyed, key, chunk);
             match self.cached.get(&h) {
-                Some(&id) if self.blocks[id as usize].token_ids == chunk => {
+                Some(&id) if self.blocks[id.index()].token_ids == chunk => {
                     self.take_from_free(id);
-                    self.blocks[id as usize].ref_count += 1;
+                    self.blocks[id.index()].ref_count += 1;
                     table.push(id);
                     parent = Some(h);
                 }
@@ -353,18 +354,23 @@ impl BlockManager {
 
     /// How many new blocks growing `table` to `num_tokens` tokens takes, counting a private copy
     /// of a shared last block that the growth writes into (`num_computed` tokens are in it).
-    pub fn blocks_needed(&self, table: &[u32], num_computed: usize, num_tokens: usize) -> usize {
+    pub fn blocks_needed(
+        &self,
+        table: &[BlockId],
+        num_computed: usize,
+        num_tokens: usize,
+    ) -> usize {
         let grow = self.blocks_for(num_tokens).saturating_sub(table.len());
         grow + self.needs_copy(table, num_computed, num_tokens) as usize
     }
 
-    fn needs_copy(&self, table: &[u32], num_computed: usize, num_tokens: usize) -> bool {
+    fn needs_copy(&self, table: &[BlockId], num_computed: usize, num_tokens: usize) -> bool {
         let bs = self.block_size;
         if num_tokens <= num_computed || num_computed.is_multiple_of(bs) {
             return false;
         }
         let last = num_computed / bs;
-        last < table.len() && self.blocks[table[last] as usize].ref_count > 1
+        last < table.len() && self.blocks[table[last].index()].ref_count > 1
     }
 
     /// Grows `table` so it holds `num_tokens` tokens, where `num_computed` are already written.
@@ -372,7 +378,7 @@ impl BlockManager {
     /// for the caller to copy. `None` (and nothing changed) when there are not enough free blocks.
     pub fn allocate(
         &mut self,
-        table: &mut Vec<u32>,
+        table: &mut Vec<BlockId>,
         num_computed: usize,
         num_tokens: usize,
     ) -> Option<Option<BlockCopy>> {
@@ -397,7 +403,7 @@ impl BlockManager {
     /// Registers every block of `table` that became full of computed tokens: from block
     /// `first_block` on, for the `num_computed` computed tokens of `tokens`. Returns the chain's
     /// last hash, so the caller can continue from it next time.
-    pub fn register_full_blocks(&mut self, table: &[u32], tokens: &[u32], num_computed: usize) {
+    pub fn register_full_blocks(&mut self, table: &[BlockId], tokens: &[u32], num_computed: usize) {
         self.register_full_blocks_keyed(None, table, tokens, num_computed)
     }
 
@@ -405,7 +411,7 @@ impl BlockManager {
     pub fn register_full_blocks_keyed(
         &mut self,
         key: Option<u64>,
-        table: &[u32],
+        table: &[BlockId],
         tokens: &[u32],
         num_computed: usize,
     ) {
@@ -417,14 +423,14 @@ impl BlockManager {
         for i in 0..(num_computed / bs).min(table.len()) {
             let chunk = &tokens[i * bs..(i + 1) * bs];
             let id = table[i];
-            if let Some(h) = self.blocks[id as usize].hash {
+            if let Some(h) = self.blocks[id.index()].hash {
                 self.flush_stored(&mut stored);
                 parent = Some(h);
                 keyed = keyed || (key.is_some() && !self.pinned.contains(&h));
                 continue;
             }
             let h = self.chain_step(parent, &mut keyed, key, chunk);
-            let b = &mut self.blocks[id as usize];
+            let b = &mut self.blocks[id.index()];
             b.hash = Some(h);
             b.token_ids = chunk.to_vec();
             // A block with the same contents computed at the same time keeps the entry; only
@@ -463,20 +469,20 @@ impl BlockManager {
     }
 
     /// A fork shares every block of `table`.
-    pub fn fork(&mut self, table: &[u32]) -> Vec<u32> {
+    pub fn fork(&mut self, table: &[BlockId]) -> Vec<BlockId> {
         for &id in table {
             assert!(
-                self.blocks[id as usize].ref_count > 0,
+                self.blocks[id.index()].ref_count > 0,
                 "forking a free block {id}"
             );
-            self.blocks[id as usize].ref_count += 1;
+            self.blocks[id.index()].ref_count += 1;
         }
         table.to_vec()
     }
 
     /// Releases every block of `table`, the last first so that the tails of prefixes are
     /// evicted before their heads.
-    pub fn free(&mut self, table: &mut Vec<u32>) {
+    pub fn free(&mut self, table: &mut Vec<BlockId>) {
         for &id in table.iter().rev() {
             self.release_block(id);
         }
@@ -485,7 +491,7 @@ impl BlockManager {
 
     /// Shrinks `table` to its first `keep` blocks, releasing the rest (the last first), as
     /// speculative decoding's rollback does. Returns how many were released.
-    pub fn truncate(&mut self, table: &mut Vec<u32>, keep: usize) -> usize {
+    pub fn truncate(&mut self, table: &mut Vec<BlockId>, keep: usize) -> usize {
         let mut released = 0;
         while table.len() > keep {
             let id = table.pop().expect("longer than keep");
@@ -500,13 +506,13 @@ impl BlockManager {
     /// it; the prefix cache maps only to registered blocks with that hash.
     pub fn check_invariants<'a>(
         &self,
-        tables: impl IntoIterator<Item = &'a [u32]>,
+        tables: impl IntoIterator<Item = &'a [BlockId]>,
     ) -> Result<(), String> {
         let mut counts = vec![0u32; self.blocks.len()];
         for table in tables {
             for &id in table {
                 *counts
-                    .get_mut(id as usize)
+                    .get_mut(id.index())
                     .ok_or(format!("block id {id} out of range"))? += 1;
             }
         }
@@ -519,7 +525,7 @@ impl BlockManager {
             }
             let in_queue = b
                 .free_stamp
-                .is_some_and(|s| self.free_queue.get(&s) == Some(&(id as u32)));
+                .is_some_and(|s| self.free_queue.get(&s) == Some(&BlockId(id as u32)));
             if (n == 0) != in_queue || (n == 0) != b.free_stamp.is_some() {
                 return Err(format!(
                     "block {id}: held by {n} tables, free-queue membership {in_queue}"
@@ -530,7 +536,7 @@ impl BlockManager {
             return Err("free queue holds a block twice or a used block".into());
         }
         for (&h, &id) in &self.cached {
-            if self.blocks[id as usize].hash != Some(h) {
+            if self.blocks[id.index()].hash != Some(h) {
                 return Err(format!(
                     "cache entry {h:x} points at block {id} that does not hold it"
                 ));

@@ -10,7 +10,6 @@
 //! the vocabulary-wide row. Only rows that need the masked logits themselves (temperature,
 //! penalties, logprobs) get them written out.
 
-use crate::engine::sequence::SeqId;
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::mpsc;
@@ -21,6 +20,7 @@ use toktrie::SimpleVob;
 
 use crate::constraint::ConstraintState;
 use crate::engine::sampler::Sampler;
+use crate::engine::sequence::SeqId;
 
 /// A row's mask, or why it could not be computed (that request ends with the error).
 pub(super) type MaskResult = Result<SimpleVob, String>;

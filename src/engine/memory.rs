@@ -4,7 +4,8 @@
 //! limit (`RLIMIT_AS`, from /proc/self/limits) and the cgroup's `memory.max` (v2) or
 //! `memory.limit_in_bytes` (v1). Too much is one error line naming the size, the limit and
 //! the flag to change, instead of an allocation failure that aborts the process.
-//! Called by `flags::EngineArgs::start` for the CPU device.
+//! Called by `EngineHandle::start` for the CPU device (with the flag `EngineParts::memory_flag`
+//! names).
 
 use anyhow::{bail, Result};
 

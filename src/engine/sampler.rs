@@ -1,6 +1,6 @@
 //! Turning logits into the next token: greedy, or penalties, top-k, top-p, min-p and
 //! temperature followed by a draw from a seeded generator, in llama.cpp's default order.
-//! Called by the generation loop once per sequence per step.
+//! Called by the engine's output side (`engine::output`) once per sequence per step.
 
 /// Sampling parameters of one request.
 #[derive(Clone, Debug, PartialEq)]

@@ -7,7 +7,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use super::block_manager::{BlockCopy, BlockManager};
+use super::block_manager::{BlockCopy, BlockId, BlockManager};
 use super::sequence::{SeqId, SeqStatus, Sequence};
 use super::step_time::{PrefillAllowance, StepShape, StepTime};
 
@@ -55,7 +55,7 @@ pub struct Scheduler {
     /// computing the same prefix a second time.
     in_flight: HashMap<u64, SeqId>,
     /// Pinned blocks: held here forever, so they are never evicted.
-    pinned: Vec<u32>,
+    pinned: Vec<BlockId>,
     /// What steps cost, and the time cap on a step's prefill while sequences decode (none
     /// until `set_max_step_ms`).
     pub step_time: StepTime,
@@ -393,7 +393,7 @@ impl Scheduler {
         let Some(seq) = self.seqs.get(&seq_id) else {
             return Ok(0);
         };
-        let new: Vec<(u32, u64)> = seq
+        let new: Vec<(BlockId, u64)> = seq
             .block_table
             .iter()
             .map_while(|&id| self.blocks.registered(id).map(|(h, _)| (id, h)))
@@ -419,7 +419,7 @@ impl Scheduler {
     }
 
     /// Whether block `id` is pinned.
-    pub fn is_pinned(&self, id: u32) -> bool {
+    pub fn is_pinned(&self, id: BlockId) -> bool {
         self.pinned.contains(&id)
     }
 

@@ -2,6 +2,8 @@
 //! in the KV cache, and its block table. There is no prefill or decode phase: a sequence just
 //! has tokens not yet computed, and a step schedules some of them.
 
+use crate::model::kv_cache::BlockId;
+
 /// A live sequence's id: the key the scheduler, the output side (`engine::output`), speculation
 /// and the disk tier's parking share. A request's completions (n > 1) are sequences of their own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -33,7 +35,7 @@ pub struct Sequence {
     pub num_computed: usize,
     /// Prompt tokens served from the prefix cache when the sequence (last) started.
     pub num_cached: usize,
-    pub block_table: Vec<u32>,
+    pub block_table: Vec<BlockId>,
     pub status: SeqStatus,
     /// Hashes of prompt blocks this sequence is computing that others may wait for:
     /// (block index, hash).

@@ -12,6 +12,7 @@
 
 use anyhow::Result;
 
+use super::kv_cache::BlockId;
 use super::Batch;
 use crate::kernels::{Activation, Rope};
 
@@ -129,5 +130,5 @@ pub trait Backend: WeightStore {
     fn end_step(&mut self) -> Result<()>;
 
     /// Copies KV block `src` onto `dst` in every layer (copy-on-write of a shared block).
-    fn copy_block(&mut self, src: u32, dst: u32) -> Result<()>;
+    fn copy_block(&mut self, src: BlockId, dst: BlockId) -> Result<()>;
 }

@@ -6,6 +6,8 @@ use std::ops::Range;
 
 use anyhow::{bail, Result};
 
+use super::kv_cache::BlockId;
+
 /// One forward step's input. All per-token vectors have `n_tokens` entries.
 #[derive(Clone, Debug, Default)]
 pub struct Batch {
@@ -97,7 +99,7 @@ impl Batch {
     /// Every batch (the engine's steps, the draft model's, scoring's) is built through this.
     pub fn push_sequence(
         &mut self,
-        block_table: &[u32],
+        block_table: &[BlockId],
         block_size: usize,
         positions: Range<usize>,
         token_at: impl Fn(usize) -> u32,
@@ -105,7 +107,7 @@ impl Batch {
     ) {
         let row = self.push_block_table(block_table);
         for pos in positions {
-            let slot = block_table[pos / block_size] as usize * block_size + pos % block_size;
+            let slot = block_table[pos / block_size].index() * block_size + pos % block_size;
             self.push_token(token_at(pos), pos, slot, row, pos >= logits_from);
         }
     }
@@ -113,13 +115,13 @@ impl Batch {
     /// Adds a sequence's block table; returns its row index for `push_token` (tests build odd
     /// batches with these two; the engine, scoring and the draft model use `push_sequence`).
     /// `max_blocks_per_seq` must be set first and cover `table`.
-    pub fn push_block_table(&mut self, table: &[u32]) -> i32 {
+    pub fn push_block_table(&mut self, table: &[BlockId]) -> i32 {
         assert!(
             table.len() <= self.max_blocks_per_seq,
             "block table longer than max_blocks_per_seq"
         );
         let row = (self.block_tables.len() / self.max_blocks_per_seq.max(1)) as i32;
-        self.block_tables.extend(table.iter().map(|&b| b as i32));
+        self.block_tables.extend(table.iter().map(|&b| b.0 as i32));
         self.block_tables.extend(std::iter::repeat_n(
             -1,
             self.max_blocks_per_seq - table.len(),

@@ -18,7 +18,7 @@ use super::{Batch, ModelConfig};
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::kernels::tensor_type::TensorType;
 use crate::kernels::{self, rows, Activation, AttentionBatch, AttentionShape, Rope};
-use crate::model::kv_cache::KvCache;
+use crate::model::kv_cache::{BlockId, KvCache};
 
 /// A weight matrix on the CPU: its bytes in the mapped file, and the interleaved copy its
 /// products read when it has one.
@@ -394,7 +394,7 @@ impl Backend for Cpu {
         Ok(())
     }
 
-    fn copy_block(&mut self, src: u32, dst: u32) -> Result<()> {
+    fn copy_block(&mut self, src: BlockId, dst: BlockId) -> Result<()> {
         self.kv.copy_block(src, dst);
         Ok(())
     }

@@ -2,10 +2,29 @@
 //! A sequence owns a block table (block ids in order); token `j` of a sequence lives in slot
 //! `block_table[j / block_size] * block_size + j % block_size`. This module owns the memory only;
 //! which blocks belong to whom is integer bookkeeping kept by the caller (the engine's block
-//! manager; `generate::SequenceRunner`, alone in its pool, takes blocks in order).
+//! manager; `scoring::runner::SequenceRunner`, alone in its pool, takes blocks in order).
 
 use crate::kernels::AttentionShape;
 use crate::model::ModelConfig;
+
+/// A block of the KV pool: `block_size` tokens' keys and values in every layer. The engine's
+/// block manager hands blocks out and block tables list them; the kernels see plain integers
+/// (`Batch::block_tables`, the slot mapping).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlockId(pub u32);
+
+impl BlockId {
+    /// Where the block starts in a pool's per-layer arrays, in blocks.
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl std::fmt::Display for BlockId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
 
 pub struct KvCache {
     pub block_size: usize,
@@ -59,9 +78,9 @@ impl KvCache {
 
     /// Block `id`'s keys and values as bytes: per layer its keys, then its values
     /// ([block_size][n_kv_heads][head_dim] f16 each, little-endian). The disk tier's format.
-    pub fn read_block(&self, id: u32) -> Vec<u8> {
+    pub fn read_block(&self, id: BlockId) -> Vec<u8> {
         let n = self.block_size * self.kv_dim;
-        let at = id as usize * n;
+        let at = id.index() * n;
         let mut out = Vec::with_capacity(self.block_bytes());
         for l in 0..self.k.len() {
             for cache in [&self.k[l], &self.v[l]] {
@@ -72,8 +91,8 @@ impl KvCache {
     }
 
     /// Fills block `id` from bytes laid out as `read_block` returns them.
-    pub fn write_block(&mut self, id: u32, bytes: &[u8]) -> anyhow::Result<()> {
-        if bytes.len() != self.block_bytes() || id as usize >= self.num_blocks {
+    pub fn write_block(&mut self, id: BlockId, bytes: &[u8]) -> anyhow::Result<()> {
+        if bytes.len() != self.block_bytes() || id.index() >= self.num_blocks {
             anyhow::bail!(
                 "writing KV block {id} of {} from {} bytes (a block has {})",
                 self.num_blocks,
@@ -82,7 +101,7 @@ impl KvCache {
             );
         }
         let n = self.block_size * self.kv_dim;
-        let at = id as usize * n;
+        let at = id.index() * n;
         let mut src = bytes
             .chunks_exact(2)
             .map(|b| u16::from_le_bytes([b[0], b[1]]));
@@ -97,9 +116,9 @@ impl KvCache {
     }
 
     /// Copies block `src` onto block `dst` in every layer (copy-on-write of a shared block).
-    pub fn copy_block(&mut self, src: u32, dst: u32) {
+    pub fn copy_block(&mut self, src: BlockId, dst: BlockId) {
         let n = self.block_size * self.kv_dim;
-        let (s, d) = (src as usize * n, dst as usize * n);
+        let (s, d) = (src.index() * n, dst.index() * n);
         for cache in self.k.iter_mut().chain(self.v.iter_mut()) {
             cache.copy_within(s..s + n, d);
         }

@@ -9,6 +9,7 @@ use anyhow::{bail, Result};
 
 use crate::device::{Device, Executor};
 use crate::engine::EngineConfig;
+use crate::model::kv_cache::BlockId;
 use crate::model::{Batch, Model};
 
 pub struct SequenceRunner<'m> {
@@ -16,7 +17,7 @@ pub struct SequenceRunner<'m> {
     /// The KV pool and the device the forward pass runs on.
     exec: Executor,
     /// This sequence's block table: `0..n`, as the pool holds this sequence only.
-    block_table: Vec<u32>,
+    block_table: Vec<BlockId>,
     /// Tokens whose keys and values are in the cache.
     num_computed: usize,
     n_ctx: usize,
@@ -84,7 +85,8 @@ impl<'m> SequenceRunner<'m> {
             let end = self.num_computed + chunk.len();
             // The pool holds n_ctx tokens, checked above: the next block is always there.
             while self.block_table.len() * bs < end {
-                self.block_table.push(self.block_table.len() as u32);
+                self.block_table
+                    .push(BlockId(self.block_table.len() as u32));
             }
             let mut batch = Batch::with_max_blocks(self.block_table.len());
             let start = self.num_computed;

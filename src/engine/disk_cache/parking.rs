@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::{DiskCacheConfig, DiskCacheStats, DiskStatsHandle, DiskTier};
 use crate::device::Executor;
-use crate::engine::block_manager::{BlockHash, BlockManager};
+use crate::engine::block_manager::{BlockHash, BlockId, BlockManager};
 use crate::engine::sequence::SeqId;
 use crate::model::Model;
 
@@ -49,7 +49,7 @@ impl Parking {
         exec: &Executor,
     ) -> Self {
         let tier = config.and_then(|d| {
-            let Some(kv_bytes) = exec.read_block(0).map(|b| b.len()) else {
+            let Some(kv_bytes) = exec.read_block(BlockId(0)).map(|b| b.len()) else {
                 eprintln!("warning: the disk cache is off: it does not reach the GPU's KV pool");
                 return None;
             };
@@ -201,7 +201,7 @@ impl Parking {
     /// Writes behind: the full blocks of a sequence that ends (its `block_table`) go to the tier.
     pub(in crate::engine) fn write_behind(
         &self,
-        block_table: &[u32],
+        block_table: &[BlockId],
         blocks: &BlockManager,
         exec: &Executor,
     ) {

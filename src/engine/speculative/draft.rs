@@ -15,7 +15,6 @@
 //! `check_vocab` is the load-time check that the pair share tokens, token types, merges and
 //! special ids.
 
-use crate::engine::sequence::SeqId;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
@@ -24,7 +23,8 @@ use anyhow::{bail, Context, Result};
 
 use super::cost::StepCost;
 use crate::device::{Device, Executor};
-use crate::engine::block_manager::BlockManager;
+use crate::engine::block_manager::{BlockId, BlockManager};
+use crate::engine::sequence::SeqId;
 use crate::gguf::GgufFile;
 use crate::model::{Batch, Model};
 
@@ -155,7 +155,7 @@ fn first_difference<'a, T: PartialEq>(
 /// What the draft holds for one target sequence.
 #[derive(Default)]
 struct DraftSeq {
-    table: Vec<u32>,
+    table: Vec<BlockId>,
     /// The tokens whose keys and values the blocks of `table` hold, in order.
     held: Vec<u32>,
 }

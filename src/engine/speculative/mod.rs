@@ -22,12 +22,13 @@ pub mod draft;
 pub mod ngram;
 mod step;
 
-use crate::engine::sequence::SeqId;
 use std::collections::HashMap;
 
 use anyhow::Result;
 
+use crate::engine::sequence::SeqId;
 use cost::StepCost;
+
 pub use draft::{check_vocab, DraftRunner, DraftSetup};
 
 /// How an engine speculates; fixed at start-up.
