@@ -15,7 +15,7 @@ MASK = (1 << 64) - 1
 
 
 def words(seed, n):
-    # The same xorshift as tests/routers/cluster.rs, so both run the same prompts.
+    # The same xorshift as tests/support/cluster.rs, so both run the same prompts.
     x = (0x9E3779B97F4A7C15 * (seed + 1)) & MASK
     out = []
     for _ in range(n):

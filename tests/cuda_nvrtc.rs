@@ -7,17 +7,22 @@
 //! EDGE_LLM_SKIP_NVRTC=1 to skip it knowingly).
 #![cfg(feature = "cuda")]
 
+mod support;
+
 use edge_llm::cuda::nvrtc;
 
+/// Whether libnvrtc loads; when it does not, the test fails, under CI=true or not, unless
+/// EDGE_LLM_SKIP_NVRTC is set.
 fn nvrtc_or_skip() -> bool {
     if nvrtc::available() {
         return true;
     }
-    if std::env::var_os("EDGE_LLM_SKIP_NVRTC").is_some() {
-        eprintln!("libnvrtc not loadable; skipped (EDGE_LLM_SKIP_NVRTC is set)");
-        return false;
-    }
-    panic!("libnvrtc is not loadable: run scripts/test.sh (it installs nvidia-cuda-nvrtc-cu12) or set LD_LIBRARY_PATH");
+    let required = std::env::var_os("EDGE_LLM_SKIP_NVRTC").is_none();
+    support::skip_or_fail_if(
+        required.then_some("EDGE_LLM_SKIP_NVRTC is not set"),
+        "libnvrtc is not loadable: run scripts/test.sh (it installs nvidia-cuda-nvrtc-cu12) or set LD_LIBRARY_PATH",
+    );
+    false
 }
 
 /// The PTX entry points (`.entry name(`) of a module.

@@ -18,8 +18,7 @@
 //! steps and returned blocks are the same on both.
 #![cfg(feature = "cuda")]
 
-#[path = "common/gguf_writer.rs"]
-mod gguf_writer;
+mod support;
 
 use edge_llm::cuda::Emu;
 use edge_llm::model::kv_cache::BlockId;
@@ -34,7 +33,7 @@ use edge_llm::gguf::{MetaArray, MetaValue};
 use edge_llm::kernels;
 use edge_llm::kernels::tensor_type::TensorType;
 use edge_llm::model::{Batch, Model};
-use gguf_writer::{GgufBuilder, TensorSpec};
+use support::gguf_writer::{self, GgufBuilder, TensorSpec};
 
 /// Logits of the emulated CUDA pass against the CPU pass, relative to the largest CPU logit
 /// (as tests/cuda_kernels.rs's forward check).
@@ -50,9 +49,7 @@ const LAYERS: usize = 2;
 const BLOCK: usize = 8;
 const NUM_BLOCKS: usize = 24;
 
-#[path = "support/splitmix.rs"]
-mod splitmix;
-use splitmix::Rng;
+use support::splitmix::Rng;
 
 impl Rng {
     fn vec(&mut self, n: usize, scale: f32, offset: f32) -> Vec<f32> {

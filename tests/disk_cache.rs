@@ -8,13 +8,13 @@
 //! - The byte budget is never exceeded.
 //! - Two API keys never share cached blocks; pinned prompts are shared and survive eviction.
 
-#[path = "server/harness.rs"]
-mod harness;
+mod support;
 
 use std::path::{Path, PathBuf};
 
-use harness::*;
 use serde_json::{json, Value};
+use support::harness::*;
+use support::{fetched, model_path, qwen_path, FETCH_EXTRA_MODELS, FETCH_MODEL};
 
 /// A fresh temporary folder, removed on drop.
 struct TempDir(PathBuf);
@@ -252,7 +252,7 @@ fn restart_after_damage(dir: &TempDir, model: &[&str], b: &Value, cold: &str, wh
 
 #[test]
 fn truncated_and_bit_flipped_files_are_rejected_deleted_and_recomputed() {
-    if model_path().is_none() {
+    if fetched(model_path(), FETCH_MODEL).is_none() {
         return;
     }
     let b = body(&system_prompt(6), "Name a color.");
@@ -283,18 +283,12 @@ fn truncated_and_bit_flipped_files_are_rejected_deleted_and_recomputed() {
 
 #[test]
 fn files_swapped_between_two_models_are_rejected_and_recomputed() {
-    let qwen = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
-    if model_path().is_none() {
+    if fetched(model_path(), FETCH_MODEL).is_none() {
         return;
     }
-    if !qwen.is_file() {
-        skip_or_fail(&format!(
-            "{} is missing (scripts/fetch-extra-models.sh)",
-            qwen.display()
-        ));
+    let Some(qwen) = fetched(qwen_path(), FETCH_EXTRA_MODELS) else {
         return;
-    }
+    };
     let qwen_args = ["-m", qwen.to_str().unwrap()];
     let b = body(&system_prompt(6), "Name a color.");
     let small = TempDir::new("swap-small");
@@ -416,7 +410,7 @@ fn two_api_keys_never_share_cached_blocks() {
 
 #[test]
 fn pinned_prompts_survive_a_workload_that_evicts_everything_else() {
-    if model_path().is_none() {
+    if fetched(model_path(), FETCH_MODEL).is_none() {
         return;
     }
     let dir = TempDir::new("pins");

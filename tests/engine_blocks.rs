@@ -3,22 +3,12 @@
 //! checked after every one (reference counts add up to the block tables, no block is both free
 //! and in use, every block comes back when all sequences are gone).
 
+mod support;
+
 use edge_llm::engine::block_manager::{BlockCopy, BlockManager};
 use edge_llm::engine::scheduler::{Scheduler, SchedulerConfig};
 use edge_llm::engine::sequence::SeqId;
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
+use support::splitmix::Rng;
 
 #[test]
 fn prefix_blocks_are_shared_and_survive_free_until_evicted() {
@@ -251,10 +241,10 @@ fn preemption_takes_the_latest_arrival_and_everything_completes() {
 #[test]
 fn random_operations_keep_the_invariants() {
     for seed in 1..=20u64 {
-        let mut rng = Rng(seed * 0x9E3779B97F4A7C15);
-        let block_size = 1 + rng.below(5) as usize;
-        let num_blocks = 8 + rng.below(40) as usize;
-        let mut s = scheduler(num_blocks, block_size, 4 + rng.below(40) as usize);
+        let mut rng = Rng(seed);
+        let block_size = 1 + rng.below(5);
+        let num_blocks = 8 + rng.below(40);
+        let mut s = scheduler(num_blocks, block_size, 4 + rng.below(40));
         let prefixes: Vec<Vec<u32>> = (0..3)
             .map(|p| (0..rng.below(20) as u32).map(|t| p * 100 + t).collect())
             .collect();
@@ -263,7 +253,7 @@ fn random_operations_keep_the_invariants() {
         for _ in 0..400 {
             match rng.below(10) {
                 0..=2 => {
-                    let mut prompt = prefixes[rng.below(3) as usize].clone();
+                    let mut prompt = prefixes[rng.below(3)].clone();
                     prompt.extend((0..1 + rng.below(10)).map(|t| 5000 + t as u32));
                     if s.fits(prompt.len() + 16) {
                         s.add(next_id, prompt);
@@ -272,11 +262,11 @@ fn random_operations_keep_the_invariants() {
                     }
                 }
                 3 if !live.is_empty() => {
-                    let id = live.remove(rng.below(live.len() as u64) as usize);
+                    let id = live.remove(rng.below(live.len()));
                     s.finish(id).unwrap(); // abort
                 }
                 4 if !live.is_empty() => {
-                    let id = live[rng.below(live.len() as u64) as usize];
+                    let id = live[rng.below(live.len())];
                     let seq = s.get(id).unwrap();
                     if seq.status == edge_llm::engine::sequence::SeqStatus::Running
                         && seq.num_uncomputed() == 0

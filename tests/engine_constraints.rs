@@ -5,20 +5,11 @@
 
 mod support;
 
-use std::sync::Arc;
-
 use edge_llm::constraint::{Constraint, ConstraintSpec};
 use edge_llm::engine::sampler::SamplingParams;
 use edge_llm::engine::{EngineConfig, EngineHandle, EngineParts, Event, FinishReason, Request};
-use edge_llm::model::Model;
 use serde_json::json;
-
-fn shared_model() -> Arc<Model> {
-    static MODEL: std::sync::OnceLock<Arc<Model>> = std::sync::OnceLock::new();
-    MODEL
-        .get_or_init(|| Arc::new(Model::load(&support::model_path()).unwrap()))
-        .clone()
-}
+use support::shared_model;
 
 fn engine(max_batched_tokens: usize) -> EngineHandle {
     let config = EngineConfig {

@@ -3,10 +3,13 @@
 //! `BlockRemoved` of the stored hash when it is evicted, and a random run where the events
 //! replayed into a set equal the cache's contents (what a router's index would hold).
 
+mod support;
+
 use std::collections::HashSet;
 
 use edge_llm::engine::block_manager::{BlockId, BlockManager};
 use edge_llm::engine::kv_events::KvCacheEvent;
+use support::splitmix::Rng;
 
 fn stored(e: &KvCacheEvent) -> (&[u64], Option<u64>, &[u32]) {
     match e {
@@ -82,13 +85,8 @@ fn chains_are_stored_once_and_evictions_remove_their_hashes() {
 
 #[test]
 fn replayed_events_equal_the_cache_contents() {
-    let mut rng = 0x1234_5678u64;
-    let mut next = |n: u64| {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng % n
-    };
+    let mut rng = Rng(0x1234_5678);
+    let mut next = |n: usize| rng.below(n);
     let bs = 4;
     let mut m = BlockManager::new(24, bs, 1);
     m.enable_events();
@@ -99,7 +97,7 @@ fn replayed_events_equal_the_cache_contents() {
         if tables.len() < 4 && next(2) == 0 {
             // A prompt from a few shared prefixes, so hits and duplicates happen.
             let prefix = next(3) as u32;
-            let len = 2 + next(20) as usize;
+            let len = 2 + next(20);
             let tokens: Vec<u32> = (0..len as u32)
                 .map(|i| prefix * 1000 + i % (4 + prefix))
                 .collect();
@@ -112,7 +110,7 @@ fn replayed_events_equal_the_cache_contents() {
                 m.free(&mut table);
             }
         } else if !tables.is_empty() {
-            let k = next(tables.len() as u64) as usize;
+            let k = next(tables.len());
             let (mut table, _) = tables.swap_remove(k);
             m.free(&mut table);
         }

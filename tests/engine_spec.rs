@@ -6,22 +6,13 @@
 
 mod support;
 
-use std::sync::Arc;
-
 use edge_llm::engine::block_manager::BlockManager;
 use edge_llm::engine::sampler::SamplingParams;
 use edge_llm::engine::scheduler::{Scheduler, SchedulerConfig};
 use edge_llm::engine::sequence::SeqId;
 use edge_llm::engine::{EngineConfig, EngineHandle, EngineParts, FinishReason, SpecConfig};
-use edge_llm::model::Model;
+use support::shared_model;
 use support::{assert_greedy_among_sessions, collect, request, wait_idle};
-
-fn shared_model() -> Arc<Model> {
-    static MODEL: std::sync::OnceLock<Arc<Model>> = std::sync::OnceLock::new();
-    MODEL
-        .get_or_init(|| Arc::new(Model::load(&support::model_path()).unwrap()))
-        .clone()
-}
 
 fn config(num_blocks: usize) -> EngineConfig {
     EngineConfig {

@@ -21,35 +21,29 @@ use edge_llm::engine::{
     EngineConfig, EngineHandle, EngineParts, FinishReason, Metrics, SpecConfig,
 };
 use edge_llm::model::Model;
-use support::{assert_greedy_among_sessions, collect, request, wait_idle};
+use support::{
+    assert_greedy_among_sessions, collect, fetched, qwen_1_5b_path, qwen_path, request, wait_idle,
+    FETCH_EXTRA_MODELS, FETCH_SPEC_MODELS,
+};
 
-const TARGET: &str = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf";
-const DRAFT: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
-
-fn model_file(name: &str) -> Option<PathBuf> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("models")
-        .join(name);
-    if p.is_file() {
-        return Some(p);
-    }
-    let reason = format!(
-        "{} is missing (scripts/fetch-spec-models.sh fetches the 1.5B, scripts/fetch-extra-models.sh the 0.5B)",
-        p.display()
-    );
-    // Under CI=true a missing prerequisite is a failure, never a silent pass.
-    if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
-        panic!("prerequisite missing under CI=true: {reason}");
-    }
-    eprintln!("skipped: {reason}");
-    None
+/// The draft's file (Qwen2.5 Coder 0.5B), or None (see `support::skip_or_fail`).
+fn draft_file() -> Option<PathBuf> {
+    fetched(qwen_path(), FETCH_EXTRA_MODELS)
 }
 
-fn load(name: &str) -> Option<Arc<Model>> {
+/// The target (Qwen2.5 Coder 1.5B), loaded once; None when its file is missing.
+fn load_target() -> Option<Arc<Model>> {
     static TARGET_M: OnceLock<Arc<Model>> = OnceLock::new();
+    load(&TARGET_M, fetched(qwen_1_5b_path(), FETCH_SPEC_MODELS)?)
+}
+
+/// The draft (Qwen2.5 Coder 0.5B), loaded once; None when its file is missing.
+fn load_draft() -> Option<Arc<Model>> {
     static DRAFT_M: OnceLock<Arc<Model>> = OnceLock::new();
-    let cell = if name == TARGET { &TARGET_M } else { &DRAFT_M };
-    let path = model_file(name)?;
+    load(&DRAFT_M, draft_file()?)
+}
+
+fn load(cell: &OnceLock<Arc<Model>>, path: PathBuf) -> Option<Arc<Model>> {
     Some(
         cell.get_or_init(|| Arc::new(Model::load(&path).expect("the model loads")))
             .clone(),
@@ -58,7 +52,7 @@ fn load(name: &str) -> Option<Arc<Model>> {
 
 /// Both models, or None (skipped) when one is missing.
 fn pair() -> Option<(Arc<Model>, Arc<Model>)> {
-    Some((load(TARGET)?, load(DRAFT)?))
+    Some((load_target()?, load_draft()?))
 }
 
 fn config(num_blocks: usize) -> EngineConfig {
@@ -246,16 +240,10 @@ fn seeded_sampling_with_the_draft_is_reproducible_and_equals_spec_off() {
 
 #[test]
 fn a_draft_of_another_vocabulary_is_refused_in_one_line() {
-    let Some(target) = load(DRAFT) else {
+    let Some(target) = load_draft() else {
         return;
     };
-    let smol = Arc::new(
-        Model::load(
-            &PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("models/SmolLM2-135M-Instruct.Q4_1.gguf"),
-        )
-        .expect("the default model (scripts/fetch-model.sh)"),
-    );
+    let smol = support::shared_model();
     let err = EngineHandle::start(
         target.clone(),
         config(16),
@@ -273,12 +261,11 @@ fn a_draft_of_another_vocabulary_is_refused_in_one_line() {
     );
     // The same through the command line, with the target and the difference named.
     let bin = env!("CARGO_BIN_EXE_edge-llm");
-    let models = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models");
     let out = std::process::Command::new(bin)
         .args(["run", "-n", "4", "-p", "hi", "--spec", "draft", "-m"])
-        .arg(models.join(DRAFT))
+        .arg(qwen_path())
         .arg("--draft-model")
-        .arg(models.join("SmolLM2-135M-Instruct.Q4_1.gguf"))
+        .arg(support::model_path())
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -298,7 +285,7 @@ fn a_draft_of_another_vocabulary_is_refused_in_one_line() {
     ] {
         let out = std::process::Command::new(bin)
             .args(["run", "-n", "4", "-p", "hi", "-m"])
-            .arg(models.join(DRAFT))
+            .arg(qwen_path())
             .args(flags)
             .output()
             .unwrap();
@@ -311,13 +298,10 @@ fn a_draft_of_another_vocabulary_is_refused_in_one_line() {
 #[test]
 fn run_with_spec_draft_prints_the_same_text() {
     // The 0.5B drafting for itself (the cheapest pair with one vocabulary): same text.
-    let (Some(_), Some(_)) = (model_file(DRAFT), model_file(DRAFT)) else {
+    let Some(m) = draft_file() else {
         return;
     };
     let bin = env!("CARGO_BIN_EXE_edge-llm");
-    let m = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("models")
-        .join(DRAFT);
     let run = |extra: &[&str]| {
         let out = std::process::Command::new(bin)
             .args([
@@ -358,7 +342,7 @@ fn run_with_spec_draft_prints_the_same_text() {
 #[test]
 fn a_draft_pool_too_small_degrades_and_preemption_and_aborts_give_draft_blocks_back() {
     // Target and draft: the 0.5B (cheap; every greedy proposal is its own argmax).
-    let Some(model) = load(DRAFT) else {
+    let Some(model) = load_draft() else {
         return;
     };
     let text = std::fs::read_to_string("/usr/share/common-licenses/GPL-3").unwrap();

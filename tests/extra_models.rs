@@ -4,6 +4,8 @@
 //! the GPL-3 text against llama.cpp's running values on a machine of this kind; gemma3's
 //! sliding window past 512 tokens, alone and through the engine's prefix cache.
 
+mod support;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -16,7 +18,7 @@ use edge_llm::scoring::runner::SequenceRunner;
 struct Case {
     /// The name scripts/fetch-extra-models.sh takes.
     name: &'static str,
-    file: &'static str,
+    path: fn() -> PathBuf,
     reference: &'static str,
     /// llama.cpp's greedy continuations on this machine, from `llama-simple` and `llama-server`
     /// (token ids and each step's top two log-probabilities), in tests/extra_models/: the
@@ -35,7 +37,7 @@ struct Case {
 
 const QWEN2: Case = Case {
     name: "qwen2",
-    file: "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    path: support::qwen_path,
     reference: "llamacpp-qwen2.json",
     here: "llamacpp-here-qwen2.json",
     // All 14 chunks: final 5.3158 +/- 0.18635 (the AVX-512 reference: 5.3184).
@@ -46,7 +48,7 @@ const QWEN2: Case = Case {
 
 const GEMMA3: Case = Case {
     name: "gemma3",
-    file: "gemma-3-270m-q4_k_m.gguf",
+    path: support::gemma3_path,
     reference: "llamacpp-gemma3.json",
     here: "llamacpp-here-gemma3.json",
     // All 14 chunks: final 13.8844 +/- 0.64716 (the AVX-512 reference: 13.9062).
@@ -65,19 +67,13 @@ const GEMMA3_PPL_CTX_1024: f64 = 15.9178;
 const MIN_DIVERGENCE: usize = 10;
 
 fn load(case: &Case) -> Option<Model> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("models")
-        .join(case.file);
+    let path = (case.path)();
     if !path.is_file() {
-        let reason = format!(
+        // Under CI=true a missing prerequisite is a failure, never a silent pass.
+        support::skip_or_fail(&format!(
             "model not fetched (scripts/fetch-extra-models.sh {})",
             case.name
-        );
-        // Under CI=true a missing prerequisite is a failure, never a silent pass.
-        if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
-            panic!("prerequisite missing under CI=true: {reason}");
-        }
-        eprintln!("skipped: {reason}");
+        ));
         return None;
     }
     Some(Model::load(&path).unwrap_or_else(|e| panic!("{}: {e:#}", path.display())))

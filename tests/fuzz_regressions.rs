@@ -7,11 +7,14 @@
 //!
 //! The coverage-guided campaign itself is `scripts/fuzz.sh` (AFL++ via `cargo afl`).
 
+mod support;
+
 use std::panic::{self, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use edge_llm::fuzz;
+use support::splitmix::Rng;
 
 /// An input slower than this twice in a row is a hang (the slowest seed takes milliseconds).
 const HANG_LIMIT: Duration = Duration::from_secs(2);
@@ -43,11 +46,8 @@ fn ready(target: &str) -> bool {
             assert!(!v.is_empty());
             true
         }
-        Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!("fuzz target {target} needs the models: {e:#}")
-        }
         Err(e) => {
-            eprintln!("skipping fuzz target {target}: {e:#}");
+            support::skip_or_fail(&format!("fuzz target {target} needs the models: {e:#}"));
             false
         }
     }
@@ -121,7 +121,7 @@ fn replay_and_mutate(target: &str) {
         .and_then(|s| s.parse().ok())
         .unwrap_or(20);
     let deadline = Instant::now() + Duration::from_secs(seconds);
-    let mut rng = Rng(fnv1a(target.as_bytes()) | 1);
+    let mut rng = Rng(fnv1a(target.as_bytes()));
     let mut execs = 0u64;
     while Instant::now() < deadline {
         let base = &corpus[rng.below(corpus.len())];
@@ -155,22 +155,6 @@ fn fuzz_request() {
     replay_and_mutate("request");
 }
 
-/// xorshift64*.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
-
 /// A few of AFL's havoc mutations, stacked: bit flips, interesting values, byte runs, block
 /// deletion, duplication and splicing with another corpus entry.
 fn mutate(rng: &mut Rng, base: &[u8], other: &[u8]) -> Vec<u8> {
@@ -196,7 +180,7 @@ fn mutate(rng: &mut Rng, base: &[u8], other: &[u8]) -> Vec<u8> {
             }
             1 if !v.is_empty() => {
                 let i = pos.min(v.len() - 1);
-                v[i] = rng.next() as u8;
+                v[i] = rng.next_u64() as u8;
             }
             2 => {
                 let value = INTERESTING[rng.below(INTERESTING.len())];
@@ -223,7 +207,7 @@ fn mutate(rng: &mut Rng, base: &[u8], other: &[u8]) -> Vec<u8> {
                 v.splice(pos..pos, other[start..start + len].iter().copied());
             }
             _ => {
-                let byte = rng.next() as u8;
+                let byte = rng.next_u64() as u8;
                 let n = 1 + rng.below(32);
                 v.splice(pos..pos, std::iter::repeat_n(byte, n));
             }

@@ -2,16 +2,16 @@
 //! default model) and against malformed ones: each must give its own `GgufError` naming the
 //! key or tensor at fault, and no input may panic (every truncation, random byte flips).
 //!
-//! Files are built by `common/gguf_writer.rs` into the temp dir.
+//! Files are built by `support/gguf_writer.rs` into the temp dir.
 
-#[path = "common/gguf_writer.rs"]
-mod gguf_writer;
+mod support;
 
 use edge_llm::gguf::{GgufError, GgufFile, MetaArray, MetaValue};
 use edge_llm::kernels::tensor_type::TensorType;
-use gguf_writer::{
-    put_bytes, put_u32, put_u64, type_id, GgufBuilder, TempFile, TensorSpec, XorShift,
+use support::gguf_writer::{
+    put_bytes, put_u32, put_u64, type_id, GgufBuilder, TempFile, TensorSpec,
 };
+use support::splitmix::Rng;
 
 // ---- helpers ----
 
@@ -803,17 +803,17 @@ fn random_byte_flips_never_panic() {
     let bytes = valid_builder(3).build();
     let file = TempFile::with_bytes("fuzz", &bytes);
     let header_len = bytes.len() - data_section_len(&valid_builder(3));
-    let mut rng = XorShift(0x5EED_1234_ABCD_0001);
+    let mut rng = Rng(0x5EED_1234_ABCD_0001);
     let (mut ok, mut err) = (0, 0);
     for _ in 0..3000 {
         let mut mutated = bytes.clone();
         for _ in 0..1 + rng.below(4) {
             // Mostly the header, where the structure is.
             let pos = if rng.below(8) == 0 {
-                rng.below(bytes.len() as u64)
+                rng.below(bytes.len())
             } else {
-                rng.below(header_len as u64)
-            } as usize;
+                rng.below(header_len)
+            };
             mutated[pos] = match rng.below(4) {
                 0 => mutated[pos] ^ (1 << rng.below(8)),
                 1 => 0xFF,
@@ -822,7 +822,7 @@ fn random_byte_flips_never_panic() {
             };
         }
         if rng.below(4) == 0 {
-            mutated.truncate(rng.below(bytes.len() as u64 + 1) as usize);
+            mutated.truncate(rng.below(bytes.len() + 1));
         }
         file.rewrite(&mutated);
         match GgufFile::open(file.path()) {
@@ -857,14 +857,14 @@ fn data_section_len(b: &GgufBuilder) -> usize {
 
 #[test]
 fn real_default_model() {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/models/SmolLM2-135M-Instruct.Q4_1.gguf"
-    );
-    if !std::path::Path::new(path).exists() {
-        panic!("{path} is missing: run scripts/fetch-model.sh to download the default model");
+    let path = support::model_path();
+    if !path.exists() {
+        panic!(
+            "{} is missing: run scripts/fetch-model.sh to download the default model",
+            path.display()
+        );
     }
-    let f = GgufFile::open(path).unwrap();
+    let f = GgufFile::open(&path).unwrap();
     assert_eq!(f.version, 3);
     assert_eq!(f.alignment, 32);
     assert_eq!(f.architecture().unwrap(), "llama");

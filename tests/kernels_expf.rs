@@ -13,6 +13,8 @@
 
 #![cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu"))]
 
+mod support;
+
 use std::ffi::CStr;
 use std::os::raw::c_char;
 
@@ -32,9 +34,7 @@ fn libm_name() -> String {
     format!("glibc {}", v.to_string_lossy())
 }
 
-#[path = "support/isa_lock.rs"]
-mod isa_lock;
-use isa_lock::lock_isa;
+use support::isa_lock::lock_isa;
 
 /// The ISAs whose el_expf must equal libm's: AVX2, and the scalar form too where the CPU has FMA
 /// (without it glibc runs its other build, __expf_sse2, which rounds x * 32/ln2 before

@@ -11,6 +11,8 @@
 //! target/synth-venv (EDGE_LLM_SYNTH_PYTHON overrides the interpreter). Without them the
 //! comparison is skipped, or fails under CI=true.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -31,9 +33,8 @@ const IQ_TYPES: [TensorType; 9] = [
     TensorType::IQ1_S,
 ];
 
-#[path = "support/splitmix.rs"]
-mod splitmix;
-use splitmix::Rng;
+use support::splitmix::Rng;
+use support::{root, skip_or_fail};
 
 /// This file's draws, in f32 (its inputs since it was written; the shared ones are f64).
 impl Rng {
@@ -46,23 +47,7 @@ impl Rng {
     }
 }
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
-}
-
-/// Skips (prints why) outside CI, fails under CI=true.
-fn missing(reason: &str) {
-    if in_ci() {
-        panic!("prerequisite missing under CI=true: {reason}");
-    }
-    eprintln!("skipped: {reason}");
-}
-
-/// The Python with `gguf` and `numpy`, or None (after `missing`).
+/// The Python with `gguf` and `numpy`, or None (after `skip_or_fail`).
 fn python() -> Option<PathBuf> {
     let py = std::env::var_os("EDGE_LLM_SYNTH_PYTHON")
         .map(PathBuf::from)
@@ -72,7 +57,7 @@ fn python() -> Option<PathBuf> {
         .output()
         .is_ok_and(|o| o.status.success());
     if !ok {
-        missing(&format!(
+        skip_or_fail(&format!(
             "{} with the gguf and numpy packages (scripts/test.sh makes target/synth-venv)",
             py.display()
         ));
@@ -130,11 +115,11 @@ fn random_blocks(t: TensorType, n_blocks: usize, rng: &mut Rng) -> Vec<u8> {
 
 /// The first rows of every `t` matrix llama-quantize wrote into any of tests/synth/iq/*.gguf
 /// (its type mixtures put some types in other files: IQ2_S blocks come with the IQ3_XXS model),
-/// or None when the folder is missing (after `missing`).
+/// or None when the folder is missing (after `skip_or_fail`).
 fn llama_quantize_blocks(t: TensorType) -> Option<Vec<u8>> {
     let dir = root().join("tests/synth/iq");
     let Ok(entries) = std::fs::read_dir(&dir) else {
-        missing(&format!(
+        skip_or_fail(&format!(
             "{} (scripts/synth/refs.sh writes it)",
             dir.display()
         ));

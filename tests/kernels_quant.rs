@@ -12,6 +12,8 @@
 //! has (`on_every_isa`): the SIMD variants must meet the same budgets and answers as the scalar
 //! references. tests/kernels_simd.rs compares the variants with the references directly.
 
+mod support;
+
 use std::sync::Mutex;
 
 use edge_llm::kernels::tensor_type::TensorType;
@@ -23,9 +25,7 @@ use half::f16;
 
 // ---- Deterministic data ---------------------------------------------------------------------
 
-#[path = "support/splitmix.rs"]
-mod splitmix;
-use splitmix::Rng;
+use support::splitmix::Rng;
 
 /// `n` values ~N(0, 1), one in 64 of them scaled by 8: the outliers real weights and
 /// activations have, which cost their block resolution.

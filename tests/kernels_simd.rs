@@ -28,9 +28,7 @@ use edge_llm::scoring::runner::SequenceRunner;
 
 // ---- ISA switching ---------------------------------------------------------------------------
 
-#[path = "support/isa_lock.rs"]
-mod isa_lock;
-use isa_lock::lock_isa;
+use support::isa_lock::lock_isa;
 
 /// `f()` computed under `isa` (the caller holds the lock).
 fn on<T>(isa: Isa, f: impl FnOnce() -> T) -> T {
@@ -48,9 +46,7 @@ fn simd_isas() -> Vec<Isa> {
 
 // ---- Deterministic data ---------------------------------------------------------------------
 
-#[path = "support/splitmix.rs"]
-mod splitmix;
-use splitmix::Rng;
+use support::splitmix::Rng;
 
 /// `n` values ~N(0, 1), one in 64 scaled by 8 (outliers), one in 128 zero.
 fn test_data(rng: &mut Rng, n: usize) -> Vec<f32> {

@@ -4,14 +4,14 @@
 //! column tasks on either side of the width from which Q4_1 batches use them. Every output equals the same ISA's vec_dot on the
 //! row as stored, bit for bit, on every ISA this machine has.
 
+mod support;
+
 use edge_llm::kernels::tensor_type::TensorType;
 use edge_llm::kernels::{
     available_isas, current_isa, matmul_x8, quantize_rows, repack_x8, set_isa, vec_dot,
 };
 
-#[path = "support/splitmix.rs"]
-mod splitmix;
-use splitmix::Rng;
+use support::splitmix::Rng;
 
 impl Rng {
     /// Uniform in [-1, 1), one value in 32 scaled by 8: blocks with large and small scales, and

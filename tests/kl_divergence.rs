@@ -92,11 +92,7 @@ fn i32_at(b: &[u8], at: usize) -> i32 {
 #[test]
 fn base_written_and_read_back_is_the_model_against_itself() {
     if !Path::new(TEXT).is_file() {
-        assert!(
-            std::env::var("CI").is_err(),
-            "{TEXT} is missing (Debian base-files)"
-        );
-        eprintln!("skipped: {TEXT} is missing");
+        support::skip_or_fail(&format!("{TEXT} is missing (Debian base-files)"));
         return;
     }
     let base = dir("self").join("self.kld");
@@ -166,11 +162,7 @@ fn base_written_and_read_back_is_the_model_against_itself() {
 #[test]
 fn bad_base_files_give_one_line_errors() {
     if !Path::new(TEXT).is_file() {
-        assert!(
-            std::env::var("CI").is_err(),
-            "{TEXT} is missing (Debian base-files)"
-        );
-        eprintln!("skipped: {TEXT} is missing");
+        support::skip_or_fail(&format!("{TEXT} is missing (Debian base-files)"));
         return;
     }
     let d = dir("bad");
@@ -231,8 +223,7 @@ fn bad_base_files_give_one_line_errors() {
     }
 
     // A base from a model with another vocabulary (Qwen2.5: 151936 tokens, SmolLM2: 49152).
-    let qwen = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+    let qwen = support::qwen_path();
     if qwen.is_file() {
         let out = edge_llm(&[
             "perplexity",
@@ -255,15 +246,11 @@ fn bad_base_files_give_one_line_errors() {
             "{err}"
         );
     } else {
-        assert!(
-            std::env::var("CI").is_err(),
-            "{} is missing",
-            qwen.display()
-        );
-        eprintln!(
-            "skipped the other-vocabulary case: {} is missing",
-            qwen.display()
-        );
+        support::skip_or_fail(&format!(
+            "the other-vocabulary case: {} is missing ({})",
+            qwen.display(),
+            support::FETCH_EXTRA_MODELS
+        ));
     }
     let _ = std::fs::remove_dir_all(&d);
 }

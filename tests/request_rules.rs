@@ -5,14 +5,13 @@
 //! accepted one must be accepted by both, a refused one refused by both with the same message,
 //! naming the same field (or none, for a refusal of the whole request).
 
-#[path = "server/harness.rs"]
-mod harness;
+mod support;
 
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-use harness::*;
 use serde_json::{json, Value};
+use support::harness::*;
 
 /// The context both faces run with.
 const CONTEXT: &str = "256";
@@ -97,7 +96,13 @@ fn cases() -> Vec<(Value, Option<&'static str>)> {
 fn the_same_request_is_accepted_or_refused_the_same_way_by_serve_and_jsonl() {
     let cases = cases();
     // run --jsonl: all bodies at once, one result line each, in order.
-    let model = model_path().expect("the default model (scripts/fetch-model.sh)");
+    let model = support::model_path();
+    assert!(
+        model.is_file(),
+        "{} is missing ({})",
+        model.display(),
+        support::FETCH_MODEL
+    );
     let mut child = Command::new(env!("CARGO_BIN_EXE_edge-llm"))
         .args(["run", "--jsonl", "-c", CONTEXT, "-m"])
         .arg(&model)

@@ -13,17 +13,14 @@
 //! The routers come from PyPI into `.routers/` (scripts/test.sh); under CI=true a missing router
 //! is a failure. Every process is killed on drop (its whole process group).
 
-#[path = "routers/cluster.rs"]
-mod cluster;
-#[path = "server/harness.rs"]
-mod harness;
+mod support;
 
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use cluster::*;
-use harness::Server;
 use serde_json::{json, Value};
+use support::cluster::*;
+use support::harness::{self, Server};
 use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
 
 fn runtime() -> tokio::runtime::Runtime {

@@ -8,9 +8,6 @@
 
 mod support;
 
-#[path = "support/isa_lock.rs"]
-mod isa_lock;
-
 use edge_llm::device::Executor;
 use edge_llm::kernels::{
     add_rms_norm, available_isas, glu_inplace, init_threads, num_threads, rms_norm,
@@ -18,7 +15,8 @@ use edge_llm::kernels::{
 };
 use edge_llm::model::kv_cache::BlockId;
 use edge_llm::model::Batch;
-use isa_lock::lock_isa;
+use support::isa_lock::lock_isa;
+use support::splitmix::Rng;
 
 /// The pool with several threads (4 unless something started it before): the runs are spread.
 fn threaded_pool() {
@@ -31,14 +29,9 @@ fn threaded_pool() {
 
 /// Deterministic values in about [-2, 2), never zero.
 fn data(seed: u64, n: usize) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut rng = Rng(seed);
     (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0 + 1e-3
-        })
+        .map(|_| ((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0 + 1e-3)
         .collect()
 }
 

@@ -7,15 +7,14 @@
 //!
 //! Each test starts its own server (`harness::Server`) and kills it when done.
 
-#[path = "server/harness.rs"]
-mod harness;
+mod support;
 
 use std::io::Read;
 use std::path::PathBuf;
 use std::process::Command;
 
-use harness::*;
 use serde_json::{json, Value};
+use support::harness::*;
 
 #[test]
 fn concurrent_streaming_and_plain_clients_match_the_same_requests_run_alone() {
@@ -687,7 +686,7 @@ fn openai_python() -> Option<PathBuf> {
         .arg(&venv)
         .status();
     if !made.is_ok_and(|s| s.success()) {
-        skip_or_fail("the openai client test: `python3 -m venv` failed");
+        support::skip_or_fail("the openai client test: `python3 -m venv` failed");
         return None;
     }
     let pip = Command::new(&python)
@@ -701,7 +700,7 @@ fn openai_python() -> Option<PathBuf> {
         ])
         .status();
     if !pip.is_ok_and(|s| s.success()) || !has_openai(&python) {
-        skip_or_fail("the openai client test: `pip install openai` failed (offline?)");
+        support::skip_or_fail("the openai client test: `pip install openai` failed (offline?)");
         return None;
     }
     Some(python)
@@ -709,7 +708,7 @@ fn openai_python() -> Option<PathBuf> {
 
 #[test]
 fn openai_python_client_works_unchanged() {
-    if model_path().is_none() {
+    if support::fetched(support::model_path(), support::FETCH_MODEL).is_none() {
         return;
     }
     let Some(python) = openai_python() else {

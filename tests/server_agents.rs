@@ -8,21 +8,19 @@
 //! is a 400 naming it. `run --jsonl` lines take `tools` and answer with `tool_calls`, and split
 //! reasoning, through the server's own code.
 
-#[path = "server/harness.rs"]
-mod harness;
+mod support;
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-use harness::*;
 use serde_json::{json, Value};
+use support::harness::*;
+use support::{fetched, qwen_path, FETCH_EXTRA_MODELS};
 
-const QWEN: &str = "models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
-
-/// Qwen2.5 Coder 0.5B's path; None (printing why) outside CI when it is missing.
+/// Qwen2.5 Coder 0.5B's path; None (see `support::skip_or_fail`) when it is missing.
 fn thinking_server_model() -> Option<PathBuf> {
-    qwen_path()
+    fetched(qwen_path(), FETCH_EXTRA_MODELS)
 }
 
 fn thinking_server() -> Option<Server> {
@@ -262,9 +260,10 @@ fn run_jsonl(args: &[&str], input: &str) -> Vec<Value> {
 
 #[test]
 fn jsonl_lines_take_tools_and_split_reasoning_like_the_server() {
-    if thinking_server_model().is_none() {
+    let Some(qwen) = thinking_server_model() else {
         return;
-    }
+    };
+    let qwen = qwen.to_str().unwrap();
     let weather = json!([{"type": "function", "function": {"name": "get_weather",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]);
     let line = |v: Value| v.to_string() + "\n";
@@ -279,7 +278,7 @@ fn jsonl_lines_take_tools_and_split_reasoning_like_the_server() {
                     "tool_choice": {"type": "function", "function": {"name": "nope"}}})),
     ]
     .concat();
-    let lines = run_jsonl(&["-m", QWEN], &input);
+    let lines = run_jsonl(&["-m", qwen], &input);
     assert_eq!(lines.len(), 4, "{lines:?}");
     let call = &lines[0];
     assert_eq!(call["id"], json!("call"));
@@ -315,7 +314,7 @@ fn jsonl_lines_take_tools_and_split_reasoning_like_the_server() {
         "temperature": 0, "max_tokens": 120, "response_format": person_format()}),
     );
     let lines = run_jsonl(
-        &["-m", QWEN, "--chat-template", template.to_str().unwrap()],
+        &["-m", qwen, "--chat-template", template.to_str().unwrap()],
         &input,
     );
     let r = &lines[0];

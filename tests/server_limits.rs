@@ -5,14 +5,13 @@
 //! a `Content-Length` over `--max-body-bytes` is answered 413 before any body byte; an idle
 //! keep-alive connection is closed after `--keep-alive-timeout`.
 
-#[path = "server/harness.rs"]
-mod harness;
+mod support;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use harness::*;
+use support::harness::*;
 
 fn open_files(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))

@@ -4,21 +4,17 @@
 //! the official `openai` client validates 20 strict schemas with `jsonschema` and does a full tool
 //! round trip (tests/openai_structured.py).
 
-#[path = "server/harness.rs"]
-mod harness;
+mod support;
 
 use std::path::PathBuf;
 use std::process::Command;
 
-use harness::*;
 use serde_json::{json, Value};
-
-fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true")
-}
+use support::harness::*;
+use support::{fetched, model_path, qwen_path, skip_or_fail, FETCH_EXTRA_MODELS, FETCH_MODEL};
 
 fn qwen_server() -> Option<Server> {
-    let path = qwen_path()?;
+    let path = fetched(qwen_path(), FETCH_EXTRA_MODELS)?;
     Server::start(&["-m", path.to_str().unwrap(), "-c", "2048"])
 }
 
@@ -330,14 +326,10 @@ fn structured_python() -> Option<PathBuf> {
     if ready(&python) {
         return Some(python);
     }
-    assert!(
-        !in_ci(),
-        "openai and jsonschema could not be installed into {}",
+    skip_or_fail(&format!(
+        "the openai structured-output checks: openai and jsonschema could not be installed into {}",
         venv.display()
-    );
-    eprintln!(
-        "skipping the openai structured-output checks: pip could not install openai and jsonschema"
-    );
+    ));
     None
 }
 
@@ -385,7 +377,7 @@ fn openai_client_tool_round_trip_on_qwen() {
 #[test]
 fn run_flags_and_jsonl_fields_constrain_the_output() {
     use std::io::Write;
-    if model_path().is_none() {
+    if fetched(model_path(), FETCH_MODEL).is_none() {
         return;
     }
     let bin = env!("CARGO_BIN_EXE_edge-llm");
@@ -477,7 +469,7 @@ fn run_flags_and_jsonl_fields_constrain_the_output() {
 #[test]
 fn chat_schema_command_constrains_replies() {
     use std::io::Write;
-    if model_path().is_none() {
+    if fetched(model_path(), FETCH_MODEL).is_none() {
         return;
     }
     let schema = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/notes-schema.json");

@@ -15,12 +15,15 @@
 //! apart than that. With the `cuda` feature every case runs again on the emulated CUDA backend
 //! (`*_on_emulated_cuda_*`, the last position: see `check_emulated`).
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use edge_llm::model::kv_cache::BlockId;
 use edge_llm::model::Model;
 use edge_llm::scoring::runner::SequenceRunner;
+use support::{root, skip_or_fail};
 
 /// |our logit - llama.cpp's| over the magnitude of llama.cpp's top logit at that position (of
 /// order 3 with a separate output matrix, 40 with the output tied to the embedding, whose rows
@@ -42,14 +45,6 @@ fn budget(case: &str) -> f32 {
     } else {
         LOGIT_BUDGET
     }
-}
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
 }
 
 fn reference(case: &str) -> serde_json::Value {
@@ -82,10 +77,7 @@ fn model_file(r: &serde_json::Value) -> Option<PathBuf> {
             "{} not made (target/synth-venv/bin/python scripts/synth/synth.py models target/synth)",
             path.display()
         );
-        if in_ci() {
-            panic!("prerequisite missing under CI=true: {reason}");
-        }
-        eprintln!("skipped: {reason}");
+        skip_or_fail(&reason);
         return None;
     }
     assert_eq!(

@@ -5,17 +5,16 @@
 //!
 //! The default model (SmolLM2, `scripts/fetch-model.sh`) is required. Qwen2 and Gemma 3
 //! (`scripts/fetch-extra-models.sh`) are checked when their files are in `models/`, and
-//! skipped with a message otherwise.
+//! skipped with a message otherwise (a failure under CI=true).
 
-use std::path::PathBuf;
+mod support;
+
+use std::path::{Path, PathBuf};
 
 use edge_llm::gguf::GgufFile;
 use edge_llm::tokenizer::{StreamDecoder, Tokenizer};
 use serde_json::Value;
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use support::{gemma3_path, model_path, qwen_path, root, skip_or_fail};
 
 fn reference(name: &str) -> Value {
     let path = root().join("tests/reference").join(name);
@@ -24,17 +23,16 @@ fn reference(name: &str) -> Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()))
 }
 
-fn load(file: &str) -> Option<Tokenizer> {
-    let path = root().join("models").join(file);
+fn load(path: &Path) -> Option<Tokenizer> {
     if !path.exists() {
         return None;
     }
-    let gguf = GgufFile::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let gguf = GgufFile::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     Some(Tokenizer::from_gguf(&gguf).unwrap_or_else(|e| panic!("{}: {e:#}", path.display())))
 }
 
 fn smollm2() -> Tokenizer {
-    load("SmolLM2-135M-Instruct.Q4_1.gguf")
+    load(&model_path())
         .expect("models/SmolLM2-135M-Instruct.Q4_1.gguf is missing: run scripts/fetch-model.sh")
 }
 
@@ -490,16 +488,13 @@ fn smollm2_special_tokens_and_eog() {
 /// Runs the reference for an extra model when its file was fetched.
 /// `eog` is llama.cpp's end-of-generation set for the model (`llama_vocab_is_eog` over the
 /// whole vocabulary, same build as `EXTRA_CASES`).
-fn extra_model(model: &str, file: &str, reference_file: &str, column: usize, eog: &[u32]) {
-    let Some(tok) = load(file) else {
+fn extra_model(model: &str, path: PathBuf, reference_file: &str, column: usize, eog: &[u32]) {
+    let Some(tok) = load(&path) else {
         // Under CI=true a missing prerequisite is a failure, never a silent pass.
-        assert!(
-            !std::env::var("CI").is_ok_and(|v| v == "true" || v == "1"),
-            "prerequisite missing under CI=true: models/{file} (scripts/fetch-extra-models.sh {model})"
-        );
-        println!(
-            "skipped: model not fetched (models/{file}; run scripts/fetch-extra-models.sh {model})"
-        );
+        skip_or_fail(&format!(
+            "model not fetched ({}; run scripts/fetch-extra-models.sh {model})",
+            path.display()
+        ));
         return;
     };
     let reference = reference(reference_file);
@@ -518,7 +513,7 @@ fn extra_model(model: &str, file: &str, reference_file: &str, column: usize, eog
 fn qwen2_matches_llama_cpp_ids() {
     extra_model(
         "qwen2",
-        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        qwen_path(),
         "llamacpp-qwen2.json",
         1,
         // </s> (a normal token here, EOG by its text), <|endoftext|>, <|im_end|>, and the
@@ -531,7 +526,7 @@ fn qwen2_matches_llama_cpp_ids() {
 fn gemma3_matches_llama_cpp_ids() {
     extra_model(
         "gemma3",
-        "gemma-3-270m-q4_k_m.gguf",
+        gemma3_path(),
         "llamacpp-gemma3.json",
         2,
         // <eos>, <end_of_turn>, and </s> (EOG by its text).
@@ -544,19 +539,12 @@ fn gemma3_matches_llama_cpp_ids() {
 #[test]
 fn gpl3_round_trips_on_every_fetched_model() {
     let Ok(text) = std::fs::read_to_string("/usr/share/common-licenses/GPL-3") else {
-        assert!(
-            !std::env::var("CI").is_ok_and(|v| v == "true" || v == "1"),
-            "prerequisite missing under CI=true: /usr/share/common-licenses/GPL-3 (Debian's base-files)"
-        );
-        println!("skipped: /usr/share/common-licenses/GPL-3 not found");
+        skip_or_fail("/usr/share/common-licenses/GPL-3 not found (Debian's base-files)");
         return;
     };
-    for file in [
-        "SmolLM2-135M-Instruct.Q4_1.gguf",
-        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-        "gemma-3-270m-q4_k_m.gguf",
-    ] {
-        let Some(tok) = load(file) else { continue };
+    for path in [model_path(), qwen_path(), gemma3_path()] {
+        let Some(tok) = load(&path) else { continue };
+        let file = path.file_name().unwrap().to_string_lossy();
         let started = std::time::Instant::now();
         let ids = tok.encode(&text, false, true).unwrap();
         let elapsed = started.elapsed();

@@ -6,16 +6,13 @@
 //! that the page is embedded and nothing else is served. Screenshots go to
 //! `target/webui-screenshots/` (or `$EDGE_LLM_SCREENSHOTS`).
 
-#[path = "server/harness.rs"]
-mod harness;
-#[path = "webui/webdriver.rs"]
-mod webdriver;
+mod support;
 
 use std::path::PathBuf;
 
-use harness::*;
 use serde_json::{json, Value};
-use webdriver::Browser;
+use support::harness::*;
+use support::webdriver::Browser;
 
 const ENTER: &str = "\u{E007}";
 

@@ -1,6 +1,5 @@
 //! Switching the kernels' instruction set in a test: one test at a time (the ISA is
 //! process-wide), and the ISA that was current restored afterwards, even when the test fails.
-//! Included with `#[path = "support/isa_lock.rs"] mod isa_lock;`.
 
 use std::sync::{Mutex, MutexGuard};
 

@@ -1,7 +1,26 @@
-//! Shared by the integration tests that run the real default model: where the model and the
-//! llama.cpp reference outputs are, and loading them once per test binary.
+//! The one support module of the integration tests, included by every test file the same way:
+//! `mod support;`. Cargo makes a test binary of each `tests/*.rs` but not of the files in
+//! folders, so every helper lives here, and each binary compiles all of it (hence the
+//! `dead_code` allowances).
+//!
+//! - here: where the models and the llama.cpp reference outputs are, loading the default model
+//!   once per binary, the engine helpers, and the one rule for a missing prerequisite
+//!   ([`skip_or_fail`]);
+//! - [`splitmix`]: the one random generator of the tests;
+//! - [`isa_lock`]: switching the kernels' instruction set, one test at a time;
+//! - [`gguf_writer`]: small valid and malformed GGUF files;
+//! - [`harness`]: the real `edge-llm serve` and a hand-written HTTP/1.1 client;
+//! - [`cluster`]: workers behind a real router (tests/routers.rs);
+//! - [`webdriver`]: a headless Chromium through chromedriver (tests/webui.rs).
 
 #![allow(dead_code)]
+
+pub mod cluster;
+pub mod gguf_writer;
+pub mod harness;
+pub mod isa_lock;
+pub mod splitmix;
+pub mod webdriver;
 
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
@@ -12,15 +31,84 @@ use edge_llm::engine::{
 };
 use edge_llm::model::Model;
 
+// ---- a missing prerequisite ----
+
+/// Whether the tests run under CI (`CI=true`, or `CI=1`), where a missing prerequisite fails.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// The one rule for a missing prerequisite (a model, tmux, a Python package, chromium, a
+/// router...): under `CI=true` the test fails with `reason`; elsewhere it prints
+/// `skipping: <reason>` to stderr and the caller returns (the test passes without checking).
+#[track_caller]
+pub fn skip_or_fail(reason: &str) {
+    skip_or_fail_if(in_ci().then_some("CI=true"), reason)
+}
+
+/// The same rule where something other than `CI=true` makes the prerequisite required:
+/// `required_by` names it (e.g. `EDGE_LLM_REQUIRE_QEMU is set`) and the test fails with
+/// `reason`; with None it prints `skipping: <reason>` to stderr.
+#[track_caller]
+pub fn skip_or_fail_if(required_by: Option<&str>, reason: &str) {
+    if let Some(by) = required_by {
+        panic!("prerequisite missing ({by}): {reason}");
+    }
+    eprintln!("skipping: {reason}");
+}
+
+/// `path` when the file is there; otherwise [`skip_or_fail`] with
+/// `"<path> is missing (<how>)"` (how to get it: `run scripts/fetch-model.sh`), and None.
+#[track_caller]
+pub fn fetched(path: PathBuf, how: &str) -> Option<PathBuf> {
+    if path.is_file() {
+        return Some(path);
+    }
+    skip_or_fail(&format!("{} is missing ({how})", path.display()));
+    None
+}
+
+// ---- the models ----
+
+/// The source tree (`CARGO_MANIFEST_DIR`).
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The model file `name` in models/ (whether or not it has been fetched).
+pub fn model_file(name: &str) -> PathBuf {
+    root().join("models").join(name)
+}
+
+/// How the default model is fetched (for [`fetched`]).
+pub const FETCH_MODEL: &str = "run scripts/fetch-model.sh";
+/// How Qwen2.5 Coder 0.5B and Gemma 3 270M are fetched.
+pub const FETCH_EXTRA_MODELS: &str = "run scripts/fetch-extra-models.sh";
+/// How Qwen2.5 Coder 1.5B is fetched.
+pub const FETCH_SPEC_MODELS: &str = "run scripts/fetch-spec-models.sh";
+
+/// The default model (SmolLM2 135M Instruct, Q4_1): its path, whether or not it has been
+/// fetched ([`FETCH_MODEL`]). A test that cannot run without it fails on its absence; one that
+/// skips instead asks `fetched(model_path(), FETCH_MODEL)`.
 pub fn model_path() -> PathBuf {
-    let p =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        p.is_file(),
-        "{} is missing: run scripts/fetch-model.sh",
-        p.display()
-    );
-    p
+    model_file("SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+/// Qwen2.5 Coder 0.5B Instruct, Q4_K_M ([`FETCH_EXTRA_MODELS`]): the tool, reasoning and
+/// other-vocabulary tests' model, and the draft of the speculative tests.
+pub fn qwen_path() -> PathBuf {
+    model_file("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
+}
+
+/// Gemma 3 270M, Q4_K_M ([`FETCH_EXTRA_MODELS`]).
+pub fn gemma3_path() -> PathBuf {
+    model_file("gemma-3-270m-q4_k_m.gguf")
+}
+
+/// Qwen2.5 Coder 1.5B Instruct, Q4_K_M ([`FETCH_SPEC_MODELS`]): the target of the
+/// speculative tests with a draft model.
+pub fn qwen_1_5b_path() -> PathBuf {
+    model_file("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
 }
 
 /// The default model, loaded once and shared by the tests of one binary.
@@ -35,7 +123,15 @@ pub fn shared_model() -> Arc<Model> {
 
 fn shared() -> &'static Arc<Model> {
     static MODEL: OnceLock<Arc<Model>> = OnceLock::new();
-    MODEL.get_or_init(|| Arc::new(Model::load(&model_path()).expect("the default model loads")))
+    MODEL.get_or_init(|| {
+        let path = model_path();
+        assert!(
+            path.is_file(),
+            "{} is missing: {FETCH_MODEL}",
+            path.display()
+        );
+        Arc::new(Model::load(&path).expect("the default model loads"))
+    })
 }
 
 /// The greedy continuation of `prompt` (at most `n` tokens) through an engine of its own with
@@ -84,7 +180,7 @@ pub fn engine_greedy(
 
 /// llama.cpp's outputs on the default model (tests/reference/llamacpp-smollm2.json, copied from ../shared/reference).
 pub fn reference() -> serde_json::Value {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/reference/llamacpp-smollm2.json");
+    let p = root().join("tests/reference/llamacpp-smollm2.json");
     let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
     serde_json::from_str(&text).expect("reference JSON parses")
 }

@@ -1,9 +1,9 @@
-//! The kernel tests' deterministic data: splitmix64 and what they draw from it (uniforms,
+//! The tests' one random generator: splitmix64 and what they draw from it (uniforms,
 //! Box-Muller normals). One copy, so every test's inputs come from the same generator; a test
 //! adds its own draws (outlier mixes, value ranges) in an `impl Rng` of its own.
-//! Included with `#[path = "support/splitmix.rs"] mod splitmix;`.
-
-#![allow(dead_code)]
+//!
+//! The one other stream in the tests is the xorshift of `support::cluster::words`, kept because
+//! scripts/cluster_bench.py reproduces it to send the routers test's prompts.
 
 /// splitmix64.
 pub struct Rng(pub u64);

@@ -5,8 +5,13 @@
 //!
 //! Usage: `make-seeds MODELS_DIR OUT_DIR`. Run by `scripts/fuzz.sh`.
 
-#[path = "../../../tests/common/gguf_writer.rs"]
+// The tests' GGUF writer, with the random generator it uses (`super::splitmix`).
+#[path = "../../../tests/support/gguf_writer.rs"]
+#[allow(dead_code)]
 mod gguf_writer;
+#[path = "../../../tests/support/splitmix.rs"]
+#[allow(dead_code)]
+mod splitmix;
 
 use std::path::Path;
 

@@ -3,8 +3,6 @@
 //! `.routers/` by scripts/test.sh), every port bound to 127.0.0.1. Every process runs in its own
 //! process group, killed on drop; every wait is bounded.
 
-#![allow(dead_code)]
-
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
@@ -14,35 +12,19 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use super::harness::http;
+use super::{fetched, model_path, root, FETCH_MODEL};
 
-/// The model every worker serves, and its id (the file's stem).
-pub const MODEL_FILE: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+/// The id of the model every worker serves (the default model's file stem).
 pub const MODEL_ID: &str = "SmolLM2-135M-Instruct.Q4_1";
 
 /// A router's executable in `.routers/bin`, or None (a failure under CI=true) with why.
 pub fn router_bin(name: &str) -> Option<PathBuf> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join(".routers/bin")
-        .join(name);
-    let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(MODEL_FILE);
-    let missing = if !p.is_file() {
-        format!(
-            "{} is missing (scripts/test.sh installs the routers from PyPI)",
-            p.display()
-        )
-    } else if !model.is_file() {
-        format!(
-            "{} is missing (run scripts/fetch-model.sh)",
-            model.display()
-        )
-    } else {
-        return Some(p);
-    };
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("CI=true and {missing}");
-    }
-    eprintln!("skipping: {missing}");
-    None
+    let p = fetched(
+        root().join(".routers/bin").join(name),
+        "scripts/test.sh installs the routers from PyPI",
+    )?;
+    fetched(model_path(), FETCH_MODEL)?;
+    Some(p)
 }
 
 /// A free TCP port on 127.0.0.1 (released for the process that binds it next).
@@ -123,7 +105,7 @@ pub struct Worker {
 
 impl Worker {
     pub fn start(port: u16, events_port: u16) -> Worker {
-        let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(MODEL_FILE);
+        let model = model_path();
         let proc = Proc::spawn(
             &format!("worker-{port}"),
             Command::new(env!("CARGO_BIN_EXE_edge-llm"))
@@ -221,7 +203,9 @@ pub fn wait_until(what: &str, secs: u64, mut cond: impl FnMut() -> bool) {
     }
 }
 
-/// `n` words drawn from a small list by a generator seeded with `seed`.
+/// `n` words drawn from a small list by a generator seeded with `seed`: an xorshift64, not the
+/// tests' splitmix64 (`support::splitmix`), because scripts/cluster_bench.py reproduces this
+/// stream to send the same prompts to a cluster outside the tests; change both or neither.
 fn words(seed: u64, n: usize) -> String {
     const WORDS: [&str; 16] = [
         "alpha", "beta", "gamma", "delta", "river", "stone", "cloud", "maple", "orbit", "pixel",

@@ -3,8 +3,6 @@
 //! over the hand-written HTTP/1.1 client of the server harness (no client dependency).
 //! Under `CI=true` a missing browser or driver is a failure; elsewhere the test is skipped.
 
-#![allow(dead_code)]
-
 use std::io::Read;
 use std::net::TcpListener;
 use std::path::Path;
@@ -14,6 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use super::harness::{connect, parse_response, write_request, Response};
+use super::skip_or_fail;
 
 /// The key W3C WebDriver uses for element references.
 const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
@@ -44,11 +43,7 @@ impl Browser {
         let browser = find_program(&["chromium", "chromium-browser", "google-chrome"]);
         let driver = find_program(&["chromedriver"]);
         let (Some(browser), Some(driver)) = (browser, driver) else {
-            let why = "chromium and chromedriver are needed (Debian: apt-get install chromium chromium-driver; scripts/test.sh installs them)";
-            if std::env::var("CI").is_ok_and(|v| v == "true") {
-                panic!("{why}");
-            }
-            eprintln!("skipping: {why}");
+            skip_or_fail("chromium and chromedriver are needed (Debian: apt-get install chromium chromium-driver; scripts/test.sh installs them)");
             return None;
         };
         let port = TcpListener::bind("127.0.0.1:0")

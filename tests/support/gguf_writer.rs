@@ -1,17 +1,17 @@
 //! A GGUF writer for tests: builds small valid files and, through its raw knobs (header
 //! counts, raw key bytes and value bodies, raw tensor records), malformed ones.
 //!
-//! Used by `tests/gguf_malformed.rs`; any test that needs a tiny GGUF can include it with
-//! `#[path = "common/gguf_writer.rs"] mod gguf_writer;`. It encodes the format on its own
-//! (it shares no code with the reader it tests), following ggml's docs/gguf.md.
-
-#![allow(dead_code)]
+//! Used by `tests/gguf_malformed.rs` and `tests/cuda_tiny_model.rs` (as `support::gguf_writer`),
+//! and by `fuzz/src/bin/make_seeds.rs`. It encodes the format on its own (it shares no code with
+//! the reader it tests), following ggml's docs/gguf.md.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use edge_llm::gguf::{MetaArray, MetaValue};
 use edge_llm::kernels::tensor_type::TensorType;
+
+use super::splitmix::Rng;
 
 /// GGUF metadata value type ids.
 pub mod type_id {
@@ -290,27 +290,9 @@ pub fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(bytes);
 }
 
-/// Deterministic xorshift64 generator for test data and fuzzing.
-pub struct XorShift(pub u64);
-
-impl XorShift {
-    pub fn next_u64(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-
-    /// Uniform-ish in `0..n` (n > 0).
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
-}
-
+/// `n` deterministic bytes drawn from `seed` (tensor data).
 pub fn pseudo_random_bytes(n: usize, seed: u64) -> Vec<u8> {
-    let mut rng = XorShift(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut rng = Rng(seed);
     (0..n).map(|_| rng.next_u64() as u8).collect()
 }
 

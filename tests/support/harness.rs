@@ -1,56 +1,20 @@
-//! The harness of tests/server.rs: starts the real `edge-llm serve` on the default model
-//! (`--port 0`, the port read back from its log), a hand-written HTTP/1.1 client (plain and
-//! chunked bodies, server-sent events), request builders, and error assertions. Servers run
-//! one at a time (a lock), as the CPU path is slow.
-
-#![allow(dead_code)]
+//! The harness of the server tests (tests/server*.rs, disk_cache.rs, request_rules.rs, webui.rs,
+//! routers.rs): starts the real `edge-llm serve` on the default model (`--port 0`, the port read
+//! back from its log), a hand-written HTTP/1.1 client (plain and chunked bodies, server-sent
+//! events), request builders, and error assertions. Servers run one at a time (a lock), as the
+//! CPU path is slow.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use super::{fetched, model_path, FETCH_MODEL};
+
 pub static ONE_SERVER_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-pub fn model_path() -> Option<PathBuf> {
-    model_file(
-        "models/SmolLM2-135M-Instruct.Q4_1.gguf",
-        "scripts/fetch-model.sh",
-    )
-}
-
-/// Qwen2.5 Coder 0.5B, the model of the tool and reasoning tests.
-pub fn qwen_path() -> Option<PathBuf> {
-    model_file(
-        "models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-        "scripts/fetch-extra-models.sh",
-    )
-}
-
-/// The model file `rel` in the source tree; None (see [`skip_or_fail`]) when `fetch` has not
-/// been run.
-fn model_file(rel: &str, fetch: &str) -> Option<PathBuf> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel);
-    if p.is_file() {
-        Some(p)
-    } else {
-        skip_or_fail(&format!("{} is missing (run {fetch})", p.display()));
-        None
-    }
-}
-
-/// Under `CI=true` a missing prerequisite fails the test with its reason; elsewhere the test
-/// is skipped, saying why.
-pub fn skip_or_fail(reason: &str) {
-    if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
-        panic!("prerequisite missing under CI=true: {reason}");
-    }
-    eprintln!("SKIPPED: {reason}");
-}
 
 /// A running `edge-llm serve`, killed on drop.
 pub struct Server {
@@ -61,14 +25,15 @@ pub struct Server {
 }
 
 impl Server {
-    /// Starts the server with `extra` flags; None when the default model is missing.
+    /// Starts the server with `extra` flags; None when the default model is missing (see
+    /// [`super::skip_or_fail`]).
     pub fn start(extra: &[&str]) -> Option<Server> {
         Server::start_with_env(extra, &[])
     }
 
     /// Starts the server with `extra` flags and `env` set (and no inherited API key).
     pub fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Option<Server> {
-        let model = model_path()?;
+        let model = fetched(model_path(), FETCH_MODEL)?;
         let lock = ONE_SERVER_AT_A_TIME
             .lock()
             .unwrap_or_else(|e| e.into_inner());
