@@ -17,7 +17,7 @@ use clap::Args;
 use crate::constraint::{Constraint, ConstraintSpec};
 use crate::engine::disk_cache::{DiskCacheConfig, DEFAULT_DISK_MIB};
 use crate::engine::sampler::{Rng, SamplingParams};
-use crate::engine::{EngineHandle, Event, Request, RequestStream};
+use crate::engine::{EngineHandle, EngineParts, Event, Request, RequestStream};
 use crate::flags::{EngineArgs, ModelArgs, ThreadArgs};
 
 #[derive(Args, Debug)]
@@ -166,7 +166,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     let engine = engine_args.start(
         model,
         true,
-        crate::engine::EngineParts {
+        EngineParts {
             disk,
             ..Default::default()
         },

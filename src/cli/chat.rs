@@ -29,7 +29,7 @@ use clap::Args;
 use super::commands::SamplingArgs;
 use crate::chat_template::{ChatMessage, ChatTemplate};
 use crate::engine::sampler::SamplingParams;
-use crate::engine::{EngineHandle, FinishReason, Request, SubmitError};
+use crate::engine::{EngineHandle, EngineParts, FinishReason, Request, SubmitError};
 use crate::flags::{EngineArgs, ModelArgs, ThreadArgs};
 use session::{Reply, Session, Settings};
 
@@ -104,7 +104,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
     let engine = args.engine.start(
         model,
         false,
-        crate::engine::EngineParts {
+        EngineParts {
             disk,
             ..Default::default()
         },

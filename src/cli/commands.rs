@@ -9,7 +9,7 @@ use clap::Args;
 
 use crate::device::Device;
 use crate::engine::sampler::SamplingParams;
-use crate::engine::{Event, FinishReason, Request};
+use crate::engine::{EngineParts, Event, FinishReason, Request};
 use crate::flags::{EngineArgs, ModelArgs, ThreadArgs};
 use crate::gguf::GgufFile;
 use crate::tokenizer::Tokenizer;
@@ -201,7 +201,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     if engine_args.kv_mem.is_none() {
         engine_args.parallel = 1;
     }
-    let engine = engine_args.start(model, false, crate::engine::EngineParts::default())?;
+    let engine = engine_args.start(model, false, EngineParts::default())?;
     let mut request = Request::new(ids.clone(), sampling, max_tokens);
     request.ignore_eos = args.ignore_eos;
     request.sampling.constraint = args.constraint.compile(&engine)?;

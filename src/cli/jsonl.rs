@@ -35,7 +35,7 @@ use crate::api::request::Endpoint;
 use crate::api::RequestError;
 use crate::chat_template::ChatTemplate;
 use crate::engine::sampler::SamplingParams;
-use crate::engine::{EngineHandle, Event, Request, RequestStream, SubmitError, Usage};
+use crate::engine::{EngineHandle, EngineParts, Event, Request, RequestStream, SubmitError, Usage};
 
 #[derive(Serialize)]
 struct Completion<'a> {
@@ -175,9 +175,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let base = args.sampling.params()?;
     let model = args.model.load()?;
     let add_bos = model.tokenizer.add_bos_default() && !args.no_bos;
-    let engine = args
-        .engine
-        .start(model, false, crate::engine::EngineParts::default())?;
+    let engine = args.engine.start(model, false, EngineParts::default())?;
     let builder = Builder {
         engine: engine.clone(),
         base,

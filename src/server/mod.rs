@@ -42,7 +42,7 @@ use axum::Router;
 use clap::Args;
 
 use crate::chat_template::ChatTemplate;
-use crate::engine::EngineHandle;
+use crate::engine::{EngineHandle, EngineParts};
 use crate::flags::{EngineArgs, ModelArgs, ThreadArgs};
 use crate::server::kv_publisher::KvEventPublisher;
 
@@ -238,7 +238,7 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
     let engine = args.engine.start(
         model,
         true,
-        crate::engine::EngineParts {
+        EngineParts {
             kv_events: sink,
             disk,
             ..Default::default()
