@@ -5,7 +5,6 @@
 //! applies to the scheduler; nothing here calls back into the worker or touches the KV cache.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::sync::mpsc as events;
@@ -21,7 +20,7 @@ use crate::tokenizer::{StreamDecoder, Tokenizer};
 
 /// A request as the client side knows it.
 struct RequestOutput {
-    request: Arc<Request>,
+    request: Request,
     events: events::UnboundedSender<Event>,
     submitted: Instant,
     /// Its live sequences (completions 0..n once forked).
@@ -45,6 +44,27 @@ struct SeqOutput {
     from_disk: HashSet<BlockHash>,
     /// Where the sequence is in its grammar, for constrained requests.
     constraint: Option<ConstraintState>,
+}
+
+impl SeqOutput {
+    /// Completion `index` of `request`: its sampler seeded with the request's seed plus the
+    /// index, its own constraint state.
+    fn new(request_id: u64, index: usize, request: &Request, forks_pending: usize) -> Self {
+        let mut params = request.sampling.clone();
+        params.seed = params.seed.wrapping_add(index as u64);
+        SeqOutput {
+            request_id,
+            index,
+            sampler: Sampler::new(params),
+            decoder: StreamDecoder::new(),
+            pending: String::new(),
+            forks_pending,
+            ttft_ms: None,
+            num_cached: 0,
+            from_disk: HashSet::new(),
+            constraint: request.sampling.constraint.as_ref().map(|c| c.new_state()),
+        }
+    }
 }
 
 /// What the worker does after a row was sampled.
@@ -100,22 +120,8 @@ impl Outputs {
         request: Request,
         events: events::UnboundedSender<Event>,
     ) {
-        let request = Arc::new(request);
-        self.seqs.insert(
-            seq_id,
-            SeqOutput {
-                request_id,
-                index: 0,
-                sampler: Sampler::new(request.sampling.clone()),
-                decoder: StreamDecoder::new(),
-                pending: String::new(),
-                forks_pending: request.n - 1,
-                ttft_ms: None,
-                num_cached: 0,
-                from_disk: HashSet::new(),
-                constraint: request.sampling.constraint.as_ref().map(|c| c.new_state()),
-            },
-        );
+        let first = SeqOutput::new(request_id, 0, &request, request.n - 1);
+        self.seqs.insert(seq_id, first);
         self.requests.insert(
             request_id,
             RequestOutput {
@@ -133,7 +139,7 @@ impl Outputs {
 
     /// The request a live sequence belongs to.
     pub(super) fn request(&self, seq_id: SeqId) -> Option<&Request> {
-        self.request_of(seq_id).map(|r| r.request.as_ref())
+        self.request_of(seq_id).map(|r| &r.request)
     }
 
     /// The live sequences of a request.
@@ -218,24 +224,10 @@ impl Outputs {
         let Some(r) = self.requests.get_mut(&p.request_id) else {
             return;
         };
-        let mut params = r.request.sampling.clone();
-        params.seed = params.seed.wrapping_add(index as u64);
         let state = SeqOutput {
-            request_id: p.request_id,
-            index,
-            sampler: Sampler::new(params),
-            decoder: StreamDecoder::new(),
-            pending: String::new(),
-            forks_pending: 0,
-            ttft_ms: None,
             num_cached: p.num_cached,
             from_disk: p.from_disk.clone(),
-            constraint: r
-                .request
-                .sampling
-                .constraint
-                .as_ref()
-                .map(|c| c.new_state()),
+            ..SeqOutput::new(p.request_id, index, &r.request, 0)
         };
         r.seqs.push(child);
         self.seqs.insert(child, state);
