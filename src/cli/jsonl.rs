@@ -124,7 +124,7 @@ impl Builder {
             None => Err("no chat template was loaded"),
         };
         let setting = Setting {
-            tokenizer: &self.engine.tokenizer(),
+            tokenizer: self.engine.tokenizer(),
             template,
             grammars: Some(&self.engine.grammars),
             max_seq_len: self.engine.config.max_seq_len,

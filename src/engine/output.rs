@@ -170,13 +170,13 @@ impl Outputs {
                 .is_some_and(|s| s.constraint.is_none())
     }
 
-    pub(super) fn set_from_disk(&mut self, seq_id: SeqId, hashes: HashSet<BlockHash>) {
+    pub(super) fn set_disk_blocks(&mut self, seq_id: SeqId, hashes: HashSet<BlockHash>) {
         if let Some(st) = self.seqs.get_mut(&seq_id) {
             st.from_disk = hashes;
         }
     }
 
-    pub(super) fn from_disk(&self, seq_id: SeqId) -> Option<&HashSet<BlockHash>> {
+    pub(super) fn disk_blocks(&self, seq_id: SeqId) -> Option<&HashSet<BlockHash>> {
         self.seqs.get(&seq_id).map(|s| &s.from_disk)
     }
 

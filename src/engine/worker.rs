@@ -150,7 +150,7 @@ impl Worker {
                 }
             }
             for ready in self.parking.poll(&mut self.sched.blocks, &mut self.exec) {
-                self.out.set_from_disk(ready.seq_id, ready.from_disk);
+                self.out.set_disk_blocks(ready.seq_id, ready.from_disk);
                 self.enqueue(ready.seq_id);
                 took = true;
             }
@@ -414,7 +414,7 @@ impl Worker {
 
     /// Where the cached prompt blocks of `seq_id` came from: (disk, pinned) tokens.
     fn cache_sources(&self, seq_id: SeqId) -> (usize, usize) {
-        let (Some(seq), Some(from_disk)) = (self.sched.get(seq_id), self.out.from_disk(seq_id))
+        let (Some(seq), Some(from_disk)) = (self.sched.get(seq_id), self.out.disk_blocks(seq_id))
         else {
             return (0, 0);
         };

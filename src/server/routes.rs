@@ -110,7 +110,7 @@ pub async fn chat_completions(
 /// the template, the grammar cache and the context length.
 pub(super) fn setting(state: &AppState) -> Setting<'_> {
     Setting {
-        tokenizer: &state.engine.tokenizer(),
+        tokenizer: state.engine.tokenizer(),
         template: state.template.as_ref().map_err(String::as_str),
         grammars: Some(&state.engine.grammars),
         max_seq_len: state.engine.config.max_seq_len,
@@ -167,7 +167,7 @@ async fn generate(
         ));
     }
     let choices = collect(&mut stream, params.n).await?;
-    let mut body = full_response(&reply, &state.engine.tokenizer(), &choices, with_logprobs);
+    let mut body = full_response(&reply, state.engine.tokenizer(), &choices, with_logprobs);
     if parsing.any() {
         if let Some(items) = body["choices"].as_array_mut() {
             for (index, choice) in items.iter_mut().enumerate() {

@@ -40,7 +40,7 @@ fn pin(chat: &mut Chat) -> Result<()> {
         bail!("nothing to pin: this session has no system prompt or messages");
     }
     let text = chat.template.render(&conversation, false)?;
-    let tokens = crate::chat_template::encode_prompt(&chat.engine.tokenizer(), &text)?;
+    let tokens = crate::chat_template::encode_prompt(chat.engine.tokenizer(), &text)?;
     let done = crate::flags::cache::pin_blocking(&chat.engine, tokens)?;
     chat.say(format!(
         "pinned {} tokens ({} were cached)",
