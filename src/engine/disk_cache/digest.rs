@@ -126,13 +126,13 @@ pub fn model_digest(model_path: &Path, bytes: &[u8], root: Option<&Path>) -> u64
     }
     let started = std::time::Instant::now();
     let digest = hash_bytes(bytes);
-    eprintln!(
-        "disk cache: hashed {} ({} MiB) in {:.2} s for its identity",
-        model_path.display(),
-        bytes.len() >> 20,
-        started.elapsed().as_secs_f64()
-    );
     if let (Some(stamp), Some(record)) = (stamp, record) {
+        eprintln!(
+            "disk cache: hashed {} ({} MiB) in {:.2} s for its identity",
+            model_path.display(),
+            bytes.len() >> 20,
+            started.elapsed().as_secs_f64()
+        );
         // The file as hashed: unchanged while it was read.
         if Stamp::of(model_path).as_ref() == Some(&stamp) {
             let _ = std::fs::create_dir_all(record.parent().expect("under root"));

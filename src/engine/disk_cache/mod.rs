@@ -260,10 +260,10 @@ impl DiskTier {
         if !skipped.is_empty() {
             eprintln!(
                 "warning: disk cache: {}: skipped {} entries named like blocks that are not regular \
-                 files, never read: {}",
+                 files, never read (e.g. {})",
                 dir.display(),
                 skipped.len(),
-                skipped.join(", ")
+                skipped[..skipped.len().min(3)].join(", ")
             );
         }
         found.sort();
