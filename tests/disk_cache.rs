@@ -506,3 +506,206 @@ fn pinned_prompts_survive_a_workload_that_evicts_everything_else() {
     assert!(r.text().contains("prompt"), "{}", r.text());
     assert_eq!(server.request("GET", "/v1/cache", &[], b"").status, 401);
 }
+
+// ---- issue 30: the model's identity, and what a shared cache folder may hold ----
+
+/// A prompt whose first block differs from every other tag's (a chain of its own).
+fn tagged(tag: &str) -> Value {
+    body(
+        &format!("{tag} {}", system_prompt(6)),
+        "Name a color, please.",
+    )
+}
+
+/// Serves each prompt once on `dir`, waiting for its blocks to be written; returns each
+/// prompt's cold output and the block files it added.
+fn fill_each(dir: &TempDir, prompts: &[Value]) -> Vec<(String, Vec<PathBuf>)> {
+    let server = Server::start(&["--cache-dir", dir.arg()]).expect("model present");
+    let mut out = Vec::new();
+    let mut blocks = 0;
+    for b in prompts {
+        let before = block_files(&dir.0);
+        let (text, usage) = chat(&server, b, &[]);
+        blocks += (usage["prompt_tokens"].as_u64().unwrap() - 1) / 16;
+        wait_written(&server, blocks as f64);
+        let added = block_files(&dir.0)
+            .into_iter()
+            .filter(|f| !before.contains(f))
+            .collect();
+        out.push((text, added));
+    }
+    out
+}
+
+fn disk_warnings(log: &str) -> Vec<&str> {
+    log.lines()
+        .filter(|l| l.contains("warning: disk cache:"))
+        .collect()
+}
+
+fn mkfifo(path: &Path) {
+    let status = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(status.success(), "mkfifo {}", path.display());
+}
+
+#[test]
+fn a_copy_of_the_model_with_8_mib_zeroed_in_the_middle_gets_no_block_from_the_originals_files() {
+    let Some(original) = fetched(model_path(), FETCH_MODEL) else {
+        return;
+    };
+    let dir = TempDir::new("zeroed-copy");
+    let b = body(&system_prompt(12), "Name a color.");
+    fill(&dir, &[], &b);
+    // Same name, same size, same first and last MiB.
+    let copies = TempDir::new("zeroed-copy-model");
+    let copy = copies.0.join(original.file_name().unwrap());
+    let mut bytes = std::fs::read(&original).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid - (4 << 20)..mid + (4 << 20)].fill(0);
+    std::fs::write(&copy, &bytes).unwrap();
+    drop(bytes);
+    let server = Server::start(&["--cache-dir", dir.arg(), "-m", copy.to_str().unwrap()])
+        .expect("model present");
+    let (_, usage) = chat(&server, &b, &[]);
+    assert_eq!(
+        cached(&usage),
+        0,
+        "the zeroed copy must not load the original's blocks: {usage}"
+    );
+    assert_eq!(server.metric("edge_llm_disk_cache_hit_blocks_total"), 0.0);
+}
+
+#[test]
+fn a_planted_symlink_named_like_a_temporary_file_never_makes_the_server_write_outside_the_folder() {
+    if fetched(model_path(), FETCH_MODEL).is_none() {
+        return;
+    }
+    let dir = TempDir::new("tmp-link");
+    let outside = TempDir::new("tmp-link-outside");
+    let victim = outside.0.join("victim");
+    let precious = b"precious: not the disk cache's".to_vec();
+    std::fs::write(&victim, &precious).unwrap();
+    let b = tagged("Apples.");
+    let filled = fill_each(&dir, std::slice::from_ref(&b));
+    let (cold, files) = &filled[0];
+    assert!(!files.is_empty());
+    // The blocks are gone, so the next server writes them again: under every name an old
+    // server would have used for its temporary files, a link to the victim waits.
+    for f in files {
+        std::fs::remove_file(f).unwrap();
+    }
+    let server = Server::start(&["--cache-dir", dir.arg()]).expect("model present");
+    for f in files {
+        let hash = f.file_stem().unwrap().to_str().unwrap();
+        let tmp = f.with_file_name(format!("{hash}.{}.tmp", server.pid()));
+        std::os::unix::fs::symlink(&victim, tmp).unwrap();
+    }
+    let (text, usage) = chat(&server, &b, &[]);
+    assert_eq!(&text, cold);
+    let blocks = (usage["prompt_tokens"].as_u64().unwrap() - 1) / 16;
+    wait_written(&server, blocks as f64);
+    let now = std::fs::read(&victim).unwrap();
+    assert!(
+        now == precious,
+        "a file outside the cache folder was written ({} bytes now)",
+        now.len()
+    );
+    for f in files {
+        let meta = std::fs::symlink_metadata(f).unwrap();
+        assert!(meta.is_file(), "{} is a regular file", f.display());
+    }
+    // Still serving, from the blocks written.
+    drop(server);
+    let server = Server::start(&["--cache-dir", dir.arg()]).expect("model present");
+    let (text, usage) = chat(&server, &b, &[]);
+    assert_eq!(&text, cold);
+    assert_eq!(source(&usage, "disk"), blocks * 16, "{usage}");
+}
+
+#[test]
+fn a_fifo_and_symlinks_named_like_block_files_are_refused_and_other_blocks_still_load() {
+    if fetched(model_path(), FETCH_MODEL).is_none() {
+        return;
+    }
+    let dir = TempDir::new("planted");
+    let outside = TempDir::new("planted-outside");
+    // A large file the server must not read, and must not change.
+    let large = outside.0.join("large");
+    let large_bytes: Vec<u8> = (0..16u32 << 20).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&large, &large_bytes).unwrap();
+    let prompts = [
+        tagged("Link."),
+        tagged("Fifo."),
+        tagged("Zero."),
+        tagged("Plain."),
+    ];
+    let filled = fill_each(&dir, &prompts);
+    let plant = |which: usize| {
+        for f in &filled[which].1 {
+            // The block, or what the last plant left (deleted once refused, else still there).
+            let _ = std::fs::remove_file(f);
+            match which {
+                0 => std::os::unix::fs::symlink(&large, f).unwrap(),
+                1 => mkfifo(f),
+                _ => std::os::unix::fs::symlink("/dev/zero", f).unwrap(),
+            }
+        }
+    };
+
+    // Planted while the server runs: the index lists them, the loads meet them.
+    let server = Server::start(&["--cache-dir", dir.arg()]).expect("model present");
+    for which in 0..3 {
+        plant(which);
+    }
+    for (which, (cold, _)) in filled.iter().enumerate().take(3) {
+        let (text, usage) = chat(&server, &prompts[which], &[]);
+        assert_eq!(&text, cold, "prompt {which}");
+        assert_eq!(source(&usage, "disk"), 0, "prompt {which}: {usage}");
+    }
+    let (text, usage) = chat(&server, &prompts[3], &[]);
+    assert_eq!(&text, &filled[3].0);
+    assert!(
+        source(&usage, "disk") > 0,
+        "the untouched prompt still loads: {usage}"
+    );
+    let log = server.wait_for_log("a warning per refused file", |log| {
+        disk_warnings(log).len() >= 3
+    });
+    for what in ["symbolic link", "not a regular file"] {
+        assert!(
+            disk_warnings(&log).iter().any(|l| l.contains(what)),
+            "a warning says {what:?}:\n{log}"
+        );
+    }
+    assert!(server.metric("edge_llm_disk_cache_rejected_files_total") >= 3.0);
+    drop(server);
+
+    // Planted before a start: the index skips them with one warning.
+    for which in 0..3 {
+        plant(which);
+    }
+    let server = Server::start(&["--cache-dir", dir.arg()]).expect("model present");
+    let (text, usage) = chat(&server, &prompts[3], &[]);
+    assert_eq!(&text, &filled[3].0);
+    assert!(source(&usage, "disk") > 0, "{usage}");
+    let (text, usage) = chat(&server, &prompts[1], &[]);
+    assert_eq!(&text, &filled[1].0);
+    assert_eq!(source(&usage, "disk"), 0, "{usage}");
+    let log = server.log_text();
+    let skipped: Vec<_> = disk_warnings(&log)
+        .into_iter()
+        .filter(|l| l.contains("not regular files"))
+        .collect();
+    assert_eq!(
+        skipped.len(),
+        1,
+        "one warning for the skipped entries:\n{log}"
+    );
+    assert!(
+        std::fs::read(&large).unwrap() == large_bytes,
+        "the linked file outside the folder is unchanged"
+    );
+}

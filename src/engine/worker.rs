@@ -67,7 +67,12 @@ impl Worker {
     ) -> Self {
         // The salt names what the cached keys and values depend on besides the tokens (the
         // model's contents, the block size, the device): the disk tier's identity.
-        let salt = disk_cache::identity(&model, config.block_size, exec.device().name());
+        let salt = disk_cache::identity(
+            &model,
+            config.block_size,
+            exec.device().name(),
+            disk.as_ref().map(|d| d.root.as_path()),
+        );
         let mut blocks = BlockManager::new(config.num_blocks, config.block_size, salt);
         let parking = Parking::open(disk, &model, salt, &exec);
         if parking.is_on() {

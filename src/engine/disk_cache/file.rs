@@ -7,6 +7,8 @@
 //! checksum (u64) of everything before it.
 
 use std::fmt;
+use std::fs::File;
+use std::io::Read;
 
 use crate::engine::block_manager::BlockHash;
 
@@ -105,6 +107,25 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
 
 fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+/// Reads a block file opened by `io::open_regular` (`len` bytes long): a file of the length the
+/// block must have is read in full; another is never read past its header, which names what it
+/// is (another model's, another format) where it can.
+pub fn read(f: &mut File, len: u64, want: &Expected) -> std::io::Result<Result<Vec<u8>, Reject>> {
+    let size = file_bytes(want.token_ids.len(), want.kv_bytes);
+    if len == size as u64 {
+        return super::io::read_exact(f, size).map(Ok);
+    }
+    let mut head = Vec::with_capacity(20);
+    f.take(20).read_to_end(&mut head)?;
+    Ok(Err(match decode(&head, want) {
+        Err(Reject::Truncated { .. }) | Ok(_) => Reject::Truncated {
+            len: len.try_into().unwrap_or(usize::MAX),
+            want: size,
+        },
+        Err(other) => other,
+    }))
 }
 
 /// Checks `bytes` against what the block must be, and returns its KV bytes.

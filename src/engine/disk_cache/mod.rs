@@ -8,17 +8,22 @@
 //! channel the engine polls, so a step never waits on the disk. Writes go to a temporary file
 //! then are renamed (a file is complete or absent); a file that fails its checks (`file`) is
 //! reported once, deleted and never served. The byte budget is kept by LRU eviction (`index`).
+//! The folder may be shared with others: no link is followed, nothing but a regular file of the
+//! expected length is read, temporary files are created exclusively (`io`); a failure that
+//! repeats for every block warns once a minute (`warn`).
 //!
 //! The directory's identity covers everything that changes a block's bytes for the same
-//! tokens: the model file's contents, the block size, the KV element type, the layer shapes,
-//! the device and the CPU's SIMD path.
+//! tokens: the model file's contents (a hash of every byte, `digest`), the block size, the KV
+//! element type, the layer shapes, the device and the CPU's SIMD path.
 
+mod digest;
 mod file;
 mod index;
+mod io;
 mod parking;
+mod warn;
 
 use std::collections::VecDeque;
-use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
@@ -31,7 +36,9 @@ use anyhow::{Context, Result};
 use super::block_manager::BlockHash;
 use crate::model::Model;
 use index::DiskIndex;
+use io::Refused;
 pub(super) use parking::Parking;
+use warn::Warner;
 
 /// `--cache-disk-mib` when not given.
 pub const DEFAULT_DISK_MIB: u64 = 1024;
@@ -125,6 +132,21 @@ struct Shared {
     kv_bytes: usize,
     index: Mutex<DiskIndex>,
     counters: Counters,
+    warner: Mutex<Warner>,
+}
+
+impl Shared {
+    fn index(&self) -> std::sync::MutexGuard<'_, DiskIndex> {
+        self.index.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A warning for a cause that may repeat per block: once a minute.
+    fn warn_repeating(&self, cause: &str, message: &str) {
+        self.warner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .warn(cause, message);
+    }
 }
 
 /// The engine thread's side of the disk tier.
@@ -136,13 +158,12 @@ pub struct DiskTier {
 }
 
 /// The identity of the blocks `model` computes with `block_size`-token blocks on `device`:
-/// a different value never shares a file.
-pub fn identity(model: &Model, block_size: usize, device: &str) -> u64 {
+/// a different value never shares a file. The model file's digest (a hash of all its bytes) is
+/// recorded under `cache_root`, when given, and computed again only when the file changes.
+pub fn identity(model: &Model, block_size: usize, device: &str, cache_root: Option<&Path>) -> u64 {
     use std::hash::{DefaultHasher, Hash, Hasher};
     let bytes = model.file.bytes();
-    let edge = 1 << 20;
-    let head = &bytes[..bytes.len().min(edge)];
-    let tail = &bytes[bytes.len().saturating_sub(edge)..];
+    let digest = digest::model_digest(model.file.path(), bytes, cache_root);
     let c = &model.config;
     let mut h = DefaultHasher::new();
     (
@@ -152,8 +173,7 @@ pub fn identity(model: &Model, block_size: usize, device: &str) -> u64 {
         c.num_layers,
         c.kv_dim(),
         bytes.len(),
-        head,
-        tail,
+        digest,
         device,
         simd_path(),
     )
@@ -208,13 +228,19 @@ impl DiskTier {
             .with_context(|| format!("creating the disk cache folder {}", dir.display()))?;
         let mut index = DiskIndex::new(config.budget_bytes);
         let mut found = Vec::new();
+        let mut skipped = Vec::new();
         for entry in std::fs::read_dir(&dir)
             .with_context(|| format!("reading the disk cache folder {}", dir.display()))?
         {
             let entry = entry?;
             let name = entry.file_name().to_string_lossy().into_owned();
+            // The entry itself, never what a link points to.
+            let kind = entry.file_type()?;
             if name.ends_with(".tmp") {
-                let _ = std::fs::remove_file(entry.path());
+                // A crashed writer's (unlinking a link or a FIFO removes only the entry).
+                if !kind.is_dir() {
+                    let _ = std::fs::remove_file(entry.path());
+                }
                 continue;
             }
             let Some(hash) = name
@@ -223,9 +249,22 @@ impl DiskTier {
             else {
                 continue;
             };
+            if !kind.is_file() {
+                skipped.push(format!("{name} (a {})", io::kind_name(kind)));
+                continue;
+            }
             let meta = entry.metadata()?;
             let mtime = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
             found.push((mtime, hash, meta.len()));
+        }
+        if !skipped.is_empty() {
+            eprintln!(
+                "warning: disk cache: {}: skipped {} entries named like blocks that are not regular \
+                 files, never read (e.g. {})",
+                dir.display(),
+                skipped.len(),
+                skipped[..skipped.len().min(3)].join(", ")
+            );
         }
         found.sort();
         for (_, hash, len) in found {
@@ -240,6 +279,7 @@ impl DiskTier {
             kv_bytes,
             index: Mutex::new(index),
             counters: Counters::default(),
+            warner: Mutex::new(Warner::default()),
         });
         let (jobs_tx, jobs_rx) = mpsc::sync_channel(QUEUE_JOBS);
         let (loaded_tx, loaded_rx) = mpsc::channel();
@@ -261,7 +301,7 @@ impl DiskTier {
     }
 
     fn index(&self) -> std::sync::MutexGuard<'_, DiskIndex> {
-        self.shared.index.lock().unwrap_or_else(|e| e.into_inner())
+        self.shared.index()
     }
 
     /// Whether the block is on disk or queued to be written.
@@ -396,54 +436,64 @@ fn load_chain(s: &Shared, wanted: &[WantedBlock]) -> Vec<(BlockHash, Vec<u32>, V
     let mut out = Vec::new();
     for (hash, token_ids) in wanted {
         let path = block_path(&s.dir, *hash);
-        let bytes = match std::fs::read(&path) {
-            Ok(b) => b,
-            Err(e) => {
-                if e.kind() != ErrorKind::NotFound {
-                    eprintln!(
-                        "warning: disk cache: reading {}: {e}; the block will be recomputed",
-                        path.display()
-                    );
-                }
-                s.index
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(*hash);
-                break;
-            }
-        };
         let want = file::Expected {
             identity: s.identity,
             hash: *hash,
             token_ids,
             kv_bytes: s.kv_bytes,
         };
+        let (mut f, len) = match io::open_regular(&path) {
+            Ok(opened) => opened,
+            Err(Refused::NotFound) => {
+                s.index().remove(*hash);
+                break;
+            }
+            Err(Refused::Io(e)) => {
+                s.warn_repeating(
+                    &format!("read:{:?}", e.kind()),
+                    &format!(
+                        "reading {}: {e}; the block will be recomputed",
+                        path.display()
+                    ),
+                );
+                s.index().remove(*hash);
+                break;
+            }
+            Err(refused) => {
+                reject(s, &path, *hash, &refused);
+                break;
+            }
+        };
+        let bytes = match file::read(&mut f, len, &want) {
+            Ok(Ok(bytes)) => bytes,
+            Ok(Err(r)) => {
+                reject(s, &path, *hash, &r);
+                break;
+            }
+            Err(e) => {
+                s.warn_repeating(
+                    &format!("read:{:?}", e.kind()),
+                    &format!(
+                        "reading {}: {e}; the block will be recomputed",
+                        path.display()
+                    ),
+                );
+                s.index().remove(*hash);
+                break;
+            }
+        };
         match file::decode(&bytes, &want) {
             Ok(kv) => {
                 let c = &s.counters;
                 c.hit_blocks.fetch_add(1, Ordering::Relaxed);
                 c.hit_bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
-                s.index
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .touch(*hash);
+                s.index().touch(*hash);
                 // The LRU order survives restarts through the files' times.
-                if let Ok(f) = std::fs::File::options().write(true).open(&path) {
-                    let _ = f.set_modified(SystemTime::now());
-                }
+                let _ = f.set_modified(SystemTime::now());
                 out.push((*hash, token_ids.clone(), kv.to_vec()));
             }
-            Err(reject) => {
-                eprintln!(
-                    "warning: disk cache: {}: {reject}; deleted, the block will be recomputed",
-                    path.display()
-                );
-                let _ = std::fs::remove_file(&path);
-                s.index
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(*hash);
-                s.counters.rejected_files.fetch_add(1, Ordering::Relaxed);
+            Err(r) => {
+                reject(s, &path, *hash, &r);
                 break;
             }
         }
@@ -454,11 +504,24 @@ fn load_chain(s: &Shared, wanted: &[WantedBlock]) -> Vec<(BlockHash, Vec<u32>, V
     out
 }
 
+/// A block file that is not what its name says (damaged, another model's, or not a regular
+/// file at all): one warning, its entry deleted (a link or FIFO itself, never its target), the
+/// block recomputed.
+fn reject(s: &Shared, path: &Path, hash: BlockHash, why: &dyn std::fmt::Display) {
+    eprintln!(
+        "warning: disk cache: {}: {why}; deleted, the block will be recomputed",
+        path.display()
+    );
+    let _ = std::fs::remove_file(path);
+    s.index().remove(hash);
+    s.counters.rejected_files.fetch_add(1, Ordering::Relaxed);
+}
+
 fn write_block(s: &Shared, hash: BlockHash, token_ids: &[u32], kv: &[u8]) {
     let bytes = file::encode(s.identity, hash, token_ids, kv);
     let size = bytes.len() as u64;
     let victims = {
-        let mut index = s.index.lock().unwrap_or_else(|e| e.into_inner());
+        let mut index = s.index();
         if index.is_written(hash) {
             return;
         }
@@ -475,10 +538,7 @@ fn write_block(s: &Shared, hash: BlockHash, token_ids: &[u32], kv: &[u8]) {
         let _ = std::fs::remove_file(block_path(&s.dir, v));
     }
     let path = block_path(&s.dir, hash);
-    let tmp = s
-        .dir
-        .join(format!("{hash:016x}.{}.tmp", std::process::id()));
-    let written = std::fs::write(&tmp, &bytes).and_then(|()| std::fs::rename(&tmp, &path));
+    let written = io::write_atomically(&path, &bytes);
     let c = &s.counters;
     match written {
         Ok(()) => {
@@ -486,15 +546,14 @@ fn write_block(s: &Shared, hash: BlockHash, token_ids: &[u32], kv: &[u8]) {
             c.written_bytes.fetch_add(size, Ordering::Relaxed);
         }
         Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            s.index
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(hash);
+            s.index().remove(hash);
             c.dropped_writes.fetch_add(1, Ordering::Relaxed);
-            eprintln!(
-                "warning: disk cache: writing {}: {e}; the block stays in memory only",
-                path.display()
+            s.warn_repeating(
+                &format!("write:{:?}", e.kind()),
+                &format!(
+                    "writing {}: {e}; blocks stay in memory only",
+                    path.display()
+                ),
             );
         }
     }
