@@ -158,12 +158,22 @@ pub struct DiskTier {
 }
 
 /// The identity of the blocks `model` computes with `block_size`-token blocks on `device`:
-/// a different value never shares a file. The model file's digest (a hash of all its bytes) is
-/// recorded under `cache_root`, when given, and computed again only when the file changes.
+/// a different value never shares a file. With a disk tier (`cache_root`) it includes the model
+/// file's digest (a hash of all its bytes), recorded there and computed again only when the
+/// file changes.
 pub fn identity(model: &Model, block_size: usize, device: &str, cache_root: Option<&Path>) -> u64 {
     use std::hash::{DefaultHasher, Hash, Hasher};
     let bytes = model.file.bytes();
-    let digest = digest::model_digest(model.file.path(), bytes, cache_root);
+    // Only a disk tier shares blocks across processes: without one the pool is this process's
+    // alone and the file's digest is not needed.
+    let digest = cache_root.map(|root| {
+        let digest = digest::model_digest(model.file.path(), bytes, Some(root));
+        // Hashing may have read every page of the map back in: give them back (the interleaved
+        // matrices' pages were released at load; the rest fault in again from the page cache
+        // when used).
+        model.file.release_pages(bytes);
+        digest
+    });
     let c = &model.config;
     let mut h = DefaultHasher::new();
     (
