@@ -127,7 +127,7 @@ impl Builder {
             tokenizer: self.engine.tokenizer(),
             template,
             grammars: Some(&self.engine.grammars),
-            max_seq_len: self.engine.config.max_seq_len,
+            max_seq_len: self.engine.max_seq_len(),
             sampling: self.base.clone(),
             max_tokens: Some(self.max_tokens),
             add_bos: self.add_bos,

@@ -3,7 +3,7 @@
 //! the faces may know of the model (its tokenizer, its config, its chat template).
 
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
 use anyhow::{bail, Result};
@@ -68,6 +68,9 @@ pub struct EngineHandle {
     next_id: Arc<AtomicU64>,
     /// Requests submitted and not yet finished, for queue limits.
     in_flight: Arc<AtomicU64>,
+    /// The most tokens a sequence can hold now: the context, or less while pinned prompts hold
+    /// part of the pool (the worker updates it).
+    max_seq_len: Arc<AtomicUsize>,
     /// The engine's counters as of its last step or command.
     metrics: Arc<Mutex<Metrics>>,
     /// The disk tier's counters, read live (its thread writes between steps).
@@ -185,6 +188,7 @@ impl EngineHandle {
         }
         let (tx, rx) = mpsc::channel();
         let in_flight = Arc::new(AtomicU64::new(0));
+        let max_seq_len = Arc::new(AtomicUsize::new(config.max_seq_len));
         let config = Arc::new(config);
         let metrics = Arc::new(Mutex::new(Metrics::default()));
         let device = exec.describe();
@@ -201,6 +205,7 @@ impl EngineHandle {
             exec,
             SharedWithHandle {
                 in_flight: in_flight.clone(),
+                max_seq_len: max_seq_len.clone(),
                 metrics: metrics.clone(),
             },
             kv_events,
@@ -215,6 +220,7 @@ impl EngineHandle {
             tx,
             next_id: Arc::new(AtomicU64::new(1)),
             in_flight,
+            max_seq_len,
             metrics,
             disk_stats,
             config,
@@ -254,10 +260,11 @@ impl EngineHandle {
         if request.prompt.is_empty() {
             return Err(SubmitError::EmptyPrompt);
         }
-        if request.prompt.len() >= self.config.max_seq_len {
+        let max_seq_len = self.max_seq_len();
+        if request.prompt.len() >= max_seq_len {
             return Err(SubmitError::PromptTooLong {
                 prompt: request.prompt.len(),
-                max: self.config.max_seq_len,
+                max: max_seq_len,
             });
         }
         if let Some(&bad) = request
@@ -325,6 +332,13 @@ impl EngineHandle {
     }
 
     /// Requests submitted and not finished.
+    /// The most tokens one sequence can hold now, prompt and completion together: the
+    /// configured context (`config.max_seq_len`), or what the pool holds besides pinned prompts
+    /// when that is less. Requests are admitted, and completions cut, against this.
+    pub fn max_seq_len(&self) -> usize {
+        self.max_seq_len.load(Ordering::SeqCst)
+    }
+
     pub fn num_in_flight(&self) -> u64 {
         self.in_flight.load(Ordering::SeqCst)
     }

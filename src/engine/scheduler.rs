@@ -418,6 +418,12 @@ impl Scheduler {
         self.pinned.len()
     }
 
+    /// Tokens the pool holds besides its pinned blocks: the most one sequence can grow to.
+    pub fn unpinned_tokens(&self) -> usize {
+        let unpinned = self.blocks.num_blocks().saturating_sub(self.pinned.len());
+        unpinned * self.blocks.block_size
+    }
+
     /// Whether block `id` is pinned.
     pub fn is_pinned(&self, id: BlockId) -> bool {
         self.pinned.contains(&id)

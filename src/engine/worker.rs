@@ -7,7 +7,7 @@
 //! applies it to the scheduler (append, fork, pin, finish, fail, abort).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -36,6 +36,8 @@ pub(super) struct Worker {
     pub(super) out: Outputs,
     next_seq_id: u64,
     in_flight: Arc<AtomicU64>,
+    /// The most tokens a sequence can hold now (see `EngineHandle::max_seq_len`).
+    max_seq_len: Arc<AtomicUsize>,
     pub(super) metrics: Metrics,
     /// Where clients read the counters: refreshed after every step and command.
     published: Arc<Mutex<Metrics>>,
@@ -51,6 +53,8 @@ pub(super) struct Worker {
 pub(super) struct SharedWithHandle {
     /// Requests queued or running (the handle's `--max-queue` check).
     pub in_flight: Arc<AtomicU64>,
+    /// The most tokens a sequence can hold now, for the handle's admission check.
+    pub max_seq_len: Arc<AtomicUsize>,
     /// The metrics the worker publishes after each step.
     pub metrics: Arc<Mutex<Metrics>>,
 }
@@ -65,16 +69,8 @@ impl Worker {
         speculator: Speculator,
         disk: Option<DiskCacheConfig>,
     ) -> Self {
-        // The salt names what the cached keys and values depend on besides the tokens (the
-        // model's contents, the block size, the device): the disk tier's identity.
-        let salt = disk_cache::identity(
-            &model,
-            config.block_size,
-            exec.device().name(),
-            disk.as_ref().map(|d| d.root.as_path()),
-        );
+        let (parking, salt) = Parking::open(disk, &model, config.block_size, &exec);
         let mut blocks = BlockManager::new(config.num_blocks, config.block_size, salt);
-        let parking = Parking::open(disk, &model, salt, &exec);
         if parking.is_on() {
             blocks.enable_eviction_log();
         }
@@ -98,6 +94,7 @@ impl Worker {
             out: Outputs::default(),
             next_seq_id: 0,
             in_flight: shared.in_flight,
+            max_seq_len: shared.max_seq_len,
             metrics: Metrics::default(),
             published: shared.metrics,
             kv_events,
@@ -223,7 +220,14 @@ impl Worker {
         SeqId(self.next_seq_id)
     }
 
+    /// The most tokens a sequence can hold now: the context, or the pool less its pinned
+    /// blocks when that is less (a pin never leaves a request admitted that cannot finish).
+    pub(super) fn max_seq_len(&self) -> usize {
+        self.config.max_seq_len.min(self.sched.unpinned_tokens())
+    }
+
     fn publish(&self) {
+        self.max_seq_len.store(self.max_seq_len(), Ordering::SeqCst);
         let b = &self.sched.blocks;
         let snapshot = Metrics {
             prefix_cache: b.stats,
@@ -369,7 +373,7 @@ impl Worker {
             logits,
             &mut mask,
             &self.model.tokenizer,
-            self.config.max_seq_len,
+            self.max_seq_len(),
             &mut self.metrics,
         );
         match outcome {

@@ -113,7 +113,7 @@ pub(super) fn setting(state: &AppState) -> Setting<'_> {
         tokenizer: state.engine.tokenizer(),
         template: state.template.as_ref().map_err(String::as_str),
         grammars: Some(&state.engine.grammars),
-        max_seq_len: state.engine.config.max_seq_len,
+        max_seq_len: state.engine.max_seq_len(),
         sampling: request::openai_sampling(super::random_seed()),
         max_tokens: None,
         add_bos: true,

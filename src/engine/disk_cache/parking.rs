@@ -40,14 +40,18 @@ pub(in crate::engine) struct Unparked {
 }
 
 impl Parking {
-    /// The tier `config` asks for, opened for `model`'s blocks of `salt` (their identity: see
-    /// [`super::identity`]) in `exec`'s pool; off, with a warning, where it cannot be.
+    /// The tier `config` asks for, opened for `model`'s blocks of `block_size` tokens in
+    /// `exec`'s pool; off, with a warning, where it cannot be. Also returns the blocks' salt: what
+    /// their keys and values depend on besides the tokens (the model's contents, the block size,
+    /// the device), the tier's identity ([`super::identity`]).
     pub(in crate::engine) fn open(
         config: Option<DiskCacheConfig>,
         model: &Model,
-        salt: u64,
+        block_size: usize,
         exec: &Executor,
-    ) -> Self {
+    ) -> (Self, u64) {
+        let root = config.as_ref().map(|d| d.root.as_path());
+        let salt = super::identity(model, block_size, exec.device().name(), root);
         let tier = config.and_then(|d| {
             let Some(kv_bytes) = exec.read_block(BlockId(0)).map(|b| b.len()) else {
                 eprintln!("warning: the disk cache is off: it does not reach the GPU's KV pool");
@@ -61,11 +65,12 @@ impl Parking {
                 }
             }
         });
-        Parking {
+        let parking = Parking {
             tier,
             parked: Vec::new(),
             next_ticket: 0,
-        }
+        };
+        (parking, salt)
     }
 
     pub(in crate::engine) fn is_on(&self) -> bool {

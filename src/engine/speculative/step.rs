@@ -14,7 +14,7 @@ impl Worker {
         if !self.speculator.config.enabled {
             return;
         }
-        let max_seq_len = self.config.max_seq_len;
+        let max_seq_len = self.max_seq_len();
         // Decoding: one token to compute, past its first, unconstrained, speculation allowed.
         let decoding: Vec<(SeqId, usize)> = self
             .sched
