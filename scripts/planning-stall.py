@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Clients flooding a running `edge-llm serve` with 2 MB prompts (issue 30's planning-stall figure).
 
-CLIENTS threads each post a 2 MB prompt of random words to /v1/completions in a loop (each is refused, 400);
+CLIENTS threads each post a 2 MB prompt of random words to PATH in a loop (/v1/completions: each
+is refused, 400; /tokenize: each is tokenized in full);
 meanwhile /health is timed on fresh connections every 100 ms and one client streams a
 completion of TOKENS tokens, timing the gaps between its chunks. Before the planner pool,
 tokenizing the prompts held the HTTP threads: /health took seconds and the stream froze.
@@ -21,10 +22,10 @@ def post(port, path, body, timeout=120):
     return r.status
 
 
-def flood(port, body, stop, statuses):
+def flood(port, path, body, stop, statuses):
     while not stop.is_set():
         try:
-            statuses.append(post(port, "/v1/completions", body))
+            statuses.append(post(port, path, body))
         except OSError as e:
             statuses.append(type(e).__name__)
 
@@ -68,6 +69,9 @@ def main():
     p.add_argument("--seconds", type=float, default=20)
     p.add_argument("--tokens", type=int, default=200, help="tokens the streaming client asks for")
     p.add_argument("--prompt-bytes", type=int, default=2_000_000)
+    p.add_argument("--path", default="/v1/completions",
+                   help="where the clients post: /v1/completions (refused by the byte bound), "
+                        "/v1/chat/completions, or /tokenize (tokenized in full on the planner pool)")
     args = p.parse_args()
 
     # Random words, no two alike, so no tokenizer cache helps (as the trial's prompts).
@@ -76,9 +80,13 @@ def main():
         words.append("".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(2, 9))))
         size += len(words[-1]) + 1
     prompt = " ".join(words)
-    body = json.dumps({"prompt": prompt, "max_tokens": 16}).encode()
+    body = {
+        "/tokenize": {"content": prompt},
+        "/v1/chat/completions": {"messages": [{"role": "user", "content": prompt}], "max_tokens": 16},
+    }.get(args.path, {"prompt": prompt, "max_tokens": 16})
+    body = json.dumps(body).encode()
     stop, statuses = threading.Event(), []
-    floods = [threading.Thread(target=flood, args=(args.port, body, stop, statuses))
+    floods = [threading.Thread(target=flood, args=(args.port, args.path, body, stop, statuses))
               for _ in range(args.clients)]
     for t in floods:
         t.start()
@@ -99,6 +107,7 @@ def main():
         counts[str(s)] = counts.get(str(s), 0) + 1
     print(json.dumps({
         "clients": args.clients,
+        "path": args.path,
         "prompt_bytes": len(prompt),
         "health_probes": len(latencies),
         "health_max_s": round(max(latencies), 3),
