@@ -84,6 +84,19 @@ impl RequestError {
         self
     }
 
+    /// A prompt longer than the context of `max_seq_len` tokens; `length` says how long
+    /// (`12 tokens`, or a lower bound where the prompt was refused before tokenizing).
+    pub fn prompt_too_long(param: &str, length: &str, max_seq_len: usize) -> Self {
+        RequestError::invalid(
+            param,
+            format!(
+                "This model's maximum context length is {max_seq_len} tokens, but the prompt has {length} \
+                 (the prompt and the completion must fit together). Please shorten the prompt."
+            ),
+        )
+        .with_code("context_length_exceeded")
+    }
+
     /// Why the engine refused a request for its content (an empty or too long prompt, a token
     /// id outside the vocabulary...); `param` names the field that carried the prompt. `None`
     /// for refusals that are not the request's fault (a full queue, a stopped engine), which
@@ -91,14 +104,9 @@ impl RequestError {
     pub fn from_submit(e: &SubmitError, param: &str) -> Option<Self> {
         Some(match e {
             SubmitError::EmptyPrompt => RequestError::invalid(param, "the prompt is empty"),
-            SubmitError::PromptTooLong { prompt, max } => RequestError::invalid(
-                param,
-                format!(
-                    "This model's maximum context length is {max} tokens, but the prompt has {prompt} tokens \
-                     (the prompt and the completion must fit together). Please shorten the prompt."
-                ),
-            )
-            .with_code("context_length_exceeded"),
+            SubmitError::PromptTooLong { prompt, max } => {
+                RequestError::prompt_too_long(param, &format!("{prompt} tokens"), *max)
+            }
             SubmitError::Invalid(message) => RequestError::bad_request(message.clone()),
             SubmitError::QueueFull(_) | SubmitError::Stopped => return None,
         })

@@ -8,7 +8,8 @@
 //!
 //! The engine's `submit` makes the prompt's own checks (empty, longer than the context, token ids
 //! outside the vocabulary); a face maps its refusal with [`super::RequestError::from_submit`]
-//! naming [`Plan::prompt_param`]. Called by the server's handlers, `run --jsonl` and the
+//! naming [`Plan::prompt_param`]. Only a text whose bytes cannot fit the context is refused here,
+//! before it is tokenized. Called by the server's handlers, `run --jsonl` and the
 //! `request` fuzz target.
 
 use serde_json::{json, Map, Value};
@@ -163,14 +164,34 @@ fn max_tokens(
 fn completion_prompt(setting: &Setting, f: &Fields) -> Result<Vec<u32>, RequestError> {
     let tok = setting.tokenizer;
     Ok(match request::prompt(f)? {
-        Prompt::Text(text) => if setting.add_bos {
-            encode_prompt(tok, &text)
-        } else {
-            tok.encode(&text, false, true)
+        Prompt::Text(text) => {
+            fits_context(setting, &text, "prompt")?;
+            if setting.add_bos {
+                encode_prompt(tok, &text)
+            } else {
+                tok.encode(&text, false, true)
+            }
+            .map_err(|e| {
+                RequestError::invalid("prompt", format!("cannot tokenize `prompt`: {e:#}"))
+            })?
         }
-        .map_err(|e| RequestError::invalid("prompt", format!("cannot tokenize `prompt`: {e:#}")))?,
         Prompt::Tokens(ids) => ids,
     })
+}
+
+/// Refuses, before tokenizing, a prompt whose bytes need more tokens than the context holds
+/// however they are spelled (the tokenizer's lower bound): tokenizing a prompt of megabytes
+/// takes seconds, and the engine would refuse it all the same.
+fn fits_context(setting: &Setting, text: &str, param: &str) -> Result<(), RequestError> {
+    let min_tokens = setting.tokenizer.min_tokens(text);
+    if min_tokens >= setting.max_seq_len {
+        return Err(RequestError::prompt_too_long(
+            param,
+            &format!("at least {min_tokens} tokens ({} bytes)", text.len()),
+            setting.max_seq_len,
+        ));
+    }
+    Ok(())
 }
 
 /// The constraint of a `/v1/completions` body (which takes no `tools`).
@@ -266,6 +287,7 @@ fn chat(setting: &Setting, body: &Map<String, Value>) -> Result<Chat, RequestErr
         template.render(&messages, add_generation_prompt)
     }
     .map_err(|e| RequestError::invalid("messages", format!("{e:#}")))?;
+    fits_context(setting, &prompt, "messages")?;
     let thinks = reasoning::template_thinks(template.source());
     let forced_open = thinks && reasoning::prompt_opens_thinking(&prompt);
     let constraint = match (wanted, setting.grammars) {

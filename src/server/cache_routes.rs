@@ -69,32 +69,11 @@ pub async fn pin(
     State(state): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    let map = json_object(body, state.max_body_bytes)?;
-    let f = Fields(&map);
-    let tok = &state.engine.tokenizer();
-    let (tokens, param) = if f.get("messages").is_some() {
-        let messages = params::messages(&f)?;
-        let template = state
-            .template
-            .as_ref()
-            .map_err(|why| ApiError::bad_request(why.clone()).with_code("no_chat_template"))?;
-        let text = template
-            .render(&messages, false)
-            .map_err(|e| ApiError::invalid("messages", format!("{e:#}")))?;
-        let ids = encode_prompt(tok, &text)
-            .map_err(|e| ApiError::invalid("messages", format!("cannot tokenize: {e:#}")))?;
-        (ids, "messages")
-    } else {
-        let Some(text) = f.str("prompt")? else {
-            return Err(ApiError::invalid(
-                "prompt",
-                "give the text to pin in `prompt`, or chat messages in `messages`",
-            ));
-        };
-        let ids = encode_prompt(tok, text)
-            .map_err(|e| ApiError::invalid("prompt", format!("cannot tokenize: {e:#}")))?;
-        (ids, "prompt")
-    };
+    let planned = state.clone();
+    let (tokens, param) = state
+        .planner
+        .run(move || pin_tokens(&planned, body))
+        .await?;
     if tokens.is_empty() {
         return Err(ApiError::from_submit(SubmitError::EmptyPrompt, param));
     }
@@ -124,4 +103,37 @@ pub async fn pin(
         "cached_tokens": pinned.cached_tokens,
         "blocks_pinned": m.blocks_pinned,
     })))
+}
+
+/// The token ids of a pin body and the field they came from, on a planner thread.
+fn pin_tokens(
+    state: &AppState,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(Vec<u32>, &'static str), ApiError> {
+    let map = json_object(body, state.max_body_bytes)?;
+    let f = Fields(&map);
+    let tok = &state.engine.tokenizer();
+    Ok(if f.get("messages").is_some() {
+        let messages = params::messages(&f)?;
+        let template = state
+            .template
+            .as_ref()
+            .map_err(|why| ApiError::bad_request(why.clone()).with_code("no_chat_template"))?;
+        let text = template
+            .render(&messages, false)
+            .map_err(|e| ApiError::invalid("messages", format!("{e:#}")))?;
+        let ids = encode_prompt(tok, &text)
+            .map_err(|e| ApiError::invalid("messages", format!("cannot tokenize: {e:#}")))?;
+        (ids, "messages")
+    } else {
+        let Some(text) = f.str("prompt")? else {
+            return Err(ApiError::invalid(
+                "prompt",
+                "give the text to pin in `prompt`, or chat messages in `messages`",
+            ));
+        };
+        let ids = encode_prompt(tok, text)
+            .map_err(|e| ApiError::invalid("prompt", format!("cannot tokenize: {e:#}")))?;
+        (ids, "prompt")
+    })
 }

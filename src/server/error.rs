@@ -18,6 +18,9 @@ pub struct ApiError {
     /// The request field at fault, if one is.
     pub param: Option<String>,
     pub code: Option<&'static str>,
+    /// Seconds a client should wait before trying again (`Retry-After`), where the refusal
+    /// is the server being busy.
+    pub retry_after_secs: Option<u32>,
 }
 
 impl ApiError {
@@ -28,6 +31,7 @@ impl ApiError {
             kind,
             param: None,
             code: None,
+            retry_after_secs: None,
         }
     }
 
@@ -52,6 +56,11 @@ impl ApiError {
         self
     }
 
+    pub fn with_retry_after(mut self, secs: u32) -> Self {
+        self.retry_after_secs = Some(secs);
+        self
+    }
+
     /// The error as the JSON object OpenAI clients parse.
     pub fn body(&self) -> serde_json::Value {
         json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
@@ -68,7 +77,8 @@ impl ApiError {
                 "rate_limit_error",
                 format!("the server is busy: {queued} requests are already queued or running (--max-queue); retry later"),
             )
-            .with_code("queue_full"),
+            .with_code("queue_full")
+            .with_retry_after(1),
             _ => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "the engine has stopped")
                 .with_code("engine_stopped"),
         }
@@ -101,10 +111,10 @@ impl std::fmt::Display for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut response = (self.status, axum::Json(self.body())).into_response();
-        if self.status == StatusCode::TOO_MANY_REQUESTS {
+        if let Some(secs) = self.retry_after_secs {
             response
                 .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         if self.status == StatusCode::UNAUTHORIZED {
             response

@@ -8,6 +8,8 @@
 //! - `routes`: the handlers; `response` and `stream`: whole and streamed OpenAI bodies.
 //! - `middleware`: the log line, the API-key guard, 404/405; `error`: OpenAI-style errors.
 //! - `metrics`: Prometheus text.
+//! - `planner`: the pool where bodies are read, templates rendered, prompts tokenized and
+//!   grammars compiled, off the HTTP threads (`--max-planning`).
 //! - `listener`: the accept loop and connection limits (timeouts, the connection cap, the
 //!   body-read timeout and early 413).
 //! - `webui`: the chat page at `/` and its embedded assets.
@@ -23,6 +25,7 @@ pub mod kv_publisher;
 mod listener;
 mod metrics;
 mod middleware;
+mod planner;
 mod response;
 mod router_api;
 mod routes;
@@ -71,6 +74,10 @@ pub struct ServeArgs {
     /// Read API keys from FILE, one per line (blank lines and lines starting with # skipped)
     #[arg(long = "api-key-file", value_name = "FILE")]
     pub api_key_file: Option<PathBuf>,
+    /// Most requests waiting for or in planning (reading the body, rendering the template,
+    /// tokenizing, compiling a grammar, on a pool of 2 threads); more get 503 with Retry-After.
+    #[arg(long = "max-planning", default_value_t = 32)]
+    pub max_planning: usize,
     /// Largest request body accepted; larger ones get 413.
     #[arg(long = "max-body-bytes", default_value_t = 2 << 20)]
     pub max_body_bytes: usize,
@@ -128,6 +135,8 @@ pub struct AppState {
     pub kv_events: Option<Arc<KvEventPublisher>>,
     /// The pinned prompts (`--pin-prompt`, `POST /v1/cache/pin`).
     pub pins: std::sync::Mutex<Vec<cache_routes::PinRecord>>,
+    /// Where requests are planned, off the HTTP threads.
+    pub planner: planner::Planner,
 }
 
 /// Every route, behind the log line, the API-key guard and the body limit.
@@ -177,6 +186,9 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
     let api_keys = api_keys(args)?;
     if args.max_body_bytes == 0 {
         bail!("--max-body-bytes must be at least 1");
+    }
+    if args.max_planning == 0 {
+        bail!("--max-planning must be at least 1");
     }
     let limits = args.limits.limits()?;
     let addr: SocketAddr = (args.host.as_str(), args.port)
@@ -266,7 +278,9 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         load_format: args.load_format,
         kv_events,
         pins: std::sync::Mutex::new(pins),
+        planner: planner::Planner::new(args.max_planning, planner::NUM_PLANNER_THREADS),
     });
+    let max_planning = args.max_planning;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("edge-llm-http")
@@ -292,6 +306,11 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
             limits.header_timeout.as_secs_f64(),
             limits.body_timeout.as_secs_f64(),
             limits.keep_alive_timeout.as_secs_f64()
+        );
+        eprintln!(
+            "edge-llm serve: requests planned on {} threads, at most {} at a time (--max-planning)",
+            planner::NUM_PLANNER_THREADS,
+            max_planning
         );
         listener::serve(listener, router(state), limits, shutdown_signal()).await;
         anyhow::Ok(())

@@ -26,8 +26,7 @@ type Body = Result<Bytes, BytesRejection>;
 
 /// `POST /v1/chat/completions/render`: `{"token_ids": [...]}` for a chat request body.
 pub async fn render_chat(State(state): Shared, body: Body) -> Result<Json<Value>, ApiError> {
-    let map = json_object(body, state.max_body_bytes)?;
-    let ids = plan::prompt_ids(&setting(&state), Endpoint::Chat, &map)?;
+    let ids = render(&state, Endpoint::Chat, body).await?;
     Ok(Json(
         json!({"token_ids": ids, "num_tokens": ids.len(), "model": state.model_id}),
     ))
@@ -36,11 +35,26 @@ pub async fn render_chat(State(state): Shared, body: Body) -> Result<Json<Value>
 /// `POST /v1/completions/render`: `[{"token_ids": [...]}]` for a completions request body
 /// (a list, one entry per prompt, as vLLM answers).
 pub async fn render_completions(State(state): Shared, body: Body) -> Result<Json<Value>, ApiError> {
-    let map = json_object(body, state.max_body_bytes)?;
-    let ids = plan::prompt_ids(&setting(&state), Endpoint::Completions, &map)?;
+    let ids = render(&state, Endpoint::Completions, body).await?;
     Ok(Json(
         json!([{"token_ids": ids, "num_tokens": ids.len(), "model": state.model_id}]),
     ))
+}
+
+/// The token ids of a body to `endpoint`, planned on the planner pool.
+async fn render(
+    state: &Arc<AppState>,
+    endpoint: Endpoint,
+    body: Body,
+) -> Result<Vec<u32>, ApiError> {
+    let planned = state.clone();
+    state
+        .planner
+        .run(move || {
+            let map = json_object(body, planned.max_body_bytes)?;
+            Ok(plan::prompt_ids(&setting(&planned), endpoint, &map)?)
+        })
+        .await
 }
 
 /// The two shapes routers poll `/get_load` in (they send no header telling them apart).

@@ -1,7 +1,8 @@
 //! The handlers: `/v1/completions` and `/v1/chat/completions` (prompt to engine request,
 //! then a whole JSON response or a stream), `/v1/models`, `/health`, `/metrics`,
 //! `/tokenize` and `/detokenize`. Each reads its body by the rules every face shares
-//! (`crate::api`) and answers errors as `ApiError`.
+//! (`crate::api`) and answers errors as `ApiError`. Reading bodies, rendering and tokenizing
+//! run on the planner pool (`super::planner`); `/health` answers from the HTTP thread at once.
 
 use std::sync::Arc;
 
@@ -95,7 +96,7 @@ pub async fn completions(
     Extension(info): Extension<RequestInfo>,
     body: Body,
 ) -> Result<Response, ApiError> {
-    generate(&state, info, Endpoint::Completions, body).await
+    generate(state, info, Endpoint::Completions, body).await
 }
 
 pub async fn chat_completions(
@@ -103,7 +104,7 @@ pub async fn chat_completions(
     Extension(info): Extension<RequestInfo>,
     body: Body,
 ) -> Result<Response, ApiError> {
-    generate(&state, info, Endpoint::Chat, body).await
+    generate(state, info, Endpoint::Chat, body).await
 }
 
 /// What the server knows that a body does not: OpenAI's sampling defaults with a fresh seed,
@@ -124,18 +125,24 @@ pub(super) fn setting(state: &AppState) -> Setting<'_> {
 /// Reads the body by the shared rules (`crate::api::plan`), submits, and answers with a stream
 /// or the whole response.
 async fn generate(
-    state: &AppState,
+    state: Arc<AppState>,
     info: RequestInfo,
     endpoint: Endpoint,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let map = json_object(body, state.max_body_bytes)?;
+    let planned = state.clone();
     let Plan {
         mut request,
         params,
         prompt_param,
         parsing,
-    } = plan::plan(&setting(state), endpoint, &map)?;
+    } = state
+        .planner
+        .run(move || {
+            let map = json_object(body, planned.max_body_bytes)?;
+            Ok(plan::plan(&setting(&planned), endpoint, &map)?)
+        })
+        .await?;
     request.cache_key = info.cache_key;
     let mut stream = state
         .engine
@@ -187,6 +194,13 @@ async fn generate(
 /// llama-server's `/tokenize`: `{"content": TEXT, "add_special": false, "parse_special": true,
 /// "with_pieces": false}`, or `{"messages": [...]}` to tokenize a chat through the template.
 pub async fn tokenize(State(state): Shared, body: Body) -> Result<Json<Value>, ApiError> {
+    let planned = state.clone();
+    let tokens = state.planner.run(move || tokens_of(&planned, body)).await?;
+    Ok(Json(tokens))
+}
+
+/// `/tokenize`'s answer, on a planner thread.
+fn tokens_of(state: &AppState, body: Body) -> Result<Value, ApiError> {
     let map = json_object(body, state.max_body_bytes)?;
     let f = Fields(&map);
     let tok = &state.engine.tokenizer();
@@ -223,13 +237,20 @@ pub async fn tokenize(State(state): Shared, body: Body) -> Result<Json<Value>, A
     } else {
         ids.iter().map(|&id| json!(id)).collect()
     };
-    Ok(Json(
+    Ok(
         json!({"tokens": tokens, "count": ids.len(), "max_model_len": state.engine.config.max_seq_len}),
-    ))
+    )
 }
 
 /// llama-server's `/detokenize`: `{"tokens": [ids]}` to `{"content": TEXT}`.
 pub async fn detokenize(State(state): Shared, body: Body) -> Result<Json<Value>, ApiError> {
+    let planned = state.clone();
+    let content = state.planner.run(move || text_of(&planned, body)).await?;
+    Ok(Json(content))
+}
+
+/// `/detokenize`'s answer, on a planner thread.
+fn text_of(state: &AppState, body: Body) -> Result<Value, ApiError> {
     let map = json_object(body, state.max_body_bytes)?;
     let f = Fields(&map);
     let ids = match f.get("tokens") {
@@ -257,5 +278,5 @@ pub async fn detokenize(State(state): Shared, body: Body) -> Result<Json<Value>,
             ),
         ));
     }
-    Ok(Json(json!({"content": tok.decode(&ids)})))
+    Ok(json!({"content": tok.decode(&ids)}))
 }

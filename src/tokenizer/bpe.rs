@@ -199,7 +199,6 @@ fn char_to_byte_table() -> &'static [i16; 324] {
 }
 
 /// The char that stands for `byte` in GPT-2's byte-level alphabet.
-#[cfg(test)]
 pub(crate) fn byte_to_char(byte: u8) -> char {
     let table = char_to_byte_table();
     let code = table

@@ -29,6 +29,8 @@ pub struct Tokenizer {
     special_trie: SpecialTrie,
     /// Present for `gpt2` vocabularies only.
     bpe: Option<bpe::BpeEncoder>,
+    /// The lower bound of [`Tokenizer::min_tokens`].
+    byte_bound: ByteBound,
 }
 
 /// Reads an optional key: `Ok(None)` when absent, an error when present with the wrong type.
@@ -98,11 +100,20 @@ impl Tokenizer {
             VocabKind::Spm => None,
         };
         let special_trie = SpecialTrie::new(&vocab);
+        let byte_bound = ByteBound::new(&vocab);
         Ok(Tokenizer {
             vocab,
             special_trie,
             bpe,
+            byte_bound,
         })
+    }
+
+    /// The fewest tokens `text` can encode to (without BOS), found without tokenizing it: its
+    /// bytes over the most bytes one token covers. A true lower bound, so a prompt whose bound
+    /// already exceeds the context can be refused at once (tokenizing megabytes takes seconds).
+    pub fn min_tokens(&self, text: &str) -> usize {
+        self.byte_bound.min_tokens(text)
     }
 
     /// Token ids of `text`, as llama.cpp's `llama_tokenize` gives them. `add_bos` puts the
@@ -245,6 +256,58 @@ impl Tokenizer {
             .get(id as usize)
             .map(String::as_str)
             .unwrap_or("")
+    }
+}
+
+/// What bounds the token count of a text from below, found once from the vocabulary.
+///
+/// Byte-level BPE: a normal token covers the bytes its byte-level string decodes to. Every other
+/// token covers at most its vocabulary string: SentencePiece spells a space `▁` (three bytes for
+/// one) and a fallback byte `<0xXX>`; control and user-defined tokens are cut out of the text as
+/// written. A byte may also come out as no token at all: byte-level BPE drops one whose char is
+/// missing from the vocabulary (SmolLM2's has no char for 0x04, for one), SentencePiece one that
+/// has neither a byte token nor an unknown token. Those bytes are not counted.
+struct ByteBound {
+    /// The most bytes of text one token covers.
+    longest_token_bytes: usize,
+    /// The bytes that may encode to no token.
+    dropped: [bool; 256],
+}
+
+impl ByteBound {
+    fn new(vocab: &Vocab) -> ByteBound {
+        let mut dropped = [false; 256];
+        for b in 0..=255u8 {
+            dropped[b as usize] = match vocab.kind {
+                VocabKind::Bpe => vocab
+                    .id_of(bpe::byte_to_char(b).encode_utf8(&mut [0; 4]))
+                    .is_none(),
+                VocabKind::Spm => vocab.unk_id.is_none() && vocab.byte_to_token(b).is_none(),
+            };
+        }
+        let mut decoded = Vec::new();
+        let covered = |(id, text): (usize, &String)| match vocab.kind {
+            VocabKind::Bpe if vocab.attr(id as u32) & attr::NORMAL != 0 => {
+                decoded.clear();
+                bpe::byte_level_decode(text, &mut decoded);
+                decoded.len()
+            }
+            _ => text.len(),
+        };
+        let longest = vocab.texts.iter().enumerate().map(covered).max();
+        ByteBound {
+            longest_token_bytes: longest.unwrap_or(1).max(1),
+            dropped,
+        }
+    }
+
+    fn min_tokens(&self, text: &str) -> usize {
+        let counted = if self.dropped.iter().any(|&d| d) {
+            text.bytes().filter(|&b| !self.dropped[b as usize]).count()
+        } else {
+            text.len()
+        };
+        counted.div_ceil(self.longest_token_bytes)
     }
 }
 
