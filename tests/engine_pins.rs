@@ -27,7 +27,9 @@ fn engine() -> EngineHandle {
 
 /// `n` token ids of ordinary text, different for each `salt`.
 fn tokens(n: usize, salt: u32) -> Vec<u32> {
-    (0..n as u32).map(|i| 300 + (i * 7 + salt * 131) % 20_000).collect()
+    (0..n as u32)
+        .map(|i| 300 + (i * 7 + salt * 131) % 20_000)
+        .collect()
 }
 
 #[test]
@@ -35,13 +37,19 @@ fn requests_admitted_beside_pinned_prompts_finish_instead_of_failing() {
     let engine = engine();
     assert_eq!(engine.max_seq_len(), NUM_BLOCKS * BLOCK);
     // 15 full blocks pinned, as in the trial.
-    let mut stream = engine.submit(pin_request(tokens(15 * BLOCK + 1, 1))).unwrap();
+    let mut stream = engine
+        .submit(pin_request(tokens(15 * BLOCK + 1, 1)))
+        .unwrap();
     let pinned = pinned_from(stream.next_blocking()).unwrap();
     assert_eq!(pinned.prompt_tokens, 15 * BLOCK + 1);
     let room = (NUM_BLOCKS - 15) * BLOCK;
     let m = support::wait_idle(&engine);
     assert_eq!(m.blocks_pinned, 15);
-    assert_eq!(engine.max_seq_len(), room, "the context less the pinned blocks");
+    assert_eq!(
+        engine.max_seq_len(),
+        room,
+        "the context less the pinned blocks"
+    );
 
     // A prompt the whole pool would hold but the unpinned part cannot: refused at submission,
     // saying how much fits, instead of failing after it was admitted.
