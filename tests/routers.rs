@@ -441,6 +441,76 @@ fn two_workers() -> (Worker, Worker) {
     )
 }
 
+/// A tenant's prompt must not reach whoever subscribes to the events (issue 30, item 8: an
+/// unauthenticated subscriber read key A's `token_ids` and `/detokenize` gave back its text).
+/// With API keys the events name blocks by their (per-key salted) hashes only, unless
+/// `--kv-events-token-ids on` asks for the ids.
+#[test]
+fn kv_events_carry_no_token_ids_with_api_keys_unless_asked() {
+    for (mode, expect_ids) in [("auto", false), ("on", true)] {
+        let events_port = free_port();
+        let Some(server) = Server::start(&[
+            "--api-key",
+            "tenant-a",
+            "--kv-events",
+            &format!("tcp://127.0.0.1:{events_port}"),
+            "--kv-events-token-ids",
+            mode,
+        ]) else {
+            return;
+        };
+        let rt = runtime();
+        let mut sub = zeromq::SubSocket::new();
+        rt.block_on(async {
+            sub.connect(&format!("tcp://127.0.0.1:{events_port}"))
+                .await
+                .unwrap();
+            sub.subscribe("").await.unwrap();
+        });
+        // Let the subscription reach the publisher before the first event.
+        std::thread::sleep(Duration::from_millis(300));
+        let body = json!({
+            "messages": [
+                {"role": "system", "content": system_prompt(1)},
+                {"role": "user", "content": "Say hi."}
+            ],
+            "max_tokens": 1, "temperature": 0
+        });
+        let r = server.request(
+            "POST",
+            "/v1/chat/completions",
+            &[
+                ("Content-Type", "application/json"),
+                ("Authorization", "Bearer tenant-a"),
+            ],
+            body.to_string().as_bytes(),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        let (_, _, events) = rt.block_on(async {
+            let m = tokio::time::timeout(Duration::from_secs(10), sub.recv())
+                .await
+                .expect("a BlockStored within 10 s")
+                .unwrap();
+            decode(&m.into_vec())
+        });
+        let stored = events
+            .iter()
+            .find(|e| e["type"] == "BlockStored")
+            .unwrap_or_else(|| panic!("no BlockStored in {events:?}"));
+        let hashes = u64s(&stored["block_hashes"]);
+        let tokens = u64s(&stored["token_ids"]);
+        assert!(!hashes.is_empty(), "{mode}: {stored}");
+        if expect_ids {
+            assert_eq!(tokens.len(), hashes.len() * 16, "{mode}: {stored}");
+        } else {
+            assert!(
+                tokens.is_empty(),
+                "{mode}: the prompt's token ids leaked: {stored}"
+            );
+        }
+    }
+}
+
 #[test]
 fn vllm_router_keeps_follow_ups_on_the_worker_holding_their_prefix() {
     let Some(bin) = router_bin("vllm-router") else {

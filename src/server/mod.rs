@@ -109,6 +109,24 @@ pub struct ServeArgs {
     /// The topic (first frame) of every KV event message
     #[arg(long = "kv-events-topic", default_value = "", requires = "kv_events")]
     pub kv_events_topic: String,
+    /// Whether `BlockStored` events carry the blocks' token ids (routers such as vllm-router's
+    /// kv_aware key on them; anyone who can subscribe reads them back as text): auto is on
+    /// without API keys and off with them
+    #[arg(
+        long = "kv-events-token-ids",
+        value_enum,
+        default_value = "auto",
+        requires = "kv_events"
+    )]
+    pub kv_events_token_ids: TokenIdsMode,
+}
+
+/// `--kv-events-token-ids`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TokenIdsMode {
+    Auto,
+    On,
+    Off,
 }
 
 /// The environment variable read when --api-key is not given.
@@ -216,6 +234,12 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "model".into()),
     };
+    // With API keys a subscriber would read every tenant's prompts back from the token ids.
+    let token_ids = match args.kv_events_token_ids {
+        TokenIdsMode::Auto => api_keys.is_empty(),
+        TokenIdsMode::On => true,
+        TokenIdsMode::Off => false,
+    };
     // The publisher binds first: the engine's first event (AllBlocksCleared) goes to it.
     let kv_events = match &args.kv_events {
         Some(endpoint) => {
@@ -225,14 +249,20 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
                     replay_endpoint: args.kv_events_replay.clone(),
                     topic: args.kv_events_topic.clone(),
                     block_size: args.engine.block_size,
+                    token_ids,
                 })?;
             eprintln!(
-                "edge-llm serve: KV events on {}{}",
+                "edge-llm serve: KV events on {}{}{}",
                 p.endpoint,
                 p.replay_endpoint
                     .as_ref()
                     .map(|r| format!(" (replay on {r})"))
-                    .unwrap_or_default()
+                    .unwrap_or_default(),
+                if token_ids {
+                    ""
+                } else {
+                    " without token ids (--kv-events-token-ids on to add them)"
+                }
             );
             Some(Arc::new(p))
         }

@@ -41,6 +41,9 @@ pub struct KvEventsConfig {
     pub topic: String,
     /// Tokens per block (goes into every `BlockStored`).
     pub block_size: usize,
+    /// Whether `BlockStored` carries its blocks' token ids (else an empty list: the hashes,
+    /// salted per API key, still name the blocks).
+    pub token_ids: bool,
 }
 
 /// A running publisher: the engine's sink, and what the metrics show.
@@ -106,6 +109,7 @@ pub fn start(config: KvEventsConfig) -> Result<KvEventPublisher> {
         sink: sink.clone(),
         topic: Bytes::from(config.topic.clone().into_bytes()),
         block_size: config.block_size,
+        token_ids: config.token_ids,
         published: published.clone(),
         next_seq: 0,
         buffer: VecDeque::new(),
@@ -139,11 +143,21 @@ pub fn start(config: KvEventsConfig) -> Result<KvEventPublisher> {
 
 type Ready = std::sync::mpsc::Sender<Result<(String, Option<String>)>>;
 
+/// Empties the token ids of every `BlockStored` (`--kv-events-token-ids off`).
+fn without_token_ids(events: &mut [KvCacheEvent]) {
+    for e in events {
+        if let KvCacheEvent::BlockStored { token_ids, .. } = e {
+            token_ids.clear();
+        }
+    }
+}
+
 struct Publisher {
     rx: tokio::sync::mpsc::Receiver<Vec<KvCacheEvent>>,
     sink: KvEventSink,
     topic: Bytes,
     block_size: usize,
+    token_ids: bool,
     published: Arc<AtomicU64>,
     next_seq: u64,
     /// The most recent messages, for replay: (sequence number, payload).
@@ -179,7 +193,12 @@ impl Publisher {
         loop {
             tokio::select! {
                 batch = self.rx.recv() => match batch {
-                    Some(events) => self.publish(&mut publisher, &events).await,
+                    Some(mut events) => {
+                        if !self.token_ids {
+                            without_token_ids(&mut events);
+                        }
+                        self.publish(&mut publisher, &events).await
+                    }
                     None => return, // the engine stopped
                 },
                 request = recv_or_wait(&mut router) => {
