@@ -35,6 +35,8 @@ pub struct Setting<'a> {
     pub template: Result<&'a ChatTemplate, &'a str>,
     /// Where constraints are compiled; `None` leaves them out (the fuzz target has no engine).
     pub grammars: Option<&'a Grammars>,
+    /// Whose grammar cache compiled constraints go to (an API key's salt; None: the shared one).
+    pub tenant: Option<u64>,
     /// Tokens the prompt and the completion share.
     pub max_seq_len: usize,
     /// The values of absent sampling fields: OpenAI's defaults for the server, the command
@@ -212,7 +214,13 @@ fn completion_constraint(
         return Ok(None);
     };
     match setting.grammars {
-        Some(grammars) => Ok(Some(structured::compile(grammars, &spec, param, None)?)),
+        Some(grammars) => Ok(Some(structured::compile(
+            grammars,
+            &spec,
+            param,
+            None,
+            setting.tenant,
+        )?)),
         None => Ok(None),
     }
 }
@@ -298,7 +306,13 @@ fn chat(setting: &Setting, body: &Map<String, Value>) -> Result<Chat, RequestErr
             } else {
                 spec
             };
-            Some(structured::compile(grammars, &spec, param, trigger)?)
+            Some(structured::compile(
+                grammars,
+                &spec,
+                param,
+                trigger,
+                setting.tenant,
+            )?)
         }
         _ => None,
     };

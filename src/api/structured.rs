@@ -152,8 +152,9 @@ pub fn compile(
     spec: &ConstraintSpec,
     param: &str,
     trigger: Option<u32>,
+    tenant: Option<u64>,
 ) -> Result<Constraint, FieldError> {
-    grammars.compile(spec, trigger).map_err(|e| {
+    grammars.compile_for(spec, trigger, tenant).map_err(|e| {
         let unsupported = schema_keywords::unimplemented_in(&e);
         if let Some(keyword) = unsupported.first() {
             let at = match spec {
@@ -200,7 +201,7 @@ pub fn constraint(
 ) -> Result<Option<Constraint>, FieldError> {
     match spec(body)? {
         None => Ok(None),
-        Some((spec, param)) => compile(grammars, &spec, param, None).map(Some),
+        Some((spec, param)) => compile(grammars, &spec, param, None, None).map(Some),
     }
 }
 

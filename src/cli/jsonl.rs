@@ -128,6 +128,7 @@ impl Builder {
             template,
             grammars: Some(&self.engine.grammars),
             max_seq_len: self.engine.max_seq_len(),
+            tenant: None,
             sampling: self.base.clone(),
             max_tokens: Some(self.max_tokens),
             add_bos: self.add_bos,

@@ -15,6 +15,7 @@ mod tokenv;
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use llguidance::api::TopLevelGrammar;
@@ -261,8 +262,13 @@ impl ConstraintState {
 /// vocabulary takes a moment), shared by every face through the engine handle.
 pub struct Grammars {
     factory: OnceLock<Result<ParserFactory, String>>,
-    cache: Mutex<HashMap<u64, Constraint>>,
+    /// Compiled grammars by source hash and tenant (an API key's salt): one tenant never times
+    /// another's cache.
+    cache: Mutex<HashMap<(u64, Option<u64>), Constraint>>,
     model: Arc<Model>,
+    /// Compilations and cache hits, for `/metrics`.
+    num_compiled: AtomicU64,
+    num_hits: AtomicU64,
 }
 
 /// Compiled grammars kept; beyond this the cache starts over.
@@ -275,6 +281,8 @@ impl Grammars {
             factory: OnceLock::new(),
             cache: Mutex::new(HashMap::new()),
             model,
+            num_compiled: AtomicU64::new(0),
+            num_hits: AtomicU64::new(0),
         }
     }
 
@@ -298,10 +306,28 @@ impl Grammars {
         spec: &ConstraintSpec,
         trigger: Option<u32>,
     ) -> Result<Constraint, String> {
+        self.compile_for(spec, trigger, None)
+    }
+
+    /// As [`Grammars::compile`], in the cache of `tenant` (an API key's salt; None shares the
+    /// one cache): a tenant never gets, nor times, another's compiled grammar.
+    pub fn compile_for(
+        &self,
+        spec: &ConstraintSpec,
+        trigger: Option<u32>,
+        tenant: Option<u64>,
+    ) -> Result<Constraint, String> {
         let hash = spec.source_hash(trigger);
-        if let Some(c) = self.cache.lock().ok().and_then(|c| c.get(&hash).cloned()) {
+        if let Some(c) = self
+            .cache
+            .lock()
+            .ok()
+            .and_then(|c| c.get(&(hash, tenant)).cloned())
+        {
+            self.num_hits.fetch_add(1, Ordering::Relaxed);
             return Ok(c);
         }
+        self.num_compiled.fetch_add(1, Ordering::Relaxed);
         let factory = self.factory()?;
         let parser = factory
             .create_parser(spec.grammar())
@@ -317,7 +343,7 @@ impl Grammars {
             if cache.len() >= CACHE_CAPACITY {
                 cache.clear();
             }
-            cache.insert(hash, c.clone());
+            cache.insert((hash, tenant), c.clone());
         }
         Ok(c)
     }
@@ -325,7 +351,17 @@ impl Grammars {
     /// Whether `spec` is compiled and cached.
     pub fn is_cached(&self, spec: &ConstraintSpec, trigger: Option<u32>) -> bool {
         let hash = spec.source_hash(trigger);
-        self.cache.lock().is_ok_and(|c| c.contains_key(&hash))
+        self.cache
+            .lock()
+            .is_ok_and(|c| c.contains_key(&(hash, None)))
+    }
+
+    /// Grammars compiled and requests served from the cache since start.
+    pub fn stats(&self) -> (u64, u64) {
+        (
+            self.num_compiled.load(Ordering::Relaxed),
+            self.num_hits.load(Ordering::Relaxed),
+        )
     }
 }
 

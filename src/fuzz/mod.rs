@@ -335,6 +335,7 @@ fn setting(v: &Vocabulary, max_tokens: Option<usize>) -> Setting<'_> {
         template: Ok(&v.template),
         grammars: None,
         max_seq_len: 4096,
+        tenant: None,
         sampling: request::openai_sampling(0),
         max_tokens,
         add_bos: true,

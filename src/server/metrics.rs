@@ -5,6 +5,28 @@ use std::fmt::Write;
 
 use crate::engine::Metrics;
 
+/// The compiled-grammar cache's counters: (grammars compiled, requests served from the cache).
+pub fn grammar_cache((compiled, hits): (u64, u64)) -> String {
+    let mut out = String::new();
+    for (name, help, value) in [
+        (
+            "grammars_compiled_total",
+            "Constraints compiled (each tenant's cache apart).",
+            compiled,
+        ),
+        (
+            "grammar_cache_hits_total",
+            "Constraints served from the compiled-grammar cache.",
+            hits,
+        ),
+    ] {
+        let _ = writeln!(out, "# HELP edge_llm_{name} {help}");
+        let _ = writeln!(out, "# TYPE edge_llm_{name} counter");
+        let _ = writeln!(out, "edge_llm_{name} {value}");
+    }
+    out
+}
+
 /// Prometheus exposition text of one metrics snapshot.
 pub fn prometheus(m: &Metrics) -> String {
     let mut out = String::with_capacity(4096);

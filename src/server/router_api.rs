@@ -10,11 +10,13 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
+use axum::Extension;
 use axum::Json;
 use serde_json::{json, Value};
 
 use super::body::json_object;
 use super::error::ApiError;
+use super::middleware::RequestInfo;
 use super::routes::setting;
 use super::AppState;
 use crate::api::plan;
@@ -25,8 +27,12 @@ type Shared = State<Arc<AppState>>;
 type Body = Result<Bytes, BytesRejection>;
 
 /// `POST /v1/chat/completions/render`: `{"token_ids": [...]}` for a chat request body.
-pub async fn render_chat(State(state): Shared, body: Body) -> Result<Json<Value>, ApiError> {
-    let ids = render(&state, Endpoint::Chat, body).await?;
+pub async fn render_chat(
+    State(state): Shared,
+    Extension(info): Extension<RequestInfo>,
+    body: Body,
+) -> Result<Json<Value>, ApiError> {
+    let ids = render(&state, info.cache_key, Endpoint::Chat, body).await?;
     Ok(Json(
         json!({"token_ids": ids, "num_tokens": ids.len(), "model": state.model_id}),
     ))
@@ -34,16 +40,22 @@ pub async fn render_chat(State(state): Shared, body: Body) -> Result<Json<Value>
 
 /// `POST /v1/completions/render`: `[{"token_ids": [...]}]` for a completions request body
 /// (a list, one entry per prompt, as vLLM answers).
-pub async fn render_completions(State(state): Shared, body: Body) -> Result<Json<Value>, ApiError> {
-    let ids = render(&state, Endpoint::Completions, body).await?;
+pub async fn render_completions(
+    State(state): Shared,
+    Extension(info): Extension<RequestInfo>,
+    body: Body,
+) -> Result<Json<Value>, ApiError> {
+    let ids = render(&state, info.cache_key, Endpoint::Completions, body).await?;
     Ok(Json(
         json!([{"token_ids": ids, "num_tokens": ids.len(), "model": state.model_id}]),
     ))
 }
 
-/// The token ids of a body to `endpoint`, planned on the planner pool.
+/// The token ids of a body to `endpoint`, planned on the planner pool (a chat's tools compile
+/// into `tenant`'s grammar cache).
 async fn render(
     state: &Arc<AppState>,
+    tenant: Option<u64>,
     endpoint: Endpoint,
     body: Body,
 ) -> Result<Vec<u32>, ApiError> {
@@ -52,7 +64,11 @@ async fn render(
         .planner
         .run(move || {
             let map = json_object(body, planned.max_body_bytes)?;
-            Ok(plan::prompt_ids(&setting(&planned), endpoint, &map)?)
+            Ok(plan::prompt_ids(
+                &setting(&planned, tenant),
+                endpoint,
+                &map,
+            )?)
         })
         .await
 }

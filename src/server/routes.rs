@@ -80,6 +80,9 @@ pub async fn metrics(State(state): Shared) -> Result<Response, ApiError> {
         )
     })?;
     let mut text = super::metrics::prometheus(&m);
+    text.push_str(&super::metrics::grammar_cache(
+        state.engine.grammars.stats(),
+    ));
     text.push_str(&super::router_api::worker_metrics(&state, &m));
     Ok((
         [(
@@ -108,13 +111,14 @@ pub async fn chat_completions(
 }
 
 /// What the server knows that a body does not: OpenAI's sampling defaults with a fresh seed,
-/// the template, the grammar cache and the context length.
-pub(super) fn setting(state: &AppState) -> Setting<'_> {
+/// the template, the grammar cache (`tenant`'s: the API key's salt) and the context length.
+pub(super) fn setting(state: &AppState, tenant: Option<u64>) -> Setting<'_> {
     Setting {
         tokenizer: state.engine.tokenizer(),
         template: state.template.as_ref().map_err(String::as_str),
         grammars: Some(&state.engine.grammars),
         max_seq_len: state.engine.max_seq_len(),
+        tenant,
         sampling: request::openai_sampling(super::random_seed()),
         max_tokens: None,
         add_bos: true,
@@ -131,6 +135,7 @@ async fn generate(
     body: Body,
 ) -> Result<Response, ApiError> {
     let planned = state.clone();
+    let tenant = info.cache_key;
     let Plan {
         mut request,
         params,
@@ -140,7 +145,7 @@ async fn generate(
         .planner
         .run(move || {
             let map = json_object(body, planned.max_body_bytes)?;
-            Ok(plan::plan(&setting(&planned), endpoint, &map)?)
+            Ok(plan::plan(&setting(&planned, tenant), endpoint, &map)?)
         })
         .await?;
     request.cache_key = info.cache_key;
