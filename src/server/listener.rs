@@ -2,11 +2,18 @@
 //! server: hyper's HTTP/1 connections with a header-read timeout (`--header-timeout`), a
 //! keep-alive idle timeout (`--keep-alive-timeout`: a connection with no request in flight is
 //! closed after that long), and a cap on open connections (`--max-connections`, kept well
-//! under the open-file limit). At the cap the oldest idle connection (one that sent no
-//! request yet, or waits between requests) is closed to make room, so a slowloris flood
-//! cannot lock out new clients; with none idle, a new connection gets a 503 and is closed.
-//! Reaching the cap is logged once. The body-read timeout and the early 413 are `read_body`,
-//! a middleware. Called by `serve`.
+//! under the open-file limit). A connection counts against the cap from accept until it is
+//! closed. At the cap the oldest idle connection (one that sent no whole request yet, or waits
+//! between requests) is closed to make room, so a slowloris flood cannot lock out new clients;
+//! a connection whose request has been parsed is never closed to make room (its response or
+//! stream runs to the end), and one chosen while idle that has begun a request by the time it
+//! would close is kept. With none idle, a new connection is refused: its request head is read
+//! (briefly), then it gets a 503 with `Retry-After: 1` and an OpenAI-style error, and is closed
+//! gracefully (write side shut, unread request bytes drained, so the client reads the 503
+//! rather than a reset). `GET /health` on a refused connection gets its usual 200 instead.
+//! Refusals in progress are bounded by the open-file room left over by the cap; past that a
+//! connection is closed at once. Reaching the cap is logged once. The body-read timeout and
+//! the early 413 are `read_body`, a middleware. Called by `serve`.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -58,6 +65,9 @@ pub struct Limits {
     pub body_timeout: Duration,
     pub keep_alive_timeout: Duration,
     pub max_connections: usize,
+    /// Most refused connections answered at once (reading a head, writing the 503): the
+    /// open-file room the cap leaves.
+    pub max_refusing: usize,
 }
 
 impl LimitArgs {
@@ -86,6 +96,9 @@ impl LimitArgs {
             body_timeout: secs(self.body_timeout, "--body-timeout")?,
             keep_alive_timeout: secs(self.keep_alive_timeout, "--keep-alive-timeout")?,
             max_connections,
+            max_refusing: room
+                .map_or(1024, |r| r as usize)
+                .clamp(max_connections, 65_536),
         })
     }
 }
@@ -116,6 +129,8 @@ struct Shared {
     epoch: Instant,
     conns: Mutex<BTreeMap<u64, Arc<Conn>>>,
     permits: Arc<Semaphore>,
+    /// Refusals in progress (`refuse`), at most `Limits::max_refusing`.
+    refusing: Arc<Semaphore>,
     cap_logged: AtomicBool,
 }
 
@@ -201,6 +216,7 @@ pub async fn serve(
         epoch: Instant::now(),
         conns: Mutex::new(BTreeMap::new()),
         permits: Arc::new(Semaphore::new(limits.max_connections)),
+        refusing: Arc::new(Semaphore::new(limits.max_refusing)),
         cap_logged: AtomicBool::new(false),
     });
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -243,7 +259,13 @@ pub async fn serve(
                 match waited {
                     Some(p) => p,
                     None => {
-                        tokio::spawn(refuse(stream));
+                        // Past the refusals' room too: closed unanswered (a reset).
+                        if let Ok(turn) = shared.refusing.clone().try_acquire_owned() {
+                            tokio::spawn(async move {
+                                refuse(stream).await;
+                                drop(turn);
+                            });
+                        }
                         continue;
                     }
                 }
@@ -294,28 +316,79 @@ pub async fn serve(
         .await;
 }
 
-/// A connection over the cap with none idle to close: a 503 and the door.
-async fn refuse(stream: TcpStream) {
-    let body = ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "server_error",
-        "too many open connections (--max-connections); retry later",
-    )
-    .with_code("too_many_connections")
-    .body()
-    .to_string();
-    let reply = format!(
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    // One small write into an empty socket buffer; whatever does not fit is dropped.
-    if tokio::time::timeout(Duration::from_secs(1), stream.writable())
-        .await
-        .is_ok_and(|r| r.is_ok())
-    {
-        let _ = stream.try_write(reply.as_bytes());
+/// Longest request head a refused connection reads before answering.
+const REFUSAL_HEAD_BYTES: usize = 16 * 1024;
+/// How long a refused connection has to send its request head.
+const REFUSAL_HEAD_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long, and how many bytes, a refused connection is drained after its answer.
+const REFUSAL_DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
+const REFUSAL_DRAIN_BYTES: usize = 256 * 1024;
+
+/// A connection over the cap with none idle to close: reads the request head, answers a 503
+/// with `Retry-After` (or `/health`'s 200), shuts the write side and drains what the client
+/// still sends, so that it reads the answer instead of a reset.
+async fn refuse(mut stream: TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut head = Vec::new();
+    let mut buf = [0u8; 4096];
+    let read_head = async {
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < REFUSAL_HEAD_BYTES {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => head.extend_from_slice(&buf[..n]),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(REFUSAL_HEAD_TIMEOUT, read_head).await;
+    let request_line = head.split(|&b| b == b'\r').next().unwrap_or_default();
+    let mut words = request_line.split(|&b| b == b' ');
+    let is_health = words.next() == Some(b"GET")
+        && words
+            .next()
+            .is_some_and(|target| target.split(|&b| b == b'?').next() == Some(b"/health"));
+    let reply = if is_health {
+        let body = super::routes::health().await.0.to_string();
+        format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    } else {
+        let body = ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "too many open connections (--max-connections); retry later",
+        )
+        .with_code("too_many_connections")
+        .body()
+        .to_string();
+        format!(
+            "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nretry-after: 1\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let answered = tokio::time::timeout(REFUSAL_HEAD_TIMEOUT, async {
+        stream.write_all(reply.as_bytes()).await?;
+        stream.shutdown().await
+    })
+    .await;
+    if !matches!(answered, Ok(Ok(()))) {
+        return;
     }
+    // Closing with unread bytes would send a reset that can destroy the answer in flight.
+    let drain = async {
+        let mut drained = 0;
+        while drained < REFUSAL_DRAIN_BYTES {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => drained += n,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(REFUSAL_DRAIN_TIMEOUT, drain).await;
 }
+
+/// How long an evicted connection's hyper may finish writing before it is dropped.
+const EVICTION_GRACE: Duration = Duration::from_millis(50);
 
 async fn serve_connection(
     stream: TcpStream,
@@ -360,7 +433,19 @@ async fn serve_connection(
         tokio::select! {
             _ = http.as_mut() => return,
             _ = &mut idle => return,
-            _ = conn.close.notified() => return,
+            _ = conn.close.notified() => {
+                // Chosen while idle; a request parsed since is served, not cut. Hyper gets a
+                // moment to flush the last bytes of a response that just ended.
+                if conn.in_flight.load(Ordering::SeqCst) == 0 {
+                    http.as_mut().graceful_shutdown();
+                    match tokio::time::timeout(EVICTION_GRACE, http.as_mut()).await {
+                        Ok(_) => return,
+                        Err(_) if conn.in_flight.load(Ordering::SeqCst) == 0 => return,
+                        Err(_) => {}
+                    }
+                }
+                conn.closing.store(false, Ordering::SeqCst);
+            }
             changed = stop.changed(), if !stopping => {
                 stopping = true;
                 if changed.is_ok() {
