@@ -198,6 +198,52 @@ fn constraints_on_the_default_model_and_bad_constraints_are_400s() {
     });
 }
 
+/// Issue 30, item 9: a call cut by `max_tokens` came back in `tool_calls` with arguments that
+/// were not JSON. Now it is left out and the reply ends with `length`, whole or streamed.
+#[test]
+fn a_tool_call_cut_by_max_tokens_is_not_returned_half() {
+    let Some(server) = qwen_server() else {
+        return;
+    };
+    let mut num_cut_inside = 0;
+    for max_tokens in [14, 16, 18, 20, 22] {
+        let body = chat_body(
+            "What is the time in Paris?",
+            json!({"tools": weather_tools(), "temperature": 0, "max_tokens": max_tokens,
+                   "tool_choice": {"type": "function", "function": {"name": "get_time"}}}),
+        );
+        let (status, r) = server.post("/v1/chat/completions", &body);
+        assert_eq!(status, 200, "{r}");
+        let choice = &r["choices"][0];
+        assert_eq!(choice["finish_reason"], json!("length"), "{r}");
+        for call in choice["message"]["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let args = call["function"]["arguments"].as_str().unwrap();
+            assert!(
+                serde_json::from_str::<Value>(args).is_ok(),
+                "max_tokens {max_tokens}: half call {r}"
+            );
+        }
+        if choice["message"]["tool_calls"].is_null() {
+            num_cut_inside += 1;
+        }
+        let mut b = body.clone();
+        merge(&mut b, json!({"stream": true}));
+        let (events, done) = server.post_stream("/v1/chat/completions", &b);
+        assert!(done);
+        let finish: Vec<&Value> = events
+            .iter()
+            .map(|e| &e["choices"][0]["finish_reason"])
+            .filter(|f| !f.is_null())
+            .collect();
+        assert_eq!(finish, vec![&json!("length")], "{events:?}");
+    }
+    assert!(num_cut_inside > 0, "no max_tokens cut a call inside");
+}
+
 #[test]
 fn tool_calls_on_qwen() {
     let Some(server) = qwen_server() else {
