@@ -198,6 +198,38 @@ fn constraints_on_the_default_model_and_bad_constraints_are_400s() {
     });
 }
 
+/// Issue 30, item 9: a schema whose `$ref`s go round in a cycle with nothing in between was
+/// accepted and failed at the first token (llguidance's `NoExtensionBias`). Now it is a 400 at
+/// submission naming the cycle; recursion through `properties` is still served.
+#[test]
+fn a_schema_ref_cycle_is_a_400_at_submission_naming_it() {
+    let Some(server) = Server::start(&[]) else {
+        return;
+    };
+    let with_schema = |schema: Value| {
+        chat_body(
+            "hi",
+            json!({"max_tokens": 5, "temperature": 0, "response_format": {"type": "json_schema",
+                   "json_schema": {"name": "x", "schema": schema}}}),
+        )
+    };
+    let cycles = [
+        json!({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}}),
+        json!({"$ref": "#/$defs/a", "$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"}]}}}),
+    ];
+    for schema in cycles {
+        let (status, r) = server.post("/v1/chat/completions", &with_schema(schema));
+        assert_eq!(status, 400, "{r}");
+        let message = r["error"]["message"].as_str().unwrap();
+        assert!(message.contains("`$ref` cycle (#/$defs/a -> "), "{r}");
+        assert_eq!(r["error"]["param"], json!("response_format"), "{r}");
+    }
+    let list = json!({"$ref": "#/$defs/n", "$defs": {"n": {"type": "object",
+                      "properties": {"next": {"$ref": "#/$defs/n"}}}}});
+    let (status, r) = server.post("/v1/chat/completions", &with_schema(list));
+    assert_eq!(status, 200, "{r}");
+}
+
 /// Issue 30, item 9: a call cut by `max_tokens` came back in `tool_calls` with arguments that
 /// were not JSON. Now it is left out and the reply ends with `length`, whole or streamed.
 #[test]
