@@ -161,3 +161,27 @@ fn every_kind_of_bad_line_gets_its_own_error_and_the_rest_go_on() {
     assert_eq!(out[9]["id"], "ok");
     assert_eq!(out[9]["usage"]["completion_tokens"], 2, "{}", out[9]);
 }
+
+/// Issue 30, item 9: a line nested deeper than serde_json's 128 levels was "malformed JSON". It
+/// is valid, just too deep, and the error line says so.
+#[test]
+fn a_line_nested_past_128_levels_is_too_deep_not_malformed() {
+    let m = support::model_path();
+    let m = m.to_str().unwrap();
+    let deep = format!(
+        "{{\"id\": 1, \"prompt\": \"hi\", \"x\": {}{}}}",
+        "[".repeat(200),
+        "]".repeat(200)
+    );
+    let input = [
+        deep,
+        r#"{"id": "ok", "prompt": "Hello", "max_tokens": 1}"#.to_string(),
+    ]
+    .join("\n");
+    let out = lines(&edge_llm(&["run", "--jsonl", "-m", m, "-c", "64"], &input));
+    assert_eq!(out.len(), 2, "{out:?}");
+    let error = out[0]["error"].as_str().unwrap();
+    assert!(error.contains("line 1 is nested too deeply"), "{error:?}");
+    assert!(!error.contains("malformed"), "{error:?}");
+    assert_eq!(out[1]["id"], "ok");
+}

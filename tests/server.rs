@@ -444,6 +444,49 @@ fn bad_inputs_get_openai_errors_with_the_right_status_and_the_server_keeps_servi
     );
 }
 
+/// Issue 30, item 9: a body nested deeper than serde_json's 128 levels was called "not valid
+/// JSON". It is valid, just too deep, and the 400 says so.
+#[test]
+fn a_body_nested_past_128_levels_is_too_deep_not_invalid_json() {
+    let Some(server) = Server::start(&[]) else {
+        return;
+    };
+    let deep = format!(
+        "{{\"prompt\": \"hi\", \"x\": {}{}}}",
+        "[".repeat(200),
+        "]".repeat(200)
+    );
+    assert_error(
+        &server,
+        "/v1/completions",
+        deep.as_bytes(),
+        400,
+        None,
+        "nested too deeply",
+    );
+    let r = server.request(
+        "POST",
+        "/v1/completions",
+        &[("Content-Type", "application/json")],
+        deep.as_bytes(),
+    );
+    let v: Value = serde_json::from_str(&r.text()).unwrap();
+    assert_eq!(v["error"]["code"], json!("json_too_deep"), "{v}");
+    // 100 levels are still read.
+    let fine = format!(
+        "{{\"prompt\": \"hi\", \"max_tokens\": 1, \"x\": {}{}}}",
+        "[".repeat(100),
+        "]".repeat(100)
+    );
+    let r = server.request(
+        "POST",
+        "/v1/completions",
+        &[("Content-Type", "application/json")],
+        fine.as_bytes(),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
 #[test]
 fn api_key_guards_every_route_but_health() {
     let Some(server) = Server::start(&["--api-key", "sesame"]) else {

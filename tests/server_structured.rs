@@ -198,6 +198,84 @@ fn constraints_on_the_default_model_and_bad_constraints_are_400s() {
     });
 }
 
+/// Issue 30, item 9: a schema whose `$ref`s go round in a cycle with nothing in between was
+/// accepted and failed at the first token (llguidance's `NoExtensionBias`). Now it is a 400 at
+/// submission naming the cycle; recursion through `properties` is still served.
+#[test]
+fn a_schema_ref_cycle_is_a_400_at_submission_naming_it() {
+    let Some(server) = Server::start(&[]) else {
+        return;
+    };
+    let with_schema = |schema: Value| {
+        chat_body(
+            "hi",
+            json!({"max_tokens": 5, "temperature": 0, "response_format": {"type": "json_schema",
+                   "json_schema": {"name": "x", "schema": schema}}}),
+        )
+    };
+    let cycles = [
+        json!({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}}),
+        json!({"$ref": "#/$defs/a", "$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"}]}}}),
+    ];
+    for schema in cycles {
+        let (status, r) = server.post("/v1/chat/completions", &with_schema(schema));
+        assert_eq!(status, 400, "{r}");
+        let message = r["error"]["message"].as_str().unwrap();
+        assert!(message.contains("`$ref` cycle (#/$defs/a -> "), "{r}");
+        assert_eq!(r["error"]["param"], json!("response_format"), "{r}");
+    }
+    let list = json!({"$ref": "#/$defs/n", "$defs": {"n": {"type": "object",
+                      "properties": {"next": {"$ref": "#/$defs/n"}}}}});
+    let (status, r) = server.post("/v1/chat/completions", &with_schema(list));
+    assert_eq!(status, 200, "{r}");
+}
+
+/// Issue 30, item 9: a call cut by `max_tokens` came back in `tool_calls` with arguments that
+/// were not JSON. Now it is left out and the reply ends with `length`, whole or streamed.
+#[test]
+fn a_tool_call_cut_by_max_tokens_is_not_returned_half() {
+    let Some(server) = qwen_server() else {
+        return;
+    };
+    let mut num_cut_inside = 0;
+    for max_tokens in [14, 16, 18, 20, 22] {
+        let body = chat_body(
+            "What is the time in Paris?",
+            json!({"tools": weather_tools(), "temperature": 0, "max_tokens": max_tokens,
+                   "tool_choice": {"type": "function", "function": {"name": "get_time"}}}),
+        );
+        let (status, r) = server.post("/v1/chat/completions", &body);
+        assert_eq!(status, 200, "{r}");
+        let choice = &r["choices"][0];
+        assert_eq!(choice["finish_reason"], json!("length"), "{r}");
+        for call in choice["message"]["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let args = call["function"]["arguments"].as_str().unwrap();
+            assert!(
+                serde_json::from_str::<Value>(args).is_ok(),
+                "max_tokens {max_tokens}: half call {r}"
+            );
+        }
+        if choice["message"]["tool_calls"].is_null() {
+            num_cut_inside += 1;
+        }
+        let mut b = body.clone();
+        merge(&mut b, json!({"stream": true}));
+        let (events, done) = server.post_stream("/v1/chat/completions", &b);
+        assert!(done);
+        let finish: Vec<&Value> = events
+            .iter()
+            .map(|e| &e["choices"][0]["finish_reason"])
+            .filter(|f| !f.is_null())
+            .collect();
+        assert_eq!(finish, vec![&json!("length")], "{events:?}");
+    }
+    assert!(num_cut_inside > 0, "no max_tokens cut a call inside");
+}
+
 #[test]
 fn tool_calls_on_qwen() {
     let Some(server) = qwen_server() else {

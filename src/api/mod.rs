@@ -17,6 +17,7 @@ pub mod reasoning;
 pub mod reply;
 pub mod request;
 pub mod schema_keywords;
+pub mod schema_refs;
 pub mod structured;
 pub mod tool_parser;
 pub mod tools;

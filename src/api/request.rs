@@ -21,6 +21,27 @@ pub const MAX_STOP: usize = 16;
 /// The roles a message may have; OpenAI's `developer` is read as `system`.
 pub const MESSAGE_ROLES: [&str; 4] = ["system", "user", "assistant", "tool"];
 
+/// How deep serde_json lets arrays and objects nest before it refuses the text (its recursion
+/// limit).
+pub const MAX_JSON_DEPTH: usize = 128;
+
+/// Whether serde_json refused JSON text because it nests past [`MAX_JSON_DEPTH`] levels, which
+/// is not a syntax error and is reported apart (see [`too_deep_message`]).
+pub fn json_too_deep(e: &serde_json::Error) -> bool {
+    e.to_string().starts_with("recursion limit exceeded")
+}
+
+/// The message for JSON text (`what`: "the request body", "line 3") nested past
+/// [`MAX_JSON_DEPTH`] levels.
+pub fn too_deep_message(what: &str, e: &serde_json::Error) -> String {
+    format!(
+        "{what} is nested too deeply: more than {MAX_JSON_DEPTH} levels of arrays and objects \
+         (at line {}, column {})",
+        e.line(),
+        e.column()
+    )
+}
+
 pub fn type_name(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",

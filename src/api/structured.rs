@@ -5,7 +5,7 @@
 
 use serde_json::{Map, Value};
 
-use super::{schema_keywords, FieldError};
+use super::{schema_keywords, schema_refs, FieldError};
 use crate::constraint::{Constraint, ConstraintSpec, Grammars};
 
 /// The constraint a body asks for, and the field it came from; None when it asks for none.
@@ -154,6 +154,23 @@ pub fn compile(
     trigger: Option<u32>,
     tenant: Option<u64>,
 ) -> Result<Constraint, FieldError> {
+    let schema = match spec {
+        ConstraintSpec::JsonSchema(schema) => Some(schema),
+        ConstraintSpec::AfterThinking { inner, .. } => match inner.as_ref() {
+            ConstraintSpec::JsonSchema(schema) => Some(schema),
+            _ => None,
+        },
+        _ => None,
+    };
+    if let Some(cycle) = schema.and_then(schema_refs::ref_cycle) {
+        return Err(FieldError::new(
+            param,
+            format!(
+                "`{param}`: the JSON schema has a `$ref` cycle ({cycle}): each refers to the \
+                 next with nothing in between, so no JSON can match it"
+            ),
+        ));
+    }
     grammars.compile_for(spec, trigger, tenant).map_err(|e| {
         let unsupported = schema_keywords::unimplemented_in(&e);
         if let Some(keyword) = unsupported.first() {

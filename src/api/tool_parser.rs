@@ -49,6 +49,9 @@ pub struct ToolCallParser {
     /// Text not yet settled (the current call, or content held back).
     buf: String,
     pub calls: Vec<ToolCall>,
+    /// Calls the reply ended inside, with arguments that are not whole JSON: left out of
+    /// `calls` (a stream has already sent their start).
+    pub num_dropped: usize,
 }
 
 impl Default for ToolCallParser {
@@ -63,6 +66,7 @@ impl ToolCallParser {
             state: State::Text,
             buf: String::new(),
             calls: Vec::new(),
+            num_dropped: 0,
         }
     }
 
@@ -82,8 +86,8 @@ impl ToolCallParser {
         }
     }
 
-    /// The end of the reply: whatever is held back, as content (an unfinished call keeps the
-    /// arguments it had).
+    /// The end of the reply: whatever is held back, as content; an unfinished call is kept only
+    /// when its arguments are whole JSON (see `num_dropped`).
     pub fn finish(&mut self) -> Vec<ToolEvent> {
         let mut out = Vec::new();
         let rest = std::mem::take(&mut self.buf);
@@ -100,11 +104,32 @@ impl ToolCallParser {
                 }
             }
             State::Arguments { emitted } => {
+                // A call the reply ended inside (`max_tokens`, a stop sequence): kept if its
+                // arguments are whole JSON (the call object's `}` aside), else dropped, so that
+                // `calls` never holds arguments a client cannot parse.
                 let index = self.calls.len() - 1;
-                let tail = rest[emitted..].to_string();
-                if !tail.is_empty() {
-                    self.calls[index].arguments.push_str(&tail);
-                    out.push(ToolEvent::Arguments { index, text: tail });
+                let tail = &rest[emitted.min(rest.len())..];
+                let inner = tail.trim_end();
+                let inner = inner.strip_suffix('}').unwrap_or(inner).trim_end();
+                let whole = |t: &str| {
+                    serde_json::from_str::<Value>(&format!("{}{t}", self.calls[index].arguments))
+                        .is_ok()
+                };
+                let tail = [inner, tail].into_iter().find(|t| whole(t));
+                match tail {
+                    Some(tail) => {
+                        if !tail.is_empty() {
+                            self.calls[index].arguments.push_str(tail);
+                            out.push(ToolEvent::Arguments {
+                                index,
+                                text: tail.to_string(),
+                            });
+                        }
+                    }
+                    None => {
+                        self.calls.pop();
+                        self.num_dropped += 1;
+                    }
                 }
             }
         }
@@ -381,5 +406,22 @@ mod tests {
         let (c, calls) = parse_all("<tool_call>not json</tool_call>");
         assert_eq!(c, "<tool_call>not json</tool_call>");
         assert!(calls.is_empty());
+    }
+
+    #[test]
+    fn a_call_cut_inside_its_arguments_is_dropped() {
+        let cut = "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"city\": \"Par";
+        let (content, calls) = parse_all(cut);
+        assert_eq!(content, "");
+        assert!(calls.is_empty(), "{calls:?}");
+        let mut p = ToolCallParser::new();
+        p.push(cut);
+        p.finish();
+        assert_eq!(p.num_dropped, 1);
+        // Whole arguments without the closing markup are kept, the call's `}` aside.
+        let (_, calls) = parse_all("<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n");
+        assert_eq!(calls[0].arguments, "{\"a\": 1}");
+        let (_, calls) = parse_all("<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}");
+        assert_eq!(calls[0].arguments, "{\"a\": 1}");
     }
 }

@@ -136,7 +136,17 @@ pub fn parse(body: &Map<String, Value>) -> Result<Option<ToolRequest>, FieldErro
                 }
                 let mut p = p.clone();
                 p.insert("type".into(), json!("object"));
-                Value::Object(p)
+                let p = Value::Object(p);
+                if let Some(cycle) = super::schema_refs::ref_cycle(&p) {
+                    return Err(FieldError::new(
+                        &pparam,
+                        format!(
+                            "`{pparam}` has a `$ref` cycle ({cycle}): each refers to the next \
+                             with nothing in between, so no JSON can match it"
+                        ),
+                    ));
+                }
+                p
             }
             Some(_) => {
                 return Err(FieldError::new(

@@ -31,7 +31,7 @@ use serde_json::{Map, Value};
 use super::commands::RunArgs;
 use crate::api::plan::{self, Setting};
 use crate::api::reply::{self, ReplyParsing};
-use crate::api::request::Endpoint;
+use crate::api::request::{json_too_deep, too_deep_message, Endpoint};
 use crate::api::RequestError;
 use crate::chat_template::ChatTemplate;
 use crate::engine::sampler::SamplingParams;
@@ -263,7 +263,11 @@ fn read_and_submit(mut builder: Builder, tx: mpsc::Sender<Msg>, permits: mpsc::S
         let value: Value = match serde_json::from_str(line) {
             Ok(v) => v,
             Err(e) => {
-                let error = format!("line {}: malformed JSON: {e}", line_no + 1);
+                let error = if json_too_deep(&e) {
+                    too_deep_message(&format!("line {}", line_no + 1), &e)
+                } else {
+                    format!("line {}: malformed JSON: {e}", line_no + 1)
+                };
                 let _ = tx.send(Msg::Result {
                     index: this,
                     line: error_line(&Value::Null, error),

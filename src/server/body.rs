@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use serde_json::{Map, Value};
 
 use super::error::ApiError;
-use crate::api::request::type_name;
+use crate::api::request::{json_too_deep, too_deep_message, type_name};
 
 /// The body as a JSON object, or the 400/413 that says why not.
 pub fn json_object(
@@ -30,8 +30,13 @@ pub fn json_object(
         }
     })?;
     let value: Value = serde_json::from_slice(&bytes).map_err(|e| {
-        ApiError::bad_request(format!("the request body is not valid JSON: {e}"))
-            .with_code("invalid_json")
+        if json_too_deep(&e) {
+            ApiError::bad_request(too_deep_message("the request body", &e))
+                .with_code("json_too_deep")
+        } else {
+            ApiError::bad_request(format!("the request body is not valid JSON: {e}"))
+                .with_code("invalid_json")
+        }
     })?;
     match value {
         Value::Object(map) => Ok(map),

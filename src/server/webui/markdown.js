@@ -21,6 +21,10 @@ const Markdown = (() => {
   const QUOTE = /^\s{0,3}>\s?(.*)$/;
   const BULLET = /^\s{0,3}[-*+]\s+(.*)$/;
   const NUMBERED = /^\s{0,3}(\d{1,9})[.)]\s+(.*)$/;
+  // Block quotes nest at most this deep; a deeper `>` shows as text. Each level renders its
+  // body again, so 5,000 nested `>` once cost seconds per streamed frame (and 10,000 overflowed
+  // the stack).
+  const MAX_QUOTE_DEPTH = 32;
 
   // Copies `text`, with a fallback where the clipboard API is missing (plain http on a LAN
   // address is not a secure context).
@@ -136,8 +140,9 @@ const Markdown = (() => {
     return [node, i];
   }
 
-  // The blocks of `text` as a fragment.
-  function render(text) {
+  // The blocks of `text` as a fragment; `depth`: the block quotes it sits in.
+  function render(text, depth = 0) {
+    const isQuote = (line) => depth < MAX_QUOTE_DEPTH && QUOTE.test(line);
     const frag = document.createDocumentFragment();
     const lines = String(text).replace(/\r\n?/g, '\n').split('\n');
     let i = 0;
@@ -157,11 +162,11 @@ const Markdown = (() => {
       } else if (RULE.test(line)) {
         frag.appendChild(el('hr'));
         i++;
-      } else if (QUOTE.test(line)) {
+      } else if (isQuote(line)) {
         const body = [];
         for (; i < lines.length && (m = QUOTE.exec(lines[i])); i++) body.push(m[1]);
         const quote = el('blockquote');
-        quote.appendChild(render(body.join('\n')));
+        quote.appendChild(render(body.join('\n'), depth + 1));
         frag.appendChild(quote);
       } else if (BULLET.test(line)) {
         let node;
@@ -174,7 +179,7 @@ const Markdown = (() => {
       } else {
         const body = [];
         for (; i < lines.length && lines[i].trim() && !FENCE.test(lines[i]) && !HEADING.test(lines[i])
-          && !BULLET.test(lines[i]) && !NUMBERED.test(lines[i]) && !QUOTE.test(lines[i]); i++) {
+          && !BULLET.test(lines[i]) && !NUMBERED.test(lines[i]) && !isQuote(lines[i]); i++) {
           body.push(lines[i]);
         }
         frag.appendChild(wrap('p', body.join('\n')));
