@@ -86,14 +86,7 @@ fn clients_that_hang_up_abort_their_requests_and_free_blocks() {
         "Tell me a very long story about a dragon.",
         json!({"max_tokens": 400, "ignore_eos": true, "stream": true}),
     );
-    let mut s = connect(&server.addr);
-    write_request(
-        &mut s,
-        "POST",
-        "/v1/completions",
-        &[("Content-Type", "application/json")],
-        body.to_string().as_bytes(),
-    );
+    let mut s = post_json(&server.addr, "/v1/completions", &body);
     let mut seen = Vec::new();
     let mut buf = [0u8; 4096];
     while !String::from_utf8_lossy(&seen).contains("\"text\"") {
@@ -128,14 +121,7 @@ fn clients_that_hang_up_abort_their_requests_and_free_blocks() {
     let num_prompt = tokens["count"].as_f64().unwrap();
     let prefilled_before = server.metric("edge_llm_prompt_tokens_total");
     let body = completion_body(&long_prompt, json!({"max_tokens": 250, "ignore_eos": true}));
-    let mut s = connect(&server.addr);
-    write_request(
-        &mut s,
-        "POST",
-        "/v1/completions",
-        &[("Content-Type", "application/json")],
-        body.to_string().as_bytes(),
-    );
+    let s = post_json(&server.addr, "/v1/completions", &body);
     server.wait_for_metrics("the long prompt's prefill to begin", |s| {
         s.metric("edge_llm_prompt_tokens_total") > prefilled_before
     });

@@ -50,15 +50,8 @@ fn streams_at_the_connection_cap_finish_and_refused_clients_read_a_503_not_a_res
                     &format!("Stream {i} counts:"),
                     json!({"stream": true, "max_tokens": 160, "ignore_eos": true}),
                 );
-                let mut s = connect(&addr);
+                let mut s = post_json(&addr, "/v1/completions", &body);
                 s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-                write_request(
-                    &mut s,
-                    "POST",
-                    "/v1/completions",
-                    &[("Content-Type", "application/json")],
-                    body.to_string().as_bytes(),
-                );
                 let mut raw = Vec::new();
                 let mut buf = [0u8; 4096];
                 while !raw.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -90,15 +83,8 @@ fn streams_at_the_connection_cap_finish_and_refused_clients_read_a_503_not_a_res
             std::thread::spawn(move || {
                 let body = completion_body("Hello", json!({"max_tokens": 1}));
                 go.wait();
-                let mut s = connect(&addr);
+                let mut s = post_json(&addr, "/v1/completions", &body);
                 s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-                write_request(
-                    &mut s,
-                    "POST",
-                    "/v1/completions",
-                    &[("Content-Type", "application/json")],
-                    body.to_string().as_bytes(),
-                );
                 let (raw, err) = read_all(&mut s);
                 assert!(
                     err.is_none() && raw.windows(4).any(|w| w == b"\r\n\r\n"),

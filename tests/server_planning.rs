@@ -43,14 +43,7 @@ fn largest_token_gap(addr: &str, max_tokens: usize) -> (Duration, usize) {
         "Once upon a time",
         json!({"max_tokens": max_tokens, "ignore_eos": true, "stream": true}),
     );
-    let mut s = connect(addr);
-    write_request(
-        &mut s,
-        "POST",
-        "/v1/completions",
-        &[("Content-Type", "application/json")],
-        body.to_string().as_bytes(),
-    );
+    let mut s = post_json(addr, "/v1/completions", &body);
     let (mut largest, mut chunks) = (Duration::ZERO, 0);
     let mut last: Option<Instant> = None;
     let mut buf = [0u8; 16384];

@@ -248,6 +248,20 @@ pub fn connect(addr: &str) -> TcpStream {
     s
 }
 
+/// A connection with a JSON POST of `body` to `path` written, for reading the answer as it comes
+/// (streams, slow answers).
+pub fn post_json(addr: &str, path: &str, body: &Value) -> TcpStream {
+    let mut s = connect(addr);
+    write_request(
+        &mut s,
+        "POST",
+        path,
+        &[("Content-Type", "application/json")],
+        body.to_string().as_bytes(),
+    );
+    s
+}
+
 pub fn write_request(
     s: &mut TcpStream,
     method: &str,
