@@ -20,6 +20,12 @@ if ! command -v tmux >/dev/null 2>&1; then
   ($SUDO apt-get install -y -q tmux || ($SUDO apt-get update -q && $SUDO apt-get install -y -q tmux)) >/dev/null 2>&1 \
     || echo "warning: could not install tmux; the terminal chat tests will fail (under CI=true) or be skipped" >&2
 fi
+# tests/webui_markdown.rs runs the chat page's markdown.js under node (fails under CI=true without it).
+if ! command -v node >/dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  ($SUDO apt-get install -y -q nodejs || ($SUDO apt-get update -q && $SUDO apt-get install -y -q nodejs)) >/dev/null 2>&1 \
+    || echo "warning: could not install nodejs; tests/webui_markdown.rs will fail under CI=true" >&2
+fi
 # The AArch64 NEON kernels without an Arm machine: cross-compiled and run under qemu-user by
 # tests/neon_qemu.rs, which fails (instead of skipping) when these are missing.
 if ! command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 || ! command -v qemu-aarch64 >/dev/null 2>&1; then

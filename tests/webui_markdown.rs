@@ -6,7 +6,7 @@ mod support;
 
 use std::process::Command;
 
-/// Loads markdown.js into a context with a stub `document`, then runs `body` (which sees
+/// Loads markdown.js into a context with a minimal `document` (the few DOM calls it makes), then runs `body` (which sees
 /// `Markdown`); the script's stdout, or a panic with its stderr.
 fn run_node(body: &str) -> Option<String> {
     let path = support::root().join("src/server/webui/markdown.js");

@@ -441,6 +441,19 @@ fn io_loop(s: &Shared, jobs: Receiver<Job>, loaded: mpsc::Sender<Loaded>) {
     }
 }
 
+/// A block file that could not be read: warned about (once a minute per kind of error) and
+/// forgotten, so the block is recomputed.
+fn read_failed(s: &Shared, path: &Path, hash: BlockHash, e: &std::io::Error) {
+    s.warn_repeating(
+        &format!("read:{:?}", e.kind()),
+        &format!(
+            "reading {}: {e}; the block will be recomputed",
+            path.display()
+        ),
+    );
+    s.index().remove(hash);
+}
+
 fn load_chain(s: &Shared, wanted: &[WantedBlock]) -> Vec<(BlockHash, Vec<u32>, Vec<u8>)> {
     let started = Instant::now();
     let mut out = Vec::new();
@@ -459,14 +472,7 @@ fn load_chain(s: &Shared, wanted: &[WantedBlock]) -> Vec<(BlockHash, Vec<u32>, V
                 break;
             }
             Err(Refused::Io(e)) => {
-                s.warn_repeating(
-                    &format!("read:{:?}", e.kind()),
-                    &format!(
-                        "reading {}: {e}; the block will be recomputed",
-                        path.display()
-                    ),
-                );
-                s.index().remove(*hash);
+                read_failed(s, &path, *hash, &e);
                 break;
             }
             Err(refused) => {
@@ -481,14 +487,7 @@ fn load_chain(s: &Shared, wanted: &[WantedBlock]) -> Vec<(BlockHash, Vec<u32>, V
                 break;
             }
             Err(e) => {
-                s.warn_repeating(
-                    &format!("read:{:?}", e.kind()),
-                    &format!(
-                        "reading {}: {e}; the block will be recomputed",
-                        path.display()
-                    ),
-                );
-                s.index().remove(*hash);
+                read_failed(s, &path, *hash, &e);
                 break;
             }
         };
