@@ -15,6 +15,7 @@
 pub mod plan;
 pub mod reasoning;
 pub mod reply;
+pub mod reply_stream;
 pub mod request;
 pub mod schema_keywords;
 pub mod schema_refs;

@@ -12,7 +12,7 @@ use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use super::body::json_object;
 use super::error::ApiError;
@@ -22,8 +22,10 @@ use super::stream::{sse_response, StreamShape};
 use super::structured;
 use super::AppState;
 use crate::api::plan::{self, Plan, Setting};
+use crate::api::reply::ReplyParsing;
 use crate::api::request::{self, Endpoint, Fields};
 use crate::chat_template::encode_prompt;
+use crate::engine::RequestStream;
 
 type Shared = State<Arc<AppState>>;
 type Body = Result<Bytes, BytesRejection>;
@@ -126,14 +128,31 @@ pub(super) fn setting(state: &AppState, tenant: Option<u64>) -> Setting<'_> {
     }
 }
 
-/// Reads the body by the shared rules (`crate::api::plan`), submits, and answers with a stream
-/// or the whole response.
-async fn generate(
-    state: Arc<AppState>,
-    info: RequestInfo,
+/// A body planned by the shared rules and submitted: the engine's stream of the request and
+/// how to answer it.
+pub(super) struct Submitted {
+    pub stream: RequestStream,
+    /// The fields as read (`stream`, `n`, `logprobs`, ...).
+    pub params: request::GenParams,
+    /// What to take apart in the reply (tool calls, reasoning).
+    pub parsing: ReplyParsing,
+    /// The response's id: `prefix`, the server instance and the request's number.
+    pub id: String,
+}
+
+/// Plans a body on the planner pool (`read` turns the raw body into the chat or completions
+/// body the shared rules read: the Responses and Messages APIs translate theirs there) and
+/// submits it under the caller's cache key.
+pub(super) async fn submit<F>(
+    state: &Arc<AppState>,
+    info: &RequestInfo,
     endpoint: Endpoint,
-    body: Body,
-) -> Result<Response, ApiError> {
+    prefix: &str,
+    read: F,
+) -> Result<Submitted, ApiError>
+where
+    F: FnOnce(&AppState) -> Result<Map<String, Value>, ApiError> + Send + 'static,
+{
     let planned = state.clone();
     let tenant = info.cache_key;
     let Plan {
@@ -144,22 +163,48 @@ async fn generate(
     } = state
         .planner
         .run(move || {
-            let map = json_object(body, planned.max_body_bytes)?;
+            let map = read(&planned)?;
             Ok(plan::plan(&setting(&planned, tenant), endpoint, &map)?)
         })
         .await?;
     request.cache_key = info.cache_key;
-    let mut stream = state
+    let stream = state
         .engine
         .submit(request)
         .map_err(|e| ApiError::from_submit(e, prompt_param))?;
+    let id = format!("{prefix}-{:x}{:06x}", state.instance, stream.id);
+    Ok(Submitted {
+        stream,
+        params,
+        parsing,
+        id,
+    })
+}
+
+/// Reads the body by the shared rules (`crate::api::plan`), submits, and answers with a stream
+/// or the whole response.
+async fn generate(
+    state: Arc<AppState>,
+    info: RequestInfo,
+    endpoint: Endpoint,
+    body: Body,
+) -> Result<Response, ApiError> {
     let prefix = match endpoint {
         Endpoint::Completions => "cmpl",
         Endpoint::Chat => "chatcmpl",
     };
+    let Submitted {
+        mut stream,
+        params,
+        parsing,
+        id,
+    } = submit(&state, &info, endpoint, prefix, move |s| {
+        json_object(body, s.max_body_bytes)
+    })
+    .await?;
     let reply = Reply {
         endpoint,
-        id: format!("{prefix}-{:x}{:06x}", state.instance, stream.id),
+        id,
         created: super::unix_now(),
         model: state.model_id.clone(),
     };

@@ -16,10 +16,9 @@ use super::response::{
     chat_logprobs, completion_logprobs, finish_str, generation_error, log_note, usage_json, Reply,
 };
 use super::structured;
-use crate::api::reasoning::{Piece, ReasoningSplitter};
 use crate::api::reply::ReplyParsing;
+use crate::api::reply_stream::ReplyStream;
 use crate::api::request::Endpoint;
-use crate::api::tool_parser::ToolCallParser;
 use crate::engine::{EngineHandle, Event, FinishReason, RequestStream, TokenLogprobs, Usage};
 
 /// The state of one streamed response.
@@ -39,10 +38,9 @@ struct SseState {
     done: bool,
     info: RequestInfo,
     logged: bool,
-    /// Per choice, the parser that finds tool calls in the reply (requests with `tools`).
-    tool_parsers: Option<Vec<ToolCallParser>>,
-    /// Per choice, the splitter of `<think>` reasoning (templates that think).
-    splitters: Option<Vec<ReasoningSplitter>>,
+    /// Per choice, the parsers that take the reply apart (tool calls, `<think>` reasoning);
+    /// None when there is nothing to take apart.
+    replies: Option<Vec<ReplyStream>>,
 }
 
 /// What a streamed reply holds besides the tokens.
@@ -82,10 +80,7 @@ pub fn sse_response(
         done: false,
         info,
         logged: false,
-        tool_parsers: parsing.tool_calls.then(|| vec![ToolCallParser::new(); n]),
-        splitters: parsing
-            .reasoning
-            .map(|forced_open| vec![ReasoningSplitter::new(forced_open); n]),
+        replies: parsing.any().then(|| vec![ReplyStream::new(parsing); n]),
     };
     if state.reply.endpoint == Endpoint::Chat {
         // OpenAI opens each choice with the assistant's role; it also sends the headers now.
@@ -179,7 +174,7 @@ impl SseState {
                     }
                     let entries: Vec<(u32, TokenLogprobs)> =
                         logprobs.map(|l| (token, l)).into_iter().collect();
-                    if self.tool_parsers.is_some() || self.splitters.is_some() {
+                    if self.replies.is_some() {
                         self.push_parsed(index, &text, None);
                     } else if !text.is_empty() || (self.with_logprobs && !entries.is_empty()) {
                         let choice = self.choice(index, text, &entries, None);
@@ -197,7 +192,7 @@ impl SseState {
                     }
                     self.usages[index] = usage;
                     self.finishes[index] = Some(reason);
-                    if self.tool_parsers.is_some() || self.splitters.is_some() {
+                    if self.replies.is_some() {
                         self.push_parsed(index, &text, Some(reason));
                         continue;
                     }
@@ -226,39 +221,12 @@ impl SseState {
     /// content and tool-call deltas, and at the end the finish reason (`tool_calls` when it
     /// made any).
     fn push_parsed(&mut self, index: usize, text: &str, finish: Option<FinishReason>) {
-        if index >= self.usages.len() {
+        let Some(reply) = self.replies.as_mut().and_then(|r| r.get_mut(index)) else {
             return;
-        }
-        let pieces = match self.splitters.as_mut().map(|s| &mut s[index]) {
-            Some(splitter) => {
-                let mut pieces = splitter.push(text);
-                if finish.is_some() {
-                    pieces.extend(splitter.finish());
-                }
-                pieces
-            }
-            None => vec![Piece::Content(text.to_string())],
         };
-        let mut parser = self.tool_parsers.as_mut().map(|p| &mut p[index]);
-        let mut deltas = Vec::new();
-        for piece in pieces {
-            match (piece, parser.as_deref_mut()) {
-                (Piece::Reasoning(t), _) => deltas.push(json!({"reasoning_content": t})),
-                (Piece::Content(t), Some(p)) => {
-                    deltas.extend(structured::deltas(p.push(&t), &self.reply.id, index))
-                }
-                (Piece::Content(t), None) if !t.is_empty() => deltas.push(json!({"content": t})),
-                (Piece::Content(_), None) => {}
-            }
-        }
-        let mut made_calls = false;
-        if let Some(p) = parser {
-            if finish.is_some() {
-                deltas.extend(structured::deltas(p.finish(), &self.reply.id, index));
-            }
-            made_calls = !p.calls.is_empty();
-        }
-        for delta in deltas {
+        let pieces = reply.push(text, finish.is_some());
+        let made_calls = !reply.calls().is_empty();
+        for delta in structured::deltas(pieces, &self.reply.id, index) {
             let choice =
                 json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": null});
             self.push_chunk(vec![choice]);

@@ -7,7 +7,7 @@
 use serde_json::{json, Value};
 
 use crate::api::reply::{self, call_id, ReplyParsing};
-use crate::api::tool_parser::ToolEvent;
+use crate::api::reply_stream::ReplyPiece;
 use crate::engine::FinishReason;
 
 /// A whole chat choice's `message` and `finish_reason` with its reasoning and tool calls
@@ -36,17 +36,19 @@ pub fn apply_to_choice(choice: &mut Value, reply_id: &str, index: usize, parsing
     }
 }
 
-/// The `delta`s of one streamed choice for parser events, as OpenAI streams them: content as
-/// text; a call's index, id, type and name once, with empty arguments; then argument pieces.
-pub fn deltas(events: Vec<ToolEvent>, reply_id: &str, index: usize) -> Vec<Value> {
-    events
+/// The `delta`s of one streamed choice for the pieces of its reply, as OpenAI streams them:
+/// thoughts as `reasoning_content`, content as text; a call's index, id, type and name once,
+/// with empty arguments; then argument pieces.
+pub fn deltas(pieces: Vec<ReplyPiece>, reply_id: &str, index: usize) -> Vec<Value> {
+    pieces
         .into_iter()
         .map(|e| match e {
-            ToolEvent::Content(text) => json!({"content": text}),
-            ToolEvent::CallStart { index: k, name } => json!({"tool_calls": [{
+            ReplyPiece::Reasoning(text) => json!({"reasoning_content": text}),
+            ReplyPiece::Content(text) => json!({"content": text}),
+            ReplyPiece::CallStart { index: k, name } => json!({"tool_calls": [{
                 "index": k, "id": call_id(reply_id, index, k), "type": "function",
                 "function": {"name": name, "arguments": ""}}]}),
-            ToolEvent::Arguments { index: k, text } => {
+            ReplyPiece::Arguments { index: k, text } => {
                 json!({"tool_calls": [{"index": k, "function": {"arguments": text}}]})
             }
         })
