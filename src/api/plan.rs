@@ -19,7 +19,7 @@ use super::request::{self, Endpoint, Fields, GenParams, Prompt};
 use super::tools::{self, ToolChoice, ToolFormat};
 use super::{reasoning, structured, RequestError};
 use crate::chat_template::{encode_prompt, ChatMessage, ChatTemplate};
-use crate::constraint::{Constraint, ConstraintSpec, Grammars};
+use crate::constraint::{Constraint, ConstraintSpec, Grammars, Trigger};
 use crate::engine::sampler::SamplingParams;
 use crate::engine::Request;
 use crate::tokenizer::Tokenizer;
@@ -245,8 +245,9 @@ fn chat(setting: &Setting, body: &Map<String, Value>) -> Result<Chat, RequestErr
     let spec = structured::spec(body)?;
     let split = reasoning::split_requested(body)?;
     // The constraint to compile: its spec, the field it came from, its lazy trigger.
-    let mut wanted: Option<(ConstraintSpec, &str, Option<u32>)> = None;
+    let mut wanted: Option<(ConstraintSpec, &str, Option<Trigger>)> = None;
     let mut tool_calls = false;
+    let mut tool_names = Vec::new();
     if let Some(t) = &tool_req {
         let format = ToolFormat::of_template(template.source()).ok_or_else(|| {
             RequestError::invalid(
@@ -257,6 +258,7 @@ fn chat(setting: &Setting, body: &Map<String, Value>) -> Result<Chat, RequestErr
         })?;
         if t.choice != ToolChoice::None {
             tool_calls = true;
+            tool_names = t.tools.iter().map(|t| t.name.clone()).collect();
             if let Some((_, param)) = &spec {
                 return Err(RequestError::invalid(
                     param,
@@ -327,6 +329,7 @@ fn chat(setting: &Setting, body: &Map<String, Value>) -> Result<Chat, RequestErr
         constraint,
         parsing: ReplyParsing {
             tool_calls,
+            tool_names,
             reasoning: (thinks && split).then_some(forced_open),
         },
     })

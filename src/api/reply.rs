@@ -13,9 +13,11 @@ use crate::engine::FinishReason;
 
 /// What to take apart in a chat reply: tool calls, `<think>` reasoning (Some(whether the
 /// prompt opened the block)).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ReplyParsing {
     pub tool_calls: bool,
+    /// The functions offered: their calls are also recognised written without markup.
+    pub tool_names: Vec<String>,
     pub reasoning: Option<bool>,
 }
 
@@ -46,14 +48,14 @@ pub fn assistant_reply(
     text: &str,
     reply_id: &str,
     index: usize,
-    parsing: ReplyParsing,
+    parsing: &ReplyParsing,
 ) -> AssistantReply {
     let (thoughts, rest) = match parsing.reasoning {
         Some(forced_open) => reasoning::split_all(text, forced_open),
         None => (None, text.to_string()),
     };
     let (content, calls) = if parsing.tool_calls {
-        parse_all(&rest)
+        parse_all(&rest, &parsing.tool_names)
     } else {
         (rest, Vec::new())
     };

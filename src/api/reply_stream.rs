@@ -30,10 +30,12 @@ pub struct ReplyStream {
 }
 
 impl ReplyStream {
-    pub fn new(parsing: ReplyParsing) -> Self {
+    pub fn new(parsing: &ReplyParsing) -> Self {
         ReplyStream {
             splitter: parsing.reasoning.map(ReasoningSplitter::new),
-            parser: parsing.tool_calls.then(ToolCallParser::new),
+            parser: parsing
+                .tool_calls
+                .then(|| ToolCallParser::with_names(parsing.tool_names.clone())),
         }
     }
 
@@ -91,7 +93,7 @@ fn from_tool(e: ToolEvent) -> ReplyPiece {
 mod tests {
     use super::*;
 
-    fn pieces_of(chunks: &[&str], parsing: ReplyParsing) -> Vec<ReplyPiece> {
+    fn pieces_of(chunks: &[&str], parsing: &ReplyParsing) -> Vec<ReplyPiece> {
         let mut s = ReplyStream::new(parsing);
         let mut out = Vec::new();
         for (i, c) in chunks.iter().enumerate() {
@@ -104,6 +106,7 @@ mod tests {
     fn thoughts_text_and_a_call_come_out_in_order() {
         let parsing = ReplyParsing {
             tool_calls: true,
+            tool_names: Vec::new(),
             reasoning: Some(false),
         };
         let chunks = [
@@ -111,7 +114,7 @@ mod tests {
             "m</think>\nLet me look.",
             "\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>",
         ];
-        let pieces = pieces_of(&chunks, parsing);
+        let pieces = pieces_of(&chunks, &parsing);
         assert_eq!(pieces[0], ReplyPiece::Reasoning("hm".into()));
         assert!(pieces.contains(&ReplyPiece::CallStart {
             index: 0,
@@ -134,8 +137,8 @@ mod tests {
             .collect();
         assert_eq!(args, "{\"a\": 1}");
         assert_eq!(
-            pieces_of(&[&chunks.concat()], parsing),
-            pieces_of(&chunks, parsing).into_iter().fold(
+            pieces_of(&[&chunks.concat()], &parsing),
+            pieces_of(&chunks, &parsing).into_iter().fold(
                 Vec::new(),
                 |mut acc: Vec<ReplyPiece>, p| {
                     // Neighbouring pieces of one kind join to the whole reply's piece.

@@ -6,7 +6,7 @@
 use serde_json::{Map, Value};
 
 use super::{schema_keywords, schema_refs, FieldError};
-use crate::constraint::{Constraint, ConstraintSpec, Grammars};
+use crate::constraint::{Constraint, ConstraintSpec, Grammars, Trigger};
 
 /// The constraint a body asks for, and the field it came from; None when it asks for none.
 pub fn spec(
@@ -151,7 +151,7 @@ pub fn compile(
     grammars: &Grammars,
     spec: &ConstraintSpec,
     param: &str,
-    trigger: Option<u32>,
+    trigger: Option<Trigger>,
     tenant: Option<u64>,
 ) -> Result<Constraint, FieldError> {
     let schema = match spec {

@@ -10,7 +10,8 @@
 use serde_json::{json, Map, Value};
 
 use super::FieldError;
-use crate::constraint::ConstraintSpec;
+use crate::constraint::trigger::CLOSERS;
+use crate::constraint::{ConstraintSpec, Trigger};
 use crate::tokenizer::Tokenizer;
 
 /// One function the model may call.
@@ -234,14 +235,15 @@ fn call_schema(tools: &[&Tool]) -> Value {
     }
 }
 
-/// The grammar of the calls a request allows, and the trigger token for a lazy one (`auto`).
-/// None for `tool_choice: none`, or `auto` where the vocabulary has no single `<tool_call>`
-/// token to trigger on (the reply is then parsed but not constrained).
+/// The grammar of the calls a request allows, and what triggers a lazy one (`auto`): the
+/// `<tool_call>` token, or a call written without markup (a bare `{"name": ...}`, in a fence or
+/// after another tag: `crate::constraint::trigger`), whose grammar then starts at its `{` and
+/// allows the JSON laid out freely and a closing fence or tag. None for `tool_choice: none`.
 pub fn grammar(
     req: &ToolRequest,
     format: ToolFormat,
     tok: &Tokenizer,
-) -> Option<(ConstraintSpec, Option<u32>)> {
+) -> Option<(ConstraintSpec, Option<Trigger>)> {
     let ToolFormat::Hermes = format;
     let offered: Vec<&Tool> = match &req.choice {
         ToolChoice::None => return None,
@@ -252,8 +254,8 @@ pub fn grammar(
     let close_id = tok.find_token(HERMES_CLOSE);
     let open = open_id.map_or_else(|| lark_string(HERMES_OPEN), |id| format!("<[{id}]>"));
     let close = close_id.map_or_else(|| lark_string(HERMES_CLOSE), |id| format!("<[{id}]>"));
-    let schema = with_separators(call_schema(&offered));
-    let call = format!("%json {schema}");
+    let schema = call_schema(&offered);
+    let call = format!("%json {}", with_separators(schema.clone(), false));
     // Parallel calls: up to max_calls(), each further one optional (`more1` .. `moreN`), so a
     // small model that would repeat calls forever stops.
     let extra = if req.parallel { max_calls(req) - 1 } else { 0 };
@@ -269,17 +271,28 @@ pub fn grammar(
         ));
     }
     let more = if extra > 0 { " more1?" } else { "" };
-    let first = match req.choice {
-        // Lazy: the grammar starts after the trigger token the model wrote.
-        ToolChoice::Auto => String::new(),
-        _ => format!("{open} "),
+    if req.choice != ToolChoice::Auto {
+        let src =
+            format!("start: {open} \"\\n\" call \"\\n\" {close}{more}\n{rules}call: {call}\n");
+        return Some((ConstraintSpec::Lark(src), None));
+    }
+    // Lazy: after the `<tool_call>` token, the Hermes layout; from a bare call's `{`, that call
+    // laid out freely, then whitespace and a closing fence or tag at most.
+    let closers: Vec<String> = CLOSERS.iter().map(|c| lark_string(c)).collect();
+    let src = format!(
+        "start: hermes | bare\n\
+         hermes: \"\\n\" call \"\\n\" {close}{more}\n{rules}call: {call}\n\
+         bare: free_call /[ \\t\\r\\n]*/ closer?\n\
+         closer: {}\n\
+         free_call: %json {}\n",
+        closers.join(" | "),
+        with_separators(schema, true),
+    );
+    let trigger = Trigger {
+        token: open_id,
+        names: offered.iter().map(|t| t.name.clone()).collect(),
     };
-    let src = format!("start: {first}\"\\n\" call \"\\n\" {close}{more}\n{rules}call: {call}\n");
-    let trigger = match req.choice {
-        ToolChoice::Auto => Some(open_id?),
-        _ => None,
-    };
-    Some((ConstraintSpec::Lark(src), trigger))
+    Some((ConstraintSpec::Lark(src), Some(trigger)))
 }
 
 /// Most calls in one reply with `parallel_tool_calls`: the number of tools, at least 2, at most 8.
@@ -287,13 +300,16 @@ pub fn max_calls(req: &ToolRequest) -> usize {
     req.tools.len().clamp(2, 8)
 }
 
-/// The compact separators the templates write calls with.
-fn with_separators(mut schema: Value) -> Value {
+/// The compact separators the templates write calls with, or (`free`) any whitespace, as a
+/// call written without markup is often laid out over lines.
+fn with_separators(mut schema: Value, free: bool) -> Value {
     if let Some(o) = schema.as_object_mut() {
-        o.insert(
-            "x-guidance".into(),
-            json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}),
-        );
+        let options = if free {
+            json!({"whitespace_flexible": true})
+        } else {
+            json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "})
+        };
+        o.insert("x-guidance".into(), options);
     }
     schema
 }

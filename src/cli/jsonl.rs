@@ -311,7 +311,7 @@ fn read_and_submit(mut builder: Builder, tx: mpsc::Sender<Msg>, permits: mpsc::S
                 let spawned = std::thread::Builder::new()
                     .name(format!("edge-llm-jsonl-{this}"))
                     .spawn(move || {
-                        let line = collect(stream, &id, this, parsing);
+                        let line = collect(stream, &id, this, &parsing);
                         let _ = results.send(Msg::Result {
                             index: this,
                             line,
@@ -357,7 +357,7 @@ fn submit(engine: &EngineHandle, request: Request) -> Result<RequestStream, Subm
 
 /// Reads one request's events to the end; its output line (the reply of input `index` taken
 /// apart as `parsing` says).
-fn collect(mut stream: RequestStream, id: &Value, index: usize, parsing: ReplyParsing) -> String {
+fn collect(mut stream: RequestStream, id: &Value, index: usize, parsing: &ReplyParsing) -> String {
     let mut text = String::new();
     while let Some(event) = stream.next_blocking() {
         match event {

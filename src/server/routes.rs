@@ -228,7 +228,7 @@ async fn generate(
     if parsing.any() {
         if let Some(items) = body["choices"].as_array_mut() {
             for (index, choice) in items.iter_mut().enumerate() {
-                structured::apply_to_choice(choice, &reply.id, index, parsing);
+                structured::apply_to_choice(choice, &reply.id, index, &parsing);
             }
         }
     }

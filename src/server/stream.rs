@@ -80,7 +80,7 @@ pub fn sse_response(
         done: false,
         info,
         logged: false,
-        replies: parsing.any().then(|| vec![ReplyStream::new(parsing); n]),
+        replies: parsing.any().then(|| vec![ReplyStream::new(&parsing); n]),
     };
     if state.reply.endpoint == Endpoint::Chat {
         // OpenAI opens each choice with the assistant's role; it also sends the headers now.

@@ -12,7 +12,7 @@ use crate::engine::FinishReason;
 
 /// A whole chat choice's `message` and `finish_reason` with its reasoning and tool calls
 /// parsed out as `parsing` says.
-pub fn apply_to_choice(choice: &mut Value, reply_id: &str, index: usize, parsing: ReplyParsing) {
+pub fn apply_to_choice(choice: &mut Value, reply_id: &str, index: usize, parsing: &ReplyParsing) {
     let text = choice["message"]["content"]
         .as_str()
         .unwrap_or("")
