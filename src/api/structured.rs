@@ -62,7 +62,11 @@ fn response_format(rf: &Value) -> Result<Option<ConstraintSpec>, FieldError> {
     match rf.get("type").and_then(Value::as_str) {
         Some("text") => Ok(None),
         Some("json_object") => match rf.get("schema").filter(|v| !v.is_null()) {
-            Some(schema) => Ok(Some(ConstraintSpec::JsonSchema(schema_object(schema, param)?))),
+            Some(schema) => {
+                let mut schema = schema_object(schema, param)?;
+                close_objects(&mut schema);
+                Ok(Some(ConstraintSpec::JsonSchema(schema)))
+            }
             None => Ok(Some(ConstraintSpec::JsonObject)),
         },
         Some("json_schema") => {
@@ -95,8 +99,10 @@ fn response_format(rf: &Value) -> Result<Option<ConstraintSpec>, FieldError> {
                                 ),
                             ));
                         }
-                        close_objects(&mut schema);
                     }
+                    // With or without `strict`, as llama.cpp does: an object allows no
+                    // properties beyond those listed unless `additionalProperties` says so.
+                    close_objects(&mut schema);
                     Ok(Some(ConstraintSpec::JsonSchema(schema)))
                 }
                 None => Ok(Some(ConstraintSpec::JsonObject)),
@@ -113,9 +119,10 @@ fn response_format(rf: &Value) -> Result<Option<ConstraintSpec>, FieldError> {
     }
 }
 
-/// OpenAI's strict mode: objects that do not say otherwise allow no properties beyond those
-/// listed (`additionalProperties: false`), in every nested schema.
-fn close_objects(schema: &mut Value) {
+/// Objects that do not say otherwise allow no properties beyond those listed
+/// (`additionalProperties: false`), in every nested schema: OpenAI's strict mode, and
+/// llama.cpp's rule for every schema (response formats and tool parameters alike).
+pub fn close_objects(schema: &mut Value) {
     match schema {
         Value::Object(o) => {
             let is_object =

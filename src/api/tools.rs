@@ -137,7 +137,8 @@ pub fn parse(body: &Map<String, Value>) -> Result<Option<ToolRequest>, FieldErro
                 }
                 let mut p = p.clone();
                 p.insert("type".into(), json!("object"));
-                let p = Value::Object(p);
+                let mut p = Value::Object(p);
+                super::structured::close_objects(&mut p);
                 if let Some(cycle) = super::schema_refs::ref_cycle(&p) {
                     return Err(FieldError::new(
                         &pparam,
