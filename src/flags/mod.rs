@@ -13,7 +13,7 @@ use clap::Args;
 
 use crate::device::Device;
 use crate::engine::speculative::DraftSetup;
-use crate::engine::{EngineConfig, EngineHandle, EngineParts};
+use crate::engine::{memory, EngineConfig, EngineHandle, EngineParts};
 use crate::model::Model;
 
 /// File name of the default model in `models/`.
@@ -36,7 +36,8 @@ pub struct EngineArgs {
     /// KV cache memory in MiB [default: enough for --ctx-size tokens times --parallel]
     #[arg(long = "kv-mem")]
     pub kv_mem: Option<usize>,
-    /// Most tokens one sequence holds [default: the model's training context, at most 4096]
+    /// Most tokens one sequence holds [default: the model's training context, halved until
+    /// --parallel sequences of it fit in memory (not below 4096)]
     #[arg(short = 'c', long = "ctx-size")]
     pub ctx_size: Option<usize>,
     /// Sequences the KV pool is sized for when --kv-mem is not given.
@@ -160,12 +161,26 @@ impl EngineArgs {
 
     /// The engine configuration for `model`.
     pub fn config(&self, model: &Model) -> Result<EngineConfig> {
-        let ctx = match self.ctx_size {
-            Some(c) => c,
-            None => model.config.n_ctx_train.min(4096),
+        Ok(self.config_and_context(model)?.0)
+    }
+
+    /// The engine configuration for `model`, and how its context was chosen when `-c` was not
+    /// given (for the start-up log).
+    fn config_and_context(&self, model: &Model) -> Result<(EngineConfig, Option<String>)> {
+        let sized =
+            |ctx| EngineConfig::sized(model, self.block_size, self.kv_mem, ctx, self.parallel);
+        let (mut config, note) = match self.ctx_size {
+            Some(c) => (sized(c)?, None),
+            None => {
+                let (ctx, note) = default_context(model.config.n_ctx_train, |ctx| {
+                    let config = sized(ctx)?;
+                    let fits =
+                        memory::admit(&config.footprint(model), &memory::limits(), "").is_ok();
+                    Ok(fits)
+                })?;
+                (sized(ctx)?, Some(note))
+            }
         };
-        let mut config =
-            EngineConfig::sized(model, self.block_size, self.kv_mem, ctx, self.parallel)?;
         if self.max_batched_tokens == 0 {
             anyhow::bail!("--max-batched-tokens must be at least 1");
         }
@@ -175,14 +190,14 @@ impl EngineArgs {
         config.max_batched_tokens = self.max_batched_tokens;
         config.max_queue = self.max_queue;
         config.max_step_ms = (self.max_step_ms > 0).then_some(self.max_step_ms);
-        Ok(config)
+        Ok((config, note))
     }
 
     /// Starts the engine thread on `model` and `--device` with `parts` (KV events, the disk
     /// tier; speculation, the device and the memory check come from these flags), logging the
     /// KV pool's size on a terminal (`verbose` logs it anywhere).
     pub fn start(&self, model: Model, verbose: bool, parts: EngineParts) -> Result<EngineHandle> {
-        let config = self.config(&model)?;
+        let (config, context_note) = self.config_and_context(&model)?;
         let mut spec = self.spec_config()?;
         spec.draft = self.draft_setup(&config)?;
         if let Some(ctx) = self.ctx_size.filter(|&c| c > model.config.n_ctx_train) {
@@ -210,6 +225,9 @@ impl EngineArgs {
             },
         )?;
         let config = &engine.config;
+        if let Some(note) = context_note.filter(|_| verbose || std::io::stderr().is_terminal()) {
+            eprintln!("context: {note}");
+        }
         if verbose || std::io::stderr().is_terminal() {
             eprintln!(
                 "KV cache on {}: {} blocks of {} tokens ({} tokens, {:.1} MiB); max {} tokens per sequence, {} per step",
@@ -332,5 +350,47 @@ pub fn physical_cores() -> usize {
         logical
     } else {
         cores.len().min(logical)
+    }
+}
+
+/// The smallest context chosen by default when memory is short (unless the model was trained
+/// on less).
+const MIN_DEFAULT_CONTEXT: usize = 4096;
+
+/// The context when `-c` is not given: the model's training context `trained`, halved while
+/// `fits` says the engine sized for it would not fit in memory, down to
+/// [`MIN_DEFAULT_CONTEXT`] (the memory check at start then refuses with its message). Also
+/// says, for the log, what was chosen and why.
+fn default_context(
+    trained: usize,
+    fits: impl Fn(usize) -> Result<bool>,
+) -> Result<(usize, String)> {
+    let floor = trained.min(MIN_DEFAULT_CONTEXT).max(2);
+    let mut ctx = trained.max(2);
+    while ctx > floor && !fits(ctx)? {
+        ctx = (ctx / 2).max(floor);
+    }
+    let note = if ctx == trained {
+        format!("{ctx} tokens (the model's training context; -c to change)")
+    } else {
+        format!(
+            "{ctx} tokens (the model's training context of {trained} does not fit in memory with --parallel sequences; -c to change)"
+        )
+    };
+    Ok((ctx, note))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_context_is_the_trained_one_halved_until_it_fits() {
+        assert_eq!(default_context(32768, |_| Ok(true)).unwrap().0, 32768);
+        assert_eq!(default_context(32768, |c| Ok(c <= 8192)).unwrap().0, 8192);
+        // Never below 4096 (the memory check then says what to lower), nor above the trained.
+        assert_eq!(default_context(32768, |_| Ok(false)).unwrap().0, 4096);
+        assert_eq!(default_context(2048, |_| Ok(false)).unwrap().0, 2048);
+        assert_eq!(default_context(40960, |c| Ok(c <= 6000)).unwrap().0, 5120);
     }
 }
