@@ -1,0 +1,121 @@
+//! `tool_choice: "auto"` with the calls small models actually write (issue 26): Qwen2.5 Coder
+//! 0.5B writes a bare `{"name": ..., "arguments": ...}` and the 1.5B a ```` ```json ```` fence
+//! with the JSON over lines, not the `<tool_call>` their template teaches. Both come back as
+//! `tool_calls` (with `finish_reason: "tool_calls"`), their arguments valid for the schema (the
+//! lazy grammar started at the call's `{`: the `unit` enum holds values the models never pick
+//! by themselves), and the streamed deltas join to exactly the same calls at temperature 0.
+
+mod support;
+
+use std::path::PathBuf;
+
+use serde_json::{json, Value};
+use support::harness::*;
+use support::{fetched, qwen_1_5b_path, qwen_path, FETCH_EXTRA_MODELS, FETCH_SPEC_MODELS};
+
+const PROMPTS: [&str; 3] = [
+    "What is the weather in Paris?",
+    "Use the tool to get the weather in Tokyo and Berlin.",
+    "Tell me the weather in London in celsius.",
+];
+
+fn tools() -> Value {
+    json!([{"type": "function", "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city",
+        "parameters": {"type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["kelvin", "rankine"]}},
+            "required": ["city", "unit"]}}}])
+}
+
+/// The calls of a whole response: (name, arguments parsed) each.
+fn calls_of(message: &Value) -> Vec<(String, Value)> {
+    message["tool_calls"]
+        .as_array()
+        .map(|calls| {
+            calls
+                .iter()
+                .map(|c| {
+                    let args = c["function"]["arguments"].as_str().expect("arguments text");
+                    let args: Value = serde_json::from_str(args)
+                        .unwrap_or_else(|e| panic!("arguments are not JSON ({e}): {args}"));
+                    (c["function"]["name"].as_str().unwrap().to_string(), args)
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The calls a stream's deltas join to, and its finish reason.
+fn streamed_calls(events: &[Value]) -> (Vec<(String, Value)>, String) {
+    let mut names: Vec<String> = Vec::new();
+    let mut args: Vec<String> = Vec::new();
+    let mut finish = String::new();
+    for e in events {
+        let choice = &e["choices"][0];
+        if let Some(f) = choice["finish_reason"].as_str() {
+            finish = f.to_string();
+        }
+        for d in choice["delta"]["tool_calls"].as_array().into_iter().flatten() {
+            let k = d["index"].as_u64().unwrap() as usize;
+            if k == names.len() {
+                names.push(d["function"]["name"].as_str().unwrap().to_string());
+                args.push(String::new());
+            }
+            args[k].push_str(d["function"]["arguments"].as_str().unwrap_or(""));
+        }
+    }
+    let calls = names
+        .into_iter()
+        .zip(args)
+        .map(|(n, a)| {
+            let v = serde_json::from_str(&a)
+                .unwrap_or_else(|e| panic!("streamed arguments are not JSON ({e}): {a}"));
+            (n, v)
+        })
+        .collect();
+    (calls, finish)
+}
+
+fn check_model(path: Option<PathBuf>) {
+    let Some(path) = path else { return };
+    let server = Server::start(&["-m", path.to_str().unwrap(), "-c", "2048"]).expect("server");
+    for prompt in PROMPTS {
+        let body = chat_body(
+            prompt,
+            json!({"tools": tools(), "tool_choice": "auto", "temperature": 0, "max_tokens": 100}),
+        );
+        let (status, v) = server.post("/v1/chat/completions", &body);
+        assert_eq!(status, 200, "{v}");
+        let choice = &v["choices"][0];
+        let calls = calls_of(&choice["message"]);
+        assert!(!calls.is_empty(), "{prompt}: no tool_calls: {v}");
+        assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
+        for (name, args) in &calls {
+            assert_eq!(name, "get_weather");
+            assert!(args["city"].is_string(), "{args}");
+            assert!(
+                args["unit"] == "kelvin" || args["unit"] == "rankine",
+                "the arguments did not follow the schema: {args}"
+            );
+            assert_eq!(args.as_object().unwrap().len(), 2, "{args}");
+        }
+        let mut streamed = body.clone();
+        streamed["stream"] = json!(true);
+        let (events, done) = server.post_stream("/v1/chat/completions", &streamed);
+        assert!(done);
+        let (stream_calls, finish) = streamed_calls(&events);
+        assert_eq!(stream_calls, calls, "{prompt}: streamed calls differ");
+        assert_eq!(finish, "tool_calls");
+    }
+}
+
+#[test]
+fn qwen_0_5b_bare_json_calls_come_back_as_tool_calls() {
+    check_model(fetched(qwen_path(), FETCH_EXTRA_MODELS));
+}
+
+#[test]
+fn qwen_1_5b_fenced_calls_come_back_as_tool_calls() {
+    check_model(fetched(qwen_1_5b_path(), FETCH_SPEC_MODELS));
+}
