@@ -56,7 +56,11 @@ fn streamed_calls(events: &[Value]) -> (Vec<(String, Value)>, String) {
         if let Some(f) = choice["finish_reason"].as_str() {
             finish = f.to_string();
         }
-        for d in choice["delta"]["tool_calls"].as_array().into_iter().flatten() {
+        for d in choice["delta"]["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
             let k = d["index"].as_u64().unwrap() as usize;
             if k == names.len() {
                 names.push(d["function"]["name"].as_str().unwrap().to_string());

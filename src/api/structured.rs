@@ -249,7 +249,8 @@ mod tests {
             spec(&body(json!({"response_format": {"type": "json_object"}}))).unwrap(),
             Some((ConstraintSpec::JsonObject, "response_format"))
         );
-        // Strict: objects allow no properties beyond those listed, nested ones too.
+        // With or without strict: objects allow no properties beyond those listed, nested ones
+        // too, unless `additionalProperties` opens them.
         let s = json!({"type": "object", "properties": {"a": {"type": "object"}}});
         let closed = json!({"type": "object", "additionalProperties": false,
             "properties": {"a": {"type": "object", "additionalProperties": false}}});
@@ -261,7 +262,14 @@ mod tests {
         assert_eq!(
             spec(&body(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": s}}})))
                 .unwrap(),
-            Some((ConstraintSpec::JsonSchema(s), "response_format"))
+            Some((ConstraintSpec::JsonSchema(closed), "response_format"))
+        );
+        let open = json!({"type": "object", "additionalProperties": true,
+            "properties": {"a": {"type": "object", "additionalProperties": {"type": "integer"}}}});
+        assert_eq!(
+            spec(&body(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": open}}})))
+                .unwrap(),
+            Some((ConstraintSpec::JsonSchema(open), "response_format"))
         );
         assert_eq!(
             spec(&body(json!({"regex": "[a-z]+"}))).unwrap(),

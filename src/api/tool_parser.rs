@@ -444,22 +444,8 @@ enum Header {
 fn parse_header(s: &str) -> Header {
     let b = s.as_bytes();
     let mut i = 0;
-    let ws = |i: &mut usize| {
-        while *i < b.len() && b[*i].is_ascii_whitespace() {
-            *i += 1;
-        }
-    };
-    let lit = |i: &mut usize, l: &[u8]| -> Option<bool> {
-        let n = l.len().min(b.len() - *i);
-        if b[*i..*i + n] != l[..n] {
-            return Some(false);
-        }
-        if n < l.len() {
-            return None;
-        }
-        *i += n;
-        Some(true)
-    };
+    let ws = |i: &mut usize| trigger::skip_ws(b, i);
+    let lit = |i: &mut usize, l: &[u8]| trigger::literal(b, i, l);
     macro_rules! expect {
         ($l:expr) => {
             ws(&mut i);

@@ -51,23 +51,8 @@ pub enum CallStart {
 pub fn call_start(s: &str, names: &[String]) -> CallStart {
     let b = s.as_bytes();
     let mut i = 0;
-    let ws = |i: &mut usize| {
-        while *i < b.len() && b[*i].is_ascii_whitespace() {
-            *i += 1;
-        }
-    };
-    // `Some(true)`: matched and consumed; `Some(false)`: does not match; None: `s` ends inside.
-    let lit = |i: &mut usize, l: &[u8]| -> Option<bool> {
-        let n = l.len().min(b.len() - *i);
-        if b[*i..*i + n] != l[..n] {
-            return Some(false);
-        }
-        if n < l.len() {
-            return None;
-        }
-        *i += n;
-        Some(true)
-    };
+    let ws = |i: &mut usize| skip_ws(b, i);
+    let lit = |i: &mut usize, l: &[u8]| literal(b, i, l);
     // An optional fence and its language.
     match lit(&mut i, b"```") {
         None => return CallStart::Partial,
@@ -155,6 +140,27 @@ pub fn call_start(s: &str, names: &[String]) -> CallStart {
     } else {
         CallStart::No
     }
+}
+
+/// Moves `i` past whitespace in `b`.
+pub fn skip_ws(b: &[u8], i: &mut usize) {
+    while *i < b.len() && b[*i].is_ascii_whitespace() {
+        *i += 1;
+    }
+}
+
+/// Reads `l` at `i` in `b`: `Some(true)` (and moves past it) when it is there, `Some(false)`
+/// when it is not, None when `b` ends inside it.
+pub fn literal(b: &[u8], i: &mut usize, l: &[u8]) -> Option<bool> {
+    let n = l.len().min(b.len() - *i);
+    if b[*i..*i + n] != l[..n] {
+        return Some(false);
+    }
+    if n < l.len() {
+        return None;
+    }
+    *i += n;
+    Some(true)
 }
 
 /// Positions where a call's preamble may begin: a fence, a tag or a brace.
