@@ -257,7 +257,7 @@ mod tests {
         assert_eq!(
             spec(&body(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": s, "strict": true}}})))
                 .unwrap(),
-            Some((ConstraintSpec::JsonSchema(closed), "response_format"))
+            Some((ConstraintSpec::JsonSchema(closed.clone()), "response_format"))
         );
         assert_eq!(
             spec(&body(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": s}}})))
