@@ -14,14 +14,15 @@
 //!
 //! Callers: the server and CLI faces (compile), the engine worker (masks, consume).
 
+pub mod cache;
 mod tokenv;
 pub mod trigger;
 
-use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+use cache::GrammarCache;
 use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
 use serde_json::Value;
@@ -104,6 +105,16 @@ impl ConstraintSpec {
                 top.grammars.extend(answer.grammars);
                 top
             }
+        }
+    }
+
+    /// The length of the grammar's source (what the cache charges it for).
+    fn source_len(&self) -> usize {
+        match self {
+            ConstraintSpec::JsonObject => 0,
+            ConstraintSpec::JsonSchema(v) => v.to_string().len(),
+            ConstraintSpec::Regex(s) | ConstraintSpec::Lark(s) => s.len(),
+            ConstraintSpec::AfterThinking { inner, .. } => inner.source_len(),
         }
     }
 
@@ -321,23 +332,20 @@ impl ConstraintState {
 pub struct Grammars {
     factory: OnceLock<Result<ParserFactory, String>>,
     /// Compiled grammars by source hash and tenant (an API key's salt): one tenant never times
-    /// another's cache.
-    cache: Mutex<HashMap<(u64, Option<u64>), Constraint>>,
+    /// another's cache. Bounded by an estimate of their memory (`cache`).
+    cache: Mutex<GrammarCache<Constraint>>,
     model: Arc<Model>,
     /// Compilations and cache hits, for `/metrics`.
     num_compiled: AtomicU64,
     num_hits: AtomicU64,
 }
 
-/// Compiled grammars kept; beyond this the cache starts over.
-const CACHE_CAPACITY: usize = 256;
-
 impl Grammars {
     /// For `model`'s vocabulary; nothing is built until the first constraint.
     pub fn new(model: Arc<Model>) -> Self {
         Grammars {
             factory: OnceLock::new(),
-            cache: Mutex::new(HashMap::new()),
+            cache: Mutex::new(GrammarCache::new(cache::DEFAULT_BUDGET)),
             model,
             num_compiled: AtomicU64::new(0),
             num_hits: AtomicU64::new(0),
@@ -380,7 +388,7 @@ impl Grammars {
             .cache
             .lock()
             .ok()
-            .and_then(|c| c.get(&(hash, tenant)).cloned())
+            .and_then(|mut c| c.get(&(hash, tenant)))
         {
             self.num_hits.fetch_add(1, Ordering::Relaxed);
             return Ok(c);
@@ -398,10 +406,7 @@ impl Grammars {
             start: Arc::new(Mutex::new(matcher)),
         };
         if let Ok(mut cache) = self.cache.lock() {
-            if cache.len() >= CACHE_CAPACITY {
-                cache.clear();
-            }
-            cache.insert((hash, tenant), c.clone());
+            cache.insert((hash, tenant), c.clone(), spec.source_len());
         }
         Ok(c)
     }
@@ -409,9 +414,19 @@ impl Grammars {
     /// Whether `spec` is compiled and cached.
     pub fn is_cached(&self, spec: &ConstraintSpec, trigger: Option<&Trigger>) -> bool {
         let hash = spec.source_hash(trigger);
-        self.cache
-            .lock()
-            .is_ok_and(|c| c.contains_key(&(hash, None)))
+        self.cache.lock().is_ok_and(|c| c.contains(&(hash, None)))
+    }
+
+    /// Bounds the compiled grammars kept to about `bytes` of memory (`--grammar-cache-mib`).
+    pub fn set_budget(&self, bytes: usize) {
+        if let Ok(mut cache) = self.cache.lock() {
+            cache.set_budget(bytes);
+        }
+    }
+
+    /// Bytes charged for the compiled grammars kept, and how many there are.
+    pub fn usage(&self) -> (usize, usize) {
+        self.cache.lock().map_or((0, 0), |c| c.usage())
     }
 
     /// Grammars compiled and requests served from the cache since start.

@@ -61,6 +61,11 @@ pub struct EngineArgs {
         default_value_t = EngineConfig::DEFAULT_MAX_STEP_MS
     )]
     pub max_step_ms: u64,
+    /// Memory for compiled grammars (JSON schemas, regexes, Lark, tool calls) kept for reuse,
+    /// in MiB, charged by an estimate from each grammar's size; the least recently used go
+    /// first. 0 keeps none.
+    #[arg(long = "grammar-cache-mib", value_name = "MIB", default_value_t = 128)]
+    pub grammar_cache_mib: usize,
     /// Where the model runs: cuda when built with it and a GPU is usable (auto), or cpu, or cuda.
     #[arg(long = "device", value_enum, default_value_t = Device::Auto)]
     pub device: Device,
@@ -224,6 +229,9 @@ impl EngineArgs {
                 ..parts
             },
         )?;
+        engine
+            .grammars
+            .set_budget(self.grammar_cache_mib.saturating_mul(1 << 20));
         let config = &engine.config;
         if let Some(note) = context_note.filter(|_| verbose || std::io::stderr().is_terminal()) {
             eprintln!("context: {note}");

@@ -5,9 +5,26 @@ use std::fmt::Write;
 
 use crate::engine::Metrics;
 
-/// The compiled-grammar cache's counters: (grammars compiled, requests served from the cache).
-pub fn grammar_cache((compiled, hits): (u64, u64)) -> String {
+/// The compiled-grammar cache: its counters (grammars compiled, requests served from the cache)
+/// and its gauges (bytes charged, entries kept).
+pub fn grammar_cache((compiled, hits): (u64, u64), (bytes, entries): (usize, usize)) -> String {
     let mut out = String::new();
+    for (name, help, value) in [
+        (
+            "grammar_cache_bytes",
+            "Memory charged for the compiled grammars kept (an estimate; --grammar-cache-mib bounds it).",
+            bytes,
+        ),
+        (
+            "grammar_cache_entries",
+            "Compiled grammars kept.",
+            entries,
+        ),
+    ] {
+        let _ = writeln!(out, "# HELP edge_llm_{name} {help}");
+        let _ = writeln!(out, "# TYPE edge_llm_{name} gauge");
+        let _ = writeln!(out, "edge_llm_{name} {value}");
+    }
     for (name, help, value) in [
         (
             "grammars_compiled_total",

@@ -84,6 +84,7 @@ pub async fn metrics(State(state): Shared) -> Result<Response, ApiError> {
     let mut text = super::metrics::prometheus(&m);
     text.push_str(&super::metrics::grammar_cache(
         state.engine.grammars.stats(),
+        state.engine.grammars.usage(),
     ));
     text.push_str(&super::router_api::worker_metrics(&state, &m));
     Ok((
