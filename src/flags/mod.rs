@@ -373,7 +373,7 @@ fn default_context(
     trained: usize,
     fits: impl Fn(usize) -> Result<bool>,
 ) -> Result<(usize, String)> {
-    let floor = trained.min(MIN_DEFAULT_CONTEXT).max(2);
+    let floor = trained.clamp(2, MIN_DEFAULT_CONTEXT);
     let mut ctx = trained.max(2);
     while ctx > floor && !fits(ctx)? {
         ctx = (ctx / 2).max(floor);
