@@ -24,7 +24,7 @@ ttft() { grep -o "POST /v1/chat/completions 200 .*ttft=[0-9]*" "$1" | grep -o "t
 for r in $(seq "${1:-3}"); do
   D="$W/cache$r"
   start "$D" "$W/cold.log"
-  curl -s "localhost:$PORT/v1/chat/completions" -d @"$W/body.json" >"$W/cold.json"
+  curl -s "localhost:$PORT/v1/chat/completions" -H 'Content-Type: application/json' -d @"$W/body.json" >"$W/cold.json"
   # The write-behind is asynchronous: wait until the prompt's 29 full blocks are on disk.
   for _ in $(seq 300); do
     n=$(curl -s "localhost:$PORT/metrics" | awk '/^edge_llm_disk_cache_blocks /{print $2}')
@@ -32,7 +32,7 @@ for r in $(seq "${1:-3}"); do
   done
   stop
   start "$D" "$W/warm.log"
-  curl -s "localhost:$PORT/v1/chat/completions" -d @"$W/body.json" >"$W/warm.json"
+  curl -s "localhost:$PORT/v1/chat/completions" -H 'Content-Type: application/json' -d @"$W/body.json" >"$W/warm.json"
   stop
   same=$(python3 -c "import json,sys; a,b=(json.load(open(f)) for f in sys.argv[1:]); print(a['choices'][0]['message']==b['choices'][0]['message'], json.dumps(b['usage']['prompt_tokens_details']))" "$W/cold.json" "$W/warm.json")
   echo "pair $r: cold $(ttft "$W/cold.log") ms, after restart $(ttft "$W/warm.log") ms; same output, usage: $same"

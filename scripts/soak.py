@@ -105,11 +105,11 @@ def raw_exchange(host, port, method, path, body, headers, timeout=60):
     try:
         if method == "HALF":
             # A body that promises more than it sends, then the client gives up.
-            s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            s.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                       f"Content-Length: {len(body) + 100}\r\n\r\n".encode() + body)
             s.shutdown(socket.SHUT_WR)
         else:
-            head = f"{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
+            head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\n"
             if "Content-Length" not in headers:
                 head += f"Content-Length: {len(body)}\r\n"
             for k, v in headers.items():

@@ -382,7 +382,7 @@ fn bad_inputs_get_openai_errors_with_the_right_status_and_the_server_keeps_servi
     let r = server.request("GET", chat, &[], b"");
     assert_eq!(r.status, 405, "{}", r.text());
     assert!(r.text().contains("\"error\""));
-    let r = server.request("POST", "/detokenize", &[], &j(json!({"tokens": [1, -5]})));
+    let r = server.request("POST", "/detokenize", JSON, &j(json!({"tokens": [1, -5]})));
     assert_eq!(r.status, 400, "{}", r.text());
 
     // Queue full (--max-queue 1): one request runs, the next is refused with 429.
@@ -404,7 +404,7 @@ fn bad_inputs_get_openai_errors_with_the_right_status_and_the_server_keeps_servi
     server.wait_for_metrics("the first request to run", |s| {
         s.metric("edge_llm_requests_running") == 1.0
     });
-    let r = server.request("POST", comp, &[], &j(completion_body("hi", json!({}))));
+    let r = server.request("POST", comp, JSON, &j(completion_body("hi", json!({}))));
     assert_eq!(r.status, 429, "{}", r.text());
     assert_eq!(r.header("retry-after"), Some("1"));
     assert!(

@@ -192,7 +192,7 @@ fn connections_evicted_while_idle_that_begin_a_stream_are_served_not_cut() {
                 let sent = s
                     .write_all(
                         format!(
-                            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                            "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
                             body.to_string().len()
                         )
                         .as_bytes(),

@@ -140,7 +140,7 @@ fn trickled_body_is_cut_by_the_body_timeout_and_big_content_length_is_413_at_onc
     let server = Server::start(&["--body-timeout", "2"]).expect("the default model");
     // Headers promise 100 bytes; 10 arrive.
     let mut s = TcpStream::connect(&server.addr).unwrap();
-    s.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\":")
+    s.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\":")
         .unwrap();
     let (after, reply) =
         closed_within(&mut s, Duration::from_secs(8)).expect("answered and closed");
@@ -151,7 +151,7 @@ fn trickled_body_is_cut_by_the_body_timeout_and_big_content_length_is_413_at_onc
 
     // 3,000,000 bytes announced over the 2 MiB limit: 413 before a body byte is sent.
     let mut s = TcpStream::connect(&server.addr).unwrap();
-    s.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 3000000\r\n\r\n")
+    s.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 3000000\r\n\r\n")
         .unwrap();
     let (after, reply) = closed_within(&mut s, Duration::from_secs(5)).expect("answered at once");
     let reply = String::from_utf8_lossy(&reply);

@@ -25,6 +25,7 @@ pub mod kv_publisher;
 mod listener;
 mod metrics;
 mod middleware;
+mod origin;
 mod planner;
 mod response;
 mod router_api;
@@ -67,6 +68,10 @@ pub struct ServeArgs {
     /// Port to listen on (0: any free port; the log says which).
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
+    /// Without --api-key, also answer requests whose `Host` (or `Origin`) is NAME; repeatable;
+    /// `*` answers any. IP addresses, localhost and the --host name are always answered.
+    #[arg(long = "allowed-host", value_name = "NAME")]
+    pub allowed_host: Vec<String>,
     /// Require `Authorization: Bearer KEY` on every route but /health [default: $EDGE_LLM_API_KEY].
     /// Repeatable: each key's prompts get their own prefix cache (pinned prompts are shared)
     #[arg(long = "api-key")]
@@ -155,6 +160,8 @@ pub struct AppState {
     pub pins: std::sync::Mutex<Vec<cache_routes::PinRecord>>,
     /// Where requests are planned, off the HTTP threads.
     pub planner: planner::Planner,
+    /// The hosts and origins a server without keys answers (`origin`).
+    pub allowed_hosts: origin::AllowedHosts,
 }
 
 /// Every route, behind the log line, the API-key guard and the body limit.
@@ -191,6 +198,10 @@ pub fn router(state: Arc<AppState>) -> Router {
             let (max, timeout) = (state.max_body_bytes, state.body_timeout);
             move |req, next| listener::read_body(max, timeout, req, next)
         }))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            origin::same_site_only,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             middleware::require_api_key,
@@ -308,6 +319,7 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         load_format: args.load_format,
         kv_events,
         pins: std::sync::Mutex::new(pins),
+        allowed_hosts: origin::AllowedHosts::new(&args.host, &args.allowed_host),
         planner: planner::Planner::new(args.max_planning, planner::NUM_PLANNER_THREADS),
     });
     let max_planning = args.max_planning;
@@ -330,6 +342,12 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
                 ""
             }
         );
+        if state.api_keys.is_empty() && !local.ip().is_loopback() {
+            eprintln!(
+                "warning: listening on {} without --api-key: anyone who can reach this address can use the server",
+                local.ip()
+            );
+        }
         eprintln!(
             "edge-llm serve: at most {} connections; timeouts: headers {} s, body {} s, keep-alive {} s",
             limits.max_connections,

@@ -17,6 +17,9 @@ use super::{fetched, model_path, FETCH_MODEL};
 pub static ONE_SERVER_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// A running `edge-llm serve`, killed on drop.
+/// The header a JSON body goes with (a server without keys refuses a POST without it).
+pub const JSON: &[(&str, &str)] = &[("Content-Type", "application/json")];
+
 pub struct Server {
     child: Child,
     pub addr: String,
@@ -269,7 +272,16 @@ pub fn write_request(
     headers: &[(&str, &str)],
     body: &[u8],
 ) {
-    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+    // `Host: localhost` unless `headers` name another.
+    let host = if headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        ""
+    } else {
+        "Host: localhost\r\n"
+    };
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\n{host}Connection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
     for (k, v) in headers {
         head.push_str(&format!("{k}: {v}\r\n"));
     }
