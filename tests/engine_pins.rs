@@ -92,3 +92,45 @@ fn requests_admitted_beside_pinned_prompts_finish_instead_of_failing() {
         "every block but the pinned ones came back"
     );
 }
+
+/// Issue 30, item 2: there was no unpin, pins sharing a prefix were not tracked apart, and a pin
+/// that could not fit was prefilled in full before it was refused. Now each pin holds its own
+/// references (a shared prefix counts once), unpinning gives its blocks back (the context grows
+/// again), and a pin past the limit is refused before any step runs.
+#[test]
+fn pins_share_prefixes_unpin_and_are_refused_before_prefill() {
+    let engine = engine();
+    let base = tokens(8 * BLOCK, 4);
+    let mut longer = base.clone();
+    longer.extend(tokens(4 * BLOCK, 5));
+    let mut a = engine.submit(pin_request(base.clone())).unwrap();
+    pinned_from(a.next_blocking()).unwrap();
+    let mut b = engine.submit(pin_request(longer.clone())).unwrap();
+    pinned_from(b.next_blocking()).unwrap();
+    let m = support::wait_idle(&engine);
+    assert_eq!(m.blocks_pinned, 12, "the shared 8 blocks count once");
+    assert_eq!(engine.max_seq_len(), (NUM_BLOCKS - 12) * BLOCK);
+
+    // Unpinning the shorter keeps the longer's blocks (its prefix included) pinned.
+    assert!(engine.unpin(a.id));
+    assert!(!engine.unpin(a.id), "a pin goes once");
+    assert_eq!(support::wait_idle(&engine).blocks_pinned, 12);
+    assert!(engine.unpin(b.id));
+    let m = support::wait_idle(&engine);
+    assert_eq!(m.blocks_pinned, 0);
+    assert_eq!(engine.max_seq_len(), NUM_BLOCKS * BLOCK);
+    assert_eq!(m.blocks_used, 0, "unpinned blocks are free (cached) again");
+
+    // Past half the pool: refused at once, with nothing computed (the step counter is
+    // published after its step's last client heard: read it once it has settled).
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let steps = support::wait_idle(&engine).steps;
+    let mut big = engine.submit(pin_request(tokens(18 * BLOCK, 6))).unwrap();
+    let e = pinned_from(big.next_blocking()).unwrap_err().to_string();
+    assert!(e.contains("more than 17"), "{e}");
+    assert_eq!(
+        support::wait_idle(&engine).steps,
+        steps,
+        "the refused pin ran no step"
+    );
+}

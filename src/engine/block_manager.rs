@@ -19,7 +19,7 @@
 //! - KV events (off unless `enable_events`): a `BlockStored` per chain of blocks entering the
 //!   prefix cache, a `BlockRemoved` per evicted one, queued for `take_events`.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use super::kv_events::KvCacheEvent;
@@ -73,8 +73,9 @@ pub struct BlockManager {
     /// Cached blocks evicted since the last `take_evicted` (id, hash, token ids), for the disk
     /// tier to save before the slot is written; None while the log is off.
     evicted: Option<Vec<(BlockId, BlockHash, Vec<u32>)>>,
-    /// Hashes of pinned blocks: chains of every cache key share them.
-    pinned: HashSet<BlockHash>,
+    /// Hashes of pinned blocks, with how many pins hold each: chains of every cache key share
+    /// them.
+    pinned: HashMap<BlockHash, usize>,
 }
 
 /// The hash of a full block of `tokens` following a block whose hash is `parent`.
@@ -100,7 +101,7 @@ impl BlockManager {
             stats: PrefixCacheStats::default(),
             events: None,
             evicted: None,
-            pinned: HashSet::new(),
+            pinned: HashMap::new(),
         };
         for id in 0..num_blocks as u32 {
             m.push_free(BlockId(id));
@@ -145,11 +146,21 @@ impl BlockManager {
 
     /// Marks a registered block's hash as pinned: every cache key's chain shares it.
     pub fn mark_pinned(&mut self, hash: BlockHash) {
-        self.pinned.insert(hash);
+        *self.pinned.entry(hash).or_default() += 1;
+    }
+
+    /// Undoes one [`Self::mark_pinned`].
+    pub fn unmark_pinned(&mut self, hash: BlockHash) {
+        if let Some(n) = self.pinned.get_mut(&hash) {
+            *n -= 1;
+            if *n == 0 {
+                self.pinned.remove(&hash);
+            }
+        }
     }
 
     pub fn is_pinned_hash(&self, hash: BlockHash) -> bool {
-        self.pinned.contains(&hash)
+        self.pinned.contains_key(&hash)
     }
 
     /// Enters a block whose keys and values come from elsewhere (the disk tier) into the
@@ -196,7 +207,7 @@ impl BlockManager {
         };
         if !*keyed {
             let h = block_hash(parent, chunk, self.salt);
-            if self.pinned.contains(&h) {
+            if self.pinned.contains_key(&h) {
                 return h;
             }
             *keyed = true;
@@ -426,7 +437,7 @@ impl BlockManager {
             if let Some(h) = self.blocks[id.index()].hash {
                 self.flush_stored(&mut stored);
                 parent = Some(h);
-                keyed = keyed || (key.is_some() && !self.pinned.contains(&h));
+                keyed = keyed || (key.is_some() && !self.pinned.contains_key(&h));
                 continue;
             }
             let h = self.chain_step(parent, &mut keyed, key, chunk);

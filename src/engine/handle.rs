@@ -59,6 +59,11 @@ pub(super) enum Command {
         events: events::UnboundedSender<Event>,
     },
     Abort(u64),
+    /// Releases pin `pin` (the id of the request that pinned); says whether there was one.
+    Unpin {
+        pin: u64,
+        done: mpsc::Sender<bool>,
+    },
 }
 
 /// The client side of the engine; cheap to clone and to share between threads.
@@ -322,6 +327,16 @@ impl EngineHandle {
     /// Aborts a request: its sequences end and their blocks are freed at once.
     pub fn abort(&self, id: u64) {
         let _ = self.tx.send(Command::Abort(id));
+    }
+
+    /// Releases the prompt pinned by request `pin` (its blocks become evictable again);
+    /// false when no such pin exists. Waits for the engine (at most one step).
+    pub fn unpin(&self, pin: u64) -> bool {
+        let (done, answer) = mpsc::channel();
+        if self.tx.send(Command::Unpin { pin, done }).is_err() {
+            return false;
+        }
+        answer.recv().unwrap_or(false)
     }
 
     /// The engine's counters as of its last step or command. Never waits for a step.

@@ -32,6 +32,7 @@ mod masks;
 pub mod memory;
 pub mod metrics;
 mod output;
+mod pins;
 mod request;
 pub mod sampler;
 pub mod scheduler;

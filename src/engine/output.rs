@@ -383,6 +383,27 @@ impl Outputs {
         ))
     }
 
+    /// Where the cached prompt blocks of `seq_id` came from: (disk, pinned) tokens.
+    pub(super) fn cache_sources(&self, seq_id: SeqId, sched: &Scheduler) -> (usize, usize) {
+        let (Some(seq), Some(from_disk)) = (sched.get(seq_id), self.disk_blocks(seq_id)) else {
+            return (0, 0);
+        };
+        let bs = sched.blocks.block_size;
+        let (mut disk, mut pinned) = (0, 0);
+        for &id in seq.block_table.iter().take(self.num_cached(seq_id) / bs) {
+            if sched.is_pinned(id) {
+                pinned += bs;
+            } else if sched
+                .blocks
+                .registered(id)
+                .is_some_and(|(h, _)| from_disk.contains(&h))
+            {
+                disk += bs;
+            }
+        }
+        (disk, pinned)
+    }
+
     /// The completions' cached prompt tokens recorded at their first token.
     pub(super) fn num_cached(&self, seq_id: SeqId) -> usize {
         self.seqs.get(&seq_id).map_or(0, |s| s.num_cached)

@@ -8,6 +8,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use super::block_manager::{BlockCopy, BlockId, BlockManager};
+use super::pins::PinTable;
 use super::sequence::{SeqId, SeqStatus, Sequence};
 use super::step_time::{PrefillAllowance, StepShape, StepTime};
 
@@ -54,8 +55,8 @@ pub struct Scheduler {
     /// waiting sequence whose next uncached block is among them waits for it instead of
     /// computing the same prefix a second time.
     in_flight: HashMap<u64, SeqId>,
-    /// Pinned blocks: held here forever, so they are never evicted.
-    pinned: Vec<BlockId>,
+    /// Pinned prompts: their blocks are held until unpinned, so they are never evicted.
+    pub pins: PinTable,
     /// What steps cost, and the time cap on a step's prefill while sequences decode (none
     /// until `set_max_step_ms`).
     pub step_time: StepTime,
@@ -73,7 +74,7 @@ impl Scheduler {
             next_arrival: 0,
             num_preemptions: 0,
             in_flight: HashMap::new(),
-            pinned: Vec::new(),
+            pins: PinTable::default(),
             step_time: StepTime::new(None),
         }
     }
@@ -386,47 +387,54 @@ impl Scheduler {
         Some(seq)
     }
 
-    /// Pins every registered full block of `seq_id`'s table (a pinned prompt): they are held
-    /// from now on and every cache key's chain shares them. Returns the blocks newly pinned;
-    /// fails (pinning nothing) when more than `limit` blocks would be pinned in all.
-    pub fn pin(&mut self, seq_id: SeqId, limit: usize) -> Result<usize, String> {
+    /// Pins every registered full block of `seq_id`'s table as pin `pin` (see `pins`); fails
+    /// (pinning nothing) when more than `limit` blocks would be pinned in all.
+    pub fn pin(&mut self, seq_id: SeqId, pin: u64, limit: usize) -> Result<usize, String> {
         let Some(seq) = self.seqs.get(&seq_id) else {
             return Ok(0);
         };
-        let new: Vec<(BlockId, u64)> = seq
-            .block_table
-            .iter()
-            .map_while(|&id| self.blocks.registered(id).map(|(h, _)| (id, h)))
-            .filter(|&(_, h)| !self.blocks.is_pinned_hash(h))
-            .collect();
-        if self.pinned.len() + new.len() > limit {
+        self.pins
+            .pin(&mut self.blocks, pin, &seq.block_table, limit)
+    }
+
+    /// Refuses a pin of `prompt` that cannot fit under `limit` pinned blocks, before its
+    /// prefill: counts the prompt's full blocks not pinned already.
+    pub fn pin_room(&self, prompt: &[u32], limit: usize) -> Result<(), String> {
+        // Every full block (the last token's included: a pin holds it too); the hashes are
+        // those of the blocks before one more token.
+        let mut tokens = prompt.to_vec();
+        tokens.push(0);
+        let hashes = self.blocks.prompt_block_hashes(&tokens);
+        let new = PinTable::new_blocks(&self.blocks, &hashes);
+        if self.pins.num_blocks() + new > limit {
             return Err(format!(
-                "pinning {} more blocks would pin more than {limit} of the KV pool's {} blocks",
-                new.len(),
+                "pinning this prompt would add {new} blocks to the {} pinned, more than {limit} of the KV pool's {} blocks (at most half the pool is pinned)",
+                self.pins.num_blocks(),
                 self.blocks.num_blocks()
             ));
         }
-        for &(id, h) in &new {
-            self.blocks.mark_pinned(h);
-            self.pinned.extend(self.blocks.fork(&[id]));
-        }
-        Ok(new.len())
+        Ok(())
+    }
+
+    /// Releases pin `pin`; false when there is none.
+    pub fn unpin(&mut self, pin: u64) -> bool {
+        self.pins.unpin(&mut self.blocks, pin)
     }
 
     /// Blocks held by pinned prompts.
     pub fn num_pinned(&self) -> usize {
-        self.pinned.len()
+        self.pins.num_blocks()
     }
 
     /// Tokens the pool holds besides its pinned blocks: the most one sequence can grow to.
     pub fn unpinned_tokens(&self) -> usize {
-        let unpinned = self.blocks.num_blocks().saturating_sub(self.pinned.len());
+        let unpinned = self.blocks.num_blocks().saturating_sub(self.num_pinned());
         unpinned * self.blocks.block_size
     }
 
     /// Whether block `id` is pinned.
     pub fn is_pinned(&self, id: BlockId) -> bool {
-        self.pinned.contains(&id)
+        self.pins.contains_block(id)
     }
 
     /// Checks the block manager's invariants against every live sequence's block table, and
@@ -434,7 +442,7 @@ impl Scheduler {
     pub fn check_invariants(&self) -> Result<(), String> {
         let tables = self.seqs.values().map(|s| s.block_table.as_slice());
         self.blocks
-            .check_invariants(tables.chain(std::iter::once(self.pinned.as_slice())))?;
+            .check_invariants(tables.chain(self.pins.tables()))?;
         let mut all: Vec<SeqId> = self.waiting.iter().chain(&self.running).copied().collect();
         all.sort_unstable();
         let mut live: Vec<SeqId> = self.seqs.keys().copied().collect();

@@ -184,10 +184,22 @@ impl Worker {
                 }
                 let seq_id = self.new_seq_id();
                 let (prompt, key) = (request.prompt.clone(), request.cache_key);
+                // A pin that cannot fit is refused before its prefill.
+                let room = request
+                    .pin
+                    .then(|| self.sched.pin_room(&prompt, self.pin_limit()));
                 self.out.add(id, seq_id, request, events);
+                if let Some(Err(e)) = room {
+                    return self.fail(seq_id, e);
+                }
                 if !self.parking.park(seq_id, &prompt, key, &self.sched.blocks) {
                     self.enqueue(seq_id);
                 }
+            }
+            Command::Unpin { pin, done } => {
+                let found = self.sched.unpin(pin);
+                self.publish();
+                let _ = done.send(found);
             }
             Command::Abort(id) => {
                 let seqs = self.out.seqs_of(id);
@@ -402,9 +414,8 @@ impl Worker {
                 self.sample(seq_id, logits, mask)
             }
             Outcome::Pin => {
-                // At most half the pool may be pinned, so requests always have room.
-                let limit = self.sched.blocks.num_blocks() / 2;
-                match self.sched.pin(seq_id, limit) {
+                let pin = self.out.request_id(seq_id).unwrap_or_default();
+                match self.sched.pin(seq_id, pin, self.pin_limit()) {
                     Ok(_) => self.finish(seq_id, FinishReason::Stop),
                     Err(e) => self.fail(seq_id, e),
                 }
@@ -421,28 +432,9 @@ impl Worker {
         }
     }
 
-    /// Where the cached prompt blocks of `seq_id` came from: (disk, pinned) tokens.
-    fn cache_sources(&self, seq_id: SeqId) -> (usize, usize) {
-        let (Some(seq), Some(from_disk)) = (self.sched.get(seq_id), self.out.disk_blocks(seq_id))
-        else {
-            return (0, 0);
-        };
-        let bs = self.sched.blocks.block_size;
-        let (mut disk, mut pinned) = (0, 0);
-        let num_cached = self.out.num_cached(seq_id);
-        for &id in seq.block_table.iter().take(num_cached / bs) {
-            if self.sched.is_pinned(id) {
-                pinned += bs;
-            } else if self
-                .sched
-                .blocks
-                .registered(id)
-                .is_some_and(|(h, _)| from_disk.contains(&h))
-            {
-                disk += bs;
-            }
-        }
-        (disk, pinned)
+    /// Most blocks pinned in all: half the pool, so requests always have room.
+    fn pin_limit(&self) -> usize {
+        self.sched.blocks.num_blocks() / 2
     }
 
     /// Ends a sequence: its blocks go back at once (full ones written behind to the disk
@@ -453,7 +445,7 @@ impl Worker {
             self.parking
                 .write_behind(&seq.block_table, &self.sched.blocks, &self.exec);
         }
-        let sources = self.cache_sources(seq_id);
+        let sources = self.out.cache_sources(seq_id, &self.sched);
         let Some(seq) = self.sched.finish(seq_id) else {
             return;
         };

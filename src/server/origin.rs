@@ -26,8 +26,11 @@ use super::AppState;
 /// Which hosts a server without keys answers (`--host` and `--allowed-host`).
 #[derive(Clone, Debug, Default)]
 pub struct AllowedHosts {
-    /// Names (lower case, no port) besides IP addresses and `localhost`.
+    /// Names (lower case, no port) besides IP addresses and `localhost`: `--host`'s and the
+    /// `--allowed-host` ones.
     pub names: Vec<String>,
+    /// The `--allowed-host` names alone: pages there may send requests (`Origin`).
+    pub origins: Vec<String>,
     /// `--allowed-host '*'`: any host and origin.
     pub any: bool,
 }
@@ -35,11 +38,13 @@ pub struct AllowedHosts {
 impl AllowedHosts {
     /// From `--host` and the `--allowed-host` values.
     pub fn new(bind_host: &str, extra: &[String]) -> Self {
-        let mut names: Vec<String> = extra.iter().map(|h| h.to_ascii_lowercase()).collect();
+        let origins: Vec<String> = extra.iter().map(|h| h.to_ascii_lowercase()).collect();
+        let mut names = origins.clone();
         names.push(bind_host.to_ascii_lowercase());
         AllowedHosts {
-            any: names.iter().any(|n| n == "*"),
+            any: origins.iter().any(|n| n == "*"),
             names,
+            origins,
         }
     }
 
@@ -69,7 +74,7 @@ impl AllowedHosts {
             return true;
         }
         let name = host_name(authority).to_ascii_lowercase();
-        self.names.iter().any(|n| *n == name)
+        self.origins.iter().any(|n| *n == name)
     }
 }
 
