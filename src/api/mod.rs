@@ -16,6 +16,7 @@ pub mod plan;
 pub mod reasoning;
 pub mod reply;
 pub mod reply_stream;
+pub mod responses;
 pub mod request;
 pub mod schema_keywords;
 pub mod schema_refs;
