@@ -71,7 +71,7 @@ fn not_found(param: &str, id: &str) -> ApiError {
     let mut e = ApiError::new(
         StatusCode::NOT_FOUND,
         "invalid_request_error",
-        format!("no response with id '{id}' is stored here (for this API key)"),
+        format!("`{param}`: no response with id '{id}' is stored here (for this API key)"),
     );
     e.param = Some(param.to_string());
     if param == "previous_response_id" {

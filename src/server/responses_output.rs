@@ -8,7 +8,6 @@
 
 use serde_json::{json, Value};
 
-use crate::api::reply::call_id;
 use crate::api::reply_stream::ReplyPiece;
 
 /// The item being written.
@@ -93,7 +92,8 @@ impl Output {
                 ReplyPiece::CallStart { index, name } => {
                     self.close(false);
                     let custom = self.custom_tools.contains(&name);
-                    let call_id = call_id(&self.resp_id, 0, index);
+                    let base = self.resp_id.trim_start_matches("resp_");
+                    let call_id = format!("call_{base}_{index}");
                     let id = self.item_id(if custom { "ctc" } else { "fc" });
                     let item = if custom {
                         json!({"type": "custom_tool_call", "id": id, "call_id": call_id, "name": name, "input": ""})
