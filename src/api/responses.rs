@@ -99,7 +99,22 @@ pub fn translate(
         // No tool this server runs is offered: `tool_choice` needs one.
         chat.insert("tool_choice".into(), c);
     }
-    for key in ["parallel_tool_calls", "temperature", "top_p", "stream", "seed"] {
+    // Besides OpenAI's fields, the chat path's extensions (llama.cpp's and vLLM's names).
+    for key in [
+        "parallel_tool_calls",
+        "temperature",
+        "top_p",
+        "stream",
+        "seed",
+        "top_k",
+        "min_p",
+        "presence_penalty",
+        "frequency_penalty",
+        "repeat_penalty",
+        "repetition_penalty",
+        "stop",
+        "ignore_eos",
+    ] {
         if let Some(v) = body.get(key).filter(|v| !v.is_null()) {
             chat.insert(key.into(), v.clone());
         }
