@@ -77,7 +77,8 @@ fn responses_whole_streamed_tools_store_and_errors() {
         return;
     };
     // Plain.
-    let body = json!({"model": "any", "input": "Say hello.", "max_output_tokens": 16, "temperature": 0});
+    let body =
+        json!({"model": "any", "input": "Say hello.", "max_output_tokens": 16, "temperature": 0});
     let (status, whole) = server.post("/v1/responses", &body);
     assert_eq!(status, 200, "{whole}");
     assert_eq!(whole["object"], "response");
@@ -177,7 +178,10 @@ fn responses_whole_streamed_tools_store_and_errors() {
     let call = &r["output"][0];
     assert_eq!(call["type"], "custom_tool_call", "{r}");
     assert_eq!(call["name"], "shout");
-    assert!(call["input"].is_string() && call["call_id"].is_string(), "{r}");
+    assert!(
+        call["input"].is_string() && call["call_id"].is_string(),
+        "{r}"
+    );
     assert_eq!(
         r["tools"].as_array().unwrap().len(),
         1,
@@ -374,7 +378,8 @@ fn stored_responses_are_kept_per_api_key() {
 /// The virtual environment with `openai`, `openai-agents` and `jsonschema` that scripts/test.sh
 /// makes; None (a skip) outside CI when it is missing, a failure in CI.
 fn responses_python() -> Option<PathBuf> {
-    let python = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/structured-venv/bin/python");
+    let python =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/structured-venv/bin/python");
     let ready = Command::new(&python)
         .args(["-c", "import openai, agents, jsonschema"])
         .status()
@@ -416,7 +421,8 @@ fn openai_client_and_agents_sdk_use_responses() {
 /// one prompt against the server with `wire_api = "responses"`.
 #[test]
 fn codex_cli_says_hello() {
-    let codex = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/codex/node_modules/.bin/codex");
+    let codex =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/codex/node_modules/.bin/codex");
     if !codex.exists() {
         skip_or_fail(&format!(
             "Codex CLI is not installed at {} (scripts/test.sh installs it from npm)",

@@ -198,8 +198,7 @@ pub fn responses_param(param: &str, t: &Translated) -> String {
 
 /// Leading system messages joined into one (many templates take one system message, first).
 fn merge_system(messages: &mut Vec<Value>) {
-    while messages.len() > 1 && messages[0]["role"] == "system" && messages[1]["role"] == "system"
-    {
+    while messages.len() > 1 && messages[0]["role"] == "system" && messages[1]["role"] == "system" {
         let next = messages.remove(1);
         let joined = format!(
             "{}\n\n{}",
@@ -389,8 +388,14 @@ fn tools(tools: Option<&Value>, t: &mut Translated) -> Result<Vec<Value>, Reques
         match kind {
             "function" => {
                 let (chat, flat) = function_tool(item, &param)?;
-                if out.iter().any(|o: &Value| o["function"]["name"] == chat["function"]["name"]) {
-                    t.ignored_tools.push(format!("{} (a second tool of that name)", chat["function"]["name"]));
+                if out
+                    .iter()
+                    .any(|o: &Value| o["function"]["name"] == chat["function"]["name"])
+                {
+                    t.ignored_tools.push(format!(
+                        "{} (a second tool of that name)",
+                        chat["function"]["name"]
+                    ));
                     continue;
                 }
                 out.push(chat);
@@ -413,7 +418,10 @@ fn tools(tools: Option<&Value>, t: &mut Translated) -> Result<Vec<Value>, Reques
                         continue;
                     }
                     let (chat, flat) = function_tool(nested, &p)?;
-                    if out.iter().any(|o: &Value| o["function"]["name"] == chat["function"]["name"]) {
+                    if out
+                        .iter()
+                        .any(|o: &Value| o["function"]["name"] == chat["function"]["name"])
+                    {
                         continue;
                     }
                     out.push(chat);
@@ -433,7 +441,10 @@ fn tools(tools: Option<&Value>, t: &mut Translated) -> Result<Vec<Value>, Reques
 /// A flat Responses `function` tool as a chat tool, and as the response echoes it.
 fn function_tool(item: &Value, param: &str) -> Result<(Value, Value), RequestError> {
     // The chat shape (`{"type": "function", "function": {...}}`) is taken as well.
-    let f = item.get("function").filter(|f| f.is_object()).unwrap_or(item);
+    let f = item
+        .get("function")
+        .filter(|f| f.is_object())
+        .unwrap_or(item);
     let name = str_field(f, "name", param)?;
     let mut function = json!({"name": name});
     for key in ["description", "parameters", "strict"] {
@@ -463,7 +474,10 @@ fn custom_tool(item: &Value, name: &str, param: &str) -> Result<Value, RequestEr
         Some(format) => match format.get("type").and_then(Value::as_str) {
             Some("text") => {}
             Some("grammar") => {
-                let syntax = format.get("syntax").and_then(Value::as_str).unwrap_or("lark");
+                let syntax = format
+                    .get("syntax")
+                    .and_then(Value::as_str)
+                    .unwrap_or("lark");
                 let definition = str_field(format, "definition", &format!("{param}.format"))?;
                 description.push_str(&format!(
                     "\n\nThe `input` must follow this {syntax} grammar:\n{definition}"
@@ -539,7 +553,8 @@ fn text_format(text: Option<&Value>) -> Result<Option<Value>, RequestError> {
         Some("text") => Ok(None),
         Some("json_object") => Ok(Some(json!({"type": "json_object"}))),
         Some("json_schema") => {
-            let mut schema = json!({"name": format.get("name").cloned().unwrap_or(json!("response"))});
+            let mut schema =
+                json!({"name": format.get("name").cloned().unwrap_or(json!("response"))});
             for key in ["schema", "strict", "description"] {
                 if let Some(v) = format.get(key).filter(|v| !v.is_null()) {
                     schema[key] = v.clone();
@@ -590,20 +605,35 @@ mod tests {
         }));
         let t = translate(&b, &[json!({"role": "user", "content": "before"})]).unwrap();
         let m = t.chat["messages"].as_array().unwrap();
-        assert_eq!(m[0], json!({"role": "system", "content": "Be brief.\n\ndev"}));
+        assert_eq!(
+            m[0],
+            json!({"role": "system", "content": "Be brief.\n\ndev"})
+        );
         assert_eq!(m[1]["content"], "before");
         assert_eq!(m[3]["tool_calls"].as_array().unwrap().len(), 2);
-        assert_eq!(m[4], json!({"role": "tool", "tool_call_id": "c1", "content": "sunny"}));
-        assert_eq!(m[5]["tool_calls"][0]["function"]["arguments"], "{\"input\":\"*** x\"}");
+        assert_eq!(
+            m[4],
+            json!({"role": "tool", "tool_call_id": "c1", "content": "sunny"})
+        );
+        assert_eq!(
+            m[5]["tool_calls"][0]["function"]["arguments"],
+            "{\"input\":\"*** x\"}"
+        );
         assert_eq!(t.conversation.len(), 6);
         assert_eq!(t.ignored_tools, vec!["web_search"]);
         assert_eq!(t.custom_tools, vec!["patch"]);
         assert_eq!(t.tool_index, vec![0, 2]);
-        assert_eq!(t.chat["tools"][1]["function"]["parameters"]["properties"]["input"]["pattern"], "^(?:a+)$");
+        assert_eq!(
+            t.chat["tools"][1]["function"]["parameters"]["properties"]["input"]["pattern"],
+            "^(?:a+)$"
+        );
         assert_eq!(t.chat["tool_choice"]["function"]["name"], "weather");
         assert_eq!(t.chat["max_tokens"], 9);
         assert_eq!(t.chat["response_format"]["json_schema"]["name"], "x");
-        assert_eq!(responses_param("tools[1].function.parameters", &t), "tools[2].parameters");
+        assert_eq!(
+            responses_param("tools[1].function.parameters", &t),
+            "tools[2].parameters"
+        );
         assert_eq!(responses_param("max_tokens", &t), "max_output_tokens");
     }
 
@@ -611,14 +641,32 @@ mod tests {
     fn bad_items_name_the_field() {
         for (b, param) in [
             (json!({"input": 5}), "input"),
-            (json!({"input": [{"role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "input_image", "image_url": "x"}]}]}), "input[0].content[1]"),
-            (json!({"input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": 3}]}]}), "input[0].content[0].text"),
-            (json!({"input": [{"type": "function_call", "call_id": "c", "name": "f"}]}), "input[0].arguments"),
-            (json!({"input": [{"type": "item_reference", "id": "x"}]}), "input[0]"),
+            (
+                json!({"input": [{"role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "input_image", "image_url": "x"}]}]}),
+                "input[0].content[1]",
+            ),
+            (
+                json!({"input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": 3}]}]}),
+                "input[0].content[0].text",
+            ),
+            (
+                json!({"input": [{"type": "function_call", "call_id": "c", "name": "f"}]}),
+                "input[0].arguments",
+            ),
+            (
+                json!({"input": [{"type": "item_reference", "id": "x"}]}),
+                "input[0]",
+            ),
             (json!({"input": "x", "background": true}), "background"),
-            (json!({"input": "x", "text": {"format": {"type": "xml"}}}), "text.format.type"),
+            (
+                json!({"input": "x", "text": {"format": {"type": "xml"}}}),
+                "text.format.type",
+            ),
             (json!({"input": "x", "tool_choice": 3}), "tool_choice"),
-            (json!({"input": "x", "tools": [{"type": "function"}]}), "tools[0].name"),
+            (
+                json!({"input": "x", "tools": [{"type": "function"}]}),
+                "tools[0].name",
+            ),
         ] {
             let e = translate(&body(b.clone()), &[]).unwrap_err();
             assert_eq!(e.param.as_deref(), Some(param), "{b}: {}", e.message);

@@ -189,7 +189,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/responses", post(responses::create))
         .route("/responses", post(responses::create))
         .route("/v1/responses/input_tokens", post(responses::input_tokens))
-        .route("/v1/responses/{id}", get(responses::get).delete(responses::delete))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::get).delete(responses::delete),
+        )
         // llama-server's paths without the /v1 prefix.
         .route("/models", get(models))
         .route("/completions", post(completions))

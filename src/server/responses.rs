@@ -134,13 +134,18 @@ pub async fn create(
     let choice = collect(&mut stream, 1).await?.remove(0);
     let mut output = Output::new(&meta.id, meta.t.custom_tools.clone());
     output.push(ReplyStream::new(parsing).push(&choice.text, true));
-    let body = finish(&state, &info, &meta, &mut output, choice.finish, &choice.usage);
+    let body = finish(
+        &state,
+        &info,
+        &meta,
+        &mut output,
+        choice.finish,
+        &choice.usage,
+    );
     let mut response = Json(body).into_response();
-    response.extensions_mut().insert(LogNote(log_note(
-        &[choice.usage],
-        &[choice.finish],
-        false,
-    )));
+    response
+        .extensions_mut()
+        .insert(LogNote(log_note(&[choice.usage], &[choice.finish], false)));
     Ok(response)
 }
 
@@ -168,7 +173,11 @@ pub(super) fn finish(
                 .map_or(0, |ids| ids.len())
         })
         .sum::<usize>();
-    let status = if incomplete { "incomplete" } else { "completed" };
+    let status = if incomplete {
+        "incomplete"
+    } else {
+        "completed"
+    };
     let mut body = response_object(meta, status, output.items.clone());
     body["usage"] = json!({
         "input_tokens": usage.prompt_tokens,

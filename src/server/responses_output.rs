@@ -12,9 +12,18 @@ use crate::api::reply_stream::ReplyPiece;
 
 /// The item being written.
 enum Open {
-    Message { text: String },
-    Reasoning { text: String },
-    Call { call_id: String, name: String, arguments: String, custom: bool },
+    Message {
+        text: String,
+    },
+    Reasoning {
+        text: String,
+    },
+    Call {
+        call_id: String,
+        name: String,
+        arguments: String,
+        custom: bool,
+    },
 }
 
 /// The output items of one response, and the events not yet sent.
@@ -61,10 +70,16 @@ impl Output {
                     if !matches!(self.open, Some((_, Open::Reasoning { .. }))) {
                         self.close(false);
                         let id = self.item_id("rs");
-                        let item = json!({"type": "reasoning", "id": id, "summary": [], "content": []});
+                        let item =
+                            json!({"type": "reasoning", "id": id, "summary": [], "content": []});
                         self.added(item);
                         self.event("response.content_part.added", json!({"item_id": id, "output_index": self.items.len(), "content_index": 0, "part": {"type": "reasoning_text", "text": ""}}));
-                        self.open = Some((id, Open::Reasoning { text: String::new() }));
+                        self.open = Some((
+                            id,
+                            Open::Reasoning {
+                                text: String::new(),
+                            },
+                        ));
                     }
                     let output_index = self.items.len();
                     if let Some((id, Open::Reasoning { text: all })) = self.open.as_mut() {
@@ -80,7 +95,12 @@ impl Output {
                         let item = json!({"type": "message", "id": id, "role": "assistant", "status": "in_progress", "content": []});
                         self.added(item);
                         self.event("response.content_part.added", json!({"item_id": id, "output_index": self.items.len(), "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}}));
-                        self.open = Some((id, Open::Message { text: String::new() }));
+                        self.open = Some((
+                            id,
+                            Open::Message {
+                                text: String::new(),
+                            },
+                        ));
                     }
                     let output_index = self.items.len();
                     if let Some((id, Open::Message { text: all })) = self.open.as_mut() {
@@ -113,13 +133,22 @@ impl Output {
                 }
                 ReplyPiece::Arguments { text, .. } => {
                     let output_index = self.items.len();
-                    if let Some((id, Open::Call { arguments, custom, .. })) = self.open.as_mut() {
+                    if let Some((
+                        id,
+                        Open::Call {
+                            arguments, custom, ..
+                        },
+                    )) = self.open.as_mut()
+                    {
                         arguments.push_str(&text);
                         // A custom tool's input is a string inside the arguments: it goes out
                         // whole when the call ends.
                         if !*custom {
                             let id = id.clone();
-                            self.event("response.function_call_arguments.delta", json!({"item_id": id, "output_index": output_index, "delta": text}));
+                            self.event(
+                                "response.function_call_arguments.delta",
+                                json!({"item_id": id, "output_index": output_index, "delta": text}),
+                            );
                         }
                     }
                 }
@@ -141,7 +170,11 @@ impl Output {
             return;
         };
         let output_index = self.items.len();
-        let status = if incomplete { "incomplete" } else { "completed" };
+        let status = if incomplete {
+            "incomplete"
+        } else {
+            "completed"
+        };
         let item = match open {
             Open::Message { text } => {
                 self.event("response.output_text.done", json!({"item_id": id, "output_index": output_index, "content_index": 0, "text": text, "logprobs": []}));
@@ -165,8 +198,14 @@ impl Output {
                     .ok()
                     .and_then(|a| a.get("input").and_then(Value::as_str).map(String::from))
                     .unwrap_or(arguments);
-                self.event("response.custom_tool_call_input.delta", json!({"item_id": id, "output_index": output_index, "delta": input}));
-                self.event("response.custom_tool_call_input.done", json!({"item_id": id, "output_index": output_index, "input": input}));
+                self.event(
+                    "response.custom_tool_call_input.delta",
+                    json!({"item_id": id, "output_index": output_index, "delta": input}),
+                );
+                self.event(
+                    "response.custom_tool_call_input.done",
+                    json!({"item_id": id, "output_index": output_index, "input": input}),
+                );
                 json!({"type": "custom_tool_call", "id": id, "call_id": call_id, "name": name, "input": input})
             }
             Open::Call {
@@ -175,7 +214,10 @@ impl Output {
                 arguments,
                 custom: false,
             } => {
-                self.event("response.function_call_arguments.done", json!({"item_id": id, "output_index": output_index, "arguments": arguments}));
+                self.event(
+                    "response.function_call_arguments.done",
+                    json!({"item_id": id, "output_index": output_index, "arguments": arguments}),
+                );
                 json!({"type": "function_call", "id": id, "call_id": call_id, "name": name, "arguments": arguments, "status": status})
             }
         };

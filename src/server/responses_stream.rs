@@ -150,8 +150,7 @@ impl ResponseSse {
                 Some(Event::Error(e)) => {
                     self.output.close(true);
                     self.send_output();
-                    let mut body =
-                        response_object(&self.meta, "failed", self.output.items.clone());
+                    let mut body = response_object(&self.meta, "failed", self.output.items.clone());
                     body["error"] = json!({"code": "server_error", "message": format!("generation failed: {e}")});
                     self.send("response.failed", json!({ "response": body }));
                     self.end(&format!("error: {e}"));
