@@ -403,18 +403,16 @@ mod tests {
         }));
         let t = translate(&b, &[json!({"role": "user", "content": "before"})]).unwrap();
         let m = t.chat["messages"].as_array().unwrap();
-        assert_eq!(
-            m[0],
-            json!({"role": "system", "content": "Be brief.\n\ndev"})
-        );
+        assert_eq!(m[0], json!({"role": "system", "content": "Be brief."}));
         assert_eq!(m[1]["content"], "before");
-        assert_eq!(m[3]["tool_calls"].as_array().unwrap().len(), 2);
+        assert_eq!(m[2], json!({"role": "system", "content": "dev"}));
+        assert_eq!(m[4]["tool_calls"].as_array().unwrap().len(), 2);
         assert_eq!(
-            m[4],
+            m[5],
             json!({"role": "tool", "tool_call_id": "c1", "content": "sunny"})
         );
         assert_eq!(
-            m[5]["tool_calls"][0]["function"]["arguments"],
+            m[6]["tool_calls"][0]["function"]["arguments"],
             "{\"input\":\"*** x\"}"
         );
         assert_eq!(t.conversation.len(), 6);

@@ -252,3 +252,72 @@ impl Output {
         vec![m]
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_then_calls_make_items_and_events_in_order() {
+        let mut out = Output::new("resp_ab", vec!["patch".into()]);
+        out.push(vec![
+            ReplyPiece::Content("Let me ".into()),
+            ReplyPiece::Content("look.".into()),
+            ReplyPiece::CallStart {
+                index: 0,
+                name: "f".into(),
+            },
+            ReplyPiece::Arguments {
+                index: 0,
+                text: "{\"a\": 1}".into(),
+            },
+            ReplyPiece::CallStart {
+                index: 1,
+                name: "patch".into(),
+            },
+            ReplyPiece::Arguments {
+                index: 1,
+                text: "{\"input\": \"*** x\"}".into(),
+            },
+        ]);
+        out.close(false);
+        let kinds: Vec<&str> = out
+            .events
+            .iter()
+            .map(|e| e["type"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.output_text.delta",
+                "response.output_text.delta",
+                "response.output_text.done",
+                "response.content_part.done",
+                "response.output_item.done",
+                "response.output_item.added",
+                "response.function_call_arguments.delta",
+                "response.function_call_arguments.done",
+                "response.output_item.done",
+                "response.output_item.added",
+                "response.custom_tool_call_input.delta",
+                "response.custom_tool_call_input.done",
+                "response.output_item.done",
+            ]
+        );
+        assert_eq!(out.items[0]["content"][0]["text"], "Let me look.");
+        assert_eq!(out.items[1]["arguments"], "{\"a\": 1}");
+        assert_eq!(out.items[1]["call_id"], "call_ab_0");
+        assert_eq!(out.items[2]["type"], "custom_tool_call");
+        assert_eq!(out.items[2]["input"], "*** x");
+        let m = &out.assistant_messages()[0];
+        assert_eq!(m["content"], "Let me look.");
+        assert_eq!(
+            m["tool_calls"][1]["function"]["arguments"],
+            "{\"input\":\"*** x\"}"
+        );
+        // Every event of an item carries its output index.
+        assert!(out.events[8..11].iter().all(|e| e["output_index"] == 1));
+    }
+}
