@@ -53,6 +53,7 @@ pub(super) fn tools(tools: Option<&Value>, t: &mut Translated) -> Result<Vec<Val
             // A group of tools: its function tools are offered, the rest left out.
             "namespace" => {
                 let nested = item.get("tools").and_then(Value::as_array);
+                let before = out.len();
                 for (k, nested) in nested.into_iter().flatten().enumerate() {
                     let p = format!("{param}.tools[{k}]");
                     if nested.get("type").and_then(Value::as_str) != Some("function") {
@@ -69,8 +70,11 @@ pub(super) fn tools(tools: Option<&Value>, t: &mut Translated) -> Result<Vec<Val
                     echo.push(flat);
                     t.tool_index.push(i);
                 }
-                let name = item.get("name").and_then(Value::as_str).unwrap_or("");
-                t.ignored_tools.push(format!("namespace {name}"));
+                if out.len() == before {
+                    let name = item.get("name").and_then(Value::as_str).unwrap_or("");
+                    t.ignored_tools
+                        .push(format!("namespace {name} (no function tools in it)"));
+                }
             }
             other => t.ignored_tools.push(other.to_string()),
         }
