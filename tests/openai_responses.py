@@ -115,6 +115,20 @@ def tool_round_trip():
     check("tools stream: deltas join to the call", streamed_args == items[0].arguments == calls[0].arguments, (streamed_args, items[0]))
 
 
+def custom_tool():
+    shout = {"type": "custom", "name": "shout", "description": "Shouts its input."}
+    body = {"model": MODEL, "input": "Shout the word hello.", "tools": [shout, {"type": "web_search"}],
+            "tool_choice": {"type": "custom", "name": "shout"}, "temperature": 0, "max_output_tokens": 40}
+    r = client.responses.create(**{k: v for k, v in body.items()})
+    check("custom tool: a custom_tool_call", r.output and r.output[0].type == "custom_tool_call", r.output)
+    events = raw_events({**body, "stream": True})
+    done = [e.input for e in events if e.type == "response.custom_tool_call_input.done"]
+    inputs = [o.input for o in r.output if o.type == "custom_tool_call"]
+    check("custom tool stream: input events equal the whole response's calls", done == inputs, (done, r.output))
+    items = [e.item for e in events if e.type == "response.output_item.done"]
+    check("custom tool stream: call in output_item.done", items[0].type == "custom_tool_call" and items[0].input == done[0], items)
+
+
 def previous_response():
     r1 = client.responses.create(model=MODEL, input="My name is Alice. Reply with OK.", max_output_tokens=8, temperature=0)
     r2 = client.responses.create(model=MODEL, previous_response_id=r1.id, input="What is my name?", max_output_tokens=16, temperature=0)
@@ -177,6 +191,7 @@ def agent():
 whole = plain()
 streamed(whole)
 tool_round_trip()
+custom_tool()
 previous_response()
 json_schema()
 agent()
