@@ -20,11 +20,12 @@ if ! command -v tmux >/dev/null 2>&1; then
   ($SUDO apt-get install -y -q tmux || ($SUDO apt-get update -q && $SUDO apt-get install -y -q tmux)) >/dev/null 2>&1 \
     || echo "warning: could not install tmux; the terminal chat tests will fail (under CI=true) or be skipped" >&2
 fi
-# tests/webui_markdown.rs runs the chat page's markdown.js under node (fails under CI=true without it).
-if ! command -v node >/dev/null 2>&1; then
+# tests/webui_markdown.rs runs the chat page's markdown.js under node, and the agent tests install
+# Codex CLI and Claude Code with npm (each fails under CI=true without them).
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  ($SUDO apt-get install -y -q nodejs || ($SUDO apt-get update -q && $SUDO apt-get install -y -q nodejs)) >/dev/null 2>&1 \
-    || echo "warning: could not install nodejs; tests/webui_markdown.rs will fail under CI=true" >&2
+  ($SUDO apt-get install -y -q nodejs npm || ($SUDO apt-get update -q && $SUDO apt-get install -y -q nodejs npm)) >/dev/null 2>&1 \
+    || echo "warning: could not install nodejs and npm; tests/webui_markdown.rs and the agent tests will fail under CI=true" >&2
 fi
 # The AArch64 NEON kernels without an Arm machine: cross-compiled and run under qemu-user by
 # tests/neon_qemu.rs, which fails (instead of skipping) when these are missing.
@@ -63,13 +64,24 @@ fi
 # --- structured output (issue 11) ---
 # tests/server_structured.rs drives the official `openai` client and validates replies with
 # `jsonschema`: both go into a virtual environment under target/ (made once, then reused).
+# tests/server_responses.rs also drives the openai-agents SDK from the same environment.
 STRUCTURED_VENV="$PWD/target/structured-venv"
-if ! "$STRUCTURED_VENV/bin/python" -c "import openai, jsonschema" >/dev/null 2>&1; then
+if ! "$STRUCTURED_VENV/bin/python" -c "import openai, jsonschema, agents" >/dev/null 2>&1; then
   python3 -m venv "$STRUCTURED_VENV" \
-    && "$STRUCTURED_VENV/bin/python" -m pip install -q --disable-pip-version-check openai jsonschema \
-    || echo "warning: could not install openai and jsonschema; tests/server_structured.rs will fail under CI" >&2
+    && "$STRUCTURED_VENV/bin/python" -m pip install -q --disable-pip-version-check openai jsonschema openai-agents \
+    || echo "warning: could not install openai, jsonschema and openai-agents; tests/server_structured.rs and tests/server_responses.rs will fail under CI" >&2
 fi
 # --- end structured output ---
+# --- Responses API (issue 26): tests/server_responses.rs runs Codex CLI (`codex exec`) against the
+# server; installed from npm into target/codex once (about 10 s), then reused.
+CODEX_VERSION="0.171.0"
+if [ ! -x target/codex/node_modules/.bin/codex ]; then
+  if ! npm install --silent --prefix target/codex "@openai/codex@$CODEX_VERSION" >/dev/null 2>&1; then
+    if [ "${CI:-}" = "true" ]; then echo "error: installing @openai/codex from npm failed" >&2; exit 1; fi
+    echo "warning: could not install @openai/codex; tests/server_responses.rs will skip its Codex run" >&2
+  fi
+fi
+# --- end Responses API ---
 # --- synthetic models (issue 19) ---
 # tests/synth_models.rs and tests/kernels_iq.rs: the `gguf` package (the synthetic models'
 # writer and the IQ dequantization reference) in target/synth-venv, and the synthetic GGUF

@@ -7,6 +7,8 @@
 //! its reply) or a [`RequestError`] naming the bad field. `tool_parser` finds tool calls in
 //! generated text, whole or streamed; `reasoning` splits a `<think>` reply into
 //! `reasoning_content` and `content`; `reply` takes a whole reply apart for every face.
+//! `responses` (with `responses_tools`) translates an OpenAI Responses API body into the chat
+//! body `plan` reads.
 //!
 //! Layers: the faces (`cli`, `server`) use this module; it uses the engine, the chat template and
 //! the tokenizer, and never a face. The faces turn a [`RequestError`] into their own error (an
@@ -17,6 +19,8 @@ pub mod reasoning;
 pub mod reply;
 pub mod reply_stream;
 pub mod request;
+pub mod responses;
+mod responses_tools;
 pub mod schema_keywords;
 pub mod schema_refs;
 pub mod structured;

@@ -13,6 +13,8 @@
 //! - `listener`: the accept loop and connection limits (timeouts, the connection cap, the
 //!   body-read timeout and early 413).
 //! - `webui`: the chat page at `/` and its embedded assets.
+//! - `responses` (with `responses_output`, `responses_stream`, `response_store`): the OpenAI
+//!   Responses API on the chat path.
 //! - `router_api`: `/render`, `/get_load` and vLLM's gauges, for routers in front of workers.
 //!
 //! Called by `main.rs` (`edge-llm serve`). A sibling of `crate::cli`: neither imports the other;
@@ -28,6 +30,10 @@ mod middleware;
 mod origin;
 mod planner;
 mod response;
+mod response_store;
+mod responses;
+mod responses_output;
+mod responses_stream;
 mod router_api;
 mod routes;
 mod stream;
@@ -162,6 +168,8 @@ pub struct AppState {
     pub planner: planner::Planner,
     /// The hosts and origins a server without keys answers (`origin`).
     pub allowed_hosts: origin::AllowedHosts,
+    /// The Responses API's kept responses (`store`, `previous_response_id`).
+    pub responses: response_store::ResponseStore,
 }
 
 /// Every route, behind the log line, the API-key guard and the body limit.
@@ -184,6 +192,14 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/cache", get(cache_routes::cache_info))
         .route("/v1/cache/pin", post(cache_routes::pin))
         .route("/detokenize", post(detokenize))
+        // The Responses API (`responses`).
+        .route("/v1/responses", post(responses::create))
+        .route("/responses", post(responses::create))
+        .route("/v1/responses/input_tokens", post(responses::input_tokens))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::get).delete(responses::delete),
+        )
         // llama-server's paths without the /v1 prefix.
         .route("/models", get(models))
         .route("/completions", post(completions))
@@ -321,6 +337,7 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         pins: std::sync::Mutex::new(pins),
         allowed_hosts: origin::AllowedHosts::new(&args.host, &args.allowed_host),
         planner: planner::Planner::new(args.max_planning, planner::NUM_PLANNER_THREADS),
+        responses: Default::default(),
     });
     let max_planning = args.max_planning;
     let runtime = tokio::runtime::Builder::new_multi_thread()
