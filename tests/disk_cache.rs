@@ -479,7 +479,7 @@ fn pinned_prompts_survive_a_workload_that_evicts_everything_else() {
         "512",
         "--pin-prompt",
         pin_file.to_str().unwrap(),
-        "--api-key",
+        "--admin-api-key",
         "key-a",
         "--api-key",
         "key-b",

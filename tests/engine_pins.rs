@@ -40,7 +40,7 @@ fn requests_admitted_beside_pinned_prompts_finish_instead_of_failing() {
     let mut stream = engine
         .submit(pin_request(tokens(15 * BLOCK + 1, 1)))
         .unwrap();
-    let pinned = pinned_from(stream.next_blocking()).unwrap();
+    let pinned = pinned_from(stream.id, stream.next_blocking()).unwrap();
     assert_eq!(pinned.prompt_tokens, 15 * BLOCK + 1);
     let room = (NUM_BLOCKS - 15) * BLOCK;
     let m = support::wait_idle(&engine);
@@ -104,9 +104,9 @@ fn pins_share_prefixes_unpin_and_are_refused_before_prefill() {
     let mut longer = base.clone();
     longer.extend(tokens(4 * BLOCK, 5));
     let mut a = engine.submit(pin_request(base.clone())).unwrap();
-    pinned_from(a.next_blocking()).unwrap();
+    pinned_from(a.id, a.next_blocking()).unwrap();
     let mut b = engine.submit(pin_request(longer.clone())).unwrap();
-    pinned_from(b.next_blocking()).unwrap();
+    pinned_from(b.id, b.next_blocking()).unwrap();
     let m = support::wait_idle(&engine);
     assert_eq!(m.blocks_pinned, 12, "the shared 8 blocks count once");
     assert_eq!(engine.max_seq_len(), (NUM_BLOCKS - 12) * BLOCK);
@@ -126,7 +126,9 @@ fn pins_share_prefixes_unpin_and_are_refused_before_prefill() {
     std::thread::sleep(std::time::Duration::from_millis(200));
     let steps = support::wait_idle(&engine).steps;
     let mut big = engine.submit(pin_request(tokens(18 * BLOCK, 6))).unwrap();
-    let e = pinned_from(big.next_blocking()).unwrap_err().to_string();
+    let e = pinned_from(big.id, big.next_blocking())
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("more than 17"), "{e}");
     assert_eq!(
         support::wait_idle(&engine).steps,

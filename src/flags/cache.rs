@@ -126,6 +126,8 @@ pub fn pin_tokens(
 /// What pinning a prompt did.
 #[derive(Clone, Copy, Debug)]
 pub struct Pinned {
+    /// The pin's id (its request's): `EngineHandle::unpin` takes it.
+    pub pin: u64,
     pub prompt_tokens: usize,
     /// Tokens that were already cached (in memory, on disk, or pinned before).
     pub cached_tokens: usize,
@@ -138,10 +140,11 @@ pub fn pin_request(tokens: Vec<u32>) -> Request {
     r
 }
 
-/// Reads a pin request's stream to its end.
-pub fn pinned_from(event: Option<Event>) -> Result<Pinned> {
+/// Reads the end of pin request `pin`'s stream.
+pub fn pinned_from(pin: u64, event: Option<Event>) -> Result<Pinned> {
     match event {
         Some(Event::Finished { usage, .. }) => Ok(Pinned {
+            pin,
             prompt_tokens: usage.prompt_tokens,
             cached_tokens: usage.cached_tokens,
         }),
@@ -156,7 +159,7 @@ pub fn pin_blocking(engine: &EngineHandle, tokens: Vec<u32>) -> Result<Pinned> {
     loop {
         match stream.next_blocking() {
             Some(Event::Token { .. }) => continue,
-            e => return pinned_from(e),
+            e => return pinned_from(stream.id, e),
         }
     }
 }

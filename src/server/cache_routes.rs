@@ -1,17 +1,23 @@
-//! The prefix cache's routes: `GET /v1/cache` (what is pinned, blocks in memory and on disk)
-//! and `POST /v1/cache/pin` (compute a prompt, or load it from disk, and pin its blocks).
-//! Behind the API-key guard like every route; pinned prompts are shared by every key.
+//! The prefix cache's routes: `GET /v1/cache` (what is pinned, blocks in memory and on disk),
+//! `POST /v1/cache/pin` (compute a prompt, or load it from disk, and pin its blocks) and
+//! `DELETE /v1/cache/pin/{id}` (release a pin). A pinned prompt's blocks serve every key, but
+//! each pin belongs to the key that made it: only that key (or an admin key) lists and removes
+//! it, a key's pins together hold at most `--pin-budget-tokens`, the same prompt pinned twice by
+//! one key is one pin, and with API keys only an `--admin-api-key` may pin (pins hold memory
+//! every tenant shares). `--pin-prompt` pins belong to the server.
 
 use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::State;
-use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::{Extension, Json};
 use serde_json::{json, Value};
 
 use super::body::json_object;
 use super::error::ApiError;
+use super::middleware::RequestInfo;
 use super::AppState;
 use crate::api::request::{self as params, Fields};
 use crate::chat_template::encode_prompt;
@@ -21,23 +27,58 @@ use crate::flags::cache::{pin_request, pinned_from};
 /// A pinned prompt, as `GET /v1/cache` lists it.
 #[derive(Clone, Debug)]
 pub struct PinRecord {
+    /// The engine's pin id.
+    pub pin: u64,
     /// Where it came from: a `--pin-prompt` file or `POST /v1/cache/pin`.
     pub source: String,
     pub prompt_tokens: usize,
+    /// The key that pinned it (its cache salt); None: the server (`--pin-prompt`), or a server
+    /// without keys.
+    pub owner: Option<u64>,
+    /// A digest of its token ids (one key pinning the same prompt twice gets the same pin).
+    pub digest: u64,
 }
 
 impl PinRecord {
     fn json(&self) -> Value {
-        json!({"source": self.source, "prompt_tokens": self.prompt_tokens})
+        json!({"id": pin_name(self.pin), "source": self.source, "prompt_tokens": self.prompt_tokens})
     }
 }
 
-pub async fn cache_info(State(state): State<Arc<AppState>>) -> Json<Value> {
+fn pin_name(pin: u64) -> String {
+    format!("pin-{pin}")
+}
+
+/// The digest of a prompt's token ids.
+pub fn digest(tokens: &[u32]) -> u64 {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let mut h = DefaultHasher::new();
+    tokens.hash(&mut h);
+    h.finish()
+}
+
+/// Whether the caller (`owner`: its key's salt) sees and may remove pin `p`: its own, and
+/// everything for an admin key or a server without keys.
+fn visible(state: &AppState, owner: Option<u64>, p: &PinRecord) -> bool {
+    state.api_keys.is_empty()
+        || p.owner == owner
+        || owner.is_some_and(|o| state.admin_salts.contains(&o))
+}
+
+pub async fn cache_info(
+    State(state): State<Arc<AppState>>,
+    Extension(info): Extension<RequestInfo>,
+) -> Json<Value> {
     let m = state.engine.metrics().unwrap_or_default();
     let pinned: Vec<Value> = state
         .pins
         .lock()
-        .map(|p| p.iter().map(PinRecord::json).collect())
+        .map(|p| {
+            p.iter()
+                .filter(|p| visible(&state, info.cache_key, p))
+                .map(PinRecord::json)
+                .collect()
+        })
         .unwrap_or_default();
     let disk = match &m.disk_cache {
         Some(d) => json!({
@@ -67,8 +108,18 @@ pub async fn cache_info(State(state): State<Arc<AppState>>) -> Json<Value> {
 
 pub async fn pin(
     State(state): State<Arc<AppState>>,
+    Extension(info): Extension<RequestInfo>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
+    let owner = info.cache_key;
+    if !state.api_keys.is_empty() && !owner.is_some_and(|o| state.admin_salts.contains(&o)) {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "permission_error",
+            "pinning needs an admin key (--admin-api-key): pinned prompts hold memory every key shares",
+        )
+        .with_code("pin_not_allowed"));
+    }
     let planned = state.clone();
     let (tokens, param) = state
         .planner
@@ -76,6 +127,26 @@ pub async fn pin(
         .await?;
     if tokens.is_empty() {
         return Err(ApiError::from_submit(SubmitError::EmptyPrompt, param));
+    }
+    let digest = digest(&tokens);
+    let (held, same) = state.pins.lock().map_or((0, None), |pins| {
+        let mine = pins.iter().filter(|p| p.owner == owner);
+        let held = mine.clone().map(|p| p.prompt_tokens).sum::<usize>();
+        (held, mine.into_iter().find(|p| p.digest == digest).cloned())
+    });
+    if let Some(p) = same {
+        return Ok(Json(pin_answer(&state, &p, p.prompt_tokens, true)));
+    }
+    if held + tokens.len() > state.pin_budget_tokens {
+        return Err(ApiError::invalid(
+            param,
+            format!(
+                "this key's pins hold {held} tokens; {} more would pass its budget of {} (--pin-budget-tokens); remove a pin first (DELETE /v1/cache/pin/ID)",
+                tokens.len(),
+                state.pin_budget_tokens
+            ),
+        )
+        .with_code("pin_budget_exceeded"));
     }
     let mut stream = state
         .engine
@@ -87,20 +158,71 @@ pub async fn pin(
             e => break e,
         }
     };
-    let pinned = pinned_from(end).map_err(|e| ApiError::invalid(param, format!("{e:#}")))?;
+    let pinned =
+        pinned_from(stream.id, end).map_err(|e| ApiError::invalid(param, format!("{e:#}")))?;
     let record = PinRecord {
+        pin: pinned.pin,
         source: "POST /v1/cache/pin".into(),
         prompt_tokens: pinned.prompt_tokens,
+        owner,
+        digest,
     };
     if let Ok(mut p) = state.pins.lock() {
-        p.push(record);
+        p.push(record.clone());
     }
+    Ok(Json(pin_answer(
+        &state,
+        &record,
+        pinned.cached_tokens,
+        false,
+    )))
+}
+
+/// The answer to a pin: its id, its size, and the pool's pinned blocks now.
+fn pin_answer(state: &AppState, p: &PinRecord, cached_tokens: usize, existing: bool) -> Value {
+    let m = state.engine.metrics().unwrap_or_default();
+    json!({
+        "object": "cache.pin",
+        "id": pin_name(p.pin),
+        "pinned": true,
+        "already_pinned": existing,
+        "prompt_tokens": p.prompt_tokens,
+        "cached_tokens": cached_tokens,
+        "blocks_pinned": m.blocks_pinned,
+    })
+}
+
+/// `DELETE /v1/cache/pin/{id}`: releases one of the caller's pins (any, for an admin key).
+pub async fn unpin(
+    State(state): State<Arc<AppState>>,
+    Extension(info): Extension<RequestInfo>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let pin = id.strip_prefix("pin-").unwrap_or(&id).parse::<u64>().ok();
+    let found = pin.and_then(|pin| {
+        let mut pins = state.pins.lock().ok()?;
+        let at = pins
+            .iter()
+            .position(|p| p.pin == pin && visible(&state, info.cache_key, p))?;
+        Some(pins.remove(at))
+    });
+    let Some(record) = found else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            format!("no pin `{id}` of this key (GET /v1/cache lists them)"),
+        )
+        .with_code("pin_not_found"));
+    };
+    let engine = state.engine.clone();
+    let released = tokio::task::spawn_blocking(move || engine.unpin(record.pin))
+        .await
+        .unwrap_or(false);
     let m = state.engine.metrics().unwrap_or_default();
     Ok(Json(json!({
         "object": "cache.pin",
-        "pinned": true,
-        "prompt_tokens": pinned.prompt_tokens,
-        "cached_tokens": pinned.cached_tokens,
+        "id": pin_name(record.pin),
+        "deleted": released,
         "blocks_pinned": m.blocks_pinned,
     })))
 }

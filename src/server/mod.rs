@@ -47,7 +47,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::Router;
 use clap::Args;
 
@@ -78,6 +78,14 @@ pub struct ServeArgs {
     /// `*` answers any. IP addresses, localhost and the --host name are always answered.
     #[arg(long = "allowed-host", value_name = "NAME")]
     pub allowed_host: Vec<String>,
+    /// An API key that may also pin prompts (POST /v1/cache/pin) and see and remove every
+    /// key's pins; repeatable. With API keys and no admin key, nothing can be pinned over HTTP.
+    #[arg(long = "admin-api-key", value_name = "KEY")]
+    pub admin_api_key: Vec<String>,
+    /// Most prompt tokens one key's pins (POST /v1/cache/pin) hold together [default: half the
+    /// KV pool, the most the engine pins in all]
+    #[arg(long = "pin-budget-tokens", value_name = "N")]
+    pub pin_budget_tokens: Option<usize>,
     /// Require `Authorization: Bearer KEY` on every route but /health [default: $EDGE_LLM_API_KEY].
     /// Repeatable: each key's prompts get their own prefix cache (pinned prompts are shared)
     #[arg(long = "api-key")]
@@ -166,6 +174,10 @@ pub struct AppState {
     pub pins: std::sync::Mutex<Vec<cache_routes::PinRecord>>,
     /// Where requests are planned, off the HTTP threads.
     pub planner: planner::Planner,
+    /// The salts of the `--admin-api-key` keys.
+    pub admin_salts: Vec<u64>,
+    /// Most prompt tokens one key's pins hold (`--pin-budget-tokens`).
+    pub pin_budget_tokens: usize,
     /// The hosts and origins a server without keys answers (`origin`).
     pub allowed_hosts: origin::AllowedHosts,
     /// The Responses API's kept responses (`store`, `previous_response_id`).
@@ -191,6 +203,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/tokenize", post(tokenize))
         .route("/v1/cache", get(cache_routes::cache_info))
         .route("/v1/cache/pin", post(cache_routes::pin))
+        .route("/v1/cache/pin/{id}", delete(cache_routes::unpin))
         .route("/detokenize", post(detokenize))
         // The Responses API (`responses`).
         .route("/v1/responses", post(responses::create))
@@ -318,10 +331,14 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         .pin_all(&engine, template.as_ref().ok())?
         .into_iter()
         .map(|(source, p)| cache_routes::PinRecord {
+            pin: p.pin,
             source,
             prompt_tokens: p.prompt_tokens,
+            owner: None,
+            digest: 0,
         })
         .collect();
+    let pin_limit_tokens = engine.config.num_blocks / 2 * engine.config.block_size;
     let created = unix_now();
     let state = Arc::new(AppState {
         engine,
@@ -336,6 +353,8 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         kv_events,
         pins: std::sync::Mutex::new(pins),
         allowed_hosts: origin::AllowedHosts::new(&args.host, &args.allowed_host),
+        admin_salts: args.admin_api_key.iter().map(|k| cache_salt(k)).collect(),
+        pin_budget_tokens: args.pin_budget_tokens.unwrap_or(pin_limit_tokens),
         planner: planner::Planner::new(args.max_planning, planner::NUM_PLANNER_THREADS),
         responses: Default::default(),
     });
@@ -388,6 +407,7 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
 /// the file keep keys out of `ps`), each with the salt of its prefix cache.
 fn api_keys(args: &ServeArgs) -> Result<Vec<(String, u64)>> {
     let mut keys = args.api_key.clone();
+    keys.extend(args.admin_api_key.iter().cloned());
     if keys.iter().any(|k| k.trim().is_empty()) {
         bail!("--api-key must not be empty");
     }

@@ -1,0 +1,200 @@
+//! Issue 30, item 2, over HTTP: any key could pin, pins were nobody's, could not be removed and
+//! were appended again on every repeat, so key B's pins made key A's requests fail until a
+//! restart. Now with API keys only an `--admin-api-key` pins; each pin has an id and an owner,
+//! is listed to its owner (and admins) and removed with `DELETE /v1/cache/pin/{id}`; one key
+//! pinning the same prompt twice gets the same pin; a key's pins stay within
+//! `--pin-budget-tokens`, refused before anything is computed; and in any mix of pins, unpins
+//! and requests on a small pool, no request fails with a 5xx.
+
+mod support;
+
+use serde_json::{json, Value};
+use support::harness::*;
+
+const ADMIN: (&str, &str) = ("Authorization", "Bearer admin");
+const OTHER: (&str, &str) = ("Authorization", "Bearer key-b");
+
+fn words(n: usize, salt: usize) -> String {
+    (0..n)
+        .map(|i| format!("w{}", (i * 7 + salt * 131) % 997))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn send(
+    server: &Server,
+    method: &str,
+    path: &str,
+    key: (&str, &str),
+    body: &Value,
+) -> (u16, Value) {
+    let body = if body.is_null() {
+        Vec::new()
+    } else {
+        body.to_string().into_bytes()
+    };
+    let r = server.request(
+        method,
+        path,
+        &[("Content-Type", "application/json"), key],
+        &body,
+    );
+    let v = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+    (r.status, v)
+}
+
+/// A sample of /metrics read with `key`.
+fn metric(server: &Server, key: (&str, &str), name: &str) -> f64 {
+    let text = server.request("GET", "/metrics", &[key], b"").text();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in /metrics"))
+}
+
+fn pinned_blocks(server: &Server, key: (&str, &str)) -> u64 {
+    let (_, v) = send(server, "GET", "/v1/cache", key, &Value::Null);
+    v["memory"]["blocks_pinned"].as_u64().unwrap()
+}
+
+#[test]
+fn pins_belong_to_admin_keys_are_deduplicated_budgeted_and_removable() {
+    let Some(server) = Server::start(&[
+        "--kv-mem",
+        "12",
+        "-c",
+        "512",
+        "--admin-api-key",
+        "admin",
+        "--api-key",
+        "key-b",
+        "--pin-budget-tokens",
+        "200",
+    ]) else {
+        return;
+    };
+    let prompt = json!({"prompt": words(40, 1)});
+    // A key that is not an admin cannot pin.
+    let (status, v) = send(&server, "POST", "/v1/cache/pin", OTHER, &prompt);
+    assert_eq!(status, 403, "{v}");
+    assert_eq!(pinned_blocks(&server, ADMIN), 0);
+    // The admin pins; the same prompt again is the same pin.
+    let (status, first) = send(&server, "POST", "/v1/cache/pin", ADMIN, &prompt);
+    assert_eq!(status, 200, "{first}");
+    let id = first["id"].as_str().unwrap().to_string();
+    let blocks = pinned_blocks(&server, ADMIN);
+    assert!(blocks > 0);
+    let (status, again) = send(&server, "POST", "/v1/cache/pin", ADMIN, &prompt);
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(
+        (
+            again["id"].as_str().unwrap(),
+            again["already_pinned"].as_bool()
+        ),
+        (id.as_str(), Some(true))
+    );
+    assert_eq!(pinned_blocks(&server, ADMIN), blocks);
+    let (_, info) = send(&server, "GET", "/v1/cache", ADMIN, &Value::Null);
+    assert_eq!(info["pinned"].as_array().unwrap().len(), 1, "{info}");
+    // Another key sees nothing of it and cannot remove it.
+    let (_, info) = send(&server, "GET", "/v1/cache", OTHER, &Value::Null);
+    assert_eq!(info["pinned"], json!([]), "{info}");
+    let (status, _) = send(
+        &server,
+        "DELETE",
+        &format!("/v1/cache/pin/{id}"),
+        OTHER,
+        &Value::Null,
+    );
+    assert_eq!(status, 404);
+    // Past the key's budget: refused, nothing computed.
+    let submitted = metric(&server, ADMIN, "edge_llm_requests_submitted_total");
+    let (status, v) = send(
+        &server,
+        "POST",
+        "/v1/cache/pin",
+        ADMIN,
+        &json!({"prompt": words(150, 2)}),
+    );
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["code"], "pin_budget_exceeded", "{v}");
+    assert_eq!(
+        metric(&server, ADMIN, "edge_llm_requests_submitted_total"),
+        submitted
+    );
+    // Removed: its blocks are no longer pinned.
+    let (status, v) = send(
+        &server,
+        "DELETE",
+        &format!("/v1/cache/pin/{id}"),
+        ADMIN,
+        &Value::Null,
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["deleted"], true);
+    assert_eq!(pinned_blocks(&server, ADMIN), 0);
+    let (status, _) = send(
+        &server,
+        "DELETE",
+        &format!("/v1/cache/pin/{id}"),
+        ADMIN,
+        &Value::Null,
+    );
+    assert_eq!(status, 404);
+}
+
+#[test]
+fn no_request_fails_in_a_mix_of_pins_unpins_and_requests() {
+    // 34 blocks of 16 tokens; pins may take up to half.
+    let Some(server) = Server::start(&["--kv-mem", "12", "-c", "512"]) else {
+        return;
+    };
+    let none = ("X-Nothing", "");
+    let mut pins: Vec<String> = Vec::new();
+    for round in 0..12 {
+        let (status, v) = send(
+            &server,
+            "POST",
+            "/v1/cache/pin",
+            none,
+            &json!({"prompt": words(15 + 5 * (round % 4), round)}),
+        );
+        assert!(status == 200 || status == 400, "pin: {status} {v}");
+        if status == 200 {
+            pins.push(v["id"].as_str().unwrap().to_string());
+        }
+        for n in [20, 60, 100] {
+            let body = completion_body(
+                &words(n, 100 + round),
+                json!({"max_tokens": 40, "ignore_eos": true}),
+            );
+            let (status, v) = server.post("/v1/completions", &body);
+            assert!(
+                status == 200 || status == 400,
+                "{n}-word request: {status} {v}"
+            );
+        }
+        if round % 3 == 2 {
+            let id = pins.remove(0);
+            let (status, v) = send(
+                &server,
+                "DELETE",
+                &format!("/v1/cache/pin/{id}"),
+                none,
+                &Value::Null,
+            );
+            assert_eq!(status, 200, "{v}");
+        }
+    }
+    for id in pins {
+        let (status, _) = send(
+            &server,
+            "DELETE",
+            &format!("/v1/cache/pin/{id}"),
+            none,
+            &Value::Null,
+        );
+        assert_eq!(status, 200);
+    }
+    assert_eq!(pinned_blocks(&server, none), 0);
+    assert_eq!(server.metric("edge_llm_requests_failed_total"), 0.0);
+}
