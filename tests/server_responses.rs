@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use support::harness::*;
-use support::{fetched, qwen_path, skip_or_fail, FETCH_EXTRA_MODELS};
+use support::{
+    fetched, qwen_1_5b_path, qwen_path, skip_or_fail, FETCH_EXTRA_MODELS, FETCH_SPEC_MODELS,
+};
 
 fn qwen_server(extra: &[&str]) -> Option<Server> {
     let path = fetched(qwen_path(), FETCH_EXTRA_MODELS)?;
@@ -394,27 +396,39 @@ fn responses_python() -> Option<PathBuf> {
     None
 }
 
-#[test]
-fn openai_client_and_agents_sdk_use_responses() {
-    let Some(python) = responses_python() else {
-        return;
-    };
-    let Some(server) = qwen_server(&[]) else {
-        return;
-    };
+/// Runs tests/openai_responses.py in `mode` against `server`.
+fn run_responses_script(python: &PathBuf, server: &Server, mode: &str) {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/openai_responses.py");
     let out = Command::new(python)
         .arg(script)
         .arg(format!("http://{}", server.addr))
+        .arg(mode)
         .output()
         .expect("running tests/openai_responses.py");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success() && stdout.contains("all responses checks passed"),
-        "openai responses checks failed:\n{stdout}\n{stderr}\nserver log:\n{}",
+        "openai responses checks ({mode}) failed:\n{stdout}\n{stderr}\nserver log:\n{}",
         server.log_text()
     );
+}
+
+#[test]
+fn openai_client_and_agents_sdk_use_responses() {
+    let Some(python) = responses_python() else {
+        return;
+    };
+    if let Some(server) = qwen_server(&[]) {
+        run_responses_script(&python, &server, "client");
+    }
+    // The SDK's default agent loop on the 1.5B (the 0.5B calls its tool again after every
+    // result, to the turn limit).
+    let Some(path) = fetched(qwen_1_5b_path(), FETCH_SPEC_MODELS) else {
+        return;
+    };
+    let server = Server::start(&["-m", path.to_str().unwrap(), "-c", "4096"]).expect("server");
+    run_responses_script(&python, &server, "agent");
 }
 
 /// Codex CLI (`@openai/codex` from npm, installed by scripts/test.sh under target/codex) runs
