@@ -3,7 +3,8 @@
 //! with the JSON over lines, not the `<tool_call>` their template teaches. Both come back as
 //! `tool_calls` (with `finish_reason: "tool_calls"`), their arguments valid for the schema (the
 //! lazy grammar started at the call's `{`: the `unit` enum holds values the models never pick
-//! by themselves), and the streamed deltas join to exactly the same calls at temperature 0.
+//! by themselves), and the streamed deltas join to exactly the same calls at temperature 0, on
+//! chat completions and on the Responses API.
 
 mod support;
 
@@ -111,7 +112,45 @@ fn check_model(path: Option<PathBuf>) {
         let (stream_calls, finish) = streamed_calls(&events);
         assert_eq!(stream_calls, calls, "{prompt}: streamed calls differ");
         assert_eq!(finish, "tool_calls");
+        // The Responses API: the same calls as `function_call` items, whole and streamed.
+        let body = json!({"input": prompt, "tools": [flat_tool()], "tool_choice": "auto",
+                          "temperature": 0, "max_output_tokens": 100});
+        let (status, v) = server.post("/v1/responses", &body);
+        assert_eq!(status, 200, "{v}");
+        let items: Vec<Value> = v["output"].as_array().unwrap().clone();
+        assert_eq!(function_calls(&items), calls, "{prompt}: responses: {v}");
+        let mut streamed = body.clone();
+        streamed["stream"] = json!(true);
+        let done: Vec<Value> = server
+            .post_events("/v1/responses", &streamed)
+            .into_iter()
+            .filter(|(name, _)| name == "response.output_item.done")
+            .map(|(_, v)| v["item"].clone())
+            .collect();
+        assert_eq!(function_calls(&done), calls, "{prompt}: streamed responses");
     }
+}
+
+/// `tools()`'s function in the Responses API's flat layout.
+fn flat_tool() -> Value {
+    let mut f = tools()[0]["function"].clone();
+    f["type"] = json!("function");
+    f
+}
+
+/// The (name, arguments) of the `function_call` items among `items`.
+fn function_calls(items: &[Value]) -> Vec<(String, Value)> {
+    items
+        .iter()
+        .filter(|i| i["type"] == "function_call")
+        .map(|i| {
+            let args = i["arguments"].as_str().unwrap();
+            (
+                i["name"].as_str().unwrap().to_string(),
+                serde_json::from_str(args).unwrap(),
+            )
+        })
+        .collect()
 }
 
 #[test]

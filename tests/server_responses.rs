@@ -47,30 +47,16 @@ fn output_text(r: &Value) -> String {
         .collect()
 }
 
-/// The events of a streamed response: (event name, data), checked to agree.
+/// The events of a streamed response, each event's name checked against its `type`.
 fn stream_events(server: &Server, body: &Value) -> Vec<Value> {
-    let r = server.request(
-        "POST",
-        "/v1/responses",
-        &[("Content-Type", "application/json")],
-        body.to_string().as_bytes(),
-    );
-    assert_eq!(r.status, 200, "{}", r.text());
-    assert!(r
-        .header("content-type")
-        .is_some_and(|v| v.starts_with("text/event-stream")));
-    let text = r.text();
-    let mut events = Vec::new();
-    for block in text.split("\n\n").filter(|b| !b.trim().is_empty()) {
-        let (name, data) = block
-            .strip_prefix("event: ")
-            .and_then(|b| b.split_once("\ndata: "))
-            .unwrap_or_else(|| panic!("not an `event:`/`data:` block: {block:?}"));
-        let v: Value = serde_json::from_str(data).unwrap();
-        assert_eq!(v["type"], json!(name), "{block}");
-        events.push(v);
-    }
-    events
+    server
+        .post_events("/v1/responses", body)
+        .into_iter()
+        .map(|(name, v)| {
+            assert_eq!(v["type"], json!(name), "{v}");
+            v
+        })
+        .collect()
 }
 
 #[test]

@@ -170,6 +170,34 @@ impl Server {
         (events, done)
     }
 
+    /// A streamed request answered with named events (the Responses and Messages APIs):
+    /// each `event: NAME` block's name and `data:` JSON, in order.
+    pub fn post_events(&self, path: &str, body: &Value) -> Vec<(String, Value)> {
+        let r = self.request(
+            "POST",
+            path,
+            &[("Content-Type", "application/json")],
+            body.to_string().as_bytes(),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert!(r
+            .header("content-type")
+            .is_some_and(|v| v.starts_with("text/event-stream")));
+        r.text()
+            .split("\n\n")
+            .filter(|b| !b.trim().is_empty())
+            .map(|block| {
+                let (name, data) = block
+                    .strip_prefix("event: ")
+                    .and_then(|b| b.split_once("\ndata: "))
+                    .unwrap_or_else(|| panic!("not an `event:`/`data:` block: {block:?}"));
+                let v = serde_json::from_str(data)
+                    .unwrap_or_else(|e| panic!("bad event data {data}: {e}"));
+                (name.to_string(), v)
+            })
+            .collect()
+    }
+
     /// One sample of the Prometheus text, e.g. `edge_llm_kv_blocks{state="used"}`.
     pub fn metric(&self, name: &str) -> f64 {
         let (status, text) = self.get("/metrics");
