@@ -90,7 +90,7 @@ fn claude(bin: &Path, server: &Server, home: &Path, args: &[&str]) -> (String, D
         .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
         .env("DISABLE_AUTOUPDATER", "1")
         .env("DISABLE_TELEMETRY", "1")
-        .env("CLAUDE_CODE_MAX_OUTPUT_TOKENS", "64")
+        .env("CLAUDE_CODE_MAX_OUTPUT_TOKENS", "1024")
         .output()
         .expect("running claude");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();

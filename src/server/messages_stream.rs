@@ -76,6 +76,9 @@ impl Blocks {
                 json!({"type": "input_json_delta", "partial_json": text}),
             ),
         };
+        if kind == Kind::Tool && self.open.as_ref().map(|o| o.0) != Some(Kind::Tool) {
+            return events; // arguments always follow their call's start
+        }
         if self.open.as_ref().map(|o| o.0) != Some(kind) {
             events.extend(self.close());
             let block = match kind {
