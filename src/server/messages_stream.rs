@@ -2,7 +2,7 @@
 //! reply taken apart by `api::reply_stream::ReplyStream` becomes `thinking`, `text` and
 //! `tool_use` blocks ([`Blocks`]), and a streamed reply becomes Anthropic's server-sent events
 //! (`message_start`, `ping`, `content_block_start`/`_delta`/`_stop`, `message_delta`,
-//! `message_stop`; `error` if the engine fails). The body owns the engine's `RequestStream`:
+//! `message_stop`; `error` if the engine fails; a `ping` every 10 s while nothing else comes). The body owns the engine's `RequestStream`:
 //! when the client hangs up, the body is dropped with it and the engine aborts the request and
 //! frees its blocks. Called by `messages`.
 
@@ -18,6 +18,9 @@ use super::middleware::{LoggedByBody, RequestInfo};
 use super::response::{generation_error, log_note};
 use crate::api::reply_stream::{ReplyPiece, ReplyStream};
 use crate::engine::{Event, FinishReason, RequestStream, Usage};
+
+/// How long a stream stays silent before a `ping`.
+const PING_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The signature given to thinking blocks: this server signs nothing, and drops thinking
 /// blocks fed back.
@@ -254,7 +257,14 @@ impl MessageSse {
             if self.done {
                 return None;
             }
-            match self.stream.next().await {
+            // A `ping` while nothing else comes (a long prefill): clients such as Claude Code
+            // (Node's fetch) give up on a body that sends nothing for 300 s.
+            let next = tokio::time::timeout(PING_EVERY, self.stream.next()).await;
+            let Ok(next) = next else {
+                self.push(&json!({"type": "ping"}));
+                continue;
+            };
+            match next {
                 Some(Event::Token { index: 0, text, .. }) => {
                     self.num_tokens += 1;
                     self.push_text(&text, false);
