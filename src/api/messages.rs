@@ -58,11 +58,7 @@ fn text_of(value: &Value, param: &str) -> Result<String, FieldError> {
         Value::Array(blocks) => {
             let mut parts = Vec::new();
             for (k, b) in blocks.iter().enumerate() {
-                let p = format!("{param}[{k}]");
-                match block_type(b, &p)? {
-                    "text" => parts.push(block_text(b, &p)?),
-                    other => return Err(unsupported(other, &p)),
-                }
+                parts.push(one_text_block(b, &format!("{param}[{k}]"))?);
             }
             Ok(parts.join("\n\n"))
         }
@@ -73,6 +69,38 @@ fn text_of(value: &Value, param: &str) -> Result<String, FieldError> {
                 type_name(other)
             ),
         )),
+    }
+}
+
+/// The text of a system field or message, with the billing lines taken out of each block and
+/// the blocks left empty dropped; and whether a line was taken.
+fn system_text(value: &Value, param: &str) -> Result<(String, bool), FieldError> {
+    let texts = match value {
+        Value::Array(blocks) => {
+            let mut texts = Vec::new();
+            for (k, b) in blocks.iter().enumerate() {
+                texts.push(one_text_block(b, &format!("{param}[{k}]"))?);
+            }
+            texts
+        }
+        other => vec![text_of(other, param)?],
+    };
+    let (mut parts, mut stripped) = (Vec::new(), false);
+    for text in texts {
+        let (text, s) = strip_billing_lines(&text);
+        stripped |= s;
+        if !(s && text.trim().is_empty()) {
+            parts.push(text);
+        }
+    }
+    Ok((parts.join("\n\n"), stripped))
+}
+
+/// The text of one block that must be a `text` block.
+fn one_text_block(b: &Value, param: &str) -> Result<String, FieldError> {
+    match block_type(b, param)? {
+        "text" => block_text(b, param),
+        other => Err(unsupported(other, param)),
     }
 }
 
@@ -144,7 +172,7 @@ fn turn(
         .get("content")
         .ok_or_else(|| err(&cparam, format!("`{cparam}` is required")))?;
     if role == "system" {
-        let (text, s) = strip_billing_lines(&text_of(content, &cparam)?);
+        let (text, s) = system_text(content, &cparam)?;
         *stripped |= s;
         // Before the conversation starts it joins the system prompt; later it stays in place.
         if chat.is_empty() {
@@ -366,7 +394,7 @@ pub fn translate(body: &Map<String, Value>) -> Result<Translated, FieldError> {
     }
     let mut system = Vec::new();
     if let Some(s) = body.get("system").filter(|s| !s.is_null()) {
-        let (text, s) = strip_billing_lines(&text_of(s, "system")?);
+        let (text, s) = system_text(s, "system")?;
         stripped |= s;
         system.push(text);
     }
