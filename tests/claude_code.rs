@@ -93,8 +93,8 @@ fn claude(bin: &Path, server: &Server, home: &Path, args: &[&str]) -> (String, D
         .env("DISABLE_AUTOUPDATER", "1")
         .env("DISABLE_TELEMETRY", "1")
         .env("CLAUDE_CODE_MAX_OUTPUT_TOKENS", "1024")
-        // Its default gives up on a request after 300 s; the first turn's prefill on two busy
-        // cores can take longer.
+        // A long request timeout for the first turn's prefill on two busy cores (a stream silent
+        // for 300 s was dropped before the server sent pings; this alone did not prevent it).
         .env("API_TIMEOUT_MS", "1200000")
         .output()
         .expect("running claude");
