@@ -82,6 +82,26 @@ if [ ! -x target/codex/node_modules/.bin/codex ]; then
   fi
 fi
 # --- end Responses API ---
+# --- Messages API (issue 26) ---
+# tests/server_messages.rs drives the official `anthropic` Python client (target/messages-venv),
+# and tests/claude_code.rs runs Claude Code from npm (target/claude-code), both made once, then
+# reused; under CI=true failing to install either is an error.
+MESSAGES_VENV="$PWD/target/messages-venv"
+if ! "$MESSAGES_VENV/bin/python" -c "import anthropic, pydantic" >/dev/null 2>&1; then
+  if ! { python3 -m venv "$MESSAGES_VENV" \
+      && "$MESSAGES_VENV/bin/python" -m pip install -q --disable-pip-version-check anthropic; }; then
+    if [ "${CI:-}" = "true" ]; then echo "error: installing the anthropic package failed" >&2; exit 1; fi
+    echo "warning: could not install anthropic; tests/server_messages.rs will skip its client run" >&2
+  fi
+fi
+CLAUDE_CODE_VERSION="2.1.332"
+if ! target/claude-code/node_modules/.bin/claude --version 2>/dev/null | grep -q "^$CLAUDE_CODE_VERSION"; then
+  if ! npm install -q --no-audit --no-fund --prefix target/claude-code "@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION" >/dev/null; then
+    if [ "${CI:-}" = "true" ]; then echo "error: installing Claude Code from npm failed" >&2; exit 1; fi
+    echo "warning: could not install Claude Code; tests/claude_code.rs will skip" >&2
+  fi
+fi
+# --- end Messages API ---
 # --- synthetic models (issue 19) ---
 # tests/synth_models.rs and tests/kernels_iq.rs: the `gguf` package (the synthetic models'
 # writer and the IQ dequantization reference) in target/synth-venv, and the synthetic GGUF

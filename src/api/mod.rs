@@ -14,6 +14,7 @@
 //! the tokenizer, and never a face. The faces turn a [`RequestError`] into their own error (an
 //! HTTP 400, a jsonl error line).
 
+pub mod messages;
 pub mod plan;
 pub mod reasoning;
 pub mod reply;

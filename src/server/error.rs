@@ -121,10 +121,12 @@ impl IntoResponse for ApiError {
                 .headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
-        // The middleware logs the message with the request's line.
+        // The middleware logs the message with the request's line; the Messages routes answer
+        // the error in Anthropic's shape instead (`messages::anthropic_errors`).
         response
             .extensions_mut()
-            .insert(super::middleware::LogNote(self.message));
+            .insert(super::middleware::LogNote(self.message.clone()));
+        response.extensions_mut().insert(self);
         response
     }
 }

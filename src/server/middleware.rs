@@ -107,6 +107,7 @@ impl Drop for HangUpGuard {
 }
 
 /// With `--api-key`, every route but `/health` and the page needs `Authorization: Bearer KEY`
+/// (or Anthropic's `x-api-key: KEY`)
 /// (a browser cannot send the header when it opens the page; the page then asks for the key).
 pub async fn require_api_key(
     State(state): State<Arc<AppState>>,
@@ -126,6 +127,10 @@ pub async fn require_api_key(
         .and_then(|v| {
             v.strip_prefix("Bearer ")
                 .or_else(|| v.strip_prefix("bearer "))
+        })
+        .or_else(|| {
+            // Anthropic's clients send the key in `x-api-key`.
+            req.headers().get("x-api-key").and_then(|v| v.to_str().ok())
         })
         .map(str::trim);
     // Every key is compared, so the time taken does not tell which one matched.
@@ -152,7 +157,7 @@ pub async fn require_api_key(
         (None, None) => ApiError::new(
             StatusCode::UNAUTHORIZED,
             "authentication_error",
-            "this server needs an API key: send the header `Authorization: Bearer KEY`",
+            "this server needs an API key: send the header `Authorization: Bearer KEY` or `x-api-key: KEY`",
         )
         .with_code("invalid_api_key")
         .into_response(),

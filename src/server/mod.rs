@@ -6,6 +6,7 @@
 //! - `body`: a request body as a JSON object; its fields are read by `crate::api`, the rules
 //!   every face shares.
 //! - `routes`: the handlers; `response` and `stream`: whole and streamed OpenAI bodies.
+//! - `messages` and `messages_stream`: Anthropic's Messages API, on the chat path.
 //! - `middleware`: the log line, the API-key guard, 404/405; `error`: OpenAI-style errors.
 //! - `metrics`: Prometheus text.
 //! - `planner`: the pool where bodies are read, templates rendered, prompts tokenized and
@@ -25,6 +26,8 @@ mod cache_routes;
 pub(crate) mod error;
 pub mod kv_publisher;
 mod listener;
+mod messages;
+mod messages_stream;
 mod metrics;
 mod middleware;
 mod origin;
@@ -213,6 +216,11 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/v1/responses/{id}",
             get(responses::get).delete(responses::delete),
         )
+        // Anthropic's Messages API (`messages`).
+        .route("/v1/messages", post(messages::messages))
+        .route("/messages", post(messages::messages))
+        .route("/v1/messages/count_tokens", post(messages::count_tokens))
+        .route("/messages/count_tokens", post(messages::count_tokens))
         // llama-server's paths without the /v1 prefix.
         .route("/models", get(models))
         .route("/completions", post(completions))
@@ -236,6 +244,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             middleware::require_api_key,
         ))
         .layer(axum::middleware::from_fn(middleware::log_requests))
+        .layer(axum::middleware::from_fn(messages::anthropic_errors))
         .with_state(state)
 }
 

@@ -139,6 +139,8 @@ pub(super) struct Submitted {
     pub parsing: ReplyParsing,
     /// The response's id: `prefix`, the server instance and the request's number.
     pub id: String,
+    /// The prompt's length in tokens.
+    pub num_prompt: usize,
 }
 
 /// Plans a body on the planner pool (`read` turns the raw body into the chat or completions
@@ -154,6 +156,22 @@ pub(super) async fn submit<F>(
 where
     F: FnOnce(&AppState) -> Result<Map<String, Value>, ApiError> + Send + 'static,
 {
+    submit_capped(state, info, endpoint, prefix, move |s| Ok((read(s)?, None))).await
+}
+
+/// [`submit`] where `read` may also give a cap on the completion that, unlike `max_tokens`,
+/// shrinks to the room the prompt leaves in the context (Anthropic's `max_tokens`, which
+/// agents set far above a local model's context).
+pub(super) async fn submit_capped<F>(
+    state: &Arc<AppState>,
+    info: &RequestInfo,
+    endpoint: Endpoint,
+    prefix: &str,
+    read: F,
+) -> Result<Submitted, ApiError>
+where
+    F: FnOnce(&AppState) -> Result<(Map<String, Value>, Option<usize>), ApiError> + Send + 'static,
+{
     let planned = state.clone();
     let tenant = info.cache_key;
     let Plan {
@@ -164,11 +182,16 @@ where
     } = state
         .planner
         .run(move || {
-            let map = read(&planned)?;
-            Ok(plan::plan(&setting(&planned, tenant), endpoint, &map)?)
+            let (map, cap) = read(&planned)?;
+            let setting = Setting {
+                max_tokens: cap,
+                ..setting(&planned, tenant)
+            };
+            Ok(plan::plan(&setting, endpoint, &map)?)
         })
         .await?;
     request.cache_key = info.cache_key;
+    let num_prompt = request.prompt.len();
     let stream = state
         .engine
         .submit(request)
@@ -179,6 +202,7 @@ where
         params,
         parsing,
         id,
+        num_prompt,
     })
 }
 
@@ -199,6 +223,7 @@ async fn generate(
         params,
         parsing,
         id,
+        ..
     } = submit(&state, &info, endpoint, prefix, move |s| {
         json_object(body, s.max_body_bytes)
     })
