@@ -4,7 +4,7 @@
 //! `tool_calls` (with `finish_reason: "tool_calls"`), their arguments valid for the schema (the
 //! lazy grammar started at the call's `{`: the `unit` enum holds values the models never pick
 //! by themselves), and the streamed deltas join to exactly the same calls at temperature 0, on
-//! chat completions and on the Responses API.
+//! chat completions, the Responses API and the Messages API.
 
 mod support;
 
@@ -128,7 +128,65 @@ fn check_model(path: Option<PathBuf>) {
             .map(|(_, v)| v["item"].clone())
             .collect();
         assert_eq!(function_calls(&done), calls, "{prompt}: streamed responses");
+        // The Messages API: `tool_use` blocks, whole and streamed.
+        let f = &tools()[0]["function"];
+        let body = json!({"messages": [{"role": "user", "content": prompt}], "max_tokens": 100,
+            "temperature": 0, "tool_choice": {"type": "auto"},
+            "tools": [{"name": f["name"], "description": f["description"], "input_schema": f["parameters"]}]});
+        let (status, v) = server.post("/v1/messages", &body);
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(tool_uses(&v["content"]), calls, "{prompt}: messages: {v}");
+        assert_eq!(v["stop_reason"], "tool_use", "{v}");
+        let mut streamed = body.clone();
+        streamed["stream"] = json!(true);
+        let events = server.post_events("/v1/messages", &streamed);
+        assert_eq!(
+            streamed_tool_uses(&events),
+            calls,
+            "{prompt}: streamed messages"
+        );
     }
+}
+
+/// The (name, input) of the `tool_use` blocks of a message's `content`.
+fn tool_uses(content: &Value) -> Vec<(String, Value)> {
+    content
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["type"] == "tool_use")
+        .map(|b| (b["name"].as_str().unwrap().to_string(), b["input"].clone()))
+        .collect()
+}
+
+/// The (name, input) of a streamed message's `tool_use` blocks: each block's
+/// `input_json_delta` pieces joined.
+fn streamed_tool_uses(events: &[(String, Value)]) -> Vec<(String, Value)> {
+    let mut blocks: Vec<(usize, String, String)> = Vec::new();
+    for (name, v) in events {
+        match name.as_str() {
+            "content_block_start" if v["content_block"]["type"] == "tool_use" => blocks.push((
+                v["index"].as_u64().unwrap() as usize,
+                v["content_block"]["name"].as_str().unwrap().to_string(),
+                String::new(),
+            )),
+            "content_block_delta" if v["delta"]["type"] == "input_json_delta" => {
+                let index = v["index"].as_u64().unwrap() as usize;
+                let block = blocks
+                    .iter_mut()
+                    .find(|b| b.0 == index)
+                    .expect("a started block");
+                block
+                    .2
+                    .push_str(v["delta"]["partial_json"].as_str().unwrap());
+            }
+            _ => {}
+        }
+    }
+    blocks
+        .into_iter()
+        .map(|(_, name, json)| (name, serde_json::from_str(&json).unwrap()))
+        .collect()
 }
 
 /// `tools()`'s function in the Responses API's flat layout.

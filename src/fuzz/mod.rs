@@ -12,9 +12,10 @@
 //! - [`tokenizer`]: decode of arbitrary token-id sequences (whole and streamed) and encode of
 //!   arbitrary bytes, on the real models' vocabularies.
 //! - [`chat_template`]: the real models' chat templates rendered with hostile messages.
-//! - [`request`]: the JSON bodies of `/v1/completions` and `/v1/chat/completions` and the
-//!   lines of `run --jsonl`, through the faces' shared rules (`crate::api::plan`) to the token
-//!   ids they would submit.
+//! - [`request`]: the JSON bodies of `/v1/completions`, `/v1/chat/completions`,
+//!   `/v1/responses` and `/v1/messages` (translated into chat bodies) and the lines of
+//!   `run --jsonl`, through the faces' shared rules (`crate::api::plan`) to the token ids they
+//!   would submit.
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -325,6 +326,33 @@ pub fn request(vocabs: &[Vocabulary], data: &[u8]) {
             check_message(&e.message);
         }
     }
+    // The Responses and Messages APIs: their bodies translated into a chat body, then planned.
+    if let Err(e) = translated_body(v, data) {
+        check_message(&e.message);
+    }
+}
+
+/// What `/v1/responses` and `/v1/messages` do with a body before it reaches the engine: the
+/// translation into a chat body, then the shared rules.
+fn translated_body(v: &Vocabulary, data: &[u8]) -> std::result::Result<(), RequestError> {
+    let body = axum::body::Bytes::copy_from_slice(data);
+    let map = crate::server::body::json_object(Ok(body), MAX_BODY_BYTES)
+        .map_err(|e| RequestError::bad_request(e.message))?;
+    let responses = crate::api::responses::translate(&map, &[]).map(|t| t.chat);
+    let messages = crate::api::messages::translate(&map)
+        .map(|t| t.chat)
+        .map_err(RequestError::from);
+    for chat in [responses, messages] {
+        match chat {
+            Ok(chat) => {
+                if let Err(e) = plan::plan(&setting(v, None), Endpoint::Chat, &chat) {
+                    check_message(&e.message);
+                }
+            }
+            Err(e) => check_message(&e.message),
+        }
+    }
+    Ok(())
 }
 
 /// What the faces know that a body does not, for the fuzz target: the vocabulary's template,
