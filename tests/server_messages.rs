@@ -395,3 +395,47 @@ fn anthropic_python_client() {
         server.log_text()
     );
 }
+
+/// A stop sequence that ends the reply is reported as such (`stop_reason: "stop_sequence"`,
+/// `stop_sequence` naming it), whole and streamed, and its text is left out.
+#[test]
+fn a_stop_sequence_is_named_in_the_reply() {
+    let Some(server) = qwen_server(&[]) else {
+        return;
+    };
+    let body = json!({"model": "m", "max_tokens": 60, "temperature": 0, "stop_sequences": ["never", "5"],
+        "messages": [{"role": "user", "content": "Count from 1 to 10, separated by commas."}]});
+    let (status, v, _) = post(&server, "/v1/messages", &body, None);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        (v["stop_reason"].as_str(), v["stop_sequence"].as_str()),
+        (Some("stop_sequence"), Some("5")),
+        "{v}"
+    );
+    let text = v["content"][0]["text"].as_str().unwrap();
+    assert!(text.contains('4') && !text.contains('5'), "{text}");
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let events = server.post_events("/v1/messages", &streamed);
+    let delta = events
+        .iter()
+        .find(|(name, _)| name == "message_delta")
+        .map(|(_, v)| v["delta"].clone())
+        .expect("a message_delta");
+    assert_eq!(
+        delta,
+        json!({"stop_reason": "stop_sequence", "stop_sequence": "5"})
+    );
+    // Without a stop sequence hit: end_turn and null.
+    let (_, v, _) = post(
+        &server,
+        "/v1/messages",
+        &hello(json!({"stop_sequences": ["zzz"]})),
+        None,
+    );
+    assert_eq!(
+        (v["stop_reason"].as_str(), &v["stop_sequence"]),
+        (Some("end_turn"), &Value::Null),
+        "{v}"
+    );
+}

@@ -39,6 +39,8 @@ struct SeqOutput {
     /// Completions still to fork from this one at its first token (n - 1 for the first).
     forks_pending: usize,
     ttft_ms: Option<u64>,
+    /// The index of the stop string that ended the completion, once one has.
+    stopped_by: Option<usize>,
     num_cached: usize,
     /// Hashes of the blocks loaded from disk for this sequence (cache explain).
     from_disk: HashSet<BlockHash>,
@@ -60,6 +62,7 @@ impl SeqOutput {
             pending: String::new(),
             forks_pending,
             ttft_ms: None,
+            stopped_by: None,
             num_cached: 0,
             from_disk: HashSet::new(),
             constraint: request.sampling.constraint.as_ref().map(|c| c.new_state()),
@@ -297,6 +300,8 @@ impl Outputs {
         let piece = st.decoder.push(tokenizer, token);
         st.pending.push_str(&piece);
         let (text, stopped) = take_emittable(&mut st.pending, &request.stop);
+        st.stopped_by = st.stopped_by.or(stopped);
+        let stopped = stopped.is_some();
         let sent = r.events.send(Event::Token {
             index: st.index,
             token,
@@ -348,6 +353,7 @@ impl Outputs {
             cached_disk_tokens,
             cached_pinned_tokens,
             ttft_ms: st.ttft_ms.unwrap_or(0),
+            stop_sequence: st.stopped_by,
         };
         let notice = Notice {
             events: r.events.clone(),
@@ -477,12 +483,18 @@ fn token_logprobs(logits: &[f32], token: u32, k: usize) -> TokenLogprobs {
 
 /// Splits off the text of `pending` that can be shown now: everything before a stop string
 /// (then `true`), or everything but a tail that could still grow into one.
-fn take_emittable(pending: &mut String, stop: &[String]) -> (String, bool) {
+fn take_emittable(pending: &mut String, stop: &[String]) -> (String, Option<usize>) {
     let stops = stop.iter().filter(|s| !s.is_empty());
-    if let Some(pos) = stops.clone().filter_map(|s| pending.find(s.as_str())).min() {
+    let found = stop
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| !s.is_empty())
+        .filter_map(|(k, s)| pending.find(s.as_str()).map(|pos| (pos, k)))
+        .min();
+    if let Some((pos, k)) = found {
         let text = pending[..pos].to_string();
         pending.clear();
-        return (text, true);
+        return (text, Some(k));
     }
     // The longest suffix of pending that is a proper prefix of a stop string.
     let mut hold = 0;
@@ -498,7 +510,7 @@ fn take_emittable(pending: &mut String, stop: &[String]) -> (String, bool) {
     let cut = pending.len() - hold;
     let text = pending[..cut].to_string();
     pending.replace_range(..cut, "");
-    (text, false)
+    (text, None)
 }
 
 #[cfg(test)]
@@ -509,15 +521,15 @@ mod tests {
     fn stop_strings_are_held_back_and_cut() {
         let stop = vec!["</s>".to_string(), "\n\n".to_string()];
         let mut p = "Hello <".to_string();
-        assert_eq!(take_emittable(&mut p, &stop), ("Hello ".to_string(), false));
+        assert_eq!(take_emittable(&mut p, &stop), ("Hello ".to_string(), None));
         assert_eq!(p, "<");
         p.push_str("/s> more");
-        assert_eq!(take_emittable(&mut p, &stop), ("".to_string(), true));
+        assert_eq!(take_emittable(&mut p, &stop), ("".to_string(), Some(0)));
         let mut p = "line\n".to_string();
-        assert_eq!(take_emittable(&mut p, &stop), ("line".to_string(), false));
+        assert_eq!(take_emittable(&mut p, &stop), ("line".to_string(), None));
         p.push('x');
-        assert_eq!(take_emittable(&mut p, &stop), ("\nx".to_string(), false));
+        assert_eq!(take_emittable(&mut p, &stop), ("\nx".to_string(), None));
         let mut p = "no stops".to_string();
-        assert_eq!(take_emittable(&mut p, &[]), ("no stops".to_string(), false));
+        assert_eq!(take_emittable(&mut p, &[]), ("no stops".to_string(), None));
     }
 }

@@ -88,6 +88,8 @@ pub struct Usage {
     pub cached_pinned_tokens: usize,
     /// Time from submission to the first token.
     pub ttft_ms: u64,
+    /// Which of the request's `stop` strings ended the completion (its index), if one did.
+    pub stop_sequence: Option<usize>,
 }
 
 /// What a client hears about its request. `index` is the completion (0..n).

@@ -20,7 +20,7 @@ use serde_json::{json, Map, Value};
 
 use super::body::json_object;
 use super::error::ApiError;
-use super::messages_stream::{self, stop_reason, Blocks};
+use super::messages_stream::{self, stop_reason, stop_sequence, Blocks};
 use super::middleware::{LogNote, RequestInfo};
 use super::response::{collect, log_note};
 use super::routes::{setting, submit_capped, Submitted};
@@ -119,10 +119,10 @@ pub async fn messages(
     let flag = stream_wanted.clone();
     let Submitted {
         mut stream,
+        params,
         parsing,
         id,
         num_prompt,
-        ..
     } = submit_capped(&state, &info, Endpoint::Chat, "msg", move |s| {
         let (chat, cap) = read(s, body)?;
         flag.store(
@@ -140,7 +140,13 @@ pub async fn messages(
             "model": state.model_id, "content": [], "stop_reason": null, "stop_sequence": null,
             "usage": {"input_tokens": num_prompt, "output_tokens": 0,
                       "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0}});
-        return Ok(messages_stream::sse_response(message, stream, reply, info));
+        return Ok(messages_stream::sse_response(
+            message,
+            stream,
+            reply,
+            params.stop,
+            info,
+        ));
     }
     let choices = collect(&mut stream, 1).await?;
     let choice = choices.into_iter().next().unwrap_or_default();
@@ -152,8 +158,8 @@ pub async fn messages(
     let body = json!({
         "id": id, "type": "message", "role": "assistant", "model": state.model_id,
         "content": blocks.done,
-        "stop_reason": stop_reason(choice.finish, blocks.made_calls()),
-        "stop_sequence": null,
+        "stop_reason": stop_reason(choice.finish, &choice.usage, blocks.made_calls()),
+        "stop_sequence": stop_sequence(&choice.usage, &params.stop),
         "usage": messages_stream::usage(&choice.usage),
     });
     let mut response = Json(body).into_response();

@@ -160,12 +160,21 @@ fn append(block: &mut Value, key: &str, more: &Value) {
 }
 
 /// Anthropic's `stop_reason`.
-pub fn stop_reason(reason: Option<FinishReason>, made_calls: bool) -> &'static str {
+pub fn stop_reason(reason: Option<FinishReason>, usage: &Usage, made_calls: bool) -> &'static str {
     match reason {
         Some(FinishReason::Length) => "max_tokens",
         _ if made_calls => "tool_use",
+        _ if usage.stop_sequence.is_some() => "stop_sequence",
         _ => "end_turn",
     }
+}
+
+/// Anthropic's `stop_sequence`: the one of `stop` that ended the reply, or null.
+pub fn stop_sequence(usage: &Usage, stop: &[String]) -> Value {
+    usage
+        .stop_sequence
+        .and_then(|k| stop.get(k))
+        .map_or(Value::Null, |s| json!(s))
 }
 
 /// Anthropic's `usage`: `input_tokens` counts only the prompt tokens not read from the cache.
@@ -185,6 +194,8 @@ struct MessageSse {
     blocks: Blocks,
     queue: VecDeque<Bytes>,
     usage: Usage,
+    /// The request's stop strings (`stop_sequences`), to name the one that ended it.
+    stop: Vec<String>,
     finish: Option<FinishReason>,
     num_tokens: usize,
     done: bool,
@@ -198,6 +209,7 @@ pub fn sse_response(
     message: Value,
     stream: RequestStream,
     reply: ReplyStream,
+    stop: Vec<String>,
     info: RequestInfo,
 ) -> Response {
     let id = message["id"].as_str().unwrap_or("msg").to_string();
@@ -207,6 +219,7 @@ pub fn sse_response(
         blocks: Blocks::new(&id),
         queue: VecDeque::new(),
         usage: Usage::default(),
+        stop,
         finish: None,
         num_tokens: 0,
         done: false,
@@ -290,9 +303,10 @@ impl MessageSse {
                     for event in self.blocks.close() {
                         self.push(&event);
                     }
-                    let reason = stop_reason(self.finish, self.blocks.made_calls());
+                    let reason = stop_reason(self.finish, &self.usage, self.blocks.made_calls());
+                    let sequence = stop_sequence(&self.usage, &self.stop);
                     self.push(&json!({"type": "message_delta",
-                        "delta": {"stop_reason": reason, "stop_sequence": null},
+                        "delta": {"stop_reason": reason, "stop_sequence": sequence},
                         "usage": usage(&self.usage)}));
                     self.push(&json!({"type": "message_stop"}));
                     let note = log_note(&[self.usage], &[self.finish], true);
