@@ -58,7 +58,7 @@ impl AllowedHosts {
         bare.parse::<IpAddr>().is_ok()
             || name == "localhost"
             || name.ends_with(".localhost")
-            || self.names.iter().any(|n| *n == name)
+            || self.names.contains(&name)
     }
 
     /// Whether an `Origin` (`scheme://host[:port]`) may send requests here, given the request's
@@ -74,7 +74,7 @@ impl AllowedHosts {
             return true;
         }
         let name = host_name(authority).to_ascii_lowercase();
-        self.origins.iter().any(|n| *n == name)
+        self.origins.contains(&name)
     }
 }
 
