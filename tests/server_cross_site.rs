@@ -52,8 +52,10 @@ fn cross_site_posts_and_foreign_hosts_are_refused_without_a_key() {
     // Served: JSON from the server's own page, through localhost or an allowed name.
     for headers in [
         vec![("Content-Type", "application/json")],
+        // What the server's own page sends: its Host, and itself as the Origin.
         vec![
             ("Content-Type", "application/json; charset=utf-8"),
+            ("Host", server.addr.as_str()),
             ("Origin", own_origin.as_str()),
         ],
         vec![

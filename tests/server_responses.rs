@@ -177,6 +177,37 @@ fn responses_whole_streamed_tools_store_and_errors() {
     );
     assert!(server.log_text().contains("tools left out"));
 
+    // Named by `tool_choice`, a custom tool with a Lark grammar gets its input under that
+    // grammar (Codex's `apply_patch` is one): whole and streamed, the same valid input.
+    let patch_tool = json!({"type": "custom", "name": "apply_patch", "description": "Edits files.",
+        "format": {"type": "grammar", "syntax": "lark",
+                   "definition": "start: \"*** Begin Patch\\n*** Add File: \" NAME \"\\n+\" LINE \"\\n*** End Patch\"\nNAME: /[a-z]+\\.txt/\nLINE: /[A-Za-z ]{1,30}/"}});
+    let body = json!({"input": "Create hello.txt saying Hello world.", "temperature": 0,
+        "max_output_tokens": 60, "tools": [patch_tool],
+        "tool_choice": {"type": "custom", "name": "apply_patch"}});
+    let (status, r) = server.post("/v1/responses", &body);
+    assert_eq!(status, 200, "{r}");
+    let call = &r["output"][0];
+    assert_eq!(
+        (call["type"].as_str(), call["name"].as_str()),
+        (Some("custom_tool_call"), Some("apply_patch")),
+        "{r}"
+    );
+    let input = call["input"].as_str().unwrap();
+    assert!(
+        input.starts_with("*** Begin Patch\n*** Add File: ") && input.ends_with("\n*** End Patch"),
+        "{input:?}"
+    );
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let done: Vec<Value> = stream_events(&server, &streamed)
+        .into_iter()
+        .filter(|e| e["type"] == "response.output_item.done")
+        .map(|e| e["item"].clone())
+        .collect();
+    assert_eq!(done.len(), 1, "{done:?}");
+    assert_eq!(done[0]["input"].as_str(), Some(input));
+
     // previous_response_id continues the stored conversation; GET and DELETE find it.
     let (_, first) = server.post(
         "/v1/responses",

@@ -27,6 +27,11 @@ pub struct Translated {
     pub conversation: Vec<Value>,
     /// Names of the `custom` tools: their calls come back as `custom_tool_call` items.
     pub custom_tools: Vec<String>,
+    /// The `custom` tools with a grammar: (name, `lark` or `regex`, the definition).
+    pub custom_grammars: Vec<(String, String, String)>,
+    /// `tool_choice` named a `custom` tool with a grammar: the whole reply is that tool's
+    /// input, constrained by its grammar through llguidance, and comes back as its call.
+    pub forced_custom: Option<String>,
     /// Tool types left out (built-in tools a local server does not run).
     pub ignored_tools: Vec<String>,
     /// Per chat tool, the index of the Responses tool it came from (to name fields).
@@ -91,7 +96,21 @@ pub fn translate(
 
     let tools = tools(body.get("tools"), &mut t)?;
     let choice = tool_choice(body.get("tool_choice"))?;
-    if !tools.is_empty() {
+    let forced = choice
+        .as_ref()
+        .and_then(|c| c["function"]["name"].as_str())
+        .and_then(|name| t.custom_grammars.iter().find(|(n, _, _)| n == name))
+        .cloned();
+    if let Some((name, syntax, definition)) = forced {
+        // The reply is the tool's input, under its grammar: no tools, no JSON around it.
+        let field = if syntax == "regex" {
+            "regex"
+        } else {
+            "grammar"
+        };
+        chat.insert(field.into(), json!(definition));
+        t.forced_custom = Some(name);
+    } else if !tools.is_empty() {
         chat.insert("tools".into(), Value::Array(tools));
         if let Some(c) = choice {
             chat.insert("tool_choice".into(), c);

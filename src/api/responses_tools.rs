@@ -46,6 +46,11 @@ pub(super) fn tools(tools: Option<&Value>, t: &mut Translated) -> Result<Vec<Val
             "custom" => {
                 let name = str_field(item, "name", &param)?.to_string();
                 out.push(custom_tool(item, &name, &param)?);
+                if let Some(format) = item.get("format").filter(|f| f["type"] == "grammar") {
+                    let syntax = format["syntax"].as_str().unwrap_or("lark").to_string();
+                    let definition = format["definition"].as_str().unwrap_or("").to_string();
+                    t.custom_grammars.push((name.clone(), syntax, definition));
+                }
                 echo.push(item.clone());
                 t.tool_index.push(i);
                 t.custom_tools.push(name);
@@ -106,7 +111,8 @@ fn function_tool(item: &Value, param: &str) -> Result<(Value, Value), RequestErr
 
 /// A `custom` tool as a function with one string parameter, `input`. Its grammar is shown to
 /// the model in the description; a regex grammar also constrains `input` (a JSON-schema
-/// `pattern`), a Lark grammar does not.
+/// `pattern`), a Lark grammar does not (inside a JSON string) unless `tool_choice` names the
+/// tool: then the whole reply is its input, under its grammar (`responses::translate`).
 fn custom_tool(item: &Value, name: &str, param: &str) -> Result<Value, RequestError> {
     let mut description = item
         .get("description")

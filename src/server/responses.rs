@@ -132,7 +132,8 @@ pub async fn create(
         ));
     }
     let choice = collect(&mut stream, 1).await?.remove(0);
-    let mut output = Output::new(&meta.id, meta.t.custom_tools.clone());
+    let mut output =
+        Output::new(&meta.id, meta.t.custom_tools.clone()).forcing(meta.t.forced_custom.clone());
     output.push(ReplyStream::new(&parsing).push(&choice.text, true));
     let body = finish(
         &state,

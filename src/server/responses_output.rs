@@ -36,6 +36,9 @@ pub struct Output {
     open: Option<(String, Open)>,
     /// Events without their `sequence_number`.
     pub events: Vec<Value>,
+    /// A `custom` tool the whole reply is the input of (`tool_choice` named it), and the text
+    /// so far: the call is written when the reply ends.
+    forced: Option<(String, String)>,
 }
 
 impl Output {
@@ -46,7 +49,14 @@ impl Output {
             items: Vec::new(),
             open: None,
             events: Vec::new(),
+            forced: None,
         }
+    }
+
+    /// The whole reply is the input of custom tool `name` (see [`Self::forced`]).
+    pub fn forcing(mut self, name: Option<String>) -> Self {
+        self.forced = name.map(|n| (n, String::new()));
+        self
     }
 
     fn item_id(&self, prefix: &str) -> String {
@@ -65,10 +75,14 @@ impl Output {
     /// Takes the next pieces of the reply.
     pub fn push(&mut self, pieces: Vec<ReplyPiece>) {
         for piece in pieces {
+            if let (Some((_, input)), ReplyPiece::Content(text)) = (self.forced.as_mut(), &piece) {
+                input.push_str(text);
+                continue;
+            }
             match piece {
                 ReplyPiece::Reasoning(text) => {
                     if !matches!(self.open, Some((_, Open::Reasoning { .. }))) {
-                        self.close(false);
+                        self.end_item(false);
                         let id = self.item_id("rs");
                         let item =
                             json!({"type": "reasoning", "id": id, "summary": [], "content": []});
@@ -90,7 +104,7 @@ impl Output {
                 }
                 ReplyPiece::Content(text) => {
                     if !matches!(self.open, Some((_, Open::Message { .. }))) {
-                        self.close(false);
+                        self.end_item(false);
                         let id = self.item_id("msg");
                         let item = json!({"type": "message", "id": id, "role": "assistant", "status": "in_progress", "content": []});
                         self.added(item);
@@ -110,7 +124,7 @@ impl Output {
                     }
                 }
                 ReplyPiece::CallStart { index, name } => {
-                    self.close(false);
+                    self.end_item(false);
                     let custom = self.custom_tools.contains(&name);
                     let base = self.resp_id.trim_start_matches("resp_");
                     let call_id = format!("call_{base}_{index}");
@@ -164,8 +178,24 @@ impl Output {
         );
     }
 
-    /// Ends the item being written (`incomplete`: the reply was cut by `max_output_tokens`).
+    /// The reply has ended (`incomplete`: cut by `max_output_tokens`): writes a forced custom
+    /// tool's call, then ends the item being written.
     pub fn close(&mut self, incomplete: bool) {
+        if let Some((name, input)) = self.forced.take() {
+            let arguments = json!({"input": input}).to_string();
+            self.push(vec![
+                ReplyPiece::CallStart { index: 0, name },
+                ReplyPiece::Arguments {
+                    index: 0,
+                    text: arguments,
+                },
+            ]);
+        }
+        self.end_item(incomplete);
+    }
+
+    /// Ends the item being written (`incomplete`: the reply was cut by `max_output_tokens`).
+    fn end_item(&mut self, incomplete: bool) {
         let Some((id, open)) = self.open.take() else {
             return;
         };

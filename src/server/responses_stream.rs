@@ -46,7 +46,8 @@ pub(super) fn sse(
     parsing: ReplyParsing,
     meta: Meta,
 ) -> Response {
-    let output = Output::new(&meta.id, meta.t.custom_tools.clone());
+    let output =
+        Output::new(&meta.id, meta.t.custom_tools.clone()).forcing(meta.t.forced_custom.clone());
     let mut st = ResponseSse {
         state,
         info,
