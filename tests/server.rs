@@ -766,3 +766,22 @@ fn openai_python_client_works_unchanged() {
         "{stdout}"
     );
 }
+
+/// `--temp` is the temperature of requests that give none (llama-server's flag; Codex CLI sends
+/// no temperature): at 0 two such requests get the same greedy text, which at OpenAI's default
+/// of 1, with a fresh seed each, they would not.
+#[test]
+fn temp_flag_sets_the_default_temperature() {
+    let Some(server) = Server::start(&["--temp", "0"]) else {
+        return;
+    };
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 24});
+    let texts: Vec<String> = (0..3)
+        .map(|_| {
+            let (status, v) = server.post("/v1/completions", &body);
+            assert_eq!(status, 200, "{v}");
+            v["choices"][0]["text"].as_str().unwrap().to_string()
+        })
+        .collect();
+    assert!(texts.iter().all(|t| *t == texts[0]), "{texts:?}");
+}

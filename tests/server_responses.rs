@@ -461,8 +461,10 @@ fn codex_cli_says_hello() {
         ));
         return;
     }
-    // Codex's first request is about 8.6k tokens.
-    let Some(server) = qwen_server(&["-c", "16384"]) else {
+    // Codex's first request is about 8.6k tokens. Codex sends no temperature: at OpenAI's
+    // default of 1 the 0.5B's reply varies (in one run of four codex printed nothing), so the
+    // server's default is greedy here (`--temp 0`, as llama-server's).
+    let Some(server) = qwen_server(&["-c", "16384", "--temp", "0"]) else {
         return;
     };
     let home = std::env::temp_dir().join(format!("edge-llm-codex-{}", std::process::id()));

@@ -77,6 +77,10 @@ pub struct ServeArgs {
     /// Port to listen on (0: any free port; the log says which).
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
+    /// The temperature of requests that do not give one, as llama-server's --temp (OpenAI's
+    /// default is 1; clients such as Codex CLI send none) [default: 1]
+    #[arg(long = "temp", value_name = "T")]
+    pub temp: Option<f32>,
     /// Without --api-key, also answer requests whose `Host` (or `Origin`) is NAME; repeatable;
     /// `*` answers any. IP addresses, localhost and the --host name are always answered.
     #[arg(long = "allowed-host", value_name = "NAME")]
@@ -181,6 +185,8 @@ pub struct AppState {
     pub admin_salts: Vec<u64>,
     /// Most prompt tokens one key's pins hold (`--pin-budget-tokens`).
     pub pin_budget_tokens: usize,
+    /// The temperature of requests without one (`--temp`).
+    pub default_temperature: f32,
     /// The hosts and origins a server without keys answers (`origin`).
     pub allowed_hosts: origin::AllowedHosts,
     /// The Responses API's kept responses (`store`, `previous_response_id`).
@@ -251,6 +257,9 @@ pub fn router(state: Arc<AppState>) -> Router {
 /// Loads the model, starts the engine, and serves until Ctrl+C or SIGTERM.
 pub fn serve(args: &ServeArgs) -> Result<()> {
     let api_keys = api_keys(args)?;
+    if args.temp.is_some_and(|t| !(0.0..=100.0).contains(&t)) {
+        bail!("--temp must be between 0 and 100");
+    }
     if args.max_body_bytes == 0 {
         bail!("--max-body-bytes must be at least 1");
     }
@@ -363,6 +372,7 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         pins: std::sync::Mutex::new(pins),
         allowed_hosts: origin::AllowedHosts::new(&args.host, &args.allowed_host),
         admin_salts: args.admin_api_key.iter().map(|k| cache_salt(k)).collect(),
+        default_temperature: args.temp.unwrap_or(1.0),
         pin_budget_tokens: args.pin_budget_tokens.unwrap_or(pin_limit_tokens),
         planner: planner::Planner::new(args.max_planning, planner::NUM_PLANNER_THREADS),
         responses: Default::default(),

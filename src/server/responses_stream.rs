@@ -10,12 +10,12 @@ use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use axum::body::{Body, Bytes};
-use axum::http::{header, StatusCode};
+use axum::body::Bytes;
+use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::{json, Value};
 
-use super::middleware::{LoggedByBody, RequestInfo};
+use super::middleware::RequestInfo;
 use super::response::log_note;
 use super::responses::{finish, response_object, Meta};
 use super::responses_output::Output;
@@ -68,18 +68,7 @@ pub(super) fn sse(
         let bytes = st.next_bytes().await?;
         Some((Ok::<Bytes, Infallible>(bytes), st))
     });
-    let mut response = Response::new(Body::from_stream(body));
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static("text/event-stream"),
-    );
-    headers.insert(
-        header::CACHE_CONTROL,
-        header::HeaderValue::from_static("no-cache"),
-    );
-    response.extensions_mut().insert(LoggedByBody);
-    response
+    super::stream::event_stream(body)
 }
 
 impl ResponseSse {

@@ -122,7 +122,10 @@ pub(super) fn setting(state: &AppState, tenant: Option<u64>) -> Setting<'_> {
         grammars: Some(&state.engine.grammars),
         max_seq_len: state.engine.max_seq_len(),
         tenant,
-        sampling: request::openai_sampling(super::random_seed()),
+        sampling: crate::engine::sampler::SamplingParams {
+            temperature: state.default_temperature,
+            ..request::openai_sampling(super::random_seed())
+        },
         max_tokens: None,
         add_bos: true,
         ignore_eos: false,

@@ -93,6 +93,15 @@ pub fn sse_response(
         let bytes = st.next_bytes().await?;
         Some((Ok::<Bytes, Infallible>(bytes), st))
     });
+    event_stream(body)
+}
+
+/// A `text/event-stream` response over `body` (every streamed route's: chat completions, the
+/// Responses and Messages APIs). The body logs its request when it ends; a client that hangs up
+/// drops it, and with it the engine's stream, which aborts the request and frees its blocks.
+pub fn event_stream(
+    body: impl futures_util::Stream<Item = Result<Bytes, Infallible>> + Send + 'static,
+) -> Response {
     let mut response = Response::new(Body::from_stream(body));
     let headers = response.headers_mut();
     headers.insert(
