@@ -10,12 +10,12 @@ use std::collections::VecDeque;
 use std::convert::Infallible;
 
 use axum::body::Bytes;
-use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::{json, Value};
 
 use super::middleware::RequestInfo;
 use super::response::{generation_error, log_note};
+use super::stream::StreamLog;
 use crate::api::reply_stream::{ReplyPiece, ReplyStream};
 use crate::engine::{Event, FinishReason, RequestStream, Usage};
 
@@ -197,10 +197,9 @@ struct MessageSse {
     /// The request's stop strings (`stop_sequences`), to name the one that ended it.
     stop: Vec<String>,
     finish: Option<FinishReason>,
-    num_tokens: usize,
     done: bool,
-    info: RequestInfo,
-    logged: bool,
+    /// The request's log line (written once, at the end or at a hang-up).
+    log: StreamLog,
 }
 
 /// A `text/event-stream` response of Anthropic's events, fed by `stream`; `message` is the
@@ -221,10 +220,8 @@ pub fn sse_response(
         usage: Usage::default(),
         stop,
         finish: None,
-        num_tokens: 0,
         done: false,
-        info,
-        logged: false,
+        log: StreamLog::new(info),
     };
     state.push(&json!({"type": "message_start", "message": message}));
     state.push(&json!({"type": "ping"}));
@@ -268,7 +265,7 @@ impl MessageSse {
             };
             match next {
                 Some(Event::Token { index: 0, text, .. }) => {
-                    self.num_tokens += 1;
+                    self.log.num_tokens += 1;
                     self.push_text(&text, false);
                 }
                 Some(Event::Finished {
@@ -307,19 +304,6 @@ impl MessageSse {
 
     fn end(&mut self, note: &str) {
         self.done = true;
-        self.logged = true;
-        self.info.log(StatusCode::OK, note);
-    }
-}
-
-impl Drop for MessageSse {
-    fn drop(&mut self) {
-        if !self.logged {
-            let note = format!(
-                "client disconnected after {} tokens; aborted",
-                self.num_tokens
-            );
-            self.info.log(StatusCode::OK, &note);
-        }
+        self.log.end(note);
     }
 }

@@ -11,7 +11,6 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::{json, Value};
 
@@ -19,6 +18,7 @@ use super::middleware::RequestInfo;
 use super::response::log_note;
 use super::responses::{finish, response_object, Meta};
 use super::responses_output::Output;
+use super::stream::StreamLog;
 use super::AppState;
 use crate::api::reply::ReplyParsing;
 use crate::api::reply_stream::ReplyStream;
@@ -26,16 +26,15 @@ use crate::engine::{Event, RequestStream};
 
 struct ResponseSse {
     state: Arc<AppState>,
-    info: RequestInfo,
+    /// The request's log line (written once, at the end or at a hang-up).
+    log: StreamLog,
     stream: RequestStream,
     meta: Meta,
     reply: ReplyStream,
     output: Output,
     queue: VecDeque<Bytes>,
     sequence_number: u64,
-    num_tokens: usize,
     done: bool,
-    logged: bool,
 }
 
 /// A `text/event-stream` response fed by `stream`.
@@ -50,16 +49,14 @@ pub(super) fn sse(
         Output::new(&meta.id, meta.t.custom_tools.clone()).forcing(meta.t.forced_custom.clone());
     let mut st = ResponseSse {
         state,
-        info,
+        log: StreamLog::new(info),
         stream,
         meta,
         reply: ReplyStream::new(&parsing),
         output,
         queue: VecDeque::new(),
         sequence_number: 0,
-        num_tokens: 0,
         done: false,
-        logged: false,
     };
     let opening = response_object(&st.meta, "in_progress", Vec::new());
     st.send("response.created", json!({ "response": opening }));
@@ -104,7 +101,7 @@ impl ResponseSse {
             }
             match self.stream.next().await {
                 Some(Event::Token { index: 0, text, .. }) => {
-                    self.num_tokens += 1;
+                    self.log.num_tokens += 1;
                     let pieces = self.reply.push(&text, false);
                     self.output.push(pieces);
                     self.send_output();
@@ -120,7 +117,7 @@ impl ResponseSse {
                     self.output.push(pieces);
                     let body = finish(
                         &self.state,
-                        &self.info,
+                        &self.log.info,
                         &self.meta,
                         &mut self.output,
                         Some(reason),
@@ -152,19 +149,6 @@ impl ResponseSse {
 
     fn end(&mut self, note: &str) {
         self.done = true;
-        self.logged = true;
-        self.info.log(StatusCode::OK, note);
-    }
-}
-
-impl Drop for ResponseSse {
-    fn drop(&mut self) {
-        if !self.logged {
-            let note = format!(
-                "client disconnected after {} tokens; aborted",
-                self.num_tokens
-            );
-            self.info.log(StatusCode::OK, &note);
-        }
+        self.log.end(note);
     }
 }

@@ -34,10 +34,9 @@ struct SseState {
     finishes: Vec<Option<FinishReason>>,
     /// Per choice: bytes of completion text so far (completions `text_offset`).
     offsets: Vec<usize>,
-    num_tokens: usize,
     done: bool,
-    info: RequestInfo,
-    logged: bool,
+    /// The request's log line (written once, at the end or at a hang-up).
+    log: StreamLog,
     /// Per choice, the parsers that take the reply apart (tool calls, `<think>` reasoning);
     /// None when there is nothing to take apart.
     replies: Option<Vec<ReplyStream>>,
@@ -76,10 +75,8 @@ pub fn sse_response(
         usages: vec![Usage::default(); n],
         finishes: vec![None; n],
         offsets: vec![0; n],
-        num_tokens: 0,
         done: false,
-        info,
-        logged: false,
+        log: StreamLog::new(info),
         replies: parsing.any().then(|| vec![ReplyStream::new(&parsing); n]),
     };
     if state.reply.endpoint == Endpoint::Chat {
@@ -177,7 +174,7 @@ impl SseState {
                     text,
                     logprobs,
                 }) => {
-                    self.num_tokens += 1;
+                    self.log.num_tokens += 1;
                     if index >= self.usages.len() {
                         continue;
                     }
@@ -252,12 +249,35 @@ impl SseState {
         self.queue
             .push_back(Bytes::from_static(b"data: [DONE]\n\n"));
         self.done = true;
+        self.log.end(note);
+    }
+}
+
+/// The log line of one streamed response: written once, when the stream ends, or when the
+/// client hangs up and the body is dropped (saying after how many tokens).
+pub struct StreamLog {
+    pub info: RequestInfo,
+    pub num_tokens: usize,
+    logged: bool,
+}
+
+impl StreamLog {
+    pub fn new(info: RequestInfo) -> Self {
+        StreamLog {
+            info,
+            num_tokens: 0,
+            logged: false,
+        }
+    }
+
+    /// Logs the request as ended with `note`.
+    pub fn end(&mut self, note: &str) {
         self.logged = true;
         self.info.log(StatusCode::OK, note);
     }
 }
 
-impl Drop for SseState {
+impl Drop for StreamLog {
     fn drop(&mut self) {
         if !self.logged {
             let note = format!(

@@ -139,8 +139,8 @@ impl Server {
         (r.status, v)
     }
 
-    /// A streamed request: the JSON of every `data:` event, and whether `[DONE]` ended it.
-    pub fn post_stream(&self, path: &str, body: &Value) -> (Vec<Value>, bool) {
+    /// The body of a streamed POST of `body`, checked to be a 200 event stream.
+    fn stream_text(&self, path: &str, body: &Value) -> String {
         let r = self.request(
             "POST",
             path,
@@ -151,7 +151,12 @@ impl Server {
         assert!(r
             .header("content-type")
             .is_some_and(|v| v.starts_with("text/event-stream")));
-        let text = r.text();
+        r.text()
+    }
+
+    /// A streamed request: the JSON of every `data:` event, and whether `[DONE]` ended it.
+    pub fn post_stream(&self, path: &str, body: &Value) -> (Vec<Value>, bool) {
+        let text = self.stream_text(path, body);
         let mut events = Vec::new();
         let mut done = false;
         for block in text.split("\n\n").filter(|b| !b.trim().is_empty()) {
@@ -173,17 +178,7 @@ impl Server {
     /// A streamed request answered with named events (the Responses and Messages APIs):
     /// each `event: NAME` block's name and `data:` JSON, in order.
     pub fn post_events(&self, path: &str, body: &Value) -> Vec<(String, Value)> {
-        let r = self.request(
-            "POST",
-            path,
-            &[("Content-Type", "application/json")],
-            body.to_string().as_bytes(),
-        );
-        assert_eq!(r.status, 200, "{}", r.text());
-        assert!(r
-            .header("content-type")
-            .is_some_and(|v| v.starts_with("text/event-stream")));
-        r.text()
+        self.stream_text(path, body)
             .split("\n\n")
             .filter(|b| !b.trim().is_empty())
             .map(|block| {
