@@ -198,3 +198,61 @@ fn no_request_fails_in_a_mix_of_pins_unpins_and_requests() {
     assert_eq!(pinned_blocks(&server, none), 0);
     assert_eq!(server.metric("edge_llm_requests_failed_total"), 0.0);
 }
+
+/// Issue 30, item 8: key B's `/metrics` and `/v1/cache` showed key A's prompt sizes. Now a key
+/// that is not an admin key sees its own counters and pins only; the admin sees the server's
+/// figures and every key's counters, labelled by the key's place, never by the key.
+#[test]
+fn a_key_sees_only_its_own_figures_in_metrics_and_cache() {
+    let Some(server) = Server::start(&[
+        "--kv-mem",
+        "12",
+        "-c",
+        "512",
+        "--api-key",
+        "key-a",
+        "--admin-api-key",
+        "admin",
+        "--api-key",
+        "key-b",
+    ]) else {
+        return;
+    };
+    const A: (&str, &str) = ("Authorization", "Bearer key-a");
+    let (status, v) = send(
+        &server,
+        "POST",
+        "/v1/completions",
+        A,
+        &json!({"prompt": words(120, 3), "max_tokens": 3}),
+    );
+    assert_eq!(status, 200, "{v}");
+    let prompt_tokens = v["usage"]["prompt_tokens"].as_f64().unwrap();
+    // Key A sees its own request.
+    assert_eq!(metric(&server, A, "edge_llm_requests_submitted_total"), 1.0);
+    assert_eq!(
+        metric(&server, A, "edge_llm_prompt_tokens_total"),
+        prompt_tokens
+    );
+    // Key B sees nothing of it: its own zeros, no pool figures, no other key.
+    let text = server.request("GET", "/metrics", &[OTHER], b"").text();
+    for needle in ["kv_blocks", "vllm:", "key=", "grammar", "steps_total"] {
+        assert!(!text.contains(needle), "key B sees {needle}:\n{text}");
+    }
+    assert_eq!(metric(&server, OTHER, "edge_llm_requests_submitted_total"), 0.0);
+    assert_eq!(metric(&server, OTHER, "edge_llm_prompt_tokens_total"), 0.0);
+    let (_, cache) = send(&server, "GET", "/v1/cache", OTHER, &Value::Null);
+    assert!(cache.get("memory").is_none() && cache.get("disk").is_none(), "{cache}");
+    assert_eq!(cache["pinned"], json!([]));
+    // The admin sees the server, and key A (the first --api-key) by its place.
+    let text = server.request("GET", "/metrics", &[ADMIN], b"").text();
+    assert!(text.contains("edge_llm_kv_blocks{state=\"used\"}"), "{text}");
+    assert!(
+        text.contains(&format!(
+            "edge_llm_key_prompt_tokens_total{{key=\"1\"}} {prompt_tokens}\n"
+        )),
+        "{text}"
+    );
+    assert!(!text.contains("key-a"));
+    assert!(pinned_blocks(&server, ADMIN) == 0);
+}

@@ -1,6 +1,8 @@
 //! Counters kept by the engine thread and read by clients through `EngineHandle::metrics`
 //! (the server's `/metrics`, the chat `/stats`, `bench`).
 
+use std::collections::BTreeMap;
+
 use super::block_manager::PrefixCacheStats;
 
 #[derive(Clone, Debug, Default)]
@@ -45,6 +47,23 @@ pub struct Metrics {
     pub blocks_pinned: usize,
     /// The disk tier's counters; None when it is off.
     pub disk_cache: Option<super::disk_cache::DiskCacheStats>,
+    /// Each tenant's own counters, by its key's salt (`Request::cache_key`); requests without
+    /// a key are counted only in the figures above.
+    pub tenants: BTreeMap<u64, TenantMetrics>,
+}
+
+/// What one tenant (an API key) did: the figures a key may see of the server without learning
+/// anything of the others.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TenantMetrics {
+    pub requests_submitted: u64,
+    pub requests_finished: u64,
+    pub requests_aborted: u64,
+    pub requests_failed: u64,
+    pub tokens_prefilled: u64,
+    pub tokens_generated: u64,
+    /// Prompt tokens served from the prefix cache (the key's own blocks and the shared pins).
+    pub tokens_cached: u64,
 }
 
 impl Metrics {
@@ -55,6 +74,11 @@ impl Metrics {
         } else {
             self.prefix_cache.hit_tokens as f64 / self.prefix_cache.lookup_tokens as f64
         }
+    }
+
+    /// The counters of tenant `key`, or None for a request without a key.
+    pub(super) fn tenant(&mut self, key: Option<u64>) -> Option<&mut TenantMetrics> {
+        key.map(|k| self.tenants.entry(k).or_default())
     }
 
     pub(super) fn record_ttft(&mut self, ms: u64) {

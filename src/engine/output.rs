@@ -297,6 +297,9 @@ impl Outputs {
         };
         let logprobs = request.logprobs.map(|k| token_logprobs(logits, token, k));
         metrics.tokens_generated += 1;
+        if let Some(t) = metrics.tenant(request.cache_key) {
+            t.tokens_generated += 1;
+        }
         let piece = st.decoder.push(tokenizer, token);
         st.pending.push_str(&piece);
         let (text, stopped) = take_emittable(&mut st.pending, &request.stop);

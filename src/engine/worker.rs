@@ -179,6 +179,9 @@ impl Worker {
                 events,
             } => {
                 self.metrics.requests_submitted += 1;
+                if let Some(t) = self.metrics.tenant(request.cache_key) {
+                    t.requests_submitted += 1;
+                }
                 if request.sampling.constraint.is_some() {
                     self.metrics.requests_constrained += 1;
                 }
@@ -325,6 +328,9 @@ impl Worker {
                     .min(seq.prompt_len)
                     .saturating_sub(seq.num_computed);
                 self.metrics.tokens_prefilled += prefill as u64;
+                if let Some(t) = self.metrics.tenant(seq.cache_key) {
+                    t.tokens_prefilled += prefill as u64;
+                }
             }
         }
         let ready = self.sched.step_done(&out);
@@ -446,24 +452,32 @@ impl Worker {
                 .write_behind(&seq.block_table, &self.sched.blocks, &self.exec);
         }
         let sources = self.out.cache_sources(seq_id, &self.sched);
+        let cached = self.out.num_cached(seq_id) as u64;
         let Some(seq) = self.sched.finish(seq_id) else {
             return;
         };
         let Some((notice, last)) = self.out.finish(&seq, reason, sources) else {
             return;
         };
+        let aborted = reason == FinishReason::Abort;
         if last {
-            if reason == FinishReason::Abort {
+            if aborted {
                 self.metrics.requests_aborted += 1;
             } else {
                 self.metrics.requests_finished += 1;
             }
+        }
+        if let Some(t) = self.metrics.tenant(seq.cache_key) {
+            t.tokens_cached += cached;
+            t.requests_aborted += u64::from(last && aborted);
+            t.requests_finished += u64::from(last && !aborted);
         }
         self.notify(notice, last);
     }
 
     /// Ends the whole request of `seq_id` with an error; the client stops listening.
     pub(super) fn fail(&mut self, seq_id: SeqId, message: String) {
+        let key = self.out.request(seq_id).and_then(|r| r.cache_key);
         let Some((seqs, notice)) = self.out.fail(seq_id, message) else {
             self.speculator.forget(seq_id);
             self.sched.finish(seq_id);
@@ -474,6 +488,9 @@ impl Worker {
             self.sched.finish(id);
         }
         self.metrics.requests_failed += 1;
+        if let Some(t) = self.metrics.tenant(key) {
+            t.requests_failed += 1;
+        }
         self.notify(notice, true);
     }
 

@@ -60,9 +60,7 @@ pub fn digest(tokens: &[u32]) -> u64 {
 /// Whether the caller (`owner`: its key's salt) sees and may remove pin `p`: its own, and
 /// everything for an admin key or a server without keys.
 fn visible(state: &AppState, owner: Option<u64>, p: &PinRecord) -> bool {
-    state.api_keys.is_empty()
-        || p.owner == owner
-        || owner.is_some_and(|o| state.admin_salts.contains(&o))
+    p.owner == owner || state.sees_server(owner)
 }
 
 pub async fn cache_info(
@@ -91,6 +89,14 @@ pub async fn cache_info(
         }),
         None => json!({"enabled": false}),
     };
+    if !state.sees_server(info.cache_key) {
+        // Another key's prompts show in the pool's figures: this key sees its own pins only.
+        return Json(json!({
+            "object": "cache",
+            "block_size": state.engine.config.block_size,
+            "pinned": pinned,
+        }));
+    }
     Json(json!({
         "object": "cache",
         "block_size": state.engine.config.block_size,
@@ -112,7 +118,7 @@ pub async fn pin(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let owner = info.cache_key;
-    if !state.api_keys.is_empty() && !owner.is_some_and(|o| state.admin_salts.contains(&o)) {
+    if !state.sees_server(owner) {
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
             "permission_error",

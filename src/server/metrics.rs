@@ -3,7 +3,55 @@
 
 use std::fmt::Write;
 
-use crate::engine::Metrics;
+use crate::engine::{Metrics, TenantMetrics};
+
+/// One tenant's counters: their names, help and values. Its own view (`tenant`) writes them
+/// under the server-wide names; the admin's view (`tenants`) writes every key's, labelled.
+fn tenant_series(t: &TenantMetrics) -> [(&'static str, &'static str, u64); 7] {
+    [
+        ("requests_submitted_total", "Requests accepted by the engine.", t.requests_submitted),
+        ("requests_finished_total", "Requests that ran to a stop or a length limit.", t.requests_finished),
+        ("requests_aborted_total", "Requests aborted, e.g. by a client that hung up.", t.requests_aborted),
+        ("requests_failed_total", "Requests that failed in the engine.", t.requests_failed),
+        ("prompt_tokens_total", "Prompt tokens computed (prefill), excluding prefix-cache hits.", t.tokens_prefilled),
+        ("generation_tokens_total", "Tokens generated.", t.tokens_generated),
+        ("cached_prompt_tokens_total", "Prompt tokens served from the prefix cache.", t.tokens_cached),
+    ]
+}
+
+/// What a key that is not an admin key sees: its own counters, under the server-wide names,
+/// and nothing of the server's load, memory or other keys.
+pub fn tenant(t: &TenantMetrics) -> String {
+    let mut out = String::from(
+        "# This key's own figures; the server's need an admin key (--admin-api-key).\n",
+    );
+    for (name, help, value) in tenant_series(t) {
+        let _ = writeln!(out, "# HELP edge_llm_{name} {help} (this key)");
+        let _ = writeln!(out, "# TYPE edge_llm_{name} counter");
+        let _ = writeln!(out, "edge_llm_{name} {value}");
+    }
+    out
+}
+
+/// Every key's counters for an admin, labelled with the key's place among the server's keys
+/// (`key="1"` is the first `--api-key`; then the other `--api-key`s, the `--admin-api-key`s and
+/// `--api-key-file`'s lines, in the order given), never with the key.
+pub fn tenants(m: &Metrics, place: impl Fn(u64) -> Option<usize>) -> String {
+    let mut out = String::new();
+    let keyed: Vec<(usize, _)> = m
+        .tenants
+        .iter()
+        .filter_map(|(salt, t)| Some((place(*salt)? + 1, tenant_series(t))))
+        .collect();
+    for (i, (name, help, _)) in tenant_series(&TenantMetrics::default()).iter().enumerate() {
+        let _ = writeln!(out, "# HELP edge_llm_key_{name} {help} (by API key)");
+        let _ = writeln!(out, "# TYPE edge_llm_key_{name} counter");
+        for (place, series) in &keyed {
+            let _ = writeln!(out, "edge_llm_key_{name}{{key=\"{place}\"}} {}", series[i].2);
+        }
+    }
+    out
+}
 
 /// The compiled-grammar cache: its counters (grammars compiled, requests served from the cache)
 /// and its gauges (bytes charged, entries kept).
@@ -275,6 +323,29 @@ pub fn prometheus(m: &Metrics) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tenant_sees_only_its_own_counters_and_an_admin_sees_every_key_by_place() {
+        let mine = TenantMetrics {
+            requests_submitted: 4,
+            tokens_generated: 9,
+            ..Default::default()
+        };
+        let text = tenant(&mine);
+        assert!(text.contains("edge_llm_requests_submitted_total 4\n"), "{text}");
+        assert!(text.contains("edge_llm_generation_tokens_total 9\n"), "{text}");
+        assert!(!text.contains("kv_blocks"), "{text}");
+        let m = Metrics {
+            tenants: [(77, mine), (5, TenantMetrics::default())].into(),
+            ..Default::default()
+        };
+        let text = tenants(&m, |salt| [5u64, 77].iter().position(|&s| s == salt));
+        assert!(
+            text.contains("edge_llm_key_requests_submitted_total{key=\"2\"} 4\n"),
+            "{text}"
+        );
+        assert!(text.contains("edge_llm_key_generation_tokens_total{key=\"1\"} 0\n"));
+    }
 
     #[test]
     fn exposition_has_the_named_series() {

@@ -193,6 +193,15 @@ pub struct AppState {
     pub responses: response_store::ResponseStore,
 }
 
+impl AppState {
+    /// Whether a caller with key salt `owner` sees the whole server (its load, memory, every
+    /// key's pins and figures): an admin key, or anyone on a server without keys. Other keys
+    /// see only their own.
+    pub fn sees_server(&self, owner: Option<u64>) -> bool {
+        self.api_keys.is_empty() || owner.is_some_and(|o| self.admin_salts.contains(&o))
+    }
+}
+
 /// Every route, behind the log line, the API-key guard and the body limit.
 pub fn router(state: Arc<AppState>) -> Router {
     use routes::*;
@@ -451,8 +460,9 @@ fn api_keys(args: &ServeArgs) -> Result<Vec<(String, u64)>> {
                 .filter(|k| !k.trim().is_empty()),
         );
     }
-    keys.sort();
-    keys.dedup();
+    // The first of each key stays in place: /metrics names a key by its place in this list.
+    let mut seen = std::collections::HashSet::new();
+    keys.retain(|k| seen.insert(k.clone()));
     Ok(keys
         .into_iter()
         .map(|k| {

@@ -68,7 +68,12 @@ pub async fn model(State(state): Shared, Path(id): Path<String>) -> Result<Json<
     }
 }
 
-pub async fn metrics(State(state): Shared) -> Result<Response, ApiError> {
+/// `GET /metrics`: the server's figures for an admin key or a server without keys; another
+/// key gets only its own counters (`metrics::tenant`).
+pub async fn metrics(
+    State(state): Shared,
+    Extension(info): Extension<RequestInfo>,
+) -> Result<Response, ApiError> {
     let engine = state.engine.clone();
     let snapshot = tokio::task::spawn_blocking(move || engine.metrics())
         .await
@@ -81,12 +86,21 @@ pub async fn metrics(State(state): Shared) -> Result<Response, ApiError> {
             "the engine did not answer",
         )
     })?;
-    let mut text = super::metrics::prometheus(&m);
-    text.push_str(&super::metrics::grammar_cache(
-        state.engine.grammars.stats(),
-        state.engine.grammars.usage(),
-    ));
-    text.push_str(&super::router_api::worker_metrics(&state, &m));
+    let text = if state.sees_server(info.cache_key) {
+        let mut text = super::metrics::prometheus(&m);
+        text.push_str(&super::metrics::grammar_cache(
+            state.engine.grammars.stats(),
+            state.engine.grammars.usage(),
+        ));
+        text.push_str(&super::router_api::worker_metrics(&state, &m));
+        text.push_str(&super::metrics::tenants(&m, |salt| {
+            state.api_keys.iter().position(|(_, s)| *s == salt)
+        }));
+        text
+    } else {
+        let own = info.cache_key.and_then(|k| m.tenants.get(&k));
+        super::metrics::tenant(&own.copied().unwrap_or_default())
+    };
     Ok((
         [(
             header::CONTENT_TYPE,
