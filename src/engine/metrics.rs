@@ -81,6 +81,47 @@ impl Metrics {
         key.map(|k| self.tenants.entry(k).or_default())
     }
 
+    /// A request of tenant `key` accepted.
+    pub(super) fn submitted(&mut self, key: Option<u64>) {
+        self.requests_submitted += 1;
+        if let Some(t) = self.tenant(key) {
+            t.requests_submitted += 1;
+        }
+    }
+
+    /// `n` prompt tokens of tenant `key` computed.
+    pub(super) fn prefilled(&mut self, key: Option<u64>, n: usize) {
+        self.tokens_prefilled += n as u64;
+        if let Some(t) = self.tenant(key) {
+            t.tokens_prefilled += n as u64;
+        }
+    }
+
+    /// A sequence of tenant `key` ended, `cached` of its prompt tokens from the prefix cache;
+    /// `last_aborted` is Some(aborted) when it was its request's last.
+    pub(super) fn finished(&mut self, key: Option<u64>, cached: usize, last_aborted: Option<bool>) {
+        let (aborted, finished) = match last_aborted {
+            Some(true) => (1, 0),
+            Some(false) => (0, 1),
+            None => (0, 0),
+        };
+        self.requests_aborted += aborted;
+        self.requests_finished += finished;
+        if let Some(t) = self.tenant(key) {
+            t.tokens_cached += cached as u64;
+            t.requests_aborted += aborted;
+            t.requests_finished += finished;
+        }
+    }
+
+    /// A request of tenant `key` failed.
+    pub(super) fn failed(&mut self, key: Option<u64>) {
+        self.requests_failed += 1;
+        if let Some(t) = self.tenant(key) {
+            t.requests_failed += 1;
+        }
+    }
+
     pub(super) fn record_ttft(&mut self, ms: u64) {
         if self.ttft_ms.len() == 4096 {
             self.ttft_ms.remove(0);

@@ -178,10 +178,7 @@ impl Worker {
                 request,
                 events,
             } => {
-                self.metrics.requests_submitted += 1;
-                if let Some(t) = self.metrics.tenant(request.cache_key) {
-                    t.requests_submitted += 1;
-                }
+                self.metrics.submitted(request.cache_key);
                 if request.sampling.constraint.is_some() {
                     self.metrics.requests_constrained += 1;
                 }
@@ -327,10 +324,7 @@ impl Worker {
                 let prefill = (seq.num_computed + n)
                     .min(seq.prompt_len)
                     .saturating_sub(seq.num_computed);
-                self.metrics.tokens_prefilled += prefill as u64;
-                if let Some(t) = self.metrics.tenant(seq.cache_key) {
-                    t.tokens_prefilled += prefill as u64;
-                }
+                self.metrics.prefilled(seq.cache_key, prefill);
             }
         }
         let ready = self.sched.step_done(&out);
@@ -452,26 +446,15 @@ impl Worker {
                 .write_behind(&seq.block_table, &self.sched.blocks, &self.exec);
         }
         let sources = self.out.cache_sources(seq_id, &self.sched);
-        let cached = self.out.num_cached(seq_id) as u64;
+        let cached = self.out.num_cached(seq_id);
         let Some(seq) = self.sched.finish(seq_id) else {
             return;
         };
         let Some((notice, last)) = self.out.finish(&seq, reason, sources) else {
             return;
         };
-        let aborted = reason == FinishReason::Abort;
-        if last {
-            if aborted {
-                self.metrics.requests_aborted += 1;
-            } else {
-                self.metrics.requests_finished += 1;
-            }
-        }
-        if let Some(t) = self.metrics.tenant(seq.cache_key) {
-            t.tokens_cached += cached;
-            t.requests_aborted += u64::from(last && aborted);
-            t.requests_finished += u64::from(last && !aborted);
-        }
+        let last_aborted = last.then_some(reason == FinishReason::Abort);
+        self.metrics.finished(seq.cache_key, cached, last_aborted);
         self.notify(notice, last);
     }
 
@@ -487,10 +470,7 @@ impl Worker {
             self.speculator.forget(id);
             self.sched.finish(id);
         }
-        self.metrics.requests_failed += 1;
-        if let Some(t) = self.metrics.tenant(key) {
-            t.requests_failed += 1;
-        }
+        self.metrics.failed(key);
         self.notify(notice, true);
     }
 
