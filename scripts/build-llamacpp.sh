@@ -166,9 +166,12 @@ if [ ! -f "$SRC/CMakeLists.txt" ] || [ ! -f "$SDIR/.extracted" ]; then
   tar -xzf "$DEST/dl/$SDIST" -C "$DEST/sdist"
   touch "$SDIR/.extracted"
 fi
-got=$(git -C "$SRC" rev-parse HEAD 2>/dev/null || echo unknown)
+# Only the tree's own git metadata counts (a folder inside this repository would report ours).
+got=unknown
+[ -e "$SRC/.git" ] && got=$(git -C "$SRC" rev-parse HEAD 2>/dev/null || echo unknown)
 case "$got" in
   "$COMMIT"*) log "llama.cpp source at $got (${PKG_NAME}==${PKG_VERSION})" ;;
+  unknown) [ -z "$COMMIT" ] && log "llama.cpp source from ${PKG_NAME}==${PKG_VERSION} (no git metadata)" ;;
   *) log "warning: vendored llama.cpp reports commit '$got', expected $COMMIT" ;;
 esac
 

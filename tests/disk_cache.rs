@@ -767,3 +767,61 @@ fn a_fifo_and_symlinks_named_like_block_files_are_refused_and_other_blocks_still
         "the linked file outside the folder is unchanged"
     );
 }
+
+/// Issue 30, item 9: two servers on one folder used twice its budget, and a new server deleted
+/// the other's in-flight temporary files. Now the first takes the model's folder; a second on
+/// the same folder runs without the disk tier, saying which process holds it, and still serves;
+/// once the first is gone, the folder is free again.
+#[test]
+fn a_second_server_on_the_same_folder_runs_without_the_disk_tier_and_says_why() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let Some(model) = fetched(model_path(), FETCH_MODEL) else {
+        return;
+    };
+    let dir = TempDir::new("two-servers");
+    let b = body(&system_prompt(6), "Name a color.");
+    let first = Server::start(&["--cache-dir", dir.arg()]).expect("model present");
+    let (cold, usage) = chat(&first, &b, &[]);
+    wait_written(&first, ((usage["prompt_tokens"].as_u64().unwrap() - 1) / 16) as f64);
+    // The harness runs one server at a time: the second is started here, up to its
+    // "listening" line.
+    let mut second = Command::new(env!("CARGO_BIN_EXE_edge-llm"))
+        .args(["serve", "--port", "0", "-c", "1024", "--cache-dir", dir.arg(), "-m"])
+        .arg(&model)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut log = Vec::new();
+    for line in BufReader::new(second.stderr.take().unwrap()).lines() {
+        let line = line.unwrap();
+        let listening = line.contains("listening on");
+        log.push(line);
+        if listening {
+            break;
+        }
+    }
+    let _ = second.kill();
+    let _ = second.wait();
+    let refusal = log
+        .iter()
+        .find(|l| l.contains("the disk cache is off"))
+        .unwrap_or_else(|| panic!("no refusal in the second server's log:\n{}", log.join("\n")));
+    assert!(
+        refusal.contains("in use by another edge-llm process")
+            && refusal.contains(&format!("pid {}", first.pid())),
+        "{refusal}"
+    );
+    assert!(log.iter().any(|l| l.contains("listening on")), "{}", log.join("\n"));
+    // The first keeps its tier.
+    let info: Value =
+        serde_json::from_slice(&first.request("GET", "/v1/cache", &[], b"").body).unwrap();
+    assert_eq!(info["disk"]["enabled"], true, "{info}");
+    drop(first);
+    let third = Server::start(&["--cache-dir", dir.arg()]).expect("model present");
+    let (text, usage) = chat(&third, &b, &[]);
+    assert_eq!(text, cold);
+    assert!(source(&usage, "disk") > 0, "the folder is free again: {usage}");
+}

@@ -118,6 +118,47 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
     written
 }
 
+
+/// Takes the folder `dir` for this process: an exclusive lock on `dir/lock` (opened without
+/// following a link), held as long as the returned file is open, with this process's id written
+/// in it. Another process holding it is an error naming that process: a folder shared by two
+/// servers would hold twice its budget, and each would delete the other's temporary files.
+pub fn lock_folder(dir: &Path) -> anyhow::Result<File> {
+    let path = dir.join("lock");
+    let mut file = File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|e| anyhow::anyhow!("opening {}: {e}", path.display()))?;
+    if !file.metadata()?.is_file() {
+        anyhow::bail!("{} is not a regular file", path.display());
+    }
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut holder = String::new();
+            let _ = (&file).take(32).read_to_string(&mut holder);
+            let holder = holder.trim();
+            anyhow::bail!(
+                "{} is in use by another edge-llm process{}: one process per folder keeps its \
+                 budget (give this one its own --cache-dir)",
+                dir.display(),
+                if holder.is_empty() { String::new() } else { format!(" (pid {holder})") }
+            );
+        }
+        Err(std::fs::TryLockError::Error(e)) => {
+            anyhow::bail!("locking {}: {e}", path.display())
+        }
+    }
+    file.set_len(0)?;
+    writeln!(file, "{}", std::process::id())?;
+    Ok(file)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,7 +10,10 @@
 //! reported once, deleted and never served. The byte budget is kept by LRU eviction (`index`).
 //! The folder may be shared with others: no link is followed, nothing but a regular file of the
 //! expected length is read, temporary files are created exclusively (`io`); a failure that
-//! repeats for every block warns once a minute (`warn`).
+//! repeats for every block warns once a minute (`warn`). One process at a time uses a model's
+//! folder (a lock, `io::lock_folder`): a second server on the same folder runs without the disk
+//! tier, with a warning naming the first, so the budget holds and neither deletes the other's
+//! temporary files.
 //!
 //! The directory's identity covers everything that changes a block's bytes for the same
 //! tokens: the model file's contents (a hash of every byte, `digest`), the block size, the KV
@@ -24,6 +27,7 @@ mod parking;
 mod warn;
 
 use std::collections::VecDeque;
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
@@ -151,6 +155,8 @@ impl Shared {
 
 /// The engine thread's side of the disk tier.
 pub struct DiskTier {
+    /// The folder's lock (`io::lock_folder`), held while the tier lives.
+    _lock: File,
     shared: Arc<Shared>,
     jobs: Option<SyncSender<Job>>,
     loaded: Receiver<Loaded>,
@@ -236,6 +242,7 @@ impl DiskTier {
         let dir = config.root.join(format!("{stem}-{identity:016x}"));
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("creating the disk cache folder {}", dir.display()))?;
+        let lock = io::lock_folder(&dir)?;
         let mut index = DiskIndex::new(config.budget_bytes);
         let mut found = Vec::new();
         let mut skipped = Vec::new();
@@ -299,6 +306,7 @@ impl DiskTier {
             .spawn(move || io_loop(&io, jobs_rx, loaded_tx))
             .context("starting the disk cache thread")?;
         Ok(DiskTier {
+            _lock: lock,
             shared,
             jobs: Some(jobs_tx),
             loaded: loaded_rx,
