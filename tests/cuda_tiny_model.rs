@@ -459,6 +459,7 @@ fn engine_run(model: &Arc<Model>, exec: Executor) -> (Vec<Completion>, Metrics) 
         max_seqs: 8,
         max_queue: 8,
         max_step_ms: None,
+        mask_budget_ms: EngineConfig::DEFAULT_MASK_BUDGET_MS,
     };
     let engine = EngineHandle::start(
         Arc::clone(model),

@@ -20,6 +20,7 @@ fn engine(num_blocks: usize) -> EngineHandle {
         max_seqs: 64,
         max_queue: 64,
         max_step_ms: None,
+        mask_budget_ms: EngineConfig::DEFAULT_MASK_BUDGET_MS,
     };
     EngineHandle::start(shared_model(), config, EngineParts::default()).unwrap()
 }

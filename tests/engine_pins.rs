@@ -21,6 +21,7 @@ fn engine() -> EngineHandle {
         max_seqs: 8,
         max_queue: 16,
         max_step_ms: None,
+        mask_budget_ms: EngineConfig::DEFAULT_MASK_BUDGET_MS,
     };
     EngineHandle::start(support::shared_model(), config, EngineParts::default()).unwrap()
 }

@@ -64,6 +64,7 @@ fn config(num_blocks: usize) -> EngineConfig {
         max_seqs: 64,
         max_queue: 64,
         max_step_ms: None,
+        mask_budget_ms: EngineConfig::DEFAULT_MASK_BUDGET_MS,
     }
 }
 

@@ -489,6 +489,7 @@ fn gemma3_prefix_cache_past_the_window() {
         max_seqs: 4,
         max_queue: 4,
         max_step_ms: None,
+        mask_budget_ms: EngineConfig::DEFAULT_MASK_BUDGET_MS,
     };
     let engine = EngineHandle::start(model.clone(), config, EngineParts::default()).unwrap();
     let run = |p: &[u32]| {

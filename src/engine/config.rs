@@ -24,6 +24,10 @@ pub struct EngineConfig {
     /// While any sequence decodes, a step's prefill is cut so the step takes about this long
     /// (`--max-step-ms`); None: prompts fill the token budget.
     pub max_step_ms: Option<u64>,
+    /// Most time a step waits after its forward pass for a constrained row's token mask
+    /// (`--mask-budget-ms`): a row past it ends its own request with an error, so one costly
+    /// grammar never holds every other row.
+    pub mask_budget_ms: u64,
 }
 
 impl EngineConfig {
@@ -39,6 +43,9 @@ impl EngineConfig {
     pub const DEFAULT_MAX_STEP_MS: u64 = super::step_time::DEFAULT_MAX_STEP_MS;
     /// Sequences the pool is sized for without `--kv-mem` (`--parallel`).
     pub const DEFAULT_PARALLEL: usize = 4;
+    /// The time one token mask may take (`--mask-budget-ms`): masks take well under 10 ms
+    /// (a 330 KB enum about 100 ms), so only a pathological grammar reaches it.
+    pub const DEFAULT_MASK_BUDGET_MS: u64 = 1000;
 
     /// A pool sized from a memory budget in MiB, or else from `ctx_size * parallel` tokens.
     pub fn sized(
@@ -80,6 +87,7 @@ impl EngineConfig {
             max_seqs: Self::DEFAULT_MAX_SEQS,
             max_queue: Self::DEFAULT_MAX_QUEUE,
             max_step_ms: Some(Self::DEFAULT_MAX_STEP_MS),
+            mask_budget_ms: Self::DEFAULT_MASK_BUDGET_MS,
         })
     }
 

@@ -27,67 +27,83 @@ pub(super) type MaskResult = Result<SimpleVob, String>;
 
 /// A step's masks being computed on rayon's pool while the forward pass runs.
 pub(super) struct Pending {
-    rx: mpsc::Receiver<Option<Done>>,
+    rx: mpsc::Receiver<Row>,
     ids: Vec<SeqId>,
 }
+
+/// One row's mask as computed: its state (None if the computation panicked), its mask, the
+/// time it took in microseconds.
+struct Row(SeqId, Option<ConstraintState>, MaskResult, u64);
 
 /// A step's masks, computed.
 pub(super) struct Done {
     /// The constraint states, back to their sequences.
     pub states: Vec<(SeqId, ConstraintState)>,
+    /// Every row's mask, or why it has none (that request ends with the error).
     pub masks: HashMap<SeqId, MaskResult>,
-    /// Time spent, summed over rows, in microseconds.
+    /// Time spent on the masks computed, summed over rows, in microseconds.
     pub micros: u64,
 }
 
 /// Starts computing the masks of `jobs` as one job on rayon's pool (no thread is created per
 /// step: whichever pool thread is free first takes it, and the forward pass's work splits
-/// around it). None when there is nothing to compute.
+/// around it); each row's mask is sent as soon as it is ready. None when there is nothing to
+/// compute.
 pub(super) fn start(jobs: Vec<(SeqId, ConstraintState)>) -> Option<Pending> {
     if jobs.is_empty() {
         return None;
     }
     let ids = jobs.iter().map(|j| j.0).collect();
-    let (tx, rx) = mpsc::sync_channel(1);
+    let (tx, rx) = mpsc::channel();
     rayon::spawn(move || {
-        let mut jobs = jobs;
-        let done = std::panic::catch_unwind(AssertUnwindSafe(|| compute_all(&mut jobs)));
-        let _ = tx.send(done.ok().map(|(masks, micros)| Done {
-            states: jobs,
-            masks,
-            micros,
-        }));
+        jobs.into_par_iter().for_each_with(tx, |tx, (id, mut state)| {
+            let t = Instant::now();
+            let mask = std::panic::catch_unwind(AssertUnwindSafe(|| state.compute_mask()));
+            let micros = t.elapsed().as_micros() as u64;
+            // A row given up on is no longer listened for: its state is dropped here.
+            let _ = tx.send(match mask {
+                Ok(mask) => Row(id, Some(state), mask, micros),
+                Err(_) => Row(id, None, Err(PANICKED.into()), micros),
+            });
+        });
     });
     Some(Pending { rx, ids })
 }
 
-impl Pending {
-    /// The masks; Err with the rows' sequence ids when the computation panicked (their states
-    /// are lost: those requests end with an error).
-    pub fn wait(self) -> Result<Done, Vec<SeqId>> {
-        match self.rx.recv() {
-            Ok(Some(done)) => Ok(done),
-            _ => Err(self.ids),
-        }
-    }
-}
+/// The error of a row whose mask computation panicked (its state is lost).
+const PANICKED: &str = "the constraint failed: its mask panicked";
 
-/// Masks of every state in `jobs`, by sequence id, and the time spent (summed over rows, in
-/// microseconds).
-fn compute_all(jobs: &mut [(SeqId, ConstraintState)]) -> (HashMap<SeqId, MaskResult>, u64) {
-    let results: Vec<(SeqId, MaskResult, u64)> = jobs
-        .par_iter_mut()
-        .map(|(id, state)| {
-            let t = Instant::now();
-            let mask = state.compute_mask();
-            (*id, mask, t.elapsed().as_micros() as u64)
-        })
-        .collect();
-    let micros = results.iter().map(|r| r.2).sum();
-    (
-        results.into_iter().map(|(id, m, _)| (id, m)).collect(),
-        micros,
-    )
+impl Pending {
+    /// The masks, waited for at most `budget_ms` from now (the forward pass is done: the
+    /// masks computed beside it cost nothing more). A row still computing then gets an error
+    /// that ends its request (its state is lost), so the others go on.
+    pub fn wait(self, budget_ms: u64) -> Done {
+        let deadline = Instant::now() + std::time::Duration::from_millis(budget_ms);
+        let mut done = Done {
+            states: Vec::new(),
+            masks: HashMap::new(),
+            micros: 0,
+        };
+        while done.masks.len() < self.ids.len() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let Ok(Row(id, state, mask, micros)) = self.rx.recv_timeout(left) else {
+                break;
+            };
+            done.states.extend(state.map(|s| (id, s)));
+            done.masks.insert(id, mask);
+            done.micros += micros;
+        }
+        for &id in &self.ids {
+            done.masks.entry(id).or_insert_with(|| {
+                Err(format!(
+                    "the constraint failed: its token mask took more than {} ms \
+                     (--mask-budget-ms); this request ended so the others could go on",
+                    budget_ms
+                ))
+            });
+        }
+        done
+    }
 }
 
 /// Allows the end-of-generation tokens (`eog`) wherever the grammar's own end token (`eos`) is

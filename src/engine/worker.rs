@@ -288,24 +288,17 @@ impl Worker {
         let started = Instant::now();
         // The constrained rows that sample this step have their masks computed on rayon's pool
         // while the forward pass runs.
-        let pending = masks::start(self.out.take_mask_jobs(&self.sched, &out.scheduled));
+        let jobs = self.out.take_mask_jobs(&self.sched, &out.scheduled);
+        let pending = masks::start(jobs);
         let forward = copied.and_then(|()| self.exec.forward(&self.model, &batch));
         let mut masks = HashMap::new();
-        match pending.map(masks::Pending::wait) {
-            None => {}
-            Some(Ok(done)) => {
-                self.metrics.mask_time_us += done.micros;
-                self.metrics.masks_computed += done.masks.len() as u64;
-                for (id, state) in done.states {
-                    self.out.restore_constraint(id, state);
-                }
-                masks = done.masks;
+        if let Some(done) = pending.map(|p| p.wait(self.config.mask_budget_ms)) {
+            self.metrics.mask_time_us += done.micros;
+            self.metrics.masks_computed += done.states.len() as u64;
+            for (id, state) in done.states {
+                self.out.restore_constraint(id, state);
             }
-            Some(Err(lost)) => {
-                for id in lost {
-                    masks.insert(id, Err("the constraint failed: its mask panicked".into()));
-                }
-            }
+            masks = done.masks;
         }
         let logits = match forward {
             Ok(l) => l,

@@ -61,6 +61,16 @@ pub struct EngineArgs {
         default_value_t = EngineConfig::DEFAULT_MAX_STEP_MS
     )]
     pub max_step_ms: u64,
+    /// Most milliseconds a step waits, after its forward pass, for a constrained row's token
+    /// mask (computed beside the pass): a row still computing then ends its own request with
+    /// an error (`constraint_failed`) instead of holding the step of every other session.
+    #[arg(
+        long = "mask-budget-ms",
+        value_name = "MS",
+        default_value_t = EngineConfig::DEFAULT_MASK_BUDGET_MS,
+        value_parser = clap::value_parser!(u64).range(1..=600_000)
+    )]
+    pub mask_budget_ms: u64,
     /// Memory for compiled grammars (JSON schemas, regexes, Lark, tool calls) kept for reuse,
     /// in MiB, charged by an estimate from each grammar's size; the least recently used go
     /// first. 0 keeps none.
@@ -195,6 +205,7 @@ impl EngineArgs {
         config.max_batched_tokens = self.max_batched_tokens;
         config.max_queue = self.max_queue;
         config.max_step_ms = (self.max_step_ms > 0).then_some(self.max_step_ms);
+        config.mask_budget_ms = self.mask_budget_ms;
         Ok((config, note))
     }
 

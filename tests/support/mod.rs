@@ -153,6 +153,7 @@ pub fn engine_greedy(
         max_seqs: 1,
         max_queue: 1,
         max_step_ms: None,
+        mask_budget_ms: EngineConfig::DEFAULT_MASK_BUDGET_MS,
     };
     let engine = EngineHandle::start(shared_model(), config, EngineParts::default())
         .expect("the engine starts");
