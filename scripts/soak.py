@@ -15,10 +15,18 @@ checks, and exits 1 if any check fails:
     of the requests (checked from 2,000 requests on; shorter runs only report it);
   - /health still answers 200.
 
+With --tenants (issue 30) the server has two API keys and an admin key: every request carries
+one of the two keys; a tenth ask for a JSON schema (an enum of words, one in three never seen
+before, so the per-key grammar cache compiles, hits and evicts); and 3% are the admin pinning a
+system prompt (`POST /v1/cache/pin`, 200, or 400 past the pin budget) or removing a pin
+(`DELETE /v1/cache/pin/{id}`, 200 or 404). The same checks hold (no 5xx; every pin removed at the
+end, then zero blocks used and zero pinned), and a key's /metrics must show nothing of the
+server's pool.
+
 Prints one JSON object with the figures. Standard library only.
 
-    nice -n 10 scripts/soak.py                       # 10,000 requests, 16 concurrent
-    scripts/soak.py --requests 300 --concurrency 8   # the short version CI runs
+    nice -n 10 scripts/soak.py --tenants             # 10,000 requests, 16 concurrent
+    scripts/soak.py --requests 300 --concurrency 8 --tenants   # the short version CI runs
 """
 import argparse, http.client, json, os, random, re, socket, subprocess, sys, threading, time
 
@@ -53,9 +61,18 @@ def rss_kib(pid):
     return 0
 
 
-def metric(host, port, name):
+KEYS = ["soak-key-a", "soak-key-b"]
+ADMIN = "soak-admin"
+TENANT_ARGS = ["--api-key", KEYS[0], "--api-key", KEYS[1], "--admin-api-key", ADMIN]
+
+
+def auth(key):
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def metric(host, port, name, key=None):
     c = http.client.HTTPConnection(host, port, timeout=30)
-    c.request("GET", "/metrics")
+    c.request("GET", "/metrics", headers=auth(key))
     text = c.getresponse().read().decode()
     c.close()
     for line in text.splitlines():
@@ -64,7 +81,15 @@ def metric(host, port, name):
     return None
 
 
-def normal_request(rng):
+def schema_format(rng):
+    """A JSON schema response format: an enum of words, one in three never seen before."""
+    k = rng.randint(0, 1 << 30) if rng.random() < 1 / 3 else rng.randint(0, 7)
+    words = [f"w{k}_{i}" for i in range(200)]
+    schema = {"type": "object", "properties": {"a": {"enum": words}}, "required": ["a"]}
+    return {"type": "json_schema", "json_schema": {"name": "soak", "schema": schema}}
+
+
+def normal_request(rng, tenants=False):
     chat = rng.random() < 0.5
     stream = rng.random() < 0.5
     body = {"max_tokens": rng.randint(1, 12), "temperature": rng.choice([0, 0.7]),
@@ -78,8 +103,51 @@ def normal_request(rng):
         path = "/v1/completions"
     if stream and rng.random() < 0.5:
         body["stream_options"] = {"include_usage": True}
+    if tenants and chat and rng.random() < 0.2:
+        body["response_format"] = schema_format(rng)
     cut = stream and rng.random() < 0.25
     return path, json.dumps(body).encode(), stream, cut
+
+
+def pin_request(host, port, rng, pins, stats, lock):
+    """The admin pins one of a few system prompts, or removes a pin it made."""
+    with lock:
+        remove = pins and rng.random() < 0.5
+        pin = rng.choice(sorted(pins)) if remove else None
+    c = http.client.HTTPConnection(host, port, timeout=300)
+    try:
+        if remove:
+            c.request("DELETE", f"/v1/cache/pin/{pin}", headers=auth(ADMIN))
+            r = c.getresponse()
+            r.read()
+            ok = r.status in (200, 404)
+            with lock:
+                pins.discard(pin)
+        else:
+            prompt = f"{SYSTEM} Rule {rng.randint(0, 5)}: " + "be brief. " * rng.randint(2, 30)
+            body = json.dumps({"messages": [{"role": "system", "content": prompt}]}).encode()
+            c.request("POST", "/v1/cache/pin", body,
+                      {"Content-Type": "application/json", **auth(ADMIN)})
+            r = c.getresponse()
+            v = json.loads(r.read() or b"{}")
+            ok = r.status in (200, 400)
+            if r.status == 200:
+                with lock:
+                    pins.add(v["id"])
+        status = r.status
+    except (ConnectionResetError, BrokenPipeError, http.client.HTTPException, OSError) as e:
+        status, ok = -2, False
+        with lock:
+            stats["errors"].append(f"pin: {e!r}")
+    finally:
+        c.close()
+    with lock:
+        stats["pin_ops"] = stats.get("pin_ops", 0) + 1
+        if status >= 500:
+            stats["5xx"] += 1
+        if not ok:
+            stats["failed"] += 1
+            stats["errors"].append(f"pin {'DELETE' if remove else 'POST'}: {status}")
 
 
 HOSTILE = [
@@ -99,7 +167,7 @@ HOSTILE = [
 ]
 
 
-def raw_exchange(host, port, method, path, body, headers, timeout=60):
+def raw_exchange(host, port, method, path, body, headers, timeout=60, key=None):
     """One request on a raw socket; the status (0: closed without an answer)."""
     s = socket.create_connection((host, port), timeout=timeout)
     try:
@@ -110,6 +178,8 @@ def raw_exchange(host, port, method, path, body, headers, timeout=60):
             s.shutdown(socket.SHUT_WR)
         else:
             head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\n"
+            if key:
+                head += f"Authorization: Bearer {key}\r\n"
             if "Content-Length" not in headers:
                 head += f"Content-Length: {len(body)}\r\n"
             for k, v in headers.items():
@@ -129,10 +199,13 @@ def raw_exchange(host, port, method, path, body, headers, timeout=60):
         s.close()
 
 
-def run_one(host, port, rng, hostile_share, stats, lock):
+def run_one(host, port, rng, hostile_share, stats, lock, tenants=None):
+    key = rng.choice(KEYS) if tenants is not None else None
+    if tenants is not None and rng.random() < 0.03:
+        return pin_request(host, port, rng, tenants, stats, lock)
     if rng.random() < hostile_share:
         method, path, body, headers = rng.choice(HOSTILE)
-        status = raw_exchange(host, port, method, path, body, headers)
+        status = raw_exchange(host, port, method, path, body, headers, key=key)
         with lock:
             stats["hostile"] += 1
             if status >= 500:
@@ -142,10 +215,10 @@ def run_one(host, port, rng, hostile_share, stats, lock):
                 stats["hostile_unexpected"] += 1
                 stats["errors"].append(f"hostile {method} {path} {body[:40]!r}: {status}")
         return
-    path, body, stream, cut = normal_request(rng)
+    path, body, stream, cut = normal_request(rng, tenants is not None)
     c = http.client.HTTPConnection(host, port, timeout=300)
     try:
-        c.request("POST", path, body, {"Content-Type": "application/json"})
+        c.request("POST", path, body, {"Content-Type": "application/json", **auth(key)})
         r = c.getresponse()
         status = r.status
         if stream and cut and status == 200:
@@ -182,8 +255,13 @@ def main():
     ap.add_argument("--binary", default=os.path.join(ROOT, "target/release/edge-llm"))
     ap.add_argument("--model", default=None)
     ap.add_argument("--server-arg", action="append", default=[])
+    ap.add_argument("--tenants", action="store_true",
+                    help="two API keys, schemas and an admin's pins (see above)")
     a = ap.parse_args()
-    proc, host, port = start_server(a.binary, a.model, a.server_arg)
+    extra = a.server_arg + (TENANT_ARGS if a.tenants else [])
+    proc, host, port = start_server(a.binary, a.model, extra)
+    pins = set() if a.tenants else None
+    admin = ADMIN if a.tenants else None
     stats = {"5xx": 0, "failed": 0, "hostile": 0, "hostile_unexpected": 0, "errors": []}
     lock = threading.Lock()
     counter = {"next": 0}
@@ -201,7 +279,7 @@ def main():
                 counter["next"] += 1
                 if i == checkpoint:
                     rss["early_kib"] = rss_kib(proc.pid)
-            run_one(host, port, rng, a.hostile, stats, lock)
+            run_one(host, port, rng, a.hostile, stats, lock, pins)
 
     try:
         threads = [threading.Thread(target=worker, args=(k,)) for k in range(a.concurrency)]
@@ -210,10 +288,24 @@ def main():
         for t in threads:
             t.join()
         elapsed = time.monotonic() - started
+        # Every pin removed, then nothing may stay pinned or used.
+        for pin in sorted(pins or ()):
+            c = http.client.HTTPConnection(host, port, timeout=30)
+            c.request("DELETE", f"/v1/cache/pin/{pin}", headers=auth(ADMIN))
+            c.getresponse().read()
+            c.close()
+        pinned = metric(host, port, "edge_llm_kv_blocks_pinned", admin) if a.tenants else 0
+        leak = None
+        if a.tenants:
+            own = http.client.HTTPConnection(host, port, timeout=30)
+            own.request("GET", "/metrics", headers=auth(KEYS[1]))
+            text = own.getresponse().read().decode()
+            own.close()
+            leak = [n for n in ("kv_blocks", "vllm:", "key=") if n in text]
         # Blocks of cut streams come back when the engine sees the hang-up: a moment.
         used = None
         for _ in range(100):
-            used = metric(host, port, 'edge_llm_kv_blocks{state="used"}')
+            used = metric(host, port, 'edge_llm_kv_blocks{state="used"}', admin)
             if used == 0:
                 break
             time.sleep(0.1)
@@ -238,13 +330,17 @@ def main():
         "rss_mib_after": round(rss["end_kib"] / 1024, 1), "rss_growth": round(growth, 4),
         "health_after": health, "first_errors": stats["errors"][:5],
     }
+    if a.tenants:
+        out.update({"pin_ops": stats.get("pin_ops", 0), "kv_blocks_pinned_after": pinned,
+                    "key_sees_server_figures": leak})
     print(json.dumps(out))
     # The first requests warm the server up (the interleaved weight copies are made on first
     # use): memory is compared only when the first 10% is at least 1,000 requests' worth.
     rss_checked = a.requests >= 2000
     out["rss_checked"] = rss_checked
     ok = (stats["5xx"] == 0 and stats["failed"] == 0 and stats["hostile_unexpected"] == 0
-          and used == 0 and (not rss_checked or abs(growth) <= 0.10) and health == 200)
+          and used == 0 and (not rss_checked or abs(growth) <= 0.10) and health == 200
+          and (not a.tenants or (pinned == 0 and not leak)))
     sys.exit(0 if ok else 1)
 
 
