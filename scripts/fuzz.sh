@@ -6,7 +6,7 @@
 # Usage: scripts/fuzz.sh [-e EXECS] [-s SECONDS] [TARGET...]
 #   -e EXECS    stop each target after about this many executions (default 1000000)
 #   -s SECONDS  and after at most this many seconds (default 3600)
-#   TARGET      gguf, tokenizer, chat_template, request (default: all four)
+#   TARGET      gguf, tokenizer, chat_template, request, disk_block (default: all five)
 # Output: fuzz/out/<target>/ (AFL++'s queue, crashes, hangs, fuzzer_stats) and a summary line per
 # target; exits 1 if any target saved a crash or a hang. Each input is limited to 1 s
 # (a slower one is a hang) and 4 GiB of address space (an allocation past it aborts: a crash).
@@ -26,7 +26,7 @@ while getopts "e:s:" opt; do
 done
 shift $((OPTIND - 1))
 TARGETS=("$@")
-[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(gguf tokenizer chat_template request)
+[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(gguf tokenizer chat_template request disk_block)
 
 # ---- install: cargo-afl, and AFL++ built by it (its `config --build` says so when already built) ----
 if ! cargo afl --version >/dev/null 2>&1; then

@@ -38,7 +38,7 @@ fn files(dir: &Path) -> Vec<PathBuf> {
 /// Whether the target can run: the default model is needed by all but `gguf`. Missing in CI
 /// is a failure; elsewhere the test skips, saying why.
 fn ready(target: &str) -> bool {
-    if target == "gguf" {
+    if target == "gguf" || target == "disk_block" {
         return true;
     }
     match fuzz::vocabularies() {
@@ -153,6 +153,11 @@ fn fuzz_chat_template() {
 #[test]
 fn fuzz_request() {
     replay_and_mutate("request");
+}
+
+#[test]
+fn fuzz_disk_block() {
+    replay_and_mutate("disk_block");
 }
 
 /// A few of AFL's havoc mutations, stacked: bit flips, interesting values, byte runs, block

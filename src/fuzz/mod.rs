@@ -13,9 +13,12 @@
 //!   arbitrary bytes, on the real models' vocabularies.
 //! - [`chat_template`]: the real models' chat templates rendered with hostile messages.
 //! - [`request`]: the JSON bodies of `/v1/completions`, `/v1/chat/completions`,
-//!   `/v1/responses` and `/v1/messages` (translated into chat bodies) and the lines of
+//!   `/v1/responses` and `/v1/messages` (translated into chat bodies), `POST /v1/cache/pin`
+//!   and the lines of
 //!   `run --jsonl`, through the faces' shared rules (`crate::api::plan`) to the token ids they
 //!   would submit.
+//! - [`disk_block`]: the disk tier's block-file check on arbitrary bytes: a file passes only if
+//!   it is, byte for byte, the file the tier writes for that block.
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -32,7 +35,7 @@ use crate::model::{ModelConfig, Weights};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 
 /// The names of the fuzz targets, as `run_target` takes them.
-pub const TARGETS: [&str; 4] = ["gguf", "tokenizer", "chat_template", "request"];
+pub const TARGETS: [&str; 5] = ["gguf", "tokenizer", "chat_template", "request", "disk_block"];
 
 /// The models whose vocabularies and templates the targets use: the default model first, then
 /// the two extra ones (`scripts/fetch-extra-models.sh`) when present.
@@ -122,6 +125,7 @@ pub fn run_target(name: &str, data: &[u8]) -> Result<()> {
         "tokenizer" => tokenizer(vocabularies()?, data),
         "chat_template" => chat_template(vocabularies()?, data),
         "request" => request(vocabularies()?, data),
+        "disk_block" => disk_block(data),
         other => anyhow::bail!("no fuzz target {other:?}; targets: {}", TARGETS.join(", ")),
     }
     Ok(())
@@ -330,6 +334,15 @@ pub fn request(vocabs: &[Vocabulary], data: &[u8]) {
     if let Err(e) = translated_body(v, data) {
         check_message(&e.message);
     }
+    // `POST /v1/cache/pin`: a prompt or chat messages to pin.
+    let body = axum::body::Bytes::copy_from_slice(data);
+    let pinned = crate::server::body::json_object(Ok(body), MAX_BODY_BYTES).and_then(|map| {
+        crate::server::cache_routes::pin_body_tokens(&map, &v.tokenizer, Ok(&v.template))
+    });
+    if let Err(e) = pinned {
+        assert!(e.status.is_client_error(), "pin: status {}", e.status);
+        check_message(&e.message);
+    }
 }
 
 /// What `/v1/responses` and `/v1/messages` do with a body before it reaches the engine: the
@@ -396,4 +409,52 @@ fn jsonl_line(v: &Vocabulary, line: &str) -> std::result::Result<Vec<u32>, Reque
     Ok(plan::plan(&setting(v, Some(usize::MAX)), endpoint, &map)?
         .request
         .prompt)
+}
+
+// ---- disk_block ----
+
+/// The block every `disk_block` input is checked against: this identity and hash, 16 tokens,
+/// 64 bytes of keys and values.
+const BLOCK_IDENTITY: u64 = 0x5eed_1de7_1700_0001;
+const BLOCK_HASH: u64 = 0x0b10_c4a5_4000_0002;
+const BLOCK_KV_BYTES: usize = 64;
+
+fn block_tokens() -> [u32; 16] {
+    std::array::from_fn(|i| (i as u32 * 7919) % 49_152)
+}
+
+/// Byte 0's low bit set: the rest's last 8 bytes are replaced by the checksum of what comes
+/// before them (so mutations reach the checks past it); then the rest goes through the tier's
+/// check. A file that passes must be exactly the one the tier writes for the block.
+pub fn disk_block(data: &[u8]) {
+    use crate::engine::disk_cache::file::{checksum, decode, encode, Expected};
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
+    let mut bytes = rest.to_vec();
+    if mode & 1 == 1 && bytes.len() >= 8 {
+        let n = bytes.len() - 8;
+        let sum = checksum(&bytes[..n]);
+        bytes[n..].copy_from_slice(&sum.to_le_bytes());
+    }
+    let tokens = block_tokens();
+    let want = Expected {
+        identity: BLOCK_IDENTITY,
+        hash: BLOCK_HASH,
+        token_ids: &tokens,
+        kv_bytes: BLOCK_KV_BYTES,
+    };
+    match decode(&bytes, &want) {
+        Ok(kv) => {
+            assert_eq!(kv.len(), BLOCK_KV_BYTES, "the KV bytes served");
+            assert!(
+                encode(BLOCK_IDENTITY, BLOCK_HASH, &tokens, kv) == bytes,
+                "a file that passes is the one the tier writes"
+            );
+        }
+        Err(reject) => {
+            let message = reject.to_string();
+            assert!(!message.is_empty() && message.len() < 200, "{message}");
+        }
+    }
 }

@@ -20,9 +20,10 @@ use super::error::ApiError;
 use super::middleware::RequestInfo;
 use super::AppState;
 use crate::api::request::{self as params, Fields};
-use crate::chat_template::encode_prompt;
+use crate::chat_template::{encode_prompt, ChatTemplate};
 use crate::engine::{Event, SubmitError};
 use crate::flags::cache::{pin_request, pinned_from};
+use crate::tokenizer::Tokenizer;
 
 /// A pinned prompt, as `GET /v1/cache` lists it.
 #[derive(Clone, Debug)]
@@ -239,13 +240,20 @@ fn pin_tokens(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(Vec<u32>, &'static str), ApiError> {
     let map = json_object(body, state.max_body_bytes)?;
-    let f = Fields(&map);
-    let tok = &state.engine.tokenizer();
+    pin_body_tokens(&map, &state.engine.tokenizer(), state.template.as_ref())
+}
+
+/// The token ids of a pin body (`prompt`, or chat `messages` rendered with `template`) and the
+/// field they came from. Also the fuzz target `request`'s.
+pub fn pin_body_tokens(
+    map: &serde_json::Map<String, Value>,
+    tok: &Tokenizer,
+    template: Result<&ChatTemplate, &String>,
+) -> Result<(Vec<u32>, &'static str), ApiError> {
+    let f = Fields(map);
     Ok(if f.get("messages").is_some() {
         let messages = params::messages(&f)?;
-        let template = state
-            .template
-            .as_ref()
+        let template = template
             .map_err(|why| ApiError::bad_request(why.clone()).with_code("no_chat_template"))?;
         let text = template
             .render(&messages, false)

@@ -22,7 +22,7 @@
 //! the flags both take live in `crate::flags`.
 
 pub(crate) mod body;
-mod cache_routes;
+pub(crate) mod cache_routes;
 pub(crate) mod error;
 pub mod kv_publisher;
 mod listener;

@@ -20,7 +20,7 @@
 //! element type, the layer shapes, the device and the CPU's SIMD path.
 
 mod digest;
-mod file;
+pub mod file;
 mod index;
 mod io;
 mod parking;
