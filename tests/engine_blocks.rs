@@ -304,3 +304,26 @@ fn random_operations_keep_the_invariants() {
         );
     }
 }
+
+/// Issue 31's KV waste: the used blocks' slots against the tokens they hold, a shared prefix
+/// counted once. Four sequences on a 40-token prefix (10 blocks of 4) with 2 tokens each after
+/// it: 10 shared blocks full and one block per sequence holding 2 of its 4 slots.
+#[test]
+fn kv_fill_counts_shared_blocks_once_and_partial_blocks_as_waste() {
+    let mut s = scheduler(64, 4, 256);
+    let system: Vec<u32> = (0..40).collect();
+    for id in 1..=4u64 {
+        let prompt = system.iter().copied().chain([900 + id as u32, 7]);
+        s.add(SeqId(id), prompt.collect());
+    }
+    assert_eq!(s.kv_fill(), (0, 0), "nothing computed, nothing held");
+    // The first computes the prefix, the others reuse it the step after.
+    for _ in 0..2 {
+        let out = s.schedule();
+        s.step_done(&out);
+    }
+    let (stored, slots) = s.kv_fill();
+    assert_eq!(slots, (10 + 4) * 4);
+    assert_eq!(stored, 40 + 4 * 2);
+    s.check_invariants().unwrap();
+}

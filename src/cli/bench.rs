@@ -9,7 +9,8 @@
 //! D tokens come from the prefix cache) and its generation figure is decode at depth D + p.
 
 use std::io::Write;
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -216,6 +217,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
             writeln!(out, "{j}")?;
         }
     } else {
+        let mut waste = None;
         // With a schema, each repetition is followed by the same run without it (bench_schema).
         let comparison = match &constraint {
             Some(_) => Some(super::bench_schema::compare(
@@ -228,7 +230,20 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         };
         let r = match &comparison {
             Some(c) => c.constrained,
-            None => sessions(&engine, &mut rng, args, &constraint, args.repetitions, true)?,
+            None => {
+                let f = sessions(&engine, &mut rng, args, &constraint, args.repetitions, true)?;
+                writeln!(out, "| sessions | KV waste after prefill | KV waste at the end of generation |")?;
+                writeln!(out, "|---|---|---|")?;
+                writeln!(
+                    out,
+                    "| {} | {:.1}% | {:.1}% |",
+                    args.sessions,
+                    100.0 * f.waste_after_prefill,
+                    100.0 * f.waste_at_end
+                )?;
+                waste = Some((f.waste_after_prefill, f.waste_at_end));
+                (f.tokens_per_s, f.ttft_ms, f.hit_rate)
+            }
         };
         writeln!(out, "| sessions | shared prefix | prompt | gen | aggregate gen tokens/s | TTFT median ms | prefix-cache hit rate |")?;
         writeln!(out, "|---|---|---|---|---|---|---|")?;
@@ -245,6 +260,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
                 "threads": threads, "sessions": args.sessions, "shared_prefix": args.shared_prefix,
                 "n_prompt": args.n_prompt, "n_gen": args.n_gen,
                 "aggregate_gen_tokens_per_s": r.0, "ttft_ms_median": r.1, "prefix_cache_hit_rate": r.2,
+                "kv_waste_after_prefill": waste.map(|w| w.0), "kv_waste_at_end": waste.map(|w| w.1),
             });
             if let (Some(c), Some(obj)) = (&comparison, j.as_object_mut()) {
                 if let serde_json::Value::Object(extra) = super::bench_schema::json(c) {
@@ -358,8 +374,8 @@ pub(super) fn sessions(
     constraint: &Option<Constraint>,
     repetitions: usize,
     speculate: bool,
-) -> Result<(f64, f64, f64)> {
-    let (mut agg, mut ttft, mut hit) = (Vec::new(), Vec::new(), Vec::new());
+) -> Result<SessionsFigures> {
+    let mut runs = Vec::new();
     for _ in 0..repetitions {
         let run = sessions_once(engine, rng, args, constraint, speculate, None)?;
         if constraint.is_some() {
@@ -372,11 +388,27 @@ pub(super) fn sessions(
                 max.unwrap_or(&0)
             );
         }
-        agg.push(run.tokens_per_s);
-        ttft.push(run.ttft_ms);
-        hit.push(run.hit_rate);
+        runs.push(run);
     }
-    Ok((median(agg), median(ttft), median(hit)))
+    let med = |f: fn(&SessionsRun) -> f64| median(runs.iter().map(f).collect());
+    Ok(SessionsFigures {
+        tokens_per_s: med(|r| r.tokens_per_s),
+        ttft_ms: med(|r| r.ttft_ms),
+        hit_rate: med(|r| r.hit_rate),
+        waste_after_prefill: med(|r| r.waste.0),
+        waste_at_end: med(|r| r.waste.1),
+    })
+}
+
+/// Medians over the repetitions of the sessions benchmark.
+pub(super) struct SessionsFigures {
+    pub tokens_per_s: f64,
+    pub ttft_ms: f64,
+    pub hit_rate: f64,
+    /// The KV pool's internal waste (`Metrics::kv_waste`) once every session had its first
+    /// token, and when the sessions held the most tokens (the end of generation).
+    pub waste_after_prefill: f64,
+    pub waste_at_end: f64,
 }
 
 /// One run of `args.sessions` concurrent sessions.
@@ -388,6 +420,32 @@ pub(super) struct SessionsRun {
     pub hit_rate: f64,
     /// Tokens each session generated, in submission order.
     pub lengths: Vec<usize>,
+    /// KV waste after prefill and at the end of generation (see `SessionsFigures`).
+    pub waste: (f64, f64),
+}
+
+/// The KV pool's waste while `sessions` sessions run, read from the engine's metrics every
+/// millisecond until `stop`: once they generated `sessions` tokens past `generated` (every one
+/// past its prefill), and when the pool held the most tokens.
+fn kv_waste_during(
+    engine: &EngineHandle,
+    generated: u64,
+    sessions: usize,
+    stop: &AtomicBool,
+) -> (f64, f64) {
+    let (mut after_prefill, mut at_end, mut most) = (None, 0.0, 0);
+    while !stop.load(Ordering::Relaxed) {
+        if let Some(m) = engine.metrics() {
+            if after_prefill.is_none() && m.tokens_generated >= generated + sessions as u64 {
+                after_prefill = Some(m.kv_waste());
+            }
+            if m.kv_tokens_stored > most {
+                (most, at_end) = (m.kv_tokens_stored, m.kv_waste());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    (after_prefill.unwrap_or(at_end), at_end)
 }
 
 /// One run of the sessions benchmark with a fresh shared prefix. `max_tokens`, when given,
@@ -403,6 +461,7 @@ pub(super) fn sessions_once(
     let vocab = engine.model_config().vocab_size;
     let before = engine.metrics().unwrap_or_default().prefix_cache;
     let prefix = random_tokens(rng, args.shared_prefix, vocab);
+    let generated = engine.metrics().unwrap_or_default().tokens_generated;
     let started = Instant::now();
     let mut streams = (0..args.sessions)
         .map(|i| {
@@ -415,12 +474,22 @@ pub(super) fn sessions_once(
     let mut lengths = Vec::new();
     let mut first_ms = Vec::new();
     let mut end = started;
-    for s in &mut streams {
-        let (first, last, n, ttft_ms) = drain(s)?;
-        lengths.push(n);
-        first_ms.push(ttft_ms.map_or((first - started).as_secs_f64() * 1000.0, |ms| ms as f64));
-        end = end.max(last);
-    }
+    let stop = AtomicBool::new(false);
+    let (drained, waste) = std::thread::scope(|scope| {
+        let poller = scope.spawn(|| kv_waste_during(engine, generated, args.sessions, &stop));
+        let drained = streams.iter_mut().try_for_each(|s| {
+            let (first, last, n, ttft_ms) = drain(s)?;
+            lengths.push(n);
+            first_ms.push(
+                ttft_ms.map_or((first - started).as_secs_f64() * 1000.0, |ms| ms as f64),
+            );
+            end = end.max(last);
+            anyhow::Ok(())
+        });
+        stop.store(true, Ordering::Relaxed);
+        (drained, poller.join().unwrap_or((f64::NAN, f64::NAN)))
+    });
+    drained?;
     let after = engine.metrics().unwrap_or_default().prefix_cache;
     let lookups = after.lookup_tokens - before.lookup_tokens;
     Ok(SessionsRun {
@@ -428,5 +497,6 @@ pub(super) fn sessions_once(
         ttft_ms: median(first_ms),
         hit_rate: (after.hit_tokens - before.hit_tokens) as f64 / lookups.max(1) as f64,
         lengths,
+        waste,
     })
 }

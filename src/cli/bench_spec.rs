@@ -24,7 +24,7 @@ pub(super) fn compare(
             let tokens_per_s = if args.sessions == 0 {
                 single(engine, rng, args, constraint, 1, speculate)?.1
             } else {
-                Some(sessions(engine, rng, args, constraint, 1, speculate)?.0)
+                Some(sessions(engine, rng, args, constraint, 1, speculate)?.tokens_per_s)
             };
             let Some(t) = tokens_per_s else {
                 anyhow::bail!("-n must be at least 2 to measure generation speed");

@@ -45,6 +45,10 @@ pub struct Metrics {
     pub draft_blocks: Option<(usize, usize)>,
     /// Blocks held by pinned prompts.
     pub blocks_pinned: usize,
+    /// Tokens whose keys and values the used blocks hold, and the slots of those blocks
+    /// (`Scheduler::kv_fill`): the pool's internal waste is `1 - tokens / slots`.
+    pub kv_tokens_stored: usize,
+    pub kv_slots_used: usize,
     /// The disk tier's counters; None when it is off.
     pub disk_cache: Option<super::disk_cache::DiskCacheStats>,
     /// Each tenant's own counters, by its key's salt (`Request::cache_key`); requests without
@@ -73,6 +77,15 @@ impl Metrics {
             0.0
         } else {
             self.prefix_cache.hit_tokens as f64 / self.prefix_cache.lookup_tokens as f64
+        }
+    }
+
+    /// The share of the used blocks' slots that hold no token (0 with no block used).
+    pub fn kv_waste(&self) -> f64 {
+        if self.kv_slots_used == 0 {
+            0.0
+        } else {
+            1.0 - self.kv_tokens_stored as f64 / self.kv_slots_used as f64
         }
     }
 

@@ -432,6 +432,28 @@ impl Scheduler {
         unpinned * self.blocks.block_size
     }
 
+    /// Tokens whose keys and values the used blocks hold, against the slots those blocks have
+    /// (`blocks used x block size`): the pool's internal waste is `1 - tokens / slots`. A block
+    /// shared by several sequences (a prefix, a fork) counts once, with its fullest use; pinned
+    /// blocks are full.
+    pub fn kv_fill(&self) -> (usize, usize) {
+        let bs = self.blocks.block_size;
+        let mut filled: HashMap<BlockId, usize> = HashMap::new();
+        for seq in self.seqs.values() {
+            for (j, &id) in seq.block_table.iter().enumerate() {
+                let n = seq.num_computed.saturating_sub(j * bs).min(bs);
+                let f = filled.entry(id).or_default();
+                *f = (*f).max(n);
+            }
+        }
+        for table in self.pins.tables() {
+            for &id in table {
+                filled.insert(id, bs);
+            }
+        }
+        (filled.values().sum(), self.blocks.num_used() * bs)
+    }
+
     /// Whether block `id` is pinned.
     pub fn is_pinned(&self, id: BlockId) -> bool {
         self.pins.contains_block(id)

@@ -241,7 +241,10 @@ impl Worker {
     fn publish(&self) {
         self.max_seq_len.store(self.max_seq_len(), Ordering::SeqCst);
         let b = &self.sched.blocks;
+        let (kv_tokens_stored, kv_slots_used) = self.sched.kv_fill();
         let snapshot = Metrics {
+            kv_tokens_stored,
+            kv_slots_used,
             prefix_cache: b.stats,
             blocks_total: b.num_blocks(),
             blocks_used: b.num_used(),

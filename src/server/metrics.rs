@@ -261,6 +261,18 @@ pub fn prometheus(m: &Metrics) -> String {
         }
     }
     metric(
+        "kv_tokens_stored",
+        "gauge",
+        "Tokens whose keys and values the used KV blocks hold (a shared block counted once).",
+        &[("", m.kv_tokens_stored as f64)],
+    );
+    metric(
+        "kv_waste_ratio",
+        "gauge",
+        "Share of the used KV blocks' token slots that hold no token (internal fragmentation).",
+        &[("", m.kv_waste())],
+    );
+    metric(
         "kv_blocks_total",
         "gauge",
         "Blocks in the KV pool.",
