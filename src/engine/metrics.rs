@@ -51,9 +51,28 @@ pub struct Metrics {
     pub kv_slots_used: usize,
     /// The disk tier's counters; None when it is off.
     pub disk_cache: Option<super::disk_cache::DiskCacheStats>,
+    /// Every live sequence, in id order (`/slots`).
+    pub sequences: Vec<SequenceInfo>,
     /// Each tenant's own counters, by its key's salt (`Request::cache_key`); requests without
     /// a key are counted only in the figures above.
     pub tenants: BTreeMap<u64, TenantMetrics>,
+}
+
+/// One live sequence as `/slots` shows it: counts only, never its text.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SequenceInfo {
+    pub seq_id: u64,
+    /// Running (in the batch) or waiting (for blocks or a step).
+    pub running: bool,
+    pub prompt_tokens: usize,
+    /// Prompt tokens served from the prefix cache.
+    pub cached_tokens: usize,
+    /// Tokens whose keys and values are computed.
+    pub computed_tokens: usize,
+    pub generated_tokens: usize,
+    pub max_tokens: usize,
+    /// Its tenant's key salt (`Request::cache_key`).
+    pub tenant: Option<u64>,
 }
 
 /// What one tenant (an API key) did: the figures a key may see of the server without learning

@@ -43,6 +43,6 @@ mod worker;
 
 pub use config::EngineConfig;
 pub use handle::{EngineHandle, EngineParts, RequestStream};
-pub use metrics::{Metrics, TenantMetrics};
+pub use metrics::{Metrics, SequenceInfo, TenantMetrics};
 pub use request::{Event, FinishReason, Request, SubmitError, TokenLogprobs, Usage};
 pub use speculative::SpecConfig;

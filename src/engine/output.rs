@@ -13,8 +13,8 @@ use super::block_manager::BlockHash;
 use super::masks::{self, MaskResult};
 use super::sampler::Sampler;
 use super::scheduler::Scheduler;
-use super::sequence::{SeqId, Sequence};
-use super::{Event, FinishReason, Metrics, Request, TokenLogprobs, Usage};
+use super::sequence::{SeqId, SeqStatus, Sequence};
+use super::{Event, FinishReason, Metrics, Request, SequenceInfo, TokenLogprobs, Usage};
 use crate::constraint::{ConstraintState, Consumed};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 
@@ -414,6 +414,28 @@ impl Outputs {
     }
 
     /// The completions' cached prompt tokens recorded at their first token.
+    /// Every live sequence's counts, in id order (`/slots`).
+    pub(super) fn sequences(&self, sched: &Scheduler) -> Vec<SequenceInfo> {
+        let mut out: Vec<SequenceInfo> = sched
+            .seq_ids()
+            .filter_map(|&id| {
+                let seq = sched.get(id)?;
+                Some(SequenceInfo {
+                    seq_id: id.0,
+                    running: seq.status == SeqStatus::Running,
+                    prompt_tokens: seq.prompt_len,
+                    cached_tokens: seq.num_cached,
+                    computed_tokens: seq.num_computed,
+                    generated_tokens: seq.generated().len(),
+                    max_tokens: self.request(id).map_or(0, |r| r.max_tokens),
+                    tenant: seq.cache_key,
+                })
+            })
+            .collect();
+        out.sort_by_key(|s| s.seq_id);
+        out
+    }
+
     pub(super) fn num_cached(&self, seq_id: SeqId) -> usize {
         self.seqs.get(&seq_id).map_or(0, |s| s.num_cached)
     }

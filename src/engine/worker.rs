@@ -245,6 +245,7 @@ impl Worker {
         let snapshot = Metrics {
             kv_tokens_stored,
             kv_slots_used,
+            sequences: self.out.sequences(&self.sched),
             prefix_cache: b.stats,
             blocks_total: b.num_blocks(),
             blocks_used: b.num_used(),

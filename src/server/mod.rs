@@ -17,6 +17,7 @@
 //! - `responses` (with `responses_output`, `responses_stream`, `response_store`): the OpenAI
 //!   Responses API on the chat path.
 //! - `router_api`: `/render`, `/get_load` and vLLM's gauges, for routers in front of workers.
+//! - `llama_routes`: llama-server's discovery routes, `/props`, `/apply-template`, `/slots`.
 //!
 //! Called by `main.rs` (`edge-llm serve`). A sibling of `crate::cli`: neither imports the other;
 //! the flags both take live in `crate::flags`.
@@ -26,6 +27,7 @@ pub(crate) mod cache_routes;
 pub(crate) mod error;
 pub mod kv_publisher;
 mod listener;
+mod llama_routes;
 mod messages;
 mod messages_stream;
 mod metrics;
@@ -223,6 +225,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/cache/pin", post(cache_routes::pin))
         .route("/v1/cache/pin/{id}", delete(cache_routes::unpin))
         .route("/detokenize", post(detokenize))
+        // llama-server's discovery routes (`llama_routes`).
+        .route("/props", get(llama_routes::props))
+        .route("/apply-template", post(llama_routes::apply_template))
+        .route("/slots", get(llama_routes::slots))
         // The Responses API (`responses`).
         .route("/v1/responses", post(responses::create))
         .route("/responses", post(responses::create))

@@ -1,0 +1,117 @@
+//! Issue 33's discovery routes, in llama-server's shapes, on the real default model:
+//! `GET /props` (what agents and front ends read: the context length, the model, its chat
+//! template and special tokens), `POST /apply-template` (the prompt text a chat body renders to:
+//! the same tokens `/v1/chat/completions/render` says the request runs) and `GET /slots` (the
+//! live sequences, counts only; a key that is not an admin key sees only its own).
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::harness::*;
+
+const A: (&str, &str) = ("Authorization", "Bearer key-a");
+const B: (&str, &str) = ("Authorization", "Bearer key-b");
+const ADMIN: (&str, &str) = ("Authorization", "Bearer admin");
+
+fn send(server: &Server, method: &str, path: &str, key: (&str, &str), body: &Value) -> Value {
+    let body = if body.is_null() {
+        Vec::new()
+    } else {
+        body.to_string().into_bytes()
+    };
+    let r = server.request(
+        method,
+        path,
+        &[("Content-Type", "application/json"), key],
+        &body,
+    );
+    assert_eq!(r.status, 200, "{method} {path}: {}", r.text());
+    serde_json::from_slice(&r.body).unwrap()
+}
+
+#[test]
+fn props_apply_template_and_slots_answer_in_llama_servers_shapes() {
+    let Some(server) = Server::start(&[
+        "-c",
+        "768",
+        "--api-key",
+        "key-a",
+        "--api-key",
+        "key-b",
+        "--admin-api-key",
+        "admin",
+    ]) else {
+        return;
+    };
+    // /props: the fields clients read.
+    let props = send(&server, "GET", "/props", A, &Value::Null);
+    assert_eq!(props["default_generation_settings"]["n_ctx"], 768, "{props}");
+    assert_eq!(props["model_alias"], "SmolLM2-135M-Instruct.Q4_1");
+    assert_eq!(props["eos_token"], "<|im_end|>", "{props}");
+    assert!(props["chat_template"]
+        .as_str()
+        .unwrap()
+        .contains("<|im_start|>"));
+    assert_eq!(props["modalities"]["vision"], false);
+    assert!(props["build_info"].as_str().unwrap().starts_with("edge-llm "));
+
+    // /apply-template: the text whose tokens are the ones the chat request runs.
+    let chat = json!({"messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Name a color."}
+    ]});
+    let text = send(&server, "POST", "/apply-template", A, &chat)["prompt"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        text.starts_with("<|im_start|>system\nBe brief.<|im_end|>")
+            && text.ends_with("<|im_start|>assistant\n"),
+        "{text:?}"
+    );
+    let rendered = send(&server, "POST", "/v1/chat/completions/render", A, &chat);
+    let tokens = send(&server, "POST", "/tokenize", A, &json!({"content": text}));
+    assert_eq!(tokens["tokens"], rendered["token_ids"]);
+
+    // /slots: key A's running request, seen by A and the admin, not by B.
+    assert_eq!(send(&server, "GET", "/slots", ADMIN, &Value::Null), json!([]));
+    std::thread::scope(|s| {
+        let stream = s.spawn(|| {
+            let body = completion_body(
+                "Once upon a time",
+                json!({"stream": true, "max_tokens": 300, "ignore_eos": true}),
+            );
+            let r = server.request(
+                "POST",
+                "/v1/completions",
+                &[("Content-Type", "application/json"), A],
+                body.to_string().as_bytes(),
+            );
+            assert_eq!(r.status, 200, "{}", r.text());
+        });
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let seen = loop {
+            let slots = send(&server, "GET", "/slots", A, &Value::Null);
+            if let Some(slot) = slots.as_array().unwrap().first() {
+                break slot.clone();
+            }
+            assert!(Instant::now() < deadline, "key A's request never showed in /slots");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert_eq!(seen["n_ctx"], 768, "{seen}");
+        assert!(seen["n_prompt_tokens"].as_u64().unwrap() > 0, "{seen}");
+        assert!(seen.get("prompt").is_none(), "never the text: {seen}");
+        let n_remain = seen["next_token"][0]["n_remain"].as_u64().unwrap();
+        let n_decoded = seen["next_token"][0]["n_decoded"].as_u64().unwrap();
+        assert_eq!(n_remain + n_decoded, 300, "{seen}");
+        assert_eq!(send(&server, "GET", "/slots", B, &Value::Null), json!([]));
+        let all = send(&server, "GET", "/slots", ADMIN, &Value::Null);
+        assert_eq!(all.as_array().unwrap().len(), 1, "{all}");
+        stream.join().unwrap();
+    });
+    server.wait_for_metrics("the finished request to leave /slots", |s| {
+        s.request("GET", "/slots", &[ADMIN], b"").text() == "[]"
+    });
+}
