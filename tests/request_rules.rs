@@ -62,7 +62,9 @@ fn cases() -> Vec<(Value, Option<&'static str>)> {
         (text(json!({"top_p": 7})), Some("top_p")),
         (text(json!({"stop": [1]})), Some("stop")),
         (text(json!({"prompt": 42})), Some("prompt")),
-        (text(json!({"logit_bias": {"1": 2}})), Some("logit_bias")),
+        (text(json!({"logit_bias": {"1": 2}})), None),
+        (text(json!({"logit_bias": {"999999999": 2}})), Some("logit_bias")),
+        (text(json!({"logit_bias": [["x"]]})), Some("logit_bias")),
         // The context (256): `max_tokens` beyond the room the prompt leaves, a prompt that
         // does not fit (refused by the engine's `submit`, named by the face).
         (text(json!({"max_tokens": 256})), Some("max_tokens")),

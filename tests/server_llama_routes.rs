@@ -2,7 +2,8 @@
 //! `GET /props` (what agents and front ends read: the context length, the model, its chat
 //! template and special tokens), `POST /apply-template` (the prompt text a chat body renders to:
 //! the same tokens `/v1/chat/completions/render` says the request runs) and `GET /slots` (the
-//! live sequences, counts only; a key that is not an admin key sees only its own).
+//! live sequences, counts only; a key that is not an admin key sees only its own); and
+//! `logit_bias`, refused before, in OpenAI's and llama.cpp's forms.
 
 mod support;
 
@@ -114,4 +115,64 @@ fn props_apply_template_and_slots_answer_in_llama_servers_shapes() {
     server.wait_for_metrics("the finished request to leave /slots", |s| {
         s.request("GET", "/slots", &[ADMIN], b"").text() == "[]"
     });
+}
+
+/// The first token of a greedy completion of `prompt` with `extra` fields, and its text.
+fn first_token(server: &Server, extra: Value) -> (u64, String) {
+    let mut body = completion_body(
+        "The capital of France is",
+        json!({"max_tokens": 1, "temperature": 0, "logprobs": 1}),
+    );
+    merge(&mut body, extra);
+    let (status, v) = server.post("/v1/completions", &body);
+    assert_eq!(status, 200, "{v}");
+    let text = v["choices"][0]["text"].as_str().unwrap().to_string();
+    let (status, ids) = server.post(
+        "/tokenize",
+        &json!({"content": text, "parse_special": false}),
+    );
+    assert_eq!(status, 200);
+    assert_eq!(ids["tokens"].as_array().unwrap().len(), 1, "{text:?}");
+    (ids["tokens"][0].as_u64().unwrap(), text)
+}
+
+#[test]
+fn logit_bias_bans_and_forces_tokens_in_both_forms() {
+    let Some(server) = Server::start(&[]) else {
+        return;
+    };
+    let (best, text) = first_token(&server, json!({}));
+    // OpenAI's form: a ban moves greedy off its choice.
+    let (banned, _) = first_token(&server, json!({"logit_bias": {best.to_string(): -100}}));
+    assert_ne!(banned, best);
+    // A large bias forces a token (42, never the greedy choice here).
+    let (forced, _) = first_token(&server, json!({"logit_bias": {"42": 100}}));
+    assert_eq!(forced, 42);
+    // llama.cpp's form: [text, false] bans every token of the text; [id, bias] as above.
+    let (by_text, _) = first_token(&server, json!({"logit_bias": [[text, false]]}));
+    assert_eq!(by_text, banned, "the same ban, by text");
+    let (by_pair, _) = first_token(&server, json!({"logit_bias": [[42, 100]]}));
+    assert_eq!(by_pair, 42);
+    // Chat completions take it too.
+    let (status, v) = server.post(
+        "/v1/chat/completions",
+        &chat_body("Hi", json!({"max_tokens": 1, "logit_bias": {"42": 100}})),
+    );
+    assert_eq!(status, 200, "{v}");
+    let (_, piece) = server.post("/detokenize", &json!({"tokens": [42]}));
+    assert_eq!(v["choices"][0]["message"]["content"], piece["content"]);
+    // Bad ones are refused naming the field.
+    for bad in [
+        json!({"9999999": 1}),
+        json!({"x": 1}),
+        json!({"42": "high"}),
+        json!([[42]]),
+        json!("all"),
+    ] {
+        let mut body = completion_body("Hi", json!({"max_tokens": 1}));
+        merge(&mut body, json!({ "logit_bias": bad }));
+        let (status, v) = server.post("/v1/completions", &body);
+        assert_eq!(status, 400, "{bad}: {v}");
+        assert_eq!(v["error"]["param"], "logit_bias", "{v}");
+    }
 }

@@ -99,6 +99,7 @@ pub fn plan(
     let max_tokens = max_tokens(setting, endpoint, &params, prompt.len())?;
     let mut sampling = params.sampling.clone();
     sampling.constraint = constraint;
+    sampling.logit_bias = logit_bias(&f, setting.tokenizer)?;
     let mut request = Request::new(prompt, sampling, max_tokens);
     request.n = params.n;
     request.stop = params.stop.clone();
@@ -113,6 +114,95 @@ pub fn plan(
         },
         parsing,
     })
+}
+
+/// `logit_bias`: OpenAI's object of token ids (as strings) to biases, or llama.cpp's array of
+/// `[token id or text, bias]` pairs, where a text biases every token it encodes to and `false`
+/// bans. Biases of one token add up.
+fn logit_bias(f: &Fields, tok: &Tokenizer) -> Result<Vec<(u32, f32)>, RequestError> {
+    const FIELD: &str = "logit_bias";
+    let bad = |why: String| RequestError::invalid(FIELD, why);
+    let bias_of = |v: &Value| -> Result<f32, RequestError> {
+        match v {
+            Value::Bool(false) => Ok(f32::NEG_INFINITY),
+            Value::Number(n) => n
+                .as_f64()
+                .filter(|b| b.is_finite() && b.abs() <= 1e4)
+                .map(|b| b as f32)
+                .ok_or_else(|| bad(format!("a bias must be a number in [-10000, 10000], got {n}"))),
+            other => Err(bad(format!(
+                "a bias must be a number or `false` (ban), got {}",
+                request::type_name(other)
+            ))),
+        }
+    };
+    let id_of = |id: u64| -> Result<u32, RequestError> {
+        u32::try_from(id)
+            .ok()
+            .filter(|&id| (id as usize) < tok.vocab_size())
+            .ok_or_else(|| {
+                bad(format!(
+                    "token id {id} is outside the vocabulary of {} tokens",
+                    tok.vocab_size()
+                ))
+            })
+    };
+    let mut out: Vec<(u32, f32)> = Vec::new();
+    match f.get(FIELD) {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(map)) => {
+            for (key, v) in map {
+                let id = key
+                    .trim()
+                    .parse::<u64>()
+                    .map_err(|_| bad(format!("keys must be token ids, got {key:?}")))?;
+                out.push((id_of(id)?, bias_of(v)?));
+            }
+        }
+        Some(Value::Array(pairs)) => {
+            for pair in pairs {
+                let Some([what, v]) = pair.as_array().map(Vec::as_slice) else {
+                    return Err(bad(
+                        "each entry must be a pair `[token id or text, bias]`".into(),
+                    ));
+                };
+                let bias = bias_of(v)?;
+                match what {
+                    Value::Number(n) => {
+                        let id = n.as_u64().ok_or_else(|| bad(format!("bad token id {n}")))?;
+                        out.push((id_of(id)?, bias));
+                    }
+                    Value::String(text) => {
+                        let ids = tok
+                            .encode(text, false, false)
+                            .map_err(|e| bad(format!("cannot tokenize {text:?}: {e:#}")))?;
+                        out.extend(ids.into_iter().map(|id| (id, bias)));
+                    }
+                    other => {
+                        return Err(bad(format!(
+                            "a pair starts with a token id or a text, got {}",
+                            request::type_name(other)
+                        )))
+                    }
+                }
+            }
+        }
+        Some(other) => {
+            return Err(bad(format!(
+                "`logit_bias` must be an object of token ids to biases, or an array of pairs, got {}",
+                request::type_name(other)
+            )))
+        }
+    }
+    out.sort_by_key(|&(id, _)| id);
+    out.dedup_by(|b, a| {
+        let same = a.0 == b.0;
+        if same {
+            a.1 += b.1;
+        }
+        same
+    });
+    Ok(out)
 }
 
 /// The token ids a body would run, and nothing else (the routers' `/render` endpoints); a chat

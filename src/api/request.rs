@@ -2,7 +2,7 @@
 //! `/v1/completions` and `/v1/chat/completions`, and each line of `run --jsonl`): the body is
 //! read field by field, so that a wrong type or a value out of range is refused naming the
 //! field (`param`). Unknown fields are ignored, as OpenAI clients send extras; fields this
-//! engine cannot honour (`echo`, `logit_bias`, `functions`, ...) are refused rather than
+//! engine cannot honour (`echo`, `functions`, ...) are refused rather than
 //! ignored; `response_format`, `regex`, `grammar` and `tools` are read by `structured` and
 //! `tools`. Called by `plan`, which turns a whole body into an engine request.
 
@@ -183,6 +183,7 @@ pub fn openai_sampling(seed: u64) -> SamplingParams {
         presence_penalty: 0.0,
         frequency_penalty: 0.0,
         seed,
+        logit_bias: Vec::new(),
         constraint: None,
     }
 }
@@ -325,7 +326,6 @@ pub fn gen_params_over(
     };
     let ignore_eos = f.bool("ignore_eos")?.unwrap_or(false);
 
-    f.unsupported("logit_bias", |v| v.as_object().is_some_and(Map::is_empty))?;
     f.unsupported("best_of", |v| v.as_u64() == Some(1))?;
     f.unsupported("echo", |v| v.as_bool() == Some(false))?;
     f.unsupported("suffix", |v| v.as_str() == Some(""))?;
@@ -526,7 +526,6 @@ mod tests {
             (json!({"stop": ["a", 1]}), "stop"),
             (json!({"stream": "yes"}), "stream"),
             (json!({"top_logprobs": 2}), "top_logprobs"),
-            (json!({"logit_bias": {"1": 5}}), "logit_bias"),
         ] {
             let m = fields(body.clone());
             let e = gen_params(&Fields(&m), Endpoint::Chat, 0).unwrap_err();

@@ -160,6 +160,7 @@ pub(super) fn sample(
 fn plain_greedy(sampler: &Sampler) -> bool {
     let p = &sampler.params;
     p.temperature <= 0.0
+        && p.logit_bias.is_empty()
         && (p.repeat_penalty == 1.0 || p.repeat_last_n == 0)
         && p.presence_penalty == 0.0
         && p.frequency_penalty == 0.0

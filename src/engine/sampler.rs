@@ -20,6 +20,9 @@ pub struct SamplingParams {
     pub presence_penalty: f32,
     pub frequency_penalty: f32,
     pub seed: u64,
+    /// Added to the logits of these tokens before anything else (minus infinity bans one), as
+    /// llama.cpp's logit-bias sampler, first in its chain.
+    pub logit_bias: Vec<(u32, f32)>,
     /// What the output must match (JSON schema, regex, grammar); None leaves it free.
     pub constraint: Option<crate::constraint::Constraint>,
 }
@@ -36,6 +39,7 @@ impl Default for SamplingParams {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             seed: 0,
+            logit_bias: Vec::new(),
             constraint: None,
         }
     }
@@ -192,6 +196,11 @@ impl Sampler {
 
     fn apply_penalties(&self, logits: &mut [f32], prompt: &[u32], generated: &[u32]) {
         let p = &self.params;
+        for &(t, bias) in &p.logit_bias {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l += bias;
+            }
+        }
         if p.repeat_penalty != 1.0 && p.repeat_last_n > 0 {
             let all = prompt.iter().chain(generated);
             let total = prompt.len() + generated.len();
@@ -240,6 +249,25 @@ pub fn log_softmax_at(x: &[f32], i: usize) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn logit_bias_bans_and_forces_tokens_before_the_rest() {
+        let logits = [0.1, 3.0, 2.0, -1.0];
+        let mut s = Sampler::new(SamplingParams {
+            logit_bias: vec![(1, f32::NEG_INFINITY), (3, 2.5)],
+            ..SamplingParams::greedy()
+        });
+        assert_eq!(s.sample(&logits, &[], &[]), 2, "1 banned");
+        s.params.logit_bias.push((3, 1.0));
+        assert_eq!(s.sample(&logits, &[], &[]), 3, "3 raised past 2");
+        let mut hot = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            logit_bias: vec![(0, 100.0)],
+            seed: 7,
+            ..Default::default()
+        });
+        assert!((0..50).all(|_| hot.sample(&logits, &[], &[]) == 0));
+    }
 
     #[test]
     fn greedy_takes_argmax_and_first_of_ties() {
