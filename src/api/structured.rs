@@ -1,5 +1,6 @@
 //! `response_format` (`text`, `json_object`, `json_schema`), and the extension fields `regex`
-//! and `grammar` (llguidance's Lark syntax): at most one constraint per request, compiled at
+//! and `grammar` (llguidance's Lark syntax, or llama.cpp's GBNF, read into Lark by
+//! `constraint::gbnf`): at most one constraint per request, compiled at
 //! once so that a schema llguidance rejects, a bad regex or a bad grammar is a 400 naming the
 //! field before anything is queued.
 
@@ -27,6 +28,12 @@ pub fn spec(
     ] {
         match body.get(field) {
             None | Some(Value::Null) => {}
+            // llama.cpp's GBNF, read into Lark.
+            Some(Value::String(s)) if field == "grammar" && crate::constraint::gbnf::is_gbnf(s) => {
+                let lark = crate::constraint::gbnf::to_lark(s)
+                    .map_err(|e| FieldError::new(field, format!("bad GBNF grammar: {e}")))?;
+                found.push((make(lark), field));
+            }
             Some(Value::String(s)) if !s.is_empty() => found.push((make(s.clone()), field)),
             Some(_) => {
                 return Err(FieldError::new(

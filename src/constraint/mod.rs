@@ -15,6 +15,7 @@
 //! Callers: the server and CLI faces (compile), the engine worker (masks, consume).
 
 pub mod cache;
+pub mod gbnf;
 mod tokenv;
 pub mod trigger;
 
