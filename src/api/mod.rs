@@ -30,6 +30,16 @@ pub mod tools;
 
 use crate::engine::SubmitError;
 
+/// A value from a request quoted for an error message: escaped (so a newline cannot break the
+/// one-line message) and cut to its first 64 characters.
+pub fn shown(value: &str) -> String {
+    let mut cut: String = value.chars().take(64).collect();
+    if cut.len() < value.len() {
+        cut.push_str("...");
+    }
+    format!("{cut:?}")
+}
+
 /// A request field that cannot be honoured: which field, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FieldError {

@@ -425,7 +425,8 @@ pub fn messages(f: &Fields) -> Result<Vec<ChatMessage>, RequestError> {
             return Err(RequestError::invalid(
                 &format!("messages[{i}].role"),
                 format!(
-                    "`messages[{i}].role` must be one of system, developer, user, assistant, tool; got {role:?}"
+                    "`messages[{i}].role` must be one of system, developer, user, assistant, tool; got {}",
+                    super::shown(role)
                 ),
             ));
         }
@@ -452,7 +453,8 @@ pub fn messages(f: &Fields) -> Result<Vec<ChatMessage>, RequestError> {
                             return Err(RequestError::invalid(
                                 &param,
                                 format!(
-                                    "content parts of type `{kind}` are not supported; only `text`"
+                                    "content parts of type {} are not supported; only `text`",
+                                    super::shown(kind)
                                 ),
                             ));
                         }

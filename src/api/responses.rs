@@ -337,7 +337,7 @@ fn input_messages(input: Option<&Value>) -> Result<Vec<Value>, RequestError> {
             other => {
                 return Err(invalid(
                     &format!("{param}.type"),
-                    format!("`{param}` is an item of type `{other}`, which this server does not take (it takes message, function_call, function_call_output, custom_tool_call, custom_tool_call_output, reasoning)"),
+                    format!("`{param}` is an item of type {}, which this server does not take (it takes message, function_call, function_call_output, custom_tool_call, custom_tool_call_output, reasoning)", super::shown(other)),
                 ))
             }
         }
@@ -378,7 +378,7 @@ fn text_of(content: Option<&Value>, param: &str) -> Result<String, RequestError>
             Some(kind) => {
                 return Err(invalid(
                     &p,
-                    format!("`{p}` has type `{kind}`; parts must be `input_text` or `output_text`"),
+                    format!("`{p}` has type {}; parts must be `input_text` or `output_text`", super::shown(kind)),
                 ))
             }
             None => {
