@@ -25,7 +25,7 @@ pub fn is_gbnf(text: &str) -> bool {
 
 /// `text` (GBNF) as Lark; an error names the line and what was expected.
 pub fn to_lark(text: &str) -> Result<String, String> {
-    let rules = Parser { s: text.as_bytes(), at: 0 }.grammar()?;
+    let rules = Parser { s: text.as_bytes(), at: 0, depth: 0 }.grammar()?;
     let index: HashMap<&str, usize> = rules
         .iter()
         .enumerate()
@@ -167,7 +167,12 @@ impl Expr {
 struct Parser<'a> {
     s: &'a [u8],
     at: usize,
+    /// Parentheses open here (each a level of recursion: capped at MAX_DEPTH).
+    depth: usize,
 }
+
+/// The deepest nesting of parentheses read (a hostile grammar must not exhaust the stack).
+const MAX_DEPTH: usize = 100;
 
 impl Parser<'_> {
     fn peek(&self) -> Option<u8> {
@@ -267,9 +272,14 @@ impl Parser<'_> {
                     Expr::Class("(?s:.)".into())
                 }
                 Some(b'(') => {
+                    if self.depth == MAX_DEPTH {
+                        return Err(self.error(&format!("parentheses nested deeper than {MAX_DEPTH}")));
+                    }
                     self.at += 1;
+                    self.depth += 1;
                     self.space(true);
                     let inner = self.alternatives(true)?;
+                    self.depth -= 1;
                     if self.peek() != Some(b')') {
                         return Err(self.error("expected `)`"));
                     }
@@ -280,7 +290,7 @@ impl Parser<'_> {
                     // A name followed by `::=` starts the next rule (after a newline).
                     let save = self.at;
                     let name = self.name()?;
-                    let mut look = Parser { s: self.s, at: self.at };
+                    let mut look = Parser { s: self.s, at: self.at, depth: 0 };
                     look.space(false);
                     if look.s[look.at..].starts_with(b"::=") {
                         self.at = save;
@@ -480,6 +490,8 @@ mod tests {
         assert!(to_lark("item ::= \"a\"\n").unwrap_err().contains("root"));
         assert!(to_lark("root ::= \"a\n").unwrap_err().contains("line"));
         assert!(to_lark("root ::= [a-z]{3,1}\n").unwrap_err().contains("maximum"));
+        let deep = format!("root ::= {}\"a\"{}\n", "(".repeat(100_000), ")".repeat(100_000));
+        assert!(to_lark(&deep).unwrap_err().contains("nested deeper"));
         assert!(!is_gbnf("start: \"a\"\n"));
         assert!(!is_gbnf("%llguidance {}\nstart: x\nx ::= 1"));
     }
