@@ -587,40 +587,55 @@ int32_t el_type_has_x8(int32_t type) {
 
 static int is_k_x8(int32_t type) { return type == EL_TYPE_Q4_K || type == EL_TYPE_Q5_K || type == EL_TYPE_Q6_K; }
 
-/* A K type's interleaving unit at byte j of its block (el_blocks.h): 2 in the f16 scales, else 4. */
-static int k_x8_unit(int32_t type, int j) {
-    if (type == EL_TYPE_Q6_K) return j >= (int)offsetof(el_block_q6_K, d) ? 2 : 4;
-    return j < (int)offsetof(el_block_q4_K, scales) ? 2 : 4; /* Q4_K, Q5_K: d and dmin first */
+/* A K type's f16 scales are bytes [*h0, *h1) of its block: interleaved two bytes at a time, the
+ * other fields four (el_blocks.h). */
+static void k_x8_halves(int32_t type, int *h0, int *h1) {
+    *h0 = type == EL_TYPE_Q6_K ? (int)offsetof(el_block_q6_K, d) : 0;
+    *h1 = type == EL_TYPE_Q6_K ? (int)sizeof(el_block_q6_K) : (int)offsetof(el_block_q4_K, scales);
 }
 
-/* Where byte j of row c's block lies in its group's interleaved block (el_blocks.h). */
-static int k_x8_at(int32_t type, int c, int j) {
-    const int u = k_x8_unit(type, j);
-    return 8 * (j - j % u) + u * c + j % u;
-}
-
-/* Block i of rows 8g..8g+7 of w (nb blocks a row) into its group's interleaved block at dst. */
-static void repack_k_x8(int32_t type, const uint8_t *w, int64_t nb, int64_t g, int64_t i, uint8_t *dst) {
-    const int bytes = (int)traits_of(type)->block_bytes;
-    for (int c = 0; c < 8; c++) {
-        const uint8_t *blk = w + ((g * 8 + c) * nb + i) * bytes;
-        for (int j = 0; j < bytes; j += k_x8_unit(type, j)) memcpy(dst + k_x8_at(type, c, j), blk + j, (size_t)k_x8_unit(type, j));
+/* The u-byte units of bytes [from, to) (from a multiple of u) of eight rows' blocks, interleaved:
+ * byte j of row c at 8 (j - j % u) + u c + j % u of the group's block. */
+static inline void interleave_units(const uint8_t *const rows[8], int from, int to, int u, uint8_t *grp) {
+    for (int j = from; j < to; j += u) {
+        for (int c = 0; c < 8; c++) memcpy(grp + 8 * j + u * c, rows[c] + j, (size_t)u);
     }
 }
 
-/* Row c's block back out of its group's interleaved block: repack_k_x8's inverse. */
+/* interleave_units' inverse for row c alone. */
+static inline void deinterleave_units(const uint8_t *grp, int c, int from, int to, int u, uint8_t *blk) {
+    for (int j = from; j < to; j += u) memcpy(blk + j, grp + 8 * j + u * c, (size_t)u);
+}
+
+/* Eight rows' blocks into their group's interleaved block. */
+static void repack_k_x8(int32_t type, const uint8_t *const rows[8], uint8_t *grp) {
+    int h0, h1;
+    k_x8_halves(type, &h0, &h1);
+    interleave_units(rows, 0, h0, 4, grp);
+    interleave_units(rows, h0, h1, 2, grp);
+    interleave_units(rows, h1, (int)traits_of(type)->block_bytes, 4, grp);
+}
+
+/* Row c's block back out of its group's interleaved block. */
 static void unpack_k_x8(int32_t type, const uint8_t *grp, int c, uint8_t *blk) {
-    const int bytes = (int)traits_of(type)->block_bytes;
-    for (int j = 0; j < bytes; j += k_x8_unit(type, j)) memcpy(blk + j, grp + k_x8_at(type, c, j), (size_t)k_x8_unit(type, j));
+    int h0, h1;
+    k_x8_halves(type, &h0, &h1);
+    deinterleave_units(grp, c, 0, h0, 4, blk);
+    deinterleave_units(grp, c, h0, h1, 2, blk);
+    deinterleave_units(grp, c, h1, (int)traits_of(type)->block_bytes, 4, blk);
 }
 
 int32_t el_repack_x8(int32_t type, const void *w, int64_t n_out, int64_t nb, void *dst) {
     if (!el_type_has_x8(type)) return EL_ERR_TYPE;
     if (n_out < 0 || n_out % 8 != 0 || nb <= 0) return EL_ERR_SHAPE;
     if (is_k_x8(type)) {
-        const int64_t group_bytes = 8 * traits_of(type)->block_bytes;
+        const int64_t bytes = traits_of(type)->block_bytes;
         for (int64_t g = 0; g < n_out / 8; g++) {
-            for (int64_t i = 0; i < nb; i++) repack_k_x8(type, w, nb, g, i, (uint8_t *)dst + (g * nb + i) * group_bytes);
+            for (int64_t i = 0; i < nb; i++) {
+                const uint8_t *rows[8]; /* block i of rows 8g .. 8g + 7 */
+                for (int c = 0; c < 8; c++) rows[c] = (const uint8_t *)w + ((g * 8 + c) * nb + i) * bytes;
+                repack_k_x8(type, rows, (uint8_t *)dst + (g * nb + i) * 8 * bytes);
+            }
         }
         return EL_OK;
     }
