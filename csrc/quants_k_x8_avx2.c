@@ -56,6 +56,14 @@ EL_AI void add_block(const int R, const __m256 d, const __m256 dmin, const uint8
     }
 }
 
+/* Keeps a tile's R running sums in registers: left alone, the compiler reassociates the integer
+ * adds into one tree per row, computes every product first and spills them (as quants_avx2.c's
+ * Q4_1 tiles); with this, Q4_K's 4-row tile runs about 1.3x faster (Q6_K's, slower: not used). */
+EL_AI void keep_in_registers(const int R, __m256i *v) {
+    if (R >= 2) __asm__("" : "+x"(v[0]), "+x"(v[1]));
+    if (R == 4) __asm__("" : "+x"(v[2]), "+x"(v[3]));
+}
+
 EL_AI void prefetch_block(const uint8_t *b, const int64_t bytes) {
     for (int64_t l = 0; l < bytes; l += 64) _mm_prefetch((const char *)b + l, _MM_HINT_T0);
 }
@@ -113,6 +121,8 @@ EL_AI void tile_k4x8(const int type, const int R, const uint8_t *grp, const uint
                         lo16[r] = _mm256_add_epi16(lo16[r], _mm256_maddubs_epi16(lo, broadcast4(aq)));
                         hi16[r] = _mm256_add_epi16(hi16[r], _mm256_maddubs_epi16(hi, broadcast4(aq + 32)));
                     }
+                    keep_in_registers(R, lo16);
+                    keep_in_registers(R, hi16);
                 }
                 for (int r = 0; r < R; r++) {
                     isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(_mm256_madd_epi16(lo16[r], sc_lo),
