@@ -727,8 +727,11 @@ int32_t el_matmul_x8(int32_t type, const void *w8, const void *a, int64_t a_row_
     const int64_t nb = n_in / bs;
 #if defined(__x86_64__)
     if (el_isa_get() == EL_ISA_AVX2) {
-        if (is_k_x8(type)) el_matmul_x8_k_avx2(type, w8, a, a_row_bytes, out, out_stride, nb, n_rows, o_begin / 8, o_end / 8);
-        else el_matmul_x8_avx2(type, w8, a, a_row_bytes, out, out_stride, nb, n_rows, o_begin / 8, o_end / 8);
+        if (is_k_x8(type)) {
+            el_matmul_x8_k_avx2(type, w8, a, a_row_bytes, out, out_stride, nb, n_rows, o_begin / 8, o_end / 8);
+        } else {
+            el_matmul_x8_avx2(type, w8, a, a_row_bytes, out, out_stride, nb, n_rows, o_begin / 8, o_end / 8);
+        }
         return EL_OK;
     }
 #elif defined(__aarch64__)

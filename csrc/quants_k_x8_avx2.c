@@ -80,7 +80,8 @@ EL_AI void k4x8_scales(const uint8_t (*packed)[8][4], __m256i sc[2], __m256i mn[
     const __m256i m6 = _mm256_set1_epi8(0x3F), m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);
     sc[0] = _mm256_and_si256(w0, m6);
     mn[0] = _mm256_and_si256(w1, m6);
-    sc[1] = _mm256_or_si256(_mm256_and_si256(w2, m4), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(w0, 6), m2), 4));
+    sc[1] = _mm256_or_si256(_mm256_and_si256(w2, m4),
+                            _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(w0, 6), m2), 4));
     mn[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(w2, 4), m4),
                             _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(w1, 6), m2), 4));
 }
@@ -181,7 +182,9 @@ EL_AI void q6x8_isums(const int R, const el_block_q6_Kx8 *b, const uint8_t *cons
                     acc[k] = _mm256_add_epi16(_mm256_maddubs_epi16(q6x8_quants(b, h, k, m), broadcast4(aq)),
                                               _mm256_maddubs_epi16(q6x8_quants(b, h, k, m + 1), broadcast4(aq + 4)));
                 }
-                for (int k = 0; k < 4; k++) isum[0] = _mm256_add_epi32(isum[0], _mm256_madd_epi16(acc[k], sc[2 * (4 * h + k) + m / 4]));
+                for (int k = 0; k < 4; k++) {
+                    isum[0] = _mm256_add_epi32(isum[0], _mm256_madd_epi16(acc[k], sc[2 * (4 * h + k) + m / 4]));
+                }
             }
             continue;
         }

@@ -369,7 +369,8 @@ EL_AI int32x4_t q6x8_isum(const el_block_q6_Kx8 *b, const int h2, const el_block
         }
         for (int half = 0; half < 2; half++) {
             const int j = 2 * run + half;
-            is = vmlaq_s32(is, sub_sum[half], word_byte(vld1q_u32((const uint32_t *)b->scales[j / 4][4 * h2]), j % 4, 1));
+            const uint32x4_t scales = vld1q_u32((const uint32_t *)b->scales[j / 4][4 * h2]);
+            is = vmlaq_s32(is, sub_sum[half], word_byte(scales, j % 4, 1));
         }
     }
     for (int g = 0; g < 16; g++) {
