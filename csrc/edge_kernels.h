@@ -92,12 +92,12 @@ int32_t el_matmul(int32_t type, const void *w, int64_t w_row_bytes, const void *
                   float *out, int64_t out_stride, int64_t n_in, int64_t n_rows, int64_t o_begin,
                   int64_t o_end);
 
-/* ---- Rows interleaved in eights (Q4_1, Q8_0) ---------------------------------------------------
+/* ---- Rows interleaved in eights (Q4_1, Q8_0, Q4_K, Q5_K, Q6_K) --------------------------------
  * el_matmul reads a matrix eight rows at a time; stored row after row, that is eight streams and
- * eight scale loads per block. el_repack_x8 copies a Q4_1 or Q8_0 matrix into groups of eight rows
- * whose blocks are interleaved (the same bytes), and el_matmul_x8 reads that copy: one stream for
- * one activation row, whole loads and one load for eight scales for batches. Each output is
- * bit-identical to el_vec_dot, as el_matmul's. */
+ * eight scale loads per block. el_repack_x8 copies a Q4_1, Q8_0, Q4_K, Q5_K or Q6_K matrix into
+ * groups of eight rows whose blocks are interleaved (the same bytes, el_blocks.h), and
+ * el_matmul_x8 reads that copy: one stream for one activation row, whole loads and one load for
+ * eight scales for batches. Each output is bit-identical to el_vec_dot, as el_matmul's. */
 
 /* Whether el_repack_x8 and el_matmul_x8 take `type` (1) or not (0). */
 int32_t el_type_has_x8(int32_t type);
@@ -108,9 +108,9 @@ int32_t el_repack_x8(int32_t type, const void *w /* [n_out][nb] blocks */, int64
                      void *dst /* [n_out / 8][nb] interleaved blocks */);
 /* el_matmul from the interleaved copy w8: out[r * out_stride + o] = el_vec_dot(type, row o of the
  * matrix, a row r), bit for bit, for r in [0, n_rows) and o in [o_begin, o_end) (both multiples of
- * 8); n_in a multiple of 32. */
-int32_t el_matmul_x8(int32_t type, const void *w8 /* [n_out / 8][n_in / 32] interleaved blocks */,
-                     const void *a /* [n_rows][n_in / 32] vec_dot blocks, rows a_row_bytes apart */,
+ * 8); n_in a multiple of the block size bs. */
+int32_t el_matmul_x8(int32_t type, const void *w8 /* [n_out / 8][n_in / bs] interleaved blocks */,
+                     const void *a /* [n_rows][n_in / bs] vec_dot blocks, rows a_row_bytes apart */,
                      int64_t a_row_bytes, float *out /* [n_rows][out_stride] */, int64_t out_stride,
                      int64_t n_in, int64_t n_rows, int64_t o_begin, int64_t o_end);
 

@@ -126,6 +126,44 @@ typedef struct {
 } el_block_q6_K;
 _Static_assert(sizeof(el_block_q6_K) == EL_Q6_K_BYTES, "block_q6_K layout");
 
+/* Super-block i of eight K-quant rows interleaved (el_repack_x8): every field of the eight rows'
+ * blocks side by side, the f16 scales two bytes at a time (d[c] is row c's d), everything else
+ * four bytes at a time (field[k][c] is bytes 4k..4k+3 of row c's field), in the block's field
+ * order. So one 32-byte load holds the same four bytes of every row, a row per 32-bit lane, and
+ * each field of the eight rows is one stream: byte j of row c's block lies at
+ * 8 (j - j % u) + u c + j % u of the group's, u the field's unit (2 or 4), the field starting at a
+ * multiple of u. */
+
+/* Q4_K: scales[k][c] holds row c's packed scale bytes 4k..4k+3; qs[8p + k][c] row c's quants
+ * 32p + 4k..+3, so the low nibbles are elements 64p + 4k..+3 (sub-block 2p) and the high ones
+ * 64p + 32 + 4k..+3 (sub-block 2p + 1). */
+typedef struct {
+    uint16_t d[8], dmin[8];
+    uint8_t scales[K_SCALE_SIZE / 4][8][4];
+    uint8_t qs[QK_K / 8][8][4];
+} el_block_q4_Kx8;
+_Static_assert(sizeof(el_block_q4_Kx8) == 8 * sizeof(el_block_q4_K), "block_q4_Kx8 layout");
+
+/* Q5_K: as Q4_K, with qh[m][c] row c's fifth bits of elements 4m..4m+3 of each run (bit b: run b). */
+typedef struct {
+    uint16_t d[8], dmin[8];
+    uint8_t scales[K_SCALE_SIZE / 4][8][4];
+    uint8_t qh[QK_K / 32][8][4];
+    uint8_t qs[QK_K / 8][8][4];
+} el_block_q5_Kx8;
+_Static_assert(sizeof(el_block_q5_Kx8) == 8 * sizeof(el_block_q5_K), "block_q5_Kx8 layout");
+
+/* Q6_K: ql[16h + 8s + m][c] row c's low nibbles of elements 4m..4m+3 of runs 4h + s (low) and
+ * 4h + s + 2 (high); qh[8h + m][c] the two top bits of those elements of runs 4h..4h+3 (bits 2k:
+ * run 4h + k); scales[k][c] row c's scales 4k..4k+3. */
+typedef struct {
+    uint8_t ql[QK_K / 8][8][4];
+    uint8_t qh[QK_K / 16][8][4];
+    int8_t scales[QK_K / 64][8][4];
+    uint16_t d[8];
+} el_block_q6_Kx8;
+_Static_assert(sizeof(el_block_q6_Kx8) == 8 * sizeof(el_block_q6_K), "block_q6_Kx8 layout");
+
 /* x = d * qs; bsums[g] = sum of qs[16g .. 16g + 16), for the weight types' mins. */
 typedef struct {
     float d;

@@ -13,6 +13,7 @@
  * check this.
  */
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "edge_kernels.h"
@@ -569,13 +570,75 @@ int32_t el_matmul(int32_t type, const void *w, int64_t w_row_bytes, const void *
     return EL_OK;
 }
 
-/* ---- Rows interleaved in eights (Q4_1, Q8_0) ---------------------------------------------------- */
+/* ---- Rows interleaved in eights (Q4_1, Q8_0, Q4_K, Q5_K, Q6_K) --------------------------------- */
 
-int32_t el_type_has_x8(int32_t type) { return type == EL_TYPE_Q4_1 || type == EL_TYPE_Q8_0; }
+int32_t el_type_has_x8(int32_t type) {
+    switch (type) {
+    case EL_TYPE_Q4_1:
+    case EL_TYPE_Q8_0:
+    case EL_TYPE_Q4_K:
+    case EL_TYPE_Q5_K:
+    case EL_TYPE_Q6_K:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static int is_k_x8(int32_t type) { return type == EL_TYPE_Q4_K || type == EL_TYPE_Q5_K || type == EL_TYPE_Q6_K; }
+
+/* A K type's f16 scales are bytes [*h0, *h1) of its block: interleaved two bytes at a time, the
+ * other fields four (el_blocks.h). */
+static void k_x8_halves(int32_t type, int *h0, int *h1) {
+    *h0 = type == EL_TYPE_Q6_K ? (int)offsetof(el_block_q6_K, d) : 0;
+    *h1 = type == EL_TYPE_Q6_K ? (int)sizeof(el_block_q6_K) : (int)offsetof(el_block_q4_K, scales);
+}
+
+/* The u-byte units of bytes [from, to) (from a multiple of u) of eight rows' blocks, interleaved:
+ * byte j of row c at 8 (j - j % u) + u c + j % u of the group's block. */
+static inline void interleave_units(const uint8_t *const rows[8], int from, int to, int u, uint8_t *grp) {
+    for (int j = from; j < to; j += u) {
+        for (int c = 0; c < 8; c++) memcpy(grp + 8 * j + u * c, rows[c] + j, (size_t)u);
+    }
+}
+
+/* interleave_units' inverse for row c alone. */
+static inline void deinterleave_units(const uint8_t *grp, int c, int from, int to, int u, uint8_t *blk) {
+    for (int j = from; j < to; j += u) memcpy(blk + j, grp + 8 * j + u * c, (size_t)u);
+}
+
+/* Eight rows' blocks into their group's interleaved block. */
+static void repack_k_x8(int32_t type, const uint8_t *const rows[8], uint8_t *grp) {
+    int h0, h1;
+    k_x8_halves(type, &h0, &h1);
+    interleave_units(rows, 0, h0, 4, grp);
+    interleave_units(rows, h0, h1, 2, grp);
+    interleave_units(rows, h1, (int)traits_of(type)->block_bytes, 4, grp);
+}
+
+/* Row c's block back out of its group's interleaved block. */
+static void unpack_k_x8(int32_t type, const uint8_t *grp, int c, uint8_t *blk) {
+    int h0, h1;
+    k_x8_halves(type, &h0, &h1);
+    deinterleave_units(grp, c, 0, h0, 4, blk);
+    deinterleave_units(grp, c, h0, h1, 2, blk);
+    deinterleave_units(grp, c, h1, (int)traits_of(type)->block_bytes, 4, blk);
+}
 
 int32_t el_repack_x8(int32_t type, const void *w, int64_t n_out, int64_t nb, void *dst) {
     if (!el_type_has_x8(type)) return EL_ERR_TYPE;
     if (n_out < 0 || n_out % 8 != 0 || nb <= 0) return EL_ERR_SHAPE;
+    if (is_k_x8(type)) {
+        const int64_t bytes = traits_of(type)->block_bytes;
+        for (int64_t g = 0; g < n_out / 8; g++) {
+            for (int64_t i = 0; i < nb; i++) {
+                const uint8_t *rows[8]; /* block i of rows 8g .. 8g + 7 */
+                for (int c = 0; c < 8; c++) rows[c] = (const uint8_t *)w + ((g * 8 + c) * nb + i) * bytes;
+                repack_k_x8(type, rows, (uint8_t *)dst + (g * nb + i) * 8 * bytes);
+            }
+        }
+        return EL_OK;
+    }
     for (int64_t g = 0; g < n_out / 8; g++) {
         for (int64_t i = 0; i < nb; i++) {
             for (int c = 0; c < 8; c++) {
@@ -596,6 +659,29 @@ int32_t el_repack_x8(int32_t type, const void *w, int64_t n_out, int64_t nb, voi
         }
     }
     return EL_OK;
+}
+
+/* The K types' reference: each of a group's rows read back block by block and dotted by the
+ * type's reference, one block at a time. That adds the same terms in the same order as
+ * el_vec_dot's one call over the row (a lone block's sum 0 + t differs from t only for t = -0,
+ * and a running sum that starts at +0 is never -0, so adding either zero leaves it unchanged). */
+static void matvec_k_x8_ref(int32_t type, const void *w8, const void *a, float *out, int64_t nb, int64_t g_begin,
+                            int64_t g_end) {
+    const el_type_traits *t = traits_of(type);
+    const int64_t group_bytes = 8 * t->block_bytes;
+    _Alignas(4) uint8_t blk[sizeof(el_block_q6_K)]; /* the largest of the three */
+    _Static_assert(sizeof(el_block_q6_K) >= sizeof(el_block_q5_K) && sizeof(el_block_q5_K) >= sizeof(el_block_q4_K),
+                   "blk holds a block of every K type with x8");
+    for (int64_t g = g_begin; g < g_end; g++) {
+        for (int c = 0; c < 8; c++) {
+            float sum = 0.0f;
+            for (int64_t i = 0; i < nb; i++) {
+                unpack_k_x8(type, (const uint8_t *)w8 + (g * nb + i) * group_bytes, c, blk);
+                sum += t->dot(blk, (const el_block_q8_K *)a + i, 1);
+            }
+            out[g * 8 + c] = sum;
+        }
+    }
 }
 
 /* dot_q4_1_q8_1 and dot_q8_0_q8_0 of each of a group's eight rows, reading them from the
@@ -633,24 +719,32 @@ static void matvec_x8_ref(int32_t type, const void *w8, const void *a, float *ou
 int32_t el_matmul_x8(int32_t type, const void *w8, const void *a, int64_t a_row_bytes, float *out, int64_t out_stride,
                      int64_t n_in, int64_t n_rows, int64_t o_begin, int64_t o_end) {
     if (!el_type_has_x8(type)) return EL_ERR_TYPE;
-    if (n_in <= 0 || n_in % QK != 0 || n_rows < 0 || a_row_bytes < 0 || o_begin < 0 || o_end < o_begin ||
+    const int64_t bs = traits_of(type)->block_size;
+    if (n_in <= 0 || n_in % bs != 0 || n_rows < 0 || a_row_bytes < 0 || o_begin < 0 || o_end < o_begin ||
         o_begin % 8 != 0 || o_end % 8 != 0) {
         return EL_ERR_SHAPE;
     }
+    const int64_t nb = n_in / bs;
 #if defined(__x86_64__)
     if (el_isa_get() == EL_ISA_AVX2) {
-        el_matmul_x8_avx2(type, w8, a, a_row_bytes, out, out_stride, n_in / QK, n_rows, o_begin / 8, o_end / 8);
+        if (is_k_x8(type)) {
+            el_matmul_x8_k_avx2(type, w8, a, a_row_bytes, out, out_stride, nb, n_rows, o_begin / 8, o_end / 8);
+        } else {
+            el_matmul_x8_avx2(type, w8, a, a_row_bytes, out, out_stride, nb, n_rows, o_begin / 8, o_end / 8);
+        }
         return EL_OK;
     }
 #elif defined(__aarch64__)
     if (el_isa_get() == EL_ISA_NEON) {
-        el_matmul_x8_neon(type, w8, a, a_row_bytes, out, out_stride, n_in / QK, n_rows, o_begin / 8, o_end / 8);
+        el_matmul_x8_neon(type, w8, a, a_row_bytes, out, out_stride, nb, n_rows, o_begin / 8, o_end / 8);
         return EL_OK;
     }
 #endif
     for (int64_t r = 0; r < n_rows; r++) {
-        matvec_x8_ref(type, w8, (const uint8_t *)a + r * a_row_bytes, out + r * out_stride, n_in / QK, o_begin / 8,
-                      o_end / 8);
+        const void *row = (const uint8_t *)a + r * a_row_bytes;
+        float *o = out + r * out_stride;
+        if (is_k_x8(type)) matvec_k_x8_ref(type, w8, row, o, nb, o_begin / 8, o_end / 8);
+        else matvec_x8_ref(type, w8, row, o, nb, o_begin / 8, o_end / 8);
     }
     return EL_OK;
 }

@@ -120,43 +120,37 @@ EL_AI __m256i k_run_scales(const int type, const k_col *k, const int b) {
     return _mm256_shuffle_epi8(lane, split);
 }
 
-/* Shift each byte's bits left by s (s < 0: right), within 16-bit lanes; callers mask the bits
- * they keep, which the shift across the byte boundary never reaches. */
-EL_AI __m256i shift_bytes(__m256i v, const int s) {
-    return s > 0 ? _mm256_slli_epi16(v, s) : s < 0 ? _mm256_srli_epi16(v, -s) : v;
-}
-
 /* The unsigned quants of run b as 32 bytes (the layouts of quants_k.c's el_run helpers). */
 EL_AI __m256i k_run_quants(const int type, const uint8_t *blk, const int b) {
     switch (type) {
     case EL_TYPE_Q2_K: {
         const __m256i q = el_loadu_256(((const el_block_q2_K *)blk)->qs + 32 * (b / 4));
-        return _mm256_and_si256(shift_bytes(q, -2 * (b % 4)), _mm256_set1_epi8(3));
+        return _mm256_and_si256(el_shift_bytes(q, -2 * (b % 4)), _mm256_set1_epi8(3));
     }
     case EL_TYPE_Q3_K: {
         const el_block_q3_K *x = (const el_block_q3_K *)blk;
         const __m256i q = el_loadu_256(x->qs + 32 * (b / 4));
-        const __m256i lo = _mm256_and_si256(shift_bytes(q, -2 * (b % 4)), _mm256_set1_epi8(3));
-        const __m256i hi = _mm256_and_si256(shift_bytes(el_loadu_256(x->hmask), 2 - b), _mm256_set1_epi8(4));
+        const __m256i lo = _mm256_and_si256(el_shift_bytes(q, -2 * (b % 4)), _mm256_set1_epi8(3));
+        const __m256i hi = _mm256_and_si256(el_shift_bytes(el_loadu_256(x->hmask), 2 - b), _mm256_set1_epi8(4));
         return _mm256_or_si256(lo, hi);
     }
     case EL_TYPE_Q4_K: {
         const __m256i q = el_loadu_256(((const el_block_q4_K *)blk)->qs + 32 * (b / 2));
-        return _mm256_and_si256(shift_bytes(q, -4 * (b % 2)), _mm256_set1_epi8(0x0F));
+        return _mm256_and_si256(el_shift_bytes(q, -4 * (b % 2)), _mm256_set1_epi8(0x0F));
     }
     case EL_TYPE_Q5_K: {
         const el_block_q5_K *x = (const el_block_q5_K *)blk;
         const __m256i q = el_loadu_256(x->qs + 32 * (b / 2));
-        const __m256i lo = _mm256_and_si256(shift_bytes(q, -4 * (b % 2)), _mm256_set1_epi8(0x0F));
-        const __m256i hi = _mm256_and_si256(shift_bytes(el_loadu_256(x->qh), 4 - b), _mm256_set1_epi8(0x10));
+        const __m256i lo = _mm256_and_si256(el_shift_bytes(q, -4 * (b % 2)), _mm256_set1_epi8(0x0F));
+        const __m256i hi = _mm256_and_si256(el_shift_bytes(el_loadu_256(x->qh), 4 - b), _mm256_set1_epi8(0x10));
         return _mm256_or_si256(lo, hi);
     }
     default: { /* EL_TYPE_Q6_K: run 4h + k: nibble k / 2 of ql[64h + 32 (k % 2)], bits 2k of qh[32h] */
         const el_block_q6_K *x = (const el_block_q6_K *)blk;
         const int h = b / 4, k = b % 4;
         const __m256i ql = el_loadu_256(x->ql + 64 * h + 32 * (k % 2));
-        const __m256i lo = _mm256_and_si256(shift_bytes(ql, -4 * (k / 2)), _mm256_set1_epi8(0x0F));
-        const __m256i hi = _mm256_and_si256(shift_bytes(el_loadu_256(x->qh + 32 * h), 4 - 2 * k), _mm256_set1_epi8(0x30));
+        const __m256i lo = _mm256_and_si256(el_shift_bytes(ql, -4 * (k / 2)), _mm256_set1_epi8(0x0F));
+        const __m256i hi = _mm256_and_si256(el_shift_bytes(el_loadu_256(x->qh + 32 * h), 4 - 2 * k), _mm256_set1_epi8(0x30));
         return _mm256_or_si256(lo, hi);
     }
     }

@@ -2,7 +2,8 @@
  * quants_neon.c: AArch64 NEON variants, with the dot-product instructions (SDOT, Armv8.2's
  * FEAT_DotProd), of the quantized dot products of every block type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0;
  * the K-quants Q2_K..Q6_K and Q8_K, whose super-blocks are decoded by the reference's own
- * el_k_decode and summed by SDOT) and of the interleaved products (el_matmul_x8: Q4_1, Q8_0).
+ * el_k_decode and summed by SDOT) and of the interleaved products (el_matmul_x8: Q4_1, Q8_0,
+ * Q4_K, Q5_K, Q6_K).
  * simd_dispatch.c hands these out once NEON is chosen (the CPU reports the dot-product
  * instructions); the file is compiled for them with a target pragma, so nothing in it may run
  * before that choice. The float types' dot products, the quantizers and the row operations run
@@ -26,6 +27,7 @@
 #endif
 
 #include <arm_neon.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -282,10 +284,140 @@ static void matvec_x8(int32_t type, const void *w8, const uint8_t *act, float *o
     }
 }
 
+/* ---- The K-quants interleaved: Q4_K, Q5_K, Q6_K ----------------------------------------------
+ * Per sub-block, SDOT of four weight bytes of each row against four activation bytes broadcast
+ * sums rows 0..3 or 4..7 (half h2 of the group) a lane each; times the sub-block's scale, added
+ * up: the reference's isum, and its offset and mins' sums through bsums (quants_k.c's dot_sub),
+ * then its float line lane by lane. */
+
+/* Four activation bytes in every 32-bit lane. */
+EL_AI int8x16_t broadcast4(const int8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return vreinterpretq_s8_u32(vdupq_n_u32(v));
+}
+
+/* Byte j of each lane's word, zero-extended (sign-extended with is_signed). */
+EL_AI int32x4_t word_byte(const uint32x4_t v, const int j, const int is_signed) {
+    if (is_signed) return vshlq_s32(vshlq_s32(vreinterpretq_s32_u32(v), vdupq_n_s32(24 - 8 * j)), vdupq_n_s32(-24));
+    return vreinterpretq_s32_u32(vandq_u32(vshlq_u32(v, vdupq_n_s32(-8 * j)), vdupq_n_u32(0xFF)));
+}
+
+/* Each byte shifted left by s (s < 0: right), then masked. */
+EL_AI uint8x16_t shift_mask(const uint8x16_t v, const int s, const uint8_t mask) {
+    return vandq_u8(vshlq_u8(v, vdupq_n_s8((int8_t)s)), vdupq_n_u8(mask));
+}
+
+/* The float line of rows 4 h2 .. 4 h2 + 3: sum += (d * da) * isum - (dmin * da) * msum. */
+EL_AI float32x4_t add_k_block(const float32x4_t sum, const float32x4_t d, const float32x4_t dmin, const float da,
+                              const int32x4_t isum, const int32x4_t msum) {
+    const float32x4_t vda = vdupq_n_f32(da);
+    return vaddq_f32(sum, vsubq_f32(vmulq_f32(vmulq_f32(d, vda), vcvtq_f32_s32(isum)),
+                                    vmulq_f32(vmulq_f32(dmin, vda), vcvtq_f32_s32(msum))));
+}
+
+/* Q4_K or Q5_K super-block b's sums of rows 4 h2 .. 4 h2 + 3 against activation block a. */
+EL_AI void k4x8_sums(const int32_t type, const uint8_t *b, const int h2, const el_block_q8_K *a, int32x4_t *isum,
+                     int32x4_t *msum) {
+    const int q5 = type == EL_TYPE_Q5_K;
+    const uint8_t(*scales)[8][4] = q5 ? ((const el_block_q5_Kx8 *)b)->scales : ((const el_block_q4_Kx8 *)b)->scales;
+    const uint8_t(*qs)[8][4] = q5 ? ((const el_block_q5_Kx8 *)b)->qs : ((const el_block_q4_Kx8 *)b)->qs;
+    /* quants_k.c's scale_min_k4 on four rows' words */
+    const uint32x4_t w0 = vld1q_u32((const uint32_t *)scales[0][4 * h2]);
+    const uint32x4_t w1 = vld1q_u32((const uint32_t *)scales[1][4 * h2]);
+    const uint32x4_t w2 = vld1q_u32((const uint32_t *)scales[2][4 * h2]);
+    const uint32x4_t m6 = vdupq_n_u32(0x3F3F3F3Fu), m4 = vdupq_n_u32(0x0F0F0F0Fu), m2 = vdupq_n_u32(0x03030303u);
+    const uint32x4_t sc[2] = {vandq_u32(w0, m6),
+                              vorrq_u32(vandq_u32(w2, m4), vshlq_n_u32(vandq_u32(vshrq_n_u32(w0, 6), m2), 4))};
+    const uint32x4_t mn[2] = {vandq_u32(w1, m6), vorrq_u32(vandq_u32(vshrq_n_u32(w2, 4), m4),
+                                                           vshlq_n_u32(vandq_u32(vshrq_n_u32(w1, 6), m2), 4))};
+    int32x4_t is = vdupq_n_s32(0), ms = vdupq_n_s32(0);
+    for (int j = 0; j < 8; j += 2) { /* sub-blocks j (low nibbles) and j + 1 (high) */
+        int32x4_t lo_sum = vdupq_n_s32(0), hi_sum = vdupq_n_s32(0);
+        for (int k = 0; k < 8; k++) {
+            const uint8x16_t w = vld1q_u8(qs[4 * j + k][4 * h2]);
+            uint8x16_t lo = vandq_u8(w, vdupq_n_u8(0x0F)), hi = vshrq_n_u8(w, 4);
+            if (q5) {
+                const uint8x16_t h = vld1q_u8(((const el_block_q5_Kx8 *)b)->qh[k][4 * h2]);
+                lo = vorrq_u8(lo, shift_mask(h, 4 - j, 0x10));
+                hi = vorrq_u8(hi, shift_mask(h, 3 - j, 0x10));
+            }
+            lo_sum = vdotq_s32(lo_sum, vreinterpretq_s8_u8(lo), broadcast4(a->qs + 32 * j + 4 * k));
+            hi_sum = vdotq_s32(hi_sum, vreinterpretq_s8_u8(hi), broadcast4(a->qs + 32 * j + 32 + 4 * k));
+        }
+        is = vmlaq_s32(is, lo_sum, word_byte(sc[j / 4], j % 4, 0));
+        is = vmlaq_s32(is, hi_sum, word_byte(sc[j / 4], j % 4 + 1, 0));
+    }
+    for (int j = 0; j < 8; j++) {
+        ms = vmlaq_n_s32(ms, word_byte(mn[j / 4], j % 4, 0), (int32_t)a->bsums[2 * j] + (int32_t)a->bsums[2 * j + 1]);
+    }
+    *isum = is;
+    *msum = ms;
+}
+
+/* Q6_K super-block b's isum of rows 4 h2 .. 4 h2 + 3 against activation block a. */
+EL_AI int32x4_t q6x8_isum(const el_block_q6_Kx8 *b, const int h2, const el_block_q8_K *a) {
+    int32x4_t is = vdupq_n_s32(0), os = vdupq_n_s32(0);
+    for (int run = 0; run < 8; run++) {
+        const int h = run / 4, k = run % 4;
+        int32x4_t sub_sum[2] = {vdupq_n_s32(0), vdupq_n_s32(0)}; /* sub-blocks 2 run and 2 run + 1 */
+        for (int m = 0; m < 8; m++) {
+            const uint8x16_t ql = vld1q_u8(b->ql[16 * h + 8 * (k % 2) + m][4 * h2]);
+            const uint8x16_t qh = vld1q_u8(b->qh[8 * h + m][4 * h2]);
+            const uint8x16_t u = vorrq_u8(shift_mask(ql, -4 * (k / 2), 0x0F), shift_mask(qh, 4 - 2 * k, 0x30));
+            sub_sum[m / 4] = vdotq_s32(sub_sum[m / 4], vreinterpretq_s8_u8(u), broadcast4(a->qs + 32 * run + 4 * m));
+        }
+        for (int half = 0; half < 2; half++) {
+            const int j = 2 * run + half;
+            const uint32x4_t scales = vld1q_u32((const uint32_t *)b->scales[j / 4][4 * h2]);
+            is = vmlaq_s32(is, sub_sum[half], word_byte(scales, j % 4, 1));
+        }
+    }
+    for (int g = 0; g < 16; g++) {
+        os = vmlaq_n_s32(os, word_byte(vld1q_u32((const uint32_t *)b->scales[g / 4][4 * h2]), g % 4, 1), a->bsums[g]);
+    }
+    return vsubq_s32(is, vshlq_n_s32(os, 5));
+}
+
+/* One activation row against groups [g_begin, g_end) of Q4_K, Q5_K or Q6_K. */
+static void matvec_k_x8(int32_t type, const void *w8, const el_block_q8_K *act, float *out, int64_t nb, int64_t g_begin,
+                        int64_t g_end) {
+    const int64_t gb = 8 * el_type_block_bytes(type);
+    for (int64_t g = g_begin; g < g_end; g++) {
+        float32x4_t sum[2] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
+        for (int64_t i = 0; i < nb; i++) {
+            const uint8_t *b = (const uint8_t *)w8 + (g * nb + i) * gb;
+            float32x4_t d[2], dmin[2];
+            if (type == EL_TYPE_Q6_K) {
+                f16x8(((const el_block_q6_Kx8 *)b)->d, &d[0], &d[1]);
+                dmin[0] = dmin[1] = vdupq_n_f32(0.0f);
+            } else {
+                f16x8(((const el_block_q4_Kx8 *)b)->d, &d[0], &d[1]);
+                f16x8(((const el_block_q4_Kx8 *)b)->dmin, &dmin[0], &dmin[1]);
+            }
+            for (int h2 = 0; h2 < 2; h2++) {
+                int32x4_t isum, msum = vdupq_n_s32(0);
+                if (type == EL_TYPE_Q6_K) isum = q6x8_isum((const el_block_q6_Kx8 *)b, h2, act + i);
+                else k4x8_sums(type, b, h2, act + i, &isum, &msum);
+                sum[h2] = add_k_block(sum[h2], d[h2], dmin[h2], act[i].d, isum, msum);
+            }
+        }
+        vst1q_f32(out + 8 * g, sum[0]);
+        vst1q_f32(out + 8 * g + 4, sum[1]);
+    }
+}
+
+_Static_assert(offsetof(el_block_q5_Kx8, d) == offsetof(el_block_q4_Kx8, d) &&
+                   offsetof(el_block_q5_Kx8, dmin) == offsetof(el_block_q4_Kx8, dmin),
+               "Q5_K's group starts as Q4_K's");
+
 void el_matmul_x8_neon(int32_t type, const void *w8, const void *a, int64_t a_row_bytes, float *out,
                        int64_t out_stride, int64_t nb, int64_t n_rows, int64_t g_begin, int64_t g_end) {
+    const int k_quant = type == EL_TYPE_Q4_K || type == EL_TYPE_Q5_K || type == EL_TYPE_Q6_K;
     for (int64_t r = 0; r < n_rows; r++) {
-        matvec_x8(type, w8, (const uint8_t *)a + r * a_row_bytes, out + r * out_stride, nb, g_begin, g_end);
+        const uint8_t *row = (const uint8_t *)a + r * a_row_bytes;
+        if (k_quant) matvec_k_x8(type, w8, (const el_block_q8_K *)row, out + r * out_stride, nb, g_begin, g_end);
+        else matvec_x8(type, w8, row, out + r * out_stride, nb, g_begin, g_end);
     }
 }
 

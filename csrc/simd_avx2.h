@@ -1,7 +1,7 @@
 /*
  * simd_avx2.h: small AVX2 helpers shared by the AVX2 kernel files (quants_avx2.c,
- * quants_k_avx2.c, ops_avx2.c). Include it only after the AVX2 target pragma (EL_AVX2_BEGIN):
- * everything here compiles to AVX2 + FMA + F16C instructions.
+ * quants_k_avx2.c, quants_k_x8_avx2.c, ops_avx2.c). Include it only after the AVX2 target pragma
+ * (EL_AVX2_BEGIN): everything here compiles to AVX2 + FMA + F16C instructions.
  *
  * The tile helpers describe one convention: a matrix-product tile of R activation rows by C
  * weight rows ("columns" of the output) keeps one 32-bit lane per output element, lane
@@ -35,6 +35,12 @@ EL_AI uint16_t el_load_u16(const uint8_t *p) {
 
 EL_AI __m256i el_loadu_256(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
 EL_AI __m128i el_loadu_128(const void *p) { return _mm_loadu_si128((const __m128i *)p); }
+
+/* Shift each byte's bits left by s (s < 0: right), within 16-bit lanes; callers mask the bits
+ * they keep, which the shift across the byte boundary never reaches. */
+EL_AI __m256i el_shift_bytes(__m256i v, const int s) {
+    return s > 0 ? _mm256_slli_epi16(v, s) : s < 0 ? _mm256_srli_epi16(v, -s) : v;
+}
 
 /* Lanes 0..n-1 = the u32 at p[i] + off (n <= 4; the rest 0). */
 EL_AI __m128i el_gather_u32(const uint8_t *const *p, const int n, const int64_t off) {

@@ -61,6 +61,10 @@ const el_simd_quant_kernels *el_avx2_quant_iq(int32_t type);
 /* quants_avx2.c: el_matmul_x8 (Q4_1 or Q8_0) over column groups [g_begin, g_end) of nb blocks. */
 void el_matmul_x8_avx2(int32_t type, const void *w8, const void *a, int64_t a_row_bytes, float *out,
                        int64_t out_stride, int64_t nb, int64_t n_rows, int64_t g_begin, int64_t g_end);
+/* quants_k_x8_avx2.c: el_matmul_x8 for Q4_K, Q5_K or Q6_K over column groups [g_begin, g_end) of nb
+ * super-blocks. */
+void el_matmul_x8_k_avx2(int32_t type, const void *w8, const void *a, int64_t a_row_bytes, float *out,
+                         int64_t out_stride, int64_t nb, int64_t n_rows, int64_t g_begin, int64_t g_end);
 
 /* ops_avx2.c: the row operations, same arguments as their public entry points. */
 void el_rms_norm_avx2(const float *x, const float *w, float *y, int64_t n_rows, int64_t n, float eps);
@@ -87,7 +91,7 @@ void el_paged_attention_avx2(float *out, const float *q, const uint16_t *k_cache
 
 #if defined(__aarch64__)
 /* quants_neon.c: the 32-element types' dot products (NULL for a type without a NEON kernel) and
- * el_matmul_x8 (Q4_1 or Q8_0) over column groups [g_begin, g_end) of nb blocks. */
+ * el_matmul_x8 (Q4_1, Q8_0, Q4_K, Q5_K or Q6_K) over column groups [g_begin, g_end) of nb blocks. */
 const el_simd_quant_kernels *el_neon_quant(int32_t type);
 /* quants_iq_neon.c: the IQ types' dot products (NULL for a type without a NEON kernel). */
 const el_simd_quant_kernels *el_neon_quant_iq(int32_t type);

@@ -278,15 +278,27 @@ fn matmul_equals_vec_dot_on_every_isa() {
 
 #[test]
 fn interleaved_matmul_equals_vec_dot_on_every_isa() {
-    // Q4_1 and Q8_0 matrices are read from copies with their rows interleaved in eights; every
-    // output equals the same ISA's vec_dot on the row as stored (and so the reference's), bit for
-    // bit: lengths of one block to many, one group of rows to several tasks' worth, one activation
-    // row (the streaming path) and batches that fill 4-row tiles or leave a partial one; rows of
-    // over 512 blocks, whose batches take the streaming path one row at a time.
+    // Q4_1, Q8_0, Q4_K, Q5_K and Q6_K matrices are read from copies with their rows interleaved
+    // in eights; every output equals the same ISA's vec_dot on the row as stored (and so the
+    // reference's), bit for bit: lengths of one block to many, one group of rows to several
+    // tasks' worth, one activation row (the streaming path) and batches that fill 4-row tiles or
+    // leave a partial one; Q4_1 and Q8_0 rows of over 512 blocks, whose batches take the
+    // streaming path one row at a time.
     let _guard = lock_isa();
     let mut rng = Rng(21);
-    for t in [TensorType::Q4_1, TensorType::Q8_0] {
-        for (n_in, n_out) in [(32, 8), (576, 1536), (1536, 72), (96, 40), (32 * 1030, 16)] {
+    for t in [
+        TensorType::Q4_1,
+        TensorType::Q8_0,
+        TensorType::Q4_K,
+        TensorType::Q5_K,
+        TensorType::Q6_K,
+    ] {
+        let shapes: &[(usize, usize)] = if t.block_size() == 32 {
+            &[(32, 8), (576, 1536), (1536, 72), (96, 40), (32 * 1030, 16)]
+        } else {
+            &[(256, 8), (512, 1536), (1536, 72), (8960, 16)]
+        };
+        for &(n_in, n_out) in shapes {
             let w = quantize_rows(t, &test_data(&mut rng, n_out * n_in), n_in);
             let w8 = repack_x8(t, &w, n_in, n_out);
             assert_eq!(

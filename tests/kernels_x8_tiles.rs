@@ -1,8 +1,10 @@
-//! The interleaved (x8) matrix products' batch tiles at their edges: every batch size from 1 to 17
-//! rows (the 8-row and 4-row Q4_1 tiles, partial ones repeating their last row), row lengths on
-//! either side of the tiles' chunks of spread activations (8 blocks for 8 rows, 16 for 4), and
-//! column tasks on either side of the width from which Q4_1 batches use them. Every output equals the same ISA's vec_dot on the
-//! row as stored, bit for bit, on every ISA this machine has.
+//! The interleaved (x8) matrix products' batch tiles at their edges, for every type with an
+//! interleaved layout (Q4_1, Q8_0, Q4_K, Q5_K, Q6_K): every batch size from 1 to 17 rows (the
+//! 8-row and 4-row Q4_1 tiles, the K-quants' 4-, 2- and 1-row ones, partial ones repeating their
+//! last row), row lengths on either side of the tiles' chunks of spread activations (8 blocks for
+//! 8 rows, 16 for 4), and column tasks on either side of the width from which Q4_1 batches use
+//! them. Every output equals the same ISA's vec_dot on the row as stored, bit for bit, on every
+//! ISA this machine has.
 
 mod support;
 
@@ -51,9 +53,21 @@ fn x8_tiles_equal_vec_dot_for_every_batch_size_and_chunk_edge() {
     let before = current_isa();
     let mut rng = Rng(14);
     let mut checked = 0usize;
-    for t in [TensorType::Q4_1, TensorType::Q8_0] {
-        for blocks in [1, 7, 8, 9, 15, 16, 17, 33, 41, 48, 81] {
-            let n_in = 32 * blocks;
+    for t in [
+        TensorType::Q4_1,
+        TensorType::Q8_0,
+        TensorType::Q4_K,
+        TensorType::Q5_K,
+        TensorType::Q6_K,
+    ] {
+        // The K-quants' tiles have no chunks: a few super-blocks (of 256) are enough.
+        let blocks: &[usize] = if t.block_size() == 32 {
+            &[1, 7, 8, 9, 15, 16, 17, 33, 41, 48, 81]
+        } else {
+            &[1, 2, 3, 6]
+        };
+        for &blocks in blocks {
+            let n_in = t.block_size() * blocks;
             for n_out in [8, 40, 264, 520] {
                 let w = quantize_rows(t, &rng.data(n_out * n_in), n_in);
                 let w8 = repack_x8(t, &w, n_in, n_out);

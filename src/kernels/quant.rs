@@ -349,7 +349,8 @@ pub fn matmuls(products: &mut [Product<'_>]) {
     });
 }
 
-/// Whether `t` has an interleaved layout ([`repack_x8`], [`matmul_x8`]): Q4_1 and Q8_0.
+/// Whether `t` has an interleaved layout ([`repack_x8`], [`matmul_x8`]): Q4_1, Q8_0, Q4_K, Q5_K
+/// and Q6_K.
 pub fn has_x8(t: TensorType) -> bool {
     // SAFETY: a pure table lookup.
     unsafe { bindings::el_type_has_x8(type_id(t)) != 0 }
@@ -384,14 +385,14 @@ pub fn repack_x8_into(t: TensorType, w: &[u8], n_in: usize, n_out: usize, dst: &
         "repack_x8: the copy of [{n_out}][{n_in}]"
     );
     assert_aligned(t, w, "repack_x8 weights");
-    // SAFETY: w holds n_out rows of n_in / 32 blocks and dst as many bytes (checked above); the
-    // kernel writes exactly n_out / 8 * nb interleaved blocks of eight blocks each.
+    // SAFETY: w holds n_out rows of n_in / block_size blocks and dst as many bytes (checked
+    // above); the kernel writes exactly n_out / 8 * nb interleaved blocks of eight blocks each.
     let status = unsafe {
         bindings::el_repack_x8(
             type_id(t),
             w.as_ptr().cast(),
             n_out as i64,
-            (n_in / 32) as i64,
+            (n_in / t.block_size()) as i64,
             dst.as_mut_ptr().cast(),
         )
     };

@@ -1,11 +1,11 @@
 //! The CPU backend: the forward pass's operations on `crate::kernels` (the C kernels, scalar
 //! or SIMD), activations in `Vec<f32>`, the paged [`KvCache`] in host memory.
 //!
-//! Matrices stay quantized in the mmap ([`CpuMatrix`] holds the mapped file), except Q4_1 and
-//! Q8_0 matrices of whole groups of eight rows, which the products read from a copy with their
-//! rows interleaved in eights (`kernels::repack_x8`): that copy is made when the weights are
-//! loaded, a slice at a time, each slice's mapped pages released once copied, so the copy
-//! replaces the map in memory instead of sitting beside it.
+//! Matrices stay quantized in the mmap ([`CpuMatrix`] holds the mapped file), except Q4_1, Q8_0,
+//! Q4_K, Q5_K and Q6_K matrices of whole groups of eight rows (`kernels::has_x8`), which the
+//! products read from a copy with their rows interleaved in eights (`kernels::repack_x8`): that
+//! copy is made when the weights are loaded, a slice at a time, each slice's mapped pages
+//! released once copied, so the copy replaces the map in memory instead of sitting beside it.
 
 use std::sync::{Arc, Mutex};
 
@@ -28,7 +28,8 @@ pub struct CpuMatrix {
     pub n_out: usize,
     file: Arc<GgufFile>,
     info: TensorInfo,
-    /// The rows interleaved in eights, for Q4_1 and Q8_0 matrices that are multiplied by.
+    /// The rows interleaved in eights, for the matrices of a type with `kernels::has_x8` that are
+    /// multiplied by.
     interleaved: Option<Vec<u8>>,
 }
 

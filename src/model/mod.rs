@@ -65,7 +65,7 @@ impl Model {
         })
     }
 
-    /// The weights on the CPU (with the interleaved copies of Q4_1 and Q8_0 matrices), made on
+    /// The weights on the CPU (with the interleaved copies of the `kernels::has_x8` types), made on
     /// the first call, when the first CPU executor is made, never during a step.
     pub fn cpu_weights(&self) -> Arc<Weights<Cpu>> {
         Arc::clone(

@@ -167,7 +167,7 @@ int main(int argc, char **argv) {
             }
             if (el_type_has_x8(type)) {
                 uint8_t *w8 = aligned_alloc(64, (size_t)((n_out * wrb + 63) / 64 * 64));
-                if (el_repack_x8(type, w, n_out, n / 32, w8) != EL_OK) return 1;
+                if (el_repack_x8(type, w, n_out, n / bs, w8) != EL_OK) return 1;
                 for (int64_t rows = 1; rows <= n_rows; rows++) {
                     on(EL_ISA_SCALAR);
                     el_matmul(type, w, wrb, a, arb, want, n_out, n, rows, 0, n_out);
