@@ -407,6 +407,14 @@
     try {
       const m = await Api.metrics();
       const get = (name) => m.get(name);
+      if (!m.has('edge_llm_kv_blocks_total')) {
+        // A key that is not an admin key sees only its own counters, not the server's.
+        for (const id of ['engine-running', 'engine-waiting', 'engine-kv-used', 'engine-kv-cached', 'engine-kv-free', 'engine-hit-rate']) {
+          $(id).textContent = '\u2013';
+        }
+        $('engine-state').textContent = '(the server\u2019s figures need an admin key)';
+        return;
+      }
       const used = get('edge_llm_kv_blocks{state="used"}');
       const cached = get('edge_llm_kv_blocks{state="cached"}');
       const free = get('edge_llm_kv_blocks{state="free"}');
