@@ -197,10 +197,10 @@ pub struct AppState {
 
 impl AppState {
     /// Whether a caller with key salt `owner` sees the whole server (its load, memory, every
-    /// key's pins and figures): an admin key, or anyone on a server without keys. Other keys
-    /// see only their own.
+    /// key's pins and figures): an admin key, anyone on a server without keys, and the one key
+    /// of a server with a single key (there is no other tenant). Other keys see only their own.
     pub fn sees_server(&self, owner: Option<u64>) -> bool {
-        self.api_keys.is_empty() || owner.is_some_and(|o| self.admin_salts.contains(&o))
+        self.api_keys.len() <= 1 || owner.is_some_and(|o| self.admin_salts.contains(&o))
     }
 }
 
