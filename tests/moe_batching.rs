@@ -3,7 +3,8 @@
 //! sequence's logits are the same, bit for bit, alone and in a step with other sequences (whose
 //! rows choose other experts, so every expert's group of rows differs), in prefill and in
 //! decode, on the CPU backend and the emulated CUDA one; and 16 concurrent greedy sessions give
-//! what each gives alone, with every KV block back after.
+//! what each gives alone, with every KV block back after. Also `edge-llm info`'s count of the
+//! parameters a token uses.
 
 mod support;
 
@@ -165,4 +166,21 @@ fn sixteen_greedy_sessions_give_what_each_gives_alone() {
     assert_greedy_among_sessions(&e, &prompts, &alone, 16, "batching with other sessions");
     let m = wait_idle(&e);
     assert_eq!(m.blocks_used, 0, "every KV block back");
+}
+
+#[test]
+fn info_counts_the_parameters_a_token_uses() {
+    let Some(model) = model() else { return };
+    let f = &model.file;
+    // 3 layers of 3 stacked [8][128][256] expert tensors, 2 of the 8 used.
+    let experts: u64 = 3 * 3 * 8 * 128 * 256;
+    let total = f.num_parameters();
+    assert_eq!(f.experts_used(), Some((2, 8, total - experts / 8 * 6)));
+    let mut out = Vec::new();
+    f.write_info(&mut out).unwrap();
+    let text = String::from_utf8(out).unwrap();
+    assert!(
+        text.contains("parameters: 41.85 M total, 40.08 M active per token (2 of 8 experts)"),
+        "{text}"
+    );
 }

@@ -32,7 +32,9 @@ const MAX_ARRAY_CHARS: usize = 100;
 impl GgufFile {
     /// Elements of every tensor.
     pub fn num_parameters(&self) -> u64 {
-        self.tensors.iter().map(|t| t.n_elements()).sum()
+        self.tensors
+            .iter()
+            .fold(0, |n, t| n.saturating_add(t.n_elements()))
     }
 
     /// For a mixture of experts (`{arch}.expert_count` and `.expert_used_count` set, the
@@ -49,9 +51,9 @@ impl GgufFile {
             .tensors
             .iter()
             .filter(|t| t.name.contains("_exps."))
-            .map(|t| t.n_elements())
-            .sum();
-        Some((used, of, self.num_parameters() - experts + experts / of * used))
+            .fold(0u64, |n, t| n.saturating_add(t.n_elements()));
+        let others = self.num_parameters().saturating_sub(experts);
+        Some((used, of, others.saturating_add(experts / of * used)))
     }
 
     /// Writes the `edge-llm info` report.
@@ -68,7 +70,11 @@ impl GgufFile {
             human_bytes(self.total_tensor_bytes()),
             self.data_start
         )?;
-        write!(w, "parameters: {} total", human_count(self.num_parameters()))?;
+        write!(
+            w,
+            "parameters: {} total",
+            human_count(self.num_parameters())
+        )?;
         match self.experts_used() {
             Some((used, of, active)) => writeln!(
                 w,
