@@ -16,7 +16,7 @@
 
 use std::sync::Arc;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 
 use super::backend::Backend;
 use super::moe::experts_ffn;
@@ -151,20 +151,7 @@ pub fn forward<B: Backend>(
                 matmul_of(b, &gate, &mlp.down, &mut proj)?;
             }
             FeedForward::Experts { router, experts } => {
-                let Some(shape) = &c.experts else {
-                    bail!("layer {l} has experts but the model's config has none");
-                };
-                experts_ffn(
-                    b,
-                    router,
-                    experts,
-                    shape,
-                    c.activation,
-                    &h,
-                    n,
-                    n_embd,
-                    &mut proj,
-                )?;
+                experts_ffn(b, router, experts, c, &h, n, &mut proj)?;
             }
         }
         if let Some(norm) = &lw.ffn_post_norm {

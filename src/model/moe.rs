@@ -11,16 +11,15 @@
 //! products (each output element one dot product of its own inputs) and its weighted sum (in
 //! the order of its own ranking) are all computed from that row alone.
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 
 use super::backend::Backend;
-use super::config::Experts;
 use super::weights::Mlp;
-use crate::kernels::Activation;
+use super::ModelConfig;
 
-/// llama.cpp clamps the sum of a row's chosen probabilities to at least this (the smallest
-/// normal f16) before dividing by it.
-const MIN_WEIGHT_SUM: f32 = 6.103515625e-5;
+/// llama.cpp clamps the sum of a row's chosen probabilities to at least this (2^-14, the
+/// smallest normal f16) before dividing by it.
+const MIN_WEIGHT_SUM: f32 = 1.0 / 16384.0;
 
 /// Which experts each row of a step uses, with what weight.
 #[derive(Clone, Debug, PartialEq)]
@@ -110,14 +109,15 @@ pub fn experts_ffn<B: Backend>(
     b: &mut B,
     router: &B::Matrix,
     experts: &[Mlp<B>],
-    shape: &Experts,
-    activation: Activation,
+    c: &ModelConfig,
     h: &B::Acts,
     n: usize,
-    n_embd: usize,
     out: &mut B::Acts,
 ) -> Result<()> {
-    let (k, n_ff) = (shape.num_experts_used, shape.n_ff_exp);
+    let Some(shape) = &c.experts else {
+        bail!("a mixture of experts in a model of no experts");
+    };
+    let (k, n_ff, n_embd) = (shape.num_experts_used, shape.n_ff_exp, c.n_embd);
     // logits: [n][num_experts], each expert's score for each row.
     let mut logits = b.acts(n, shape.num_experts)?;
     let mut hq = b.input(h);
@@ -136,7 +136,7 @@ pub fn experts_ffn<B: Backend>(
         let mut xq = b.input(&x);
         b.matmul_many(&mut xq, &mut [(&mlp.gate, &mut gate), (&mlp.up, &mut up)])?;
         drop(xq);
-        b.glu(&mut gate, &up, activation)?;
+        b.glu(&mut gate, &up, c.activation)?;
         let mut y = b.acts(m, n_embd)?;
         let mut gq = b.input(&gate);
         b.matmul(&mut gq, &mlp.down, &mut y)?;
