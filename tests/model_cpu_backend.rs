@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use edge_llm::device::Executor;
 use edge_llm::model::kv_cache::BlockId;
+use edge_llm::model::weights::FeedForward;
 use edge_llm::model::Batch;
 
 /// One sequence of `tokens` at positions 0.. in blocks 0.. of 16 tokens, last row's logits.
@@ -33,14 +34,17 @@ fn interleaved_copies_are_made_at_load_and_shared() {
     // multiplied by too.
     let interleaved = |m: &edge_llm::model::cpu::CpuMatrix| m.is_interleaved();
     for (l, lw) in w.layers.iter().enumerate() {
+        let FeedForward::Dense(mlp) = &lw.ffn else {
+            panic!("layer {l}: SmolLM2 has a dense feed-forward block");
+        };
         for m in [
             &lw.wq.weight,
             &lw.wk.weight,
             &lw.wv.weight,
             &lw.wo.weight,
-            &lw.w_gate,
-            &lw.w_up,
-            &lw.w_down,
+            &mlp.gate,
+            &mlp.up,
+            &mlp.down,
         ] {
             assert!(interleaved(m), "layer {l}: a matrix without its copy");
         }

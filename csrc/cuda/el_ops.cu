@@ -244,6 +244,28 @@ extern "C" __global__ void el_cuda_gather_rows(const float *x /* [*][n] */, cons
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) out[r * n + i] = src[i];
 }
 
+/* out[rows[i]] = x[i]: one expert's outputs into their slots (rows of the slots buffer). Block i. */
+extern "C" __global__ void el_cuda_scatter_rows(const float *x /* [n_rows][n] */, const int32_t *rows /* [n_rows] */,
+                                                float *out /* [*][n] */, int64_t n_rows, int64_t n) {
+    const int64_t r = blockIdx.x;
+    if (r >= n_rows) return;
+    float *dst = out + (int64_t)rows[r] * n;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = x[r * n + i];
+}
+
+/* out[r] = w[r*k] * x[r*k] + w[r*k + 1] * x[r*k + 1] + ..., added in that order: each row's
+ * experts' outputs combined with their weights (el_rows' weighted_sum). Block r. */
+extern "C" __global__ void el_cuda_weighted_sum(const float *x /* [n_rows * k][n] */, const float *w /* [n_rows * k] */,
+                                                float *out /* [n_rows][n] */, int64_t n_rows, int64_t k, int64_t n) {
+    const int64_t r = blockIdx.x;
+    if (r >= n_rows) return;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        float acc = x[(r * k) * n + i] * w[r * k];
+        for (int64_t j = 1; j < k; j++) acc += x[(r * k + j) * n + i] * w[r * k + j];
+        out[r * n + i] = acc;
+    }
+}
+
 /* cache[dst * n .. + n) = cache[src * n .. + n): copy-on-write of one KV block (n = block_size *
  * kv_dim halves) in one layer's keys or values. src != dst. */
 extern "C" __global__ void el_cuda_copy_block(uint16_t *cache /* [num_blocks][n] */, int64_t src, int64_t dst, int64_t n) {

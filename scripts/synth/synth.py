@@ -15,8 +15,11 @@ test checks before comparing).
       write the GGUFs, quantize iq_base to every IQ type with llama-quantize (a synthetic
       importance matrix where llama.cpp requires one) and keep its block matrices in
       tests/synth/iq/, run llama.cpp (scripts/synth/llama_logits.cpp) on every file and write
-      tests/synth/<case>.json. scripts/synth/refs.sh builds the tools and runs this. LLAMA_QUANTIZE
-      "-" skips the IQ cases; case names after OUT_DIR limit the references written.
+      tests/synth/<case>.json; likewise the QUANTIZED cases in their types (blocks kept in
+      tests/synth/quant/). scripts/synth/refs.sh builds the tools and runs this. LLAMA_QUANTIZE
+      "-" skips the IQ and QUANTIZED cases; case names after OUT_DIR limit the references
+      written (qwen3moe-Q8_0 names one quantized copy). Only the cases of the llama.cpp named by
+      the LLAMA_CPP variable (old, the default, or newest; each case's `llama_cpp`) are run.
 
 Needs the `gguf` and `numpy` packages (scripts/synth/refs.sh and scripts/test.sh install them
 into an ignored venv). Run from the repository root.
@@ -48,10 +51,21 @@ CASES = {
                  n_kv_heads=4),
     "smollm3": dict(arch="smollm3", vocab=SMOLLM2, n_layers=4, tied=True),
     "granite": dict(arch="granite", vocab=SMOLLM2, granite=True, tied=True),
+    # Mixture of experts: 8 experts of 128, 2 used per token, a router per layer, QK-norm.
+    # Its reference is the newest llama.cpp's (llama_cpp="newest": refs.sh with LLAMA_CPP=newest).
+    "qwen3moe": dict(arch="qwen3moe", vocab=QWEN25, qk_norm=True, n_embd=256, n_heads=4,
+                     n_kv_heads=2, n_ff=256, n_layers=3, tied=True, moe=(8, 2, 128),
+                     llama_cpp="newest"),
     # The base of the IQ-quantized models: rows of 256 (the IQ super-block), one layer.
     "iq_base": dict(arch="llama", vocab=SMOLLM2, n_embd=256, n_heads=4, n_kv_heads=1, n_ff=256,
                     n_layers=1, tied=True),
 }
+
+# Cases also written with the block matrices llama-quantize made of them in these types (the
+# blocks kept in tests/synth/quant/, as the IQ ones). Not Q4_K_M: with its coarser matrices the
+# two sides route 3 of the 40 rows of qwen3moe to different experts (the rows whose 2nd and 3rd
+# expert probabilities are closest, within 8e-4), which no per-logit budget covers.
+QUANTIZED = {"qwen3moe": ["Q8_0"]}
 
 IQ_TYPES = ["IQ4_NL", "IQ4_XS", "IQ3_S", "IQ3_XXS", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ1_M", "IQ1_S"]
 
@@ -130,6 +144,11 @@ def build(case, out_path, blocks=None):
         w.add_residual_scale(0.22)
         w.add_attention_scale(0.0078125 * 16)
         w.add_logit_scale(8.0)
+    if c.get("moe"):
+        n_expert, n_expert_used, n_ff_exp = c["moe"]
+        w.add_uint32(f"{arch}.expert_count", n_expert)
+        w.add_uint32(f"{arch}.expert_used_count", n_expert_used)
+        w.add_uint32(f"{arch}.expert_feed_forward_length", n_ff_exp)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     n_vocab = add_vocab(w, c["vocab"])
     add_tensor = w.add_tensor
@@ -182,12 +201,21 @@ def build(case, out_path, blocks=None):
             w.add_tensor(p + "attn_k_norm.weight", norm(head_dim))
         w.add_tensor(p + "attn_output.weight", mat(n_embd, q_dim))
         w.add_tensor(p + "ffn_norm.weight", norm(n_embd))
-        if c.get("fused_up"):
+        if c.get("moe"):
+            # The router ([n_expert][n_embd]) and each expert's matrices, stacked: numpy
+            # [n_expert][n_out][n_in], GGUF dims [n_in, n_out, n_expert].
+            w.add_tensor(p + "ffn_gate_inp.weight", mat(n_expert, n_embd))
+            stack = lambda n_out, n_in: np.stack([mat(n_out, n_in) for _ in range(n_expert)])
+            w.add_tensor(p + "ffn_gate_exps.weight", stack(n_ff_exp, n_embd))
+            w.add_tensor(p + "ffn_up_exps.weight", stack(n_ff_exp, n_embd))
+            w.add_tensor(p + "ffn_down_exps.weight", stack(n_embd, n_ff_exp))
+        elif c.get("fused_up"):
             w.add_tensor(p + "ffn_up.weight", mat(2 * n_ff, n_embd))
         else:
             w.add_tensor(p + "ffn_gate.weight", mat(n_ff, n_embd))
             w.add_tensor(p + "ffn_up.weight", mat(n_ff, n_embd))
-        w.add_tensor(p + "ffn_down.weight", mat(n_embd, n_ff))
+        if not c.get("moe"):
+            w.add_tensor(p + "ffn_down.weight", mat(n_embd, n_ff))
     w.add_tensor("output_norm.weight", norm(n_embd))
     if not c.get("tied"):
         w.add_tensor("output.weight", mat(n_vocab, n_embd).astype(np.float16))
@@ -221,8 +249,8 @@ def llama_logits(tool, model, tokens, picked):
 
 
 def llama_commit():
-    info = os.environ.get("LLAMA_CPP_COMMIT", "0c1e57098")
-    return f"ggml-org/llama.cpp {info} (PyPI sdist llama-cpp-python==0.3.36)"
+    info = os.environ.get("LLAMA_CPP_DESC", "0c1e57098 (PyPI sdist llama-cpp-python==0.3.36)")
+    return f"ggml-org/llama.cpp {info}"
 
 
 def write_ref(case, model_path, file_case, n_vocab, tokens, tool, extra):
@@ -266,12 +294,13 @@ def write_imatrix(path, model_path, seed=7):
 
 
 def keep_blocks(quantized, out_path):
-    """The block matrices (blk.*, two-dimensional) of a llama-quantize output, as they are."""
+    """The block matrices (blk.*, two-dimensional, or three: stacked experts) of a llama-quantize
+    output, as they are."""
     r = gguf.GGUFReader(quantized)
     w = gguf.GGUFWriter(out_path, "blocks")
     kept = []
     for t in r.tensors:
-        if t.name.startswith("blk.") and len(t.data.shape) == 2 and t.tensor_type not in (
+        if t.name.startswith("blk.") and len(t.data.shape) in (2, 3) and t.tensor_type not in (
                 gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
             w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
             kept.append(f"{t.name}:{t.tensor_type.name}")
@@ -284,6 +313,28 @@ def keep_blocks(quantized, out_path):
 
 def iq_blocks(t):
     return f"tests/synth/iq/iq_base-{t}.gguf"
+
+
+def quant_blocks(case, t):
+    return f"tests/synth/quant/{case}-{t}.gguf"
+
+
+def quantize_case(case, path, n_vocab, tokens, tool, quantize, out, only):
+    """The case quantized to each of its QUANTIZED types by llama-quantize: the blocks kept, the
+    case rebuilt with them, llama.cpp's reference written."""
+    os.makedirs("tests/synth/quant", exist_ok=True)
+    for t in QUANTIZED.get(case, []):
+        if only and f"{case}-{t}" not in only:
+            continue
+        tmp = os.path.join(out, f"{case}-{t}.quantized.gguf")
+        subprocess.run([quantize, "--token-embedding-type", "f16", path, tmp, t, "1"],
+                       check=True, capture_output=True)
+        kept = keep_blocks(tmp, quant_blocks(case, t))
+        qpath = os.path.join(out, f"{case}-{t}.gguf")
+        build(case, qpath, quant_blocks(case, t))
+        write_ref(f"{case}-{t}", qpath, case, n_vocab, tokens, tool,
+                  {"llama_quantize": f"llama-quantize --token-embedding-type f16 {case}.gguf {t}",
+                   "block_types": kept})
 
 
 def main():
@@ -300,6 +351,11 @@ def main():
             if os.path.exists(iq_blocks(t)):
                 build("iq_base", os.path.join(out, f"iq_base-{t}.gguf"), iq_blocks(t))
                 print(os.path.join(out, f"iq_base-{t}.gguf"))
+        for case, types in QUANTIZED.items():
+            for t in types:
+                if os.path.exists(quant_blocks(case, t)):
+                    build(case, os.path.join(out, f"{case}-{t}.gguf"), quant_blocks(case, t))
+                    print(os.path.join(out, f"{case}-{t}.gguf"))
     elif cmd == "refs":
         tool, quantize, out = sys.argv[2], sys.argv[3], sys.argv[4]
         only = sys.argv[5:]
@@ -307,12 +363,19 @@ def main():
         os.makedirs("tests/synth/iq", exist_ok=True)
         for case in CASES:
             wants_iq = not only or any(o.startswith("iq_base-") for o in only)
-            if only and case not in only and not (case == "iq_base" and wants_iq):
+            wants_quant = not only or any(o.startswith(case + "-") for o in only)
+            if only and case not in only and not (case == "iq_base" and wants_iq) \
+                    and not (case in QUANTIZED and wants_quant):
+                continue
+            if CASES[case].get("llama_cpp", "old") != os.environ.get("LLAMA_CPP", "old"):
+                print(f"{case}: its reference is made with LLAMA_CPP={CASES[case].get('llama_cpp', 'old')}")
                 continue
             path = os.path.join(out, f"{case}.gguf")
             n_vocab, tokens = build(case, path)
             if not only or case in only:
                 write_ref(case, path, case, n_vocab, tokens, tool, {})
+            if case in QUANTIZED and quantize != "-":
+                quantize_case(case, path, n_vocab, tokens, tool, quantize, out, only)
             if case != "iq_base" or quantize == "-":
                 continue
             imatrix = os.path.join(out, "iq_base.imatrix")

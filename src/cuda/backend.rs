@@ -78,6 +78,8 @@ pub struct CudaBackend<D: CudaDevice> {
     arena: Vec<D::Buf>,
     next: usize,
     step: Option<Step<D>>,
+    /// What this step uploaded for the experts (rows, weights), freed when the next begins.
+    uploads: Vec<D::Buf>,
 }
 
 impl<D: CudaDevice> WeightStore for CudaBackend<D> {
@@ -165,6 +167,7 @@ pub fn load<D: CudaDevice>(
             arena: Vec::new(),
             next: 0,
             step: None,
+            uploads: Vec::new(),
             dev,
         },
         weights: Arc::new(weights),
@@ -220,11 +223,38 @@ impl<D: CudaDevice> CudaBackend<D> {
         ))
     }
 
+    /// `buf`'s address, `buf` kept until the next step (the launches reading it may run later).
+    fn keep(&mut self, buf: D::Buf) -> DevPtr {
+        let p = self.dev.ptr(&buf);
+        self.uploads.push(buf);
+        p
+    }
+
     fn step(&self) -> Result<&Step<D>> {
         self.step
             .as_ref()
             .context("a CUDA operation outside a step")
     }
+}
+
+/// Fails unless `x` and `out` have rows of the same width, `rows` has `len` entries and each is
+/// below `bound`.
+fn check_rows(
+    what: &str,
+    x: &DevActs,
+    rows: &[u32],
+    out: &DevActs,
+    len: usize,
+    bound: usize,
+) -> Result<()> {
+    if x.width != out.width || rows.len() != len || rows.iter().any(|&r| r as usize >= bound) {
+        bail!("{what}: {} rows between {x:?} and {out:?}", rows.len());
+    }
+    Ok(())
+}
+
+fn as_i32(rows: &[u32]) -> Vec<i32> {
+    rows.iter().map(|&r| r as i32).collect()
 }
 
 fn same_shape(a: &DevActs, b: &DevActs, what: &str) -> Result<()> {
@@ -254,6 +284,7 @@ impl<D: CudaDevice> Backend for CudaBackend<D> {
     fn begin_step(&mut self, batch: &Batch) -> Result<()> {
         self.dev.bind()?;
         self.next = 0;
+        self.uploads.clear();
         let dev = &self.dev;
         let tokens: Vec<i32> = batch.tokens.iter().map(|&t| t as i32).collect();
         let rows: Vec<i32> = batch.logits_rows.iter().map(|&r| r as i32).collect();
@@ -481,6 +512,37 @@ impl<D: CudaDevice> Backend for CudaBackend<D> {
     fn add(&mut self, x: &mut DevActs, y: &DevActs) -> Result<()> {
         same_shape(x, y, "add")?;
         k::add(&self.dev, x.ptr, y.ptr, x.n_rows * x.width)
+    }
+
+    fn read(&mut self, x: &DevActs) -> Result<Vec<f32>> {
+        self.dev.download(&self.arena[x.slot], x.n_rows * x.width)
+    }
+
+    fn gather_rows(&mut self, x: &DevActs, rows: &[u32], out: &mut DevActs) -> Result<()> {
+        check_rows("gather", x, rows, out, out.n_rows, x.n_rows)?;
+        let rows = self.keep(self.dev.upload(&as_i32(rows))?);
+        let (n_in, n) = (x.n_rows, x.width);
+        k::gather_rows(&self.dev, x.ptr, n_in, rows, out.n_rows, out.ptr, n)
+    }
+
+    fn scatter_rows(&mut self, x: &DevActs, rows: &[u32], out: &mut DevActs) -> Result<()> {
+        check_rows("scatter", x, rows, out, x.n_rows, out.n_rows)?;
+        let rows = self.keep(self.dev.upload(&as_i32(rows))?);
+        let (n_out, n) = (out.n_rows, x.width);
+        k::scatter_rows(&self.dev, x.ptr, rows, x.n_rows, out.ptr, n_out, n)
+    }
+
+    fn weighted_sum(&mut self, x: &DevActs, w: &[f32], k: usize, out: &mut DevActs) -> Result<()> {
+        if x.width != out.width || x.n_rows != out.n_rows * k || w.len() != x.n_rows {
+            bail!(
+                "weighted sum of [{}][{}] into {} rows",
+                x.n_rows,
+                x.width,
+                out.n_rows
+            );
+        }
+        let w = self.keep(self.dev.upload(w)?);
+        k::weighted_sum(&self.dev, x.ptr, w, out.n_rows, k, out.ptr, x.width)
     }
 
     fn gather_logits_rows(&mut self, x: &DevActs, out: &mut DevActs) -> Result<()> {

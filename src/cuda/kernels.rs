@@ -520,6 +520,48 @@ pub fn gather_rows(
     gpu.launch("el_cuda_gather_rows", (n_rows as u32, 1, 1), 256, &args)
 }
 
+/// `out[rows[i]] = x[i]` for rows of `n` (`rows`: int32 [n_rows], each < out_rows).
+pub fn scatter_rows(
+    gpu: &dyn Launch,
+    x: DevPtr,
+    rows: DevPtr,
+    n_rows: usize,
+    out: DevPtr,
+    out_rows: usize,
+    n: usize,
+) -> Result<()> {
+    let args = [
+        Arg::Ptr(x.need(n_rows * n * F32, "scatter x")?),
+        Arg::Ptr(rows.need(n_rows * 4, "scatter rows")?),
+        Arg::Ptr(out.need(out_rows * n * F32, "scatter out")?),
+        Arg::I64(n_rows as i64),
+        Arg::I64(n as i64),
+    ];
+    gpu.launch("el_cuda_scatter_rows", (n_rows as u32, 1, 1), 256, &args)
+}
+
+/// `out[r] = sum over j < k, in order, of w[r*k + j] * x[r*k + j]` for rows of `n`
+/// (`w`: f32 [n_rows * k]).
+pub fn weighted_sum(
+    gpu: &dyn Launch,
+    x: DevPtr,
+    w: DevPtr,
+    n_rows: usize,
+    k: usize,
+    out: DevPtr,
+    n: usize,
+) -> Result<()> {
+    let args = [
+        Arg::Ptr(x.need(n_rows * k * n * F32, "weighted_sum x")?),
+        Arg::Ptr(w.need(n_rows * k * F32, "weighted_sum weights")?),
+        Arg::Ptr(out.need(n_rows * n * F32, "weighted_sum out")?),
+        Arg::I64(n_rows as i64),
+        Arg::I64(k as i64),
+        Arg::I64(n as i64),
+    ];
+    gpu.launch("el_cuda_weighted_sum", (n_rows as u32, 1, 1), 256, &args)
+}
+
 /// Block `src` onto block `dst` of one layer's keys or values ([num_blocks][block_elems] f16).
 pub fn copy_block(
     gpu: &dyn Launch,

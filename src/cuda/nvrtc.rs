@@ -79,6 +79,8 @@ pub fn entry_points(program: &str) -> Vec<String> {
             "el_cuda_scale",
             "el_cuda_softcap",
             "el_cuda_gather_rows",
+            "el_cuda_scatter_rows",
+            "el_cuda_weighted_sum",
             "el_cuda_copy_block",
         ]
         .iter()

@@ -99,7 +99,12 @@ impl EngineConfig {
     /// one step's activations and logits (for `memory::admit`).
     pub fn footprint(&self, model: &Model) -> crate::engine::memory::Footprint {
         let c = &model.config;
-        let per_token = 4 * c.n_embd + 3 * c.n_ff + c.q_dim() + 2 * c.kv_dim();
+        let ffn = match &c.experts {
+            // the router's logits, each chosen expert's output slot, its input, gate, up, output
+            Some(x) => x.num_experts + x.num_experts_used * (3 * c.n_embd + 2 * x.n_ff_exp),
+            None => 3 * c.n_ff,
+        };
+        let per_token = 4 * c.n_embd + ffn + c.q_dim() + 2 * c.kv_dim();
         let rows = self.max_batched_tokens.min(self.max_seqs) as u64;
         let scratch =
             (self.max_batched_tokens * per_token * 4) as u64 + rows * c.vocab_size as u64 * 4;

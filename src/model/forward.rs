@@ -4,7 +4,8 @@
 //! asked for them.
 //!
 //! One function runs every family: what differs (Q/K/V biases, fused QKV and gate/up tensors,
-//! QK-norm, post-norms, embedding, residual and logit multipliers, activation, each layer's rope
+//! QK-norm, post-norms, a mixture of experts in place of the dense feed-forward block
+//! (`super::moe`), embedding, residual and logit multipliers, activation, each layer's rope
 //! (or none: NoPE) and sliding window, logit soft-capping) is data in
 //! [`ModelConfig`] and [`Weights`], read from the GGUF. What differs between devices is the
 //! [`Backend`] (`super::cpu`, `crate::cuda::backend`).
@@ -18,7 +19,8 @@ use std::sync::Arc;
 use anyhow::Result;
 
 use super::backend::Backend;
-use super::weights::{Linear, Weights};
+use super::moe::experts_ffn;
+use super::weights::{FeedForward, Linear, Weights};
 use super::{Batch, ModelConfig};
 
 /// A backend with the model's weights loaded on it: what runs steps.
@@ -89,7 +91,8 @@ pub fn forward<B: Backend>(
     let (block_size, num_blocks) = b.kv_pool();
     batch.validate(c.vocab_size, block_size, num_blocks)?;
     b.begin_step(batch)?;
-    let (n_embd, q_dim, kv_dim, n_ff, eps) = (c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff, c.rms_eps);
+    let (n_embd, q_dim, kv_dim, eps) = (c.n_embd, c.q_dim(), c.kv_dim(), c.rms_eps);
+    let n_ff = if c.experts.is_some() { 0 } else { c.n_ff }; // the dense block's width
 
     // x: [n][n_embd], the residual stream, starting from the (scaled) token embeddings.
     let mut x = b.acts(n, n_embd)?;
@@ -138,12 +141,19 @@ pub fn forward<B: Backend>(
         b.add_rms_norm(&mut x, &proj, &lw.ffn_norm, eps, &mut h)?;
 
         // Feed-forward block: gate and up from the same normed input, the gated activation,
-        // down projection.
-        let mut hq = b.input(&h); // quantized once for gate and up, multiplied in one call
-        b.matmul_many(&mut hq, &mut [(&lw.w_gate, &mut gate), (&lw.w_up, &mut up)])?;
-        drop(hq);
-        b.glu(&mut gate, &up, c.activation)?;
-        matmul_of(b, &gate, &lw.w_down, &mut proj)?;
+        // down projection; or the same in each of the experts a row's router chooses.
+        match &lw.ffn {
+            FeedForward::Dense(mlp) => {
+                let mut hq = b.input(&h); // quantized once for gate and up, multiplied in one call
+                b.matmul_many(&mut hq, &mut [(&mlp.gate, &mut gate), (&mlp.up, &mut up)])?;
+                drop(hq);
+                b.glu(&mut gate, &up, c.activation)?;
+                matmul_of(b, &gate, &mlp.down, &mut proj)?;
+            }
+            FeedForward::Experts { router, experts } => {
+                experts_ffn(b, router, experts, c, &h, n, &mut proj)?;
+            }
+        }
         if let Some(norm) = &lw.ffn_post_norm {
             b.rms_norm_inplace(&mut proj, norm, eps)?;
         }

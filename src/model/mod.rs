@@ -15,6 +15,7 @@ pub mod config;
 pub mod cpu;
 pub mod forward;
 pub mod kv_cache;
+pub mod moe;
 pub mod weights;
 
 use std::path::Path;

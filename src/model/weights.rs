@@ -72,6 +72,35 @@ impl MatrixInfo {
         MatrixInfo::from_info(view, n_in, n_out)
     }
 
+    /// Expert `e` of the stacked expert matrices `name` (GGUF dims [n_in, n_out, num_experts]),
+    /// as a matrix of its own: the same bytes in the file, a narrower view.
+    fn load_expert(
+        g: &GgufFile,
+        name: &str,
+        n_in: usize,
+        n_out: usize,
+        num_experts: usize,
+        e: usize,
+    ) -> Result<MatrixInfo> {
+        let info = g.tensor(name)?;
+        let want = [n_in as u64, n_out as u64, num_experts as u64];
+        let Some(rb) = info.ttype.row_bytes(n_in).filter(|_| info.dims == want) else {
+            bail!(
+                "tensor '{name}' has shape {:?}, expected {want:?}",
+                info.dims
+            );
+        };
+        let bytes = (n_out * rb) as u64;
+        let view = TensorInfo {
+            name: format!("{name}[expert {e}]"),
+            dims: vec![n_in as u64, n_out as u64],
+            ttype: info.ttype,
+            offset: info.offset + e as u64 * bytes,
+            n_bytes: bytes,
+        };
+        MatrixInfo::from_info(view, n_in, n_out)
+    }
+
     fn from_info(info: TensorInfo, n_in: usize, n_out: usize) -> Result<MatrixInfo> {
         let name = info.name.clone();
         if info.dims.len() != 2 || info.row_len() != n_in || info.n_rows() != n_out {
@@ -164,6 +193,24 @@ impl Linear<InFile> {
     }
 }
 
+/// A gated feed-forward network: gate and up [n_embd] -> [n_ff], down [n_ff] -> [n_embd].
+pub struct Mlp<S: WeightStore> {
+    pub gate: S::Matrix,
+    pub up: S::Matrix,
+    pub down: S::Matrix,
+}
+
+/// A block's feed-forward weights: one network, or a mixture of experts.
+pub enum FeedForward<S: WeightStore> {
+    Dense(Mlp<S>),
+    Experts {
+        /// [n_embd] -> [num_experts]: each expert's logit.
+        router: S::Matrix,
+        /// [num_experts] networks of n_ff_exp (views of the stacked `ffn_*_exps` tensors).
+        experts: Vec<Mlp<S>>,
+    },
+}
+
 /// The weights of one transformer block. The optional norms are there exactly when the
 /// model's family uses them (`ModelConfig::qk_norm`, `ModelConfig::post_norms`).
 pub struct LayerWeights<S: WeightStore> {
@@ -182,10 +229,7 @@ pub struct LayerWeights<S: WeightStore> {
     pub attn_post_norm: Option<S::Vector>,
     /// [n_embd]
     pub ffn_norm: S::Vector,
-    /// [n_embd] -> [n_ff], [n_ff], and [n_ff] -> [n_embd]
-    pub w_gate: S::Matrix,
-    pub w_up: S::Matrix,
-    pub w_down: S::Matrix,
+    pub ffn: FeedForward<S>,
     /// RMSNorm of the feed-forward output before its residual add, [n_embd].
     pub ffn_post_norm: Option<S::Vector>,
 }
@@ -232,19 +276,41 @@ impl Weights<InFile> {
                         linear("attn_v", c.n_embd, c.kv_dim())?,
                     )
                 };
-                // phi3: gate and up are one `ffn_up` of 2 * n_ff rows, gate first (ggml_swiglu
-                // of the fused product takes silu of its first half).
-                let up = format!("blk.{i}.ffn_up.weight");
-                let (w_gate, w_up) = if c.fused_gate_up {
-                    (
-                        MatrixInfo::load_rows(g, &up, c.n_embd, 0, c.n_ff)?,
-                        MatrixInfo::load_rows(g, &up, c.n_embd, c.n_ff, c.n_ff)?,
-                    )
-                } else {
-                    (
-                        m("ffn_gate", c.n_embd, c.n_ff)?,
-                        m("ffn_up", c.n_embd, c.n_ff)?,
-                    )
+                let ffn = match &c.experts {
+                    Some(x) => {
+                        let exps = |name: &str, n_in, n_out, e| {
+                            let name = format!("blk.{i}.{name}.weight");
+                            MatrixInfo::load_expert(g, &name, n_in, n_out, x.num_experts, e)
+                        };
+                        let (d, f) = (c.n_embd, x.n_ff_exp);
+                        FeedForward::Experts {
+                            router: m("ffn_gate_inp", d, x.num_experts)?,
+                            experts: (0..x.num_experts)
+                                .map(|e| {
+                                    Ok(Mlp {
+                                        gate: exps("ffn_gate_exps", d, f, e)?,
+                                        up: exps("ffn_up_exps", d, f, e)?,
+                                        down: exps("ffn_down_exps", f, d, e)?,
+                                    })
+                                })
+                                .collect::<Result<_>>()?,
+                        }
+                    }
+                    // phi3: gate and up are one `ffn_up` of 2 * n_ff rows, gate first
+                    // (ggml_swiglu of the fused product takes silu of its first half).
+                    None if c.fused_gate_up => {
+                        let up = format!("blk.{i}.ffn_up.weight");
+                        FeedForward::Dense(Mlp {
+                            gate: MatrixInfo::load_rows(g, &up, c.n_embd, 0, c.n_ff)?,
+                            up: MatrixInfo::load_rows(g, &up, c.n_embd, c.n_ff, c.n_ff)?,
+                            down: m("ffn_down", c.n_ff, c.n_embd)?,
+                        })
+                    }
+                    None => FeedForward::Dense(Mlp {
+                        gate: m("ffn_gate", c.n_embd, c.n_ff)?,
+                        up: m("ffn_up", c.n_embd, c.n_ff)?,
+                        down: m("ffn_down", c.n_ff, c.n_embd)?,
+                    }),
                 };
                 Ok(LayerWeights {
                     attn_norm: norm("attn_norm", c.n_embd)?,
@@ -256,9 +322,7 @@ impl Weights<InFile> {
                     wo: linear("attn_output", c.q_dim(), c.n_embd)?,
                     attn_post_norm: norm_if(c.post_norms, "post_attention_norm", c.n_embd)?,
                     ffn_norm: norm("ffn_norm", c.n_embd)?,
-                    w_gate,
-                    w_up,
-                    w_down: m("ffn_down", c.n_ff, c.n_embd)?,
+                    ffn,
                     ffn_post_norm: norm_if(c.post_norms, "post_ffw_norm", c.n_embd)?,
                 })
             })
@@ -299,9 +363,7 @@ impl Weights<InFile> {
                 wo: s.linear(&lw.wo)?,
                 attn_post_norm: s.vector_if(&lw.attn_post_norm)?,
                 ffn_norm: (s.vector)(&lw.ffn_norm)?,
-                w_gate: (s.matrix)(&lw.w_gate)?,
-                w_up: (s.matrix)(&lw.w_up)?,
-                w_down: (s.matrix)(&lw.w_down)?,
+                ffn: s.feed_forward(&lw.ffn)?,
                 ffn_post_norm: s.vector_if(&lw.ffn_post_norm)?,
             });
         }
@@ -329,6 +391,27 @@ struct Loader<'f, S: WeightStore, E> {
 impl<S: WeightStore, E> Loader<'_, S, E> {
     fn vector_if(&mut self, v: &Option<Vec<f32>>) -> Result<Option<S::Vector>, E> {
         v.as_deref().map(&mut *self.vector).transpose()
+    }
+
+    fn mlp(&mut self, m: &Mlp<InFile>) -> Result<Mlp<S>, E> {
+        Ok(Mlp {
+            gate: (self.matrix)(&m.gate)?,
+            up: (self.matrix)(&m.up)?,
+            down: (self.matrix)(&m.down)?,
+        })
+    }
+
+    fn feed_forward(&mut self, f: &FeedForward<InFile>) -> Result<FeedForward<S>, E> {
+        Ok(match f {
+            FeedForward::Dense(m) => FeedForward::Dense(self.mlp(m)?),
+            FeedForward::Experts { router, experts } => FeedForward::Experts {
+                router: (self.matrix)(router)?,
+                experts: experts
+                    .iter()
+                    .map(|m| self.mlp(m))
+                    .collect::<Result<_, E>>()?,
+            },
+        })
     }
 
     fn linear(&mut self, l: &Linear<InFile>) -> Result<Linear<S>, E> {

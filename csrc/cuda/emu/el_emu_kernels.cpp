@@ -178,6 +178,8 @@ static const el_entry EL_TABLE[] = {
     EL_KERNEL(el_cuda_scale),
     EL_KERNEL(el_cuda_softcap),
     EL_KERNEL(el_cuda_gather_rows),
+    EL_KERNEL(el_cuda_scatter_rows),
+    EL_KERNEL(el_cuda_weighted_sum),
     EL_KERNEL(el_cuda_copy_block),
 };
 

@@ -1,0 +1,203 @@
+//! The mixture-of-experts feed-forward block (qwen3moe), called by `super::forward` in place of
+//! the dense one: a router scores every expert for each row, each row goes to its top `k`
+//! experts, and their outputs are added with the router's renormalised weights, as llama.cpp's
+//! `build_moe_ffn` does with softmax gating and `norm_w`.
+//!
+//! The products batch: a step's rows are grouped by expert ([`Routing::groups`]), so each
+//! chosen expert's matrices are read once per step for all the rows that chose it, and an
+//! expert no row chose is not read at all. Routing happens on the host from the router's
+//! logits ([`Routing::new`], plain arithmetic on integers and floats, tested without a model).
+//! A row's result never depends on the other rows of the step: its router logits, its experts'
+//! products (each output element one dot product of its own inputs) and its weighted sum (in
+//! the order of its own ranking) are all computed from that row alone.
+
+use anyhow::{bail, Result};
+
+use super::backend::Backend;
+use super::weights::Mlp;
+use super::ModelConfig;
+
+/// llama.cpp clamps the sum of a row's chosen probabilities to at least this (2^-14, the
+/// smallest normal f16) before dividing by it.
+const MIN_WEIGHT_SUM: f32 = 1.0 / 16384.0;
+
+/// Which experts each row of a step uses, with what weight.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Routing {
+    /// Experts each row uses.
+    pub k: usize,
+    /// Row r's j-th expert at `r * k + j`, by falling probability (ties to the lower id):
+    /// [n_rows * k].
+    pub chosen: Vec<u32>,
+    /// Each chosen expert's weight: its probability over the sum of the row's chosen ones,
+    /// [n_rows * k].
+    pub weights: Vec<f32>,
+}
+
+/// The rows one expert runs on: `rows[i]` is a row of the step and `slots[i]` = `rows[i] * k +
+/// j` its rank j among that row's experts; rows in increasing order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Group {
+    pub expert: usize,
+    pub rows: Vec<u32>,
+    pub slots: Vec<u32>,
+}
+
+impl Routing {
+    /// Routes each row of `logits` ([n_rows][num_experts]) to its top `k` experts by softmax
+    /// probability, weights renormalised to sum to one (llama.cpp: `ggml_soft_max`,
+    /// `ggml_argsort_top_k`, `ggml_get_rows`, `norm_w`). llama.cpp's argsort is a `std::sort`,
+    /// whose order among equal probabilities is unspecified; here the lower id goes first.
+    pub fn new(logits: &[f32], num_experts: usize, k: usize) -> Routing {
+        let n_rows = logits.len() / num_experts;
+        let mut chosen = Vec::with_capacity(n_rows * k);
+        let mut weights = Vec::with_capacity(n_rows * k);
+        let mut probs = vec![0.0f32; num_experts];
+        let mut order: Vec<u32> = Vec::with_capacity(num_experts);
+        for row in logits.chunks_exact(num_experts) {
+            softmax(row, &mut probs);
+            order.clear();
+            order.extend(0..num_experts as u32);
+            order.sort_by(|&a, &b| {
+                probs[b as usize]
+                    .total_cmp(&probs[a as usize])
+                    .then(a.cmp(&b))
+            });
+            let top = &order[..k];
+            let sum: f32 = top.iter().map(|&e| probs[e as usize]).sum();
+            let sum = sum.max(MIN_WEIGHT_SUM);
+            chosen.extend_from_slice(top);
+            weights.extend(top.iter().map(|&e| probs[e as usize] / sum));
+        }
+        Routing { k, chosen, weights }
+    }
+
+    /// The experts some row chose, in increasing id, each with its rows.
+    pub fn groups(&self, num_experts: usize) -> Vec<Group> {
+        let mut groups: Vec<Group> = (0..num_experts)
+            .map(|expert| Group {
+                expert,
+                rows: Vec::new(),
+                slots: Vec::new(),
+            })
+            .collect();
+        for (slot, &e) in self.chosen.iter().enumerate() {
+            let g = &mut groups[e as usize];
+            g.rows.push((slot / self.k) as u32);
+            g.slots.push(slot as u32);
+        }
+        groups.retain(|g| !g.rows.is_empty());
+        groups
+    }
+}
+
+/// `p = softmax(x)` as ggml's soft_max: exp(x - max), summed in f64, times 1 / sum.
+fn softmax(x: &[f32], p: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f64;
+    for (p, &v) in p.iter_mut().zip(x) {
+        *p = (v - max).exp();
+        sum += *p as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    p.iter_mut().for_each(|v| *v *= inv);
+}
+
+/// `out = sum over each row's chosen experts of weight * down(act(gate(h)) * up(h))`:
+/// `h` [n][n_embd] the normed input, `out` [n][n_embd].
+pub fn experts_ffn<B: Backend>(
+    b: &mut B,
+    router: &B::Matrix,
+    experts: &[Mlp<B>],
+    c: &ModelConfig,
+    h: &B::Acts,
+    n: usize,
+    out: &mut B::Acts,
+) -> Result<()> {
+    let Some(shape) = &c.experts else {
+        bail!("a mixture of experts in a model of no experts");
+    };
+    let (k, n_ff, n_embd) = (shape.num_experts_used, shape.n_ff_exp, c.n_embd);
+    // logits: [n][num_experts], each expert's score for each row.
+    let mut logits = b.acts(n, shape.num_experts)?;
+    let mut hq = b.input(h);
+    b.matmul(&mut hq, router, &mut logits)?;
+    drop(hq);
+    let routing = Routing::new(&b.read(&logits)?, shape.num_experts, k);
+    b.recycle(logits);
+
+    // slots: [n][k][n_embd], each row's experts' outputs in the order of its ranking.
+    let mut slots = b.acts(n * k, n_embd)?;
+    for g in routing.groups(shape.num_experts) {
+        let (m, mlp) = (g.rows.len(), &experts[g.expert]);
+        let mut x = b.acts(m, n_embd)?; // the rows that chose this expert
+        b.gather_rows(h, &g.rows, &mut x)?;
+        let (mut gate, mut up) = (b.acts(m, n_ff)?, b.acts(m, n_ff)?);
+        let mut xq = b.input(&x);
+        b.matmul_many(&mut xq, &mut [(&mlp.gate, &mut gate), (&mlp.up, &mut up)])?;
+        drop(xq);
+        b.glu(&mut gate, &up, c.activation)?;
+        let mut y = b.acts(m, n_embd)?;
+        let mut gq = b.input(&gate);
+        b.matmul(&mut gq, &mlp.down, &mut y)?;
+        drop(gq);
+        b.scatter_rows(&y, &g.slots, &mut slots)?;
+        for buffer in [x, gate, up, y] {
+            b.recycle(buffer);
+        }
+    }
+    b.weighted_sum(&slots, &routing.weights, k, out)?;
+    b.recycle(slots);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_row_takes_its_top_k_with_renormalised_weights() {
+        // Two rows of four experts.
+        let logits = [0.0, 2.0, 1.0, -1.0, 3.0, 3.0, 0.0, 5.0];
+        let r = Routing::new(&logits, 4, 2);
+        assert_eq!(r.chosen, [1, 2, 3, 0]);
+        let (e1, e2) = (2.0f32.exp(), 1.0f32.exp());
+        assert!((r.weights[0] - e1 / (e1 + e2)).abs() < 1e-6);
+        assert!((r.weights[0] + r.weights[1] - 1.0).abs() < 1e-6);
+        // Experts 0 and 1 tie in the second row: the lower id ranks first.
+        let tie = Routing::new(&[3.0, 3.0, 0.0, 1.0], 4, 2);
+        assert_eq!(tie.chosen, [0, 1]);
+        assert_eq!(tie.weights, [0.5, 0.5]);
+    }
+
+    #[test]
+    fn groups_list_each_chosen_expert_once_with_its_rows_and_slots() {
+        let r = Routing {
+            k: 2,
+            chosen: vec![1, 2, 3, 1, 2, 0],
+            weights: vec![0.5; 6],
+        };
+        let g = r.groups(4);
+        let summary: Vec<(usize, Vec<u32>, Vec<u32>)> =
+            g.into_iter().map(|g| (g.expert, g.rows, g.slots)).collect();
+        assert_eq!(
+            summary,
+            [
+                (0, vec![2], vec![5]),
+                (1, vec![0, 1], vec![0, 3]),
+                (2, vec![0, 2], vec![1, 4]),
+                (3, vec![1], vec![2]),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_rows_routing_does_not_depend_on_the_other_rows() {
+        let a = [0.3, -1.0, 2.5, 0.7, 0.1, 0.0];
+        let b = [1.0, 1.0, -2.0, 4.0, 0.5, 0.5];
+        let alone = Routing::new(&a, 6, 3);
+        let both = Routing::new(&[b, a].concat(), 6, 3);
+        assert_eq!(alone.chosen, both.chosen[3..]);
+        assert_eq!(alone.weights, both.weights[3..]);
+    }
+}
