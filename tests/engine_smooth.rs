@@ -145,6 +145,7 @@ fn run(max_step_ms: Option<u64>) -> (Vec<Vec<u32>>, u64) {
         max_seqs: 8,
         max_queue: 8,
         max_step_ms,
+        mask_budget_ms: EngineConfig::DEFAULT_MASK_BUDGET_MS,
     };
     let engine = EngineHandle::start(model.clone(), config, EngineParts::default()).unwrap();
     let text = std::fs::read_to_string("/usr/share/common-licenses/GPL-3")
