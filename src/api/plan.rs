@@ -325,63 +325,71 @@ struct Chat {
 /// The prompt text a chat body renders to (its messages, and its tools unless `tool_choice` is
 /// `none`), before tokenizing: llama-server's `/apply-template`.
 pub fn chat_text(setting: &Setting, body: &Map<String, Value>) -> Result<String, RequestError> {
-    let f = Fields(body);
-    let messages = request::messages(&f)?;
-    let add_generation_prompt = f.bool("add_generation_prompt")?.unwrap_or(true);
-    let template = setting
-        .template
-        .map_err(|why| RequestError::bad_request(why).with_code("no_chat_template"))?;
-    let tool_req = tools::parse(body)?;
-    render(body, &messages, template, tool_req.as_ref(), add_generation_prompt)
+    ChatInput::read(setting, body)?.render(body)
 }
 
-/// `messages` through `template`: with tools or tool turns, as JSON messages with the tools
-/// offered (unless `tool_choice` is `none`), else as plain messages.
-fn render(
-    body: &Map<String, Value>,
-    messages: &[ChatMessage],
-    template: &ChatTemplate,
-    tool_req: Option<&tools::ToolRequest>,
+/// What a chat body's prompt is rendered from: its messages, the template, its tools.
+struct ChatInput<'a> {
+    messages: Vec<ChatMessage>,
     add_generation_prompt: bool,
-) -> Result<String, RequestError> {
-    let raw = body.get("messages").and_then(Value::as_array);
-    let has_tool_turns = raw.is_some_and(|items| {
-        items.iter().any(|m| {
-            m.get("tool_calls").is_some_and(|c| !c.is_null())
-                || m.get("role") == Some(&json!("tool"))
+    template: &'a ChatTemplate,
+    tool_req: Option<tools::ToolRequest>,
+}
+
+impl<'a> ChatInput<'a> {
+    fn read(setting: &Setting<'a>, body: &Map<String, Value>) -> Result<Self, RequestError> {
+        let f = Fields(body);
+        Ok(ChatInput {
+            messages: request::messages(&f)?,
+            add_generation_prompt: f.bool("add_generation_prompt")?.unwrap_or(true),
+            template: setting
+                .template
+                .map_err(|why| RequestError::bad_request(why).with_code("no_chat_template"))?,
+            tool_req: tools::parse(body)?,
         })
-    });
-    if tool_req.is_some() || has_tool_turns {
-        let json_messages = messages_json(messages, raw.map(Vec::as_slice).unwrap_or(&[]))?;
-        // As vLLM does, `tool_choice: none` leaves the tools out of the prompt: the model
-        // answers in text instead of being taught to call.
-        let offered = tool_req
-            .filter(|t| t.choice != ToolChoice::None)
-            .map(|t| &t.raw);
-        template.render_json(&json_messages, offered, add_generation_prompt)
-    } else {
-        template.render(messages, add_generation_prompt)
     }
-    .map_err(|e| RequestError::invalid("messages", format!("{e:#}")))
+
+    /// The messages through the template: with tools or tool turns, as JSON messages with the
+    /// tools offered (unless `tool_choice` is `none`), else as plain messages.
+    fn render(&self, body: &Map<String, Value>) -> Result<String, RequestError> {
+        let raw = body.get("messages").and_then(Value::as_array);
+        let has_tool_turns = raw.is_some_and(|items| {
+            items.iter().any(|m| {
+                m.get("tool_calls").is_some_and(|c| !c.is_null())
+                    || m.get("role") == Some(&json!("tool"))
+            })
+        });
+        let g = self.add_generation_prompt;
+        if self.tool_req.is_some() || has_tool_turns {
+            let json_messages =
+                messages_json(&self.messages, raw.map(Vec::as_slice).unwrap_or(&[]))?;
+            // As vLLM does, `tool_choice: none` leaves the tools out of the prompt: the model
+            // answers in text instead of being taught to call.
+            let offered = self
+                .tool_req
+                .as_ref()
+                .filter(|t| t.choice != ToolChoice::None)
+                .map(|t| &t.raw);
+            self.template.render_json(&json_messages, offered, g)
+        } else {
+            self.template.render(&self.messages, g)
+        }
+        .map_err(|e| RequestError::invalid("messages", format!("{e:#}")))
+    }
 }
 
 /// A chat body's prompt (its messages and `tools` through the template, then the tokenizer), its
 /// constraint (after `</think>` where the template thinks) and what to take apart in its reply.
 fn chat(setting: &Setting, body: &Map<String, Value>) -> Result<Chat, RequestError> {
-    let f = Fields(body);
-    let messages = request::messages(&f)?;
-    let add_generation_prompt = f.bool("add_generation_prompt")?.unwrap_or(true);
-    let template = setting
-        .template
-        .map_err(|why| RequestError::bad_request(why).with_code("no_chat_template"))?;
-    let tool_req = tools::parse(body)?;
+    let input = ChatInput::read(setting, body)?;
+    let (template, tool_req) = (input.template, &input.tool_req);
     let spec = structured::spec(body)?;
     let split = reasoning::split_requested(body)?;
     // The constraint to compile: its spec, the field it came from, its lazy trigger.
     let mut wanted: Option<(ConstraintSpec, &str, Option<Trigger>)> = None;
     let mut tool_calls = false;
     let mut tool_names = Vec::new();
-    if let Some(t) = &tool_req {
+    if let Some(t) = tool_req {
         let format = ToolFormat::of_template(template.source()).ok_or_else(|| {
             RequestError::invalid(
                 "tools",
@@ -410,7 +418,7 @@ fn chat(setting: &Setting, body: &Map<String, Value>) -> Result<Chat, RequestErr
             wanted = Some((spec, param, None));
         }
     }
-    let prompt = render(body, &messages, template, tool_req.as_ref(), add_generation_prompt)?;
+    let prompt = input.render(body)?;
     fits_context(setting, &prompt, "messages")?;
     let thinks = reasoning::template_thinks(template.source());
     let forced_open = thinks && reasoning::prompt_opens_thinking(&prompt);
