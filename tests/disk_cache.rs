@@ -783,11 +783,23 @@ fn a_second_server_on_the_same_folder_runs_without_the_disk_tier_and_says_why() 
     let b = body(&system_prompt(6), "Name a color.");
     let first = Server::start(&["--cache-dir", dir.arg()]).expect("model present");
     let (cold, usage) = chat(&first, &b, &[]);
-    wait_written(&first, ((usage["prompt_tokens"].as_u64().unwrap() - 1) / 16) as f64);
+    wait_written(
+        &first,
+        ((usage["prompt_tokens"].as_u64().unwrap() - 1) / 16) as f64,
+    );
     // The harness runs one server at a time: the second is started here, up to its
     // "listening" line.
     let mut second = Command::new(env!("CARGO_BIN_EXE_edge-llm"))
-        .args(["serve", "--port", "0", "-c", "1024", "--cache-dir", dir.arg(), "-m"])
+        .args([
+            "serve",
+            "--port",
+            "0",
+            "-c",
+            "1024",
+            "--cache-dir",
+            dir.arg(),
+            "-m",
+        ])
         .arg(&model)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -814,7 +826,11 @@ fn a_second_server_on_the_same_folder_runs_without_the_disk_tier_and_says_why() 
             && refusal.contains(&format!("pid {}", first.pid())),
         "{refusal}"
     );
-    assert!(log.iter().any(|l| l.contains("listening on")), "{}", log.join("\n"));
+    assert!(
+        log.iter().any(|l| l.contains("listening on")),
+        "{}",
+        log.join("\n")
+    );
     // The first keeps its tier.
     let info: Value =
         serde_json::from_slice(&first.request("GET", "/v1/cache", &[], b"").body).unwrap();
@@ -823,5 +839,8 @@ fn a_second_server_on_the_same_folder_runs_without_the_disk_tier_and_says_why() 
     let third = Server::start(&["--cache-dir", dir.arg()]).expect("model present");
     let (text, usage) = chat(&third, &b, &[]);
     assert_eq!(text, cold);
-    assert!(source(&usage, "disk") > 0, "the folder is free again: {usage}");
+    assert!(
+        source(&usage, "disk") > 0,
+        "the folder is free again: {usage}"
+    );
 }

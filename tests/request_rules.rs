@@ -63,7 +63,10 @@ fn cases() -> Vec<(Value, Option<&'static str>)> {
         (text(json!({"stop": [1]})), Some("stop")),
         (text(json!({"prompt": 42})), Some("prompt")),
         (text(json!({"logit_bias": {"1": 2}})), None),
-        (text(json!({"logit_bias": {"999999999": 2}})), Some("logit_bias")),
+        (
+            text(json!({"logit_bias": {"999999999": 2}})),
+            Some("logit_bias"),
+        ),
         (text(json!({"logit_bias": [["x"]]})), Some("logit_bias")),
         // The context (256): `max_tokens` beyond the room the prompt leaves, a prompt that
         // does not fit (refused by the engine's `submit`, named by the face).

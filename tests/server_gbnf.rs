@@ -9,7 +9,10 @@ use serde_json::{json, Value};
 use support::harness::*;
 
 fn grammar(name: &str) -> String {
-    let path = format!("{}/tests/grammars/gbnf/{name}.gbnf", env!("CARGO_MANIFEST_DIR"));
+    let path = format!(
+        "{}/tests/grammars/gbnf/{name}.gbnf",
+        env!("CARGO_MANIFEST_DIR")
+    );
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
@@ -39,7 +42,8 @@ fn llama_cpps_own_grammars_constrain_the_output() {
     let (text, finish) = complete(&server, "json", "A JSON object describing a cat:", 120);
     assert!(text.starts_with('{'), "{text:?}");
     if finish == "stop" {
-        let v: Value = serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+        let v: Value =
+            serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{text:?}: {e}"));
         assert!(v.is_object());
     }
     let (text, _) = complete(&server, "json_arr", "A JSON list of fruits:", 60);
@@ -58,7 +62,10 @@ fn llama_cpps_own_grammars_constrain_the_output() {
         let [number, a, b] = parts[..] else {
             panic!("{l:?} in {text:?}")
         };
-        assert!(number.ends_with('.') && number[..number.len() - 1].parse::<u32>().is_ok(), "{l:?}");
+        assert!(
+            number.ends_with('.') && number[..number.len() - 1].parse::<u32>().is_ok(),
+            "{l:?}"
+        );
         assert!(is_move(a) && is_move(b), "{l:?} in {text:?}");
     }
     // arithmetic.gbnf: `expr = term` lines over identifiers, numbers and + - * /.
@@ -66,7 +73,8 @@ fn llama_cpps_own_grammars_constrain_the_output() {
     for l in text.split_inclusive('\n').filter(|l| l.ends_with('\n')) {
         assert!(l.contains('='), "{l:?}");
         assert!(
-            l.chars().all(|c| c.is_ascii_alphanumeric() || " \t_=+-*/()\n".contains(c)),
+            l.chars()
+                .all(|c| c.is_ascii_alphanumeric() || " \t_=+-*/()\n".contains(c)),
             "{l:?}"
         );
     }
@@ -76,11 +84,17 @@ fn llama_cpps_own_grammars_constrain_the_output() {
     // A GBNF grammar that does not read is a 400 naming the field and the line.
     let (status, v) = server.post(
         "/v1/completions",
-        &completion_body("x", json!({"grammar": "root ::= item\nitem ::= \"a", "max_tokens": 2})),
+        &completion_body(
+            "x",
+            json!({"grammar": "root ::= item\nitem ::= \"a", "max_tokens": 2}),
+        ),
     );
     assert_eq!(status, 400, "{v}");
     assert_eq!(v["error"]["param"], "grammar");
-    assert!(v["error"]["message"].as_str().unwrap().contains("GBNF"), "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("GBNF"),
+        "{v}"
+    );
 }
 
 /// A move as chess.gbnf writes it: a pawn or piece move ending on a square (a promotion

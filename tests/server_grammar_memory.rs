@@ -98,7 +98,10 @@ fn a_mask_past_its_budget_ends_only_its_own_request() {
         std::thread::sleep(std::time::Duration::from_millis(200));
         let (status, v) = server.post(
             "/v1/completions",
-            &completion_body("Write:", json!({"grammar": costly_grammar(), "max_tokens": 8})),
+            &completion_body(
+                "Write:",
+                json!({"grammar": costly_grammar(), "max_tokens": 8}),
+            ),
         );
         assert_eq!(status, 400, "{v}");
         assert_eq!(v["error"]["code"], "constraint_failed", "{v}");
@@ -111,8 +114,14 @@ fn a_mask_past_its_budget_ends_only_its_own_request() {
             .filter_map(|e| e["choices"][0]["text"].as_str())
             .collect();
         assert!(!text.is_empty());
-        let finish = events.iter().find_map(|e| e["choices"][0]["finish_reason"].as_str());
-        assert_eq!(finish, Some("length"), "the other stream ran to its max_tokens");
+        let finish = events
+            .iter()
+            .find_map(|e| e["choices"][0]["finish_reason"].as_str());
+        assert_eq!(
+            finish,
+            Some("length"),
+            "the other stream ran to its max_tokens"
+        );
     });
     assert_eq!(server.metric("edge_llm_requests_failed_total"), 1.0);
     // The server goes on: the same grammar under a server's default budget is served.
@@ -120,7 +129,10 @@ fn a_mask_past_its_budget_ends_only_its_own_request() {
     let server = Server::start(&[]).unwrap();
     let (status, v) = server.post(
         "/v1/completions",
-        &completion_body("Write:", json!({"grammar": costly_grammar(), "max_tokens": 8})),
+        &completion_body(
+            "Write:",
+            json!({"grammar": costly_grammar(), "max_tokens": 8}),
+        ),
     );
     assert_eq!(status, 200, "{v}");
 }

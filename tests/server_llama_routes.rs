@@ -16,20 +16,11 @@ const A: (&str, &str) = ("Authorization", "Bearer key-a");
 const B: (&str, &str) = ("Authorization", "Bearer key-b");
 const ADMIN: (&str, &str) = ("Authorization", "Bearer admin");
 
+/// `method path` with `key`, answered 200: its JSON.
 fn send(server: &Server, method: &str, path: &str, key: (&str, &str), body: &Value) -> Value {
-    let body = if body.is_null() {
-        Vec::new()
-    } else {
-        body.to_string().into_bytes()
-    };
-    let r = server.request(
-        method,
-        path,
-        &[("Content-Type", "application/json"), key],
-        &body,
-    );
-    assert_eq!(r.status, 200, "{method} {path}: {}", r.text());
-    serde_json::from_slice(&r.body).unwrap()
+    let (status, v) = server.send(method, path, key, body);
+    assert_eq!(status, 200, "{method} {path}: {v}");
+    v
 }
 
 #[test]
@@ -48,7 +39,10 @@ fn props_apply_template_and_slots_answer_in_llama_servers_shapes() {
     };
     // /props: the fields clients read.
     let props = send(&server, "GET", "/props", A, &Value::Null);
-    assert_eq!(props["default_generation_settings"]["n_ctx"], 768, "{props}");
+    assert_eq!(
+        props["default_generation_settings"]["n_ctx"], 768,
+        "{props}"
+    );
     assert_eq!(props["model_alias"], "SmolLM2-135M-Instruct.Q4_1");
     assert_eq!(props["eos_token"], "<|im_end|>", "{props}");
     assert!(props["chat_template"]
@@ -56,7 +50,10 @@ fn props_apply_template_and_slots_answer_in_llama_servers_shapes() {
         .unwrap()
         .contains("<|im_start|>"));
     assert_eq!(props["modalities"]["vision"], false);
-    assert!(props["build_info"].as_str().unwrap().starts_with("edge-llm "));
+    assert!(props["build_info"]
+        .as_str()
+        .unwrap()
+        .starts_with("edge-llm "));
 
     // /apply-template: the text whose tokens are the ones the chat request runs.
     let chat = json!({"messages": [
@@ -77,7 +74,10 @@ fn props_apply_template_and_slots_answer_in_llama_servers_shapes() {
     assert_eq!(tokens["tokens"], rendered["token_ids"]);
 
     // /slots: key A's running request, seen by A and the admin, not by B.
-    assert_eq!(send(&server, "GET", "/slots", ADMIN, &Value::Null), json!([]));
+    assert_eq!(
+        send(&server, "GET", "/slots", ADMIN, &Value::Null),
+        json!([])
+    );
     std::thread::scope(|s| {
         let stream = s.spawn(|| {
             let body = completion_body(
@@ -98,7 +98,10 @@ fn props_apply_template_and_slots_answer_in_llama_servers_shapes() {
             if let Some(slot) = slots.as_array().unwrap().first() {
                 break slot.clone();
             }
-            assert!(Instant::now() < deadline, "key A's request never showed in /slots");
+            assert!(
+                Instant::now() < deadline,
+                "key A's request never showed in /slots"
+            );
             std::thread::sleep(Duration::from_millis(20));
         };
         assert_eq!(seen["n_ctx"], 768, "{seen}");

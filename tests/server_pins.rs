@@ -21,28 +21,6 @@ fn words(n: usize, salt: usize) -> String {
         .join(" ")
 }
 
-fn send(
-    server: &Server,
-    method: &str,
-    path: &str,
-    key: (&str, &str),
-    body: &Value,
-) -> (u16, Value) {
-    let body = if body.is_null() {
-        Vec::new()
-    } else {
-        body.to_string().into_bytes()
-    };
-    let r = server.request(
-        method,
-        path,
-        &[("Content-Type", "application/json"), key],
-        &body,
-    );
-    let v = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
-    (r.status, v)
-}
-
 /// A sample of /metrics read with `key`.
 fn metric(server: &Server, key: (&str, &str), name: &str) -> f64 {
     let text = server.request("GET", "/metrics", &[key], b"").text();
@@ -52,7 +30,7 @@ fn metric(server: &Server, key: (&str, &str), name: &str) -> f64 {
 }
 
 fn pinned_blocks(server: &Server, key: (&str, &str)) -> u64 {
-    let (_, v) = send(server, "GET", "/v1/cache", key, &Value::Null);
+    let (_, v) = server.send("GET", "/v1/cache", key, &Value::Null);
     v["memory"]["blocks_pinned"].as_u64().unwrap()
 }
 
@@ -74,16 +52,16 @@ fn pins_belong_to_admin_keys_are_deduplicated_budgeted_and_removable() {
     };
     let prompt = json!({"prompt": words(40, 1)});
     // A key that is not an admin cannot pin.
-    let (status, v) = send(&server, "POST", "/v1/cache/pin", OTHER, &prompt);
+    let (status, v) = server.send("POST", "/v1/cache/pin", OTHER, &prompt);
     assert_eq!(status, 403, "{v}");
     assert_eq!(pinned_blocks(&server, ADMIN), 0);
     // The admin pins; the same prompt again is the same pin.
-    let (status, first) = send(&server, "POST", "/v1/cache/pin", ADMIN, &prompt);
+    let (status, first) = server.send("POST", "/v1/cache/pin", ADMIN, &prompt);
     assert_eq!(status, 200, "{first}");
     let id = first["id"].as_str().unwrap().to_string();
     let blocks = pinned_blocks(&server, ADMIN);
     assert!(blocks > 0);
-    let (status, again) = send(&server, "POST", "/v1/cache/pin", ADMIN, &prompt);
+    let (status, again) = server.send("POST", "/v1/cache/pin", ADMIN, &prompt);
     assert_eq!(status, 200, "{again}");
     assert_eq!(
         (
@@ -93,13 +71,12 @@ fn pins_belong_to_admin_keys_are_deduplicated_budgeted_and_removable() {
         (id.as_str(), Some(true))
     );
     assert_eq!(pinned_blocks(&server, ADMIN), blocks);
-    let (_, info) = send(&server, "GET", "/v1/cache", ADMIN, &Value::Null);
+    let (_, info) = server.send("GET", "/v1/cache", ADMIN, &Value::Null);
     assert_eq!(info["pinned"].as_array().unwrap().len(), 1, "{info}");
     // Another key sees nothing of it and cannot remove it.
-    let (_, info) = send(&server, "GET", "/v1/cache", OTHER, &Value::Null);
+    let (_, info) = server.send("GET", "/v1/cache", OTHER, &Value::Null);
     assert_eq!(info["pinned"], json!([]), "{info}");
-    let (status, _) = send(
-        &server,
+    let (status, _) = server.send(
         "DELETE",
         &format!("/v1/cache/pin/{id}"),
         OTHER,
@@ -108,8 +85,7 @@ fn pins_belong_to_admin_keys_are_deduplicated_budgeted_and_removable() {
     assert_eq!(status, 404);
     // Past the key's budget: refused, nothing computed.
     let submitted = metric(&server, ADMIN, "edge_llm_requests_submitted_total");
-    let (status, v) = send(
-        &server,
+    let (status, v) = server.send(
         "POST",
         "/v1/cache/pin",
         ADMIN,
@@ -122,8 +98,7 @@ fn pins_belong_to_admin_keys_are_deduplicated_budgeted_and_removable() {
         submitted
     );
     // Removed: its blocks are no longer pinned.
-    let (status, v) = send(
-        &server,
+    let (status, v) = server.send(
         "DELETE",
         &format!("/v1/cache/pin/{id}"),
         ADMIN,
@@ -132,8 +107,7 @@ fn pins_belong_to_admin_keys_are_deduplicated_budgeted_and_removable() {
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["deleted"], true);
     assert_eq!(pinned_blocks(&server, ADMIN), 0);
-    let (status, _) = send(
-        &server,
+    let (status, _) = server.send(
         "DELETE",
         &format!("/v1/cache/pin/{id}"),
         ADMIN,
@@ -151,8 +125,7 @@ fn no_request_fails_in_a_mix_of_pins_unpins_and_requests() {
     let none = ("X-Nothing", "");
     let mut pins: Vec<String> = Vec::new();
     for round in 0..12 {
-        let (status, v) = send(
-            &server,
+        let (status, v) = server.send(
             "POST",
             "/v1/cache/pin",
             none,
@@ -175,24 +148,13 @@ fn no_request_fails_in_a_mix_of_pins_unpins_and_requests() {
         }
         if round % 3 == 2 {
             let id = pins.remove(0);
-            let (status, v) = send(
-                &server,
-                "DELETE",
-                &format!("/v1/cache/pin/{id}"),
-                none,
-                &Value::Null,
-            );
+            let (status, v) =
+                server.send("DELETE", &format!("/v1/cache/pin/{id}"), none, &Value::Null);
             assert_eq!(status, 200, "{v}");
         }
     }
     for id in pins {
-        let (status, _) = send(
-            &server,
-            "DELETE",
-            &format!("/v1/cache/pin/{id}"),
-            none,
-            &Value::Null,
-        );
+        let (status, _) = server.send("DELETE", &format!("/v1/cache/pin/{id}"), none, &Value::Null);
         assert_eq!(status, 200);
     }
     assert_eq!(pinned_blocks(&server, none), 0);
@@ -219,8 +181,7 @@ fn a_key_sees_only_its_own_figures_in_metrics_and_cache() {
         return;
     };
     const A: (&str, &str) = ("Authorization", "Bearer key-a");
-    let (status, v) = send(
-        &server,
+    let (status, v) = server.send(
         "POST",
         "/v1/completions",
         A,
@@ -239,14 +200,23 @@ fn a_key_sees_only_its_own_figures_in_metrics_and_cache() {
     for needle in ["kv_blocks", "vllm:", "key=", "grammar", "steps_total"] {
         assert!(!text.contains(needle), "key B sees {needle}:\n{text}");
     }
-    assert_eq!(metric(&server, OTHER, "edge_llm_requests_submitted_total"), 0.0);
+    assert_eq!(
+        metric(&server, OTHER, "edge_llm_requests_submitted_total"),
+        0.0
+    );
     assert_eq!(metric(&server, OTHER, "edge_llm_prompt_tokens_total"), 0.0);
-    let (_, cache) = send(&server, "GET", "/v1/cache", OTHER, &Value::Null);
-    assert!(cache.get("memory").is_none() && cache.get("disk").is_none(), "{cache}");
+    let (_, cache) = server.send("GET", "/v1/cache", OTHER, &Value::Null);
+    assert!(
+        cache.get("memory").is_none() && cache.get("disk").is_none(),
+        "{cache}"
+    );
     assert_eq!(cache["pinned"], json!([]));
     // The admin sees the server, and key A (the first --api-key) by its place.
     let text = server.request("GET", "/metrics", &[ADMIN], b"").text();
-    assert!(text.contains("edge_llm_kv_blocks{state=\"used\"}"), "{text}");
+    assert!(
+        text.contains("edge_llm_kv_blocks{state=\"used\"}"),
+        "{text}"
+    );
     assert!(
         text.contains(&format!(
             "edge_llm_key_prompt_tokens_total{{key=\"1\"}} {prompt_tokens}\n"

@@ -138,7 +138,10 @@ fn unsupported(kind: &str, param: &str) -> FieldError {
         "document" | "search_result" => {
             format!("{kind} blocks are not supported: this server reads text blocks only")
         }
-        other => format!("content blocks of type {} are not supported here", super::shown(other)),
+        other => format!(
+            "content blocks of type {} are not supported here",
+            super::shown(other)
+        ),
     };
     err(param, format!("`{param}`: {why}"))
 }

@@ -129,7 +129,11 @@ fn logit_bias(f: &Fields, tok: &Tokenizer) -> Result<Vec<(u32, f32)>, RequestErr
                 .as_f64()
                 .filter(|b| b.is_finite() && b.abs() <= 1e4)
                 .map(|b| b as f32)
-                .ok_or_else(|| bad(format!("a bias must be a number in [-10000, 10000], got {n}"))),
+                .ok_or_else(|| {
+                    bad(format!(
+                        "a bias must be a number in [-10000, 10000], got {n}"
+                    ))
+                }),
             other => Err(bad(format!(
                 "a bias must be a number or `false` (ban), got {}",
                 request::type_name(other)
@@ -163,7 +167,7 @@ fn logit_bias(f: &Fields, tok: &Tokenizer) -> Result<Vec<(u32, f32)>, RequestErr
             for pair in pairs {
                 let Some([what, v]) = pair.as_array().map(Vec::as_slice) else {
                     return Err(bad(
-                        "each entry must be a pair `[token id or text, bias]`".into(),
+                        "each entry must be a pair `[token id or text, bias]`".into()
                     ));
                 };
                 let bias = bias_of(v)?;
@@ -189,7 +193,8 @@ fn logit_bias(f: &Fields, tok: &Tokenizer) -> Result<Vec<(u32, f32)>, RequestErr
         }
         Some(other) => {
             return Err(bad(format!(
-                "`logit_bias` must be an object of token ids to biases, or an array of pairs, got {}",
+                "`logit_bias` must be an object of token ids to biases, or an array of pairs, \
+             got {}",
                 request::type_name(other)
             )))
         }

@@ -378,7 +378,10 @@ fn text_of(content: Option<&Value>, param: &str) -> Result<String, RequestError>
             Some(kind) => {
                 return Err(invalid(
                     &p,
-                    format!("`{p}` has type {}; parts must be `input_text` or `output_text`", super::shown(kind)),
+                    format!(
+                        "`{p}` has type {}; parts must be `input_text` or `output_text`",
+                        super::shown(kind)
+                    ),
                 ))
             }
             None => {

@@ -232,7 +232,10 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
             Some(c) => c.constrained,
             None => {
                 let f = sessions(&engine, &mut rng, args, &constraint, args.repetitions, true)?;
-                writeln!(out, "| sessions | KV waste after prefill | KV waste at the end of generation |")?;
+                writeln!(
+                    out,
+                    "| sessions | KV waste after prefill | KV waste at the end of generation |"
+                )?;
                 writeln!(out, "|---|---|---|")?;
                 writeln!(
                     out,
@@ -480,9 +483,7 @@ pub(super) fn sessions_once(
         let drained = streams.iter_mut().try_for_each(|s| {
             let (first, last, n, ttft_ms) = drain(s)?;
             lengths.push(n);
-            first_ms.push(
-                ttft_ms.map_or((first - started).as_secs_f64() * 1000.0, |ms| ms as f64),
-            );
+            first_ms.push(ttft_ms.map_or((first - started).as_secs_f64() * 1000.0, |ms| ms as f64));
             end = end.max(last);
             anyhow::Ok(())
         });

@@ -25,7 +25,12 @@ pub fn is_gbnf(text: &str) -> bool {
 
 /// `text` (GBNF) as Lark; an error names the line and what was expected.
 pub fn to_lark(text: &str) -> Result<String, String> {
-    let rules = Parser { s: text.as_bytes(), at: 0, depth: 0 }.grammar()?;
+    let rules = Parser {
+        s: text.as_bytes(),
+        at: 0,
+        depth: 0,
+    }
+    .grammar()?;
     let index: HashMap<&str, usize> = rules
         .iter()
         .enumerate()
@@ -42,7 +47,10 @@ pub fn to_lark(text: &str) -> Result<String, String> {
             }
         });
         if let Some(name) = missing {
-            return Err(format!("rule `{}` uses `{name}`, which is not defined", rule.name));
+            return Err(format!(
+                "rule `{}` uses `{name}`, which is not defined",
+                rule.name
+            ));
         }
     }
     // Terminal rules: made of literals, classes and terminal rules only (a fixpoint).
@@ -50,7 +58,8 @@ pub fn to_lark(text: &str) -> Result<String, String> {
     loop {
         let mut changed = false;
         for (i, rule) in rules.iter().enumerate() {
-            if !terminal[i] && rule.name != "root" && rule.body.is_terminal(&|n| terminal[index[n]]) {
+            if !terminal[i] && rule.name != "root" && rule.body.is_terminal(&|n| terminal[index[n]])
+            {
                 terminal[i] = true;
                 changed = true;
             }
@@ -273,7 +282,9 @@ impl Parser<'_> {
                 }
                 Some(b'(') => {
                     if self.depth == MAX_DEPTH {
-                        return Err(self.error(&format!("parentheses nested deeper than {MAX_DEPTH}")));
+                        return Err(
+                            self.error(&format!("parentheses nested deeper than {MAX_DEPTH}"))
+                        );
                     }
                     self.at += 1;
                     self.depth += 1;
@@ -290,7 +301,11 @@ impl Parser<'_> {
                     // A name followed by `::=` starts the next rule (after a newline).
                     let save = self.at;
                     let name = self.name()?;
-                    let mut look = Parser { s: self.s, at: self.at, depth: 0 };
+                    let mut look = Parser {
+                        s: self.s,
+                        at: self.at,
+                        depth: 0,
+                    };
                     look.space(false);
                     if look.s[look.at..].starts_with(b"::=") {
                         self.at = save;
@@ -386,8 +401,8 @@ impl Parser<'_> {
                 return Err(p.error("a bad hexadecimal escape"));
             }
             p.at += n;
-            let v = u32::from_str_radix(std::str::from_utf8(digits).unwrap_or("0"), 16)
-                .unwrap_or(0);
+            let v =
+                u32::from_str_radix(std::str::from_utf8(digits).unwrap_or("0"), 16).unwrap_or(0);
             Ok(format!("\\u{{{v:x}}}"))
         };
         match e {
@@ -473,7 +488,10 @@ mod tests {
         assert!(is_gbnf(g));
         let lark = to_lark(g).unwrap();
         assert!(lark.contains("start: T_ITEM+"), "{lark}");
-        assert!(lark.contains("T_ITEM: \"- \" /[a-z]/{1,8} \"\\n\""), "{lark}");
+        assert!(
+            lark.contains("T_ITEM: \"- \" /[a-z]/{1,8} \"\\n\""),
+            "{lark}"
+        );
     }
 
     #[test]
@@ -481,7 +499,10 @@ mod tests {
         let g = "root ::= (\n  expr\n  | \"x\"\n)\nexpr ::= term (\"+\" term)*\nterm ::= [0-9]+ | \"(\" expr \")\"\n";
         let lark = to_lark(g).unwrap();
         assert!(lark.contains("start: r_expr | \"x\""), "{lark}");
-        assert!(lark.contains("r_term: /[0-9]/+ | \"(\" r_expr \")\""), "{lark}");
+        assert!(
+            lark.contains("r_term: /[0-9]/+ | \"(\" r_expr \")\""),
+            "{lark}"
+        );
     }
 
     #[test]
@@ -489,8 +510,14 @@ mod tests {
         assert!(to_lark("root ::= foo\n").unwrap_err().contains("`foo`"));
         assert!(to_lark("item ::= \"a\"\n").unwrap_err().contains("root"));
         assert!(to_lark("root ::= \"a\n").unwrap_err().contains("line"));
-        assert!(to_lark("root ::= [a-z]{3,1}\n").unwrap_err().contains("maximum"));
-        let deep = format!("root ::= {}\"a\"{}\n", "(".repeat(100_000), ")".repeat(100_000));
+        assert!(to_lark("root ::= [a-z]{3,1}\n")
+            .unwrap_err()
+            .contains("maximum"));
+        let deep = format!(
+            "root ::= {}\"a\"{}\n",
+            "(".repeat(100_000),
+            ")".repeat(100_000)
+        );
         assert!(to_lark(&deep).unwrap_err().contains("nested deeper"));
         assert!(!is_gbnf("start: \"a\"\n"));
         assert!(!is_gbnf("%llguidance {}\nstart: x\nx ::= 1"));

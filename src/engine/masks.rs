@@ -56,16 +56,17 @@ pub(super) fn start(jobs: Vec<(SeqId, ConstraintState)>) -> Option<Pending> {
     let ids = jobs.iter().map(|j| j.0).collect();
     let (tx, rx) = mpsc::channel();
     rayon::spawn(move || {
-        jobs.into_par_iter().for_each_with(tx, |tx, (id, mut state)| {
-            let t = Instant::now();
-            let mask = std::panic::catch_unwind(AssertUnwindSafe(|| state.compute_mask()));
-            let micros = t.elapsed().as_micros() as u64;
-            // A row given up on is no longer listened for: its state is dropped here.
-            let _ = tx.send(match mask {
-                Ok(mask) => Row(id, Some(state), mask, micros),
-                Err(_) => Row(id, None, Err(PANICKED.into()), micros),
+        jobs.into_par_iter()
+            .for_each_with(tx, |tx, (id, mut state)| {
+                let t = Instant::now();
+                let mask = std::panic::catch_unwind(AssertUnwindSafe(|| state.compute_mask()));
+                let micros = t.elapsed().as_micros() as u64;
+                // A row given up on is no longer listened for: its state is dropped here.
+                let _ = tx.send(match mask {
+                    Ok(mask) => Row(id, Some(state), mask, micros),
+                    Err(_) => Row(id, None, Err(PANICKED.into()), micros),
+                });
             });
-        });
     });
     Some(Pending { rx, ids })
 }

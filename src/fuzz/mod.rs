@@ -35,7 +35,13 @@ use crate::model::{ModelConfig, Weights};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 
 /// The names of the fuzz targets, as `run_target` takes them.
-pub const TARGETS: [&str; 5] = ["gguf", "tokenizer", "chat_template", "request", "disk_block"];
+pub const TARGETS: [&str; 5] = [
+    "gguf",
+    "tokenizer",
+    "chat_template",
+    "request",
+    "disk_block",
+];
 
 /// The models whose vocabularies and templates the targets use: the default model first, then
 /// the two extra ones (`scripts/fetch-extra-models.sh`) when present.

@@ -78,10 +78,7 @@ pub async fn apply_template(
 
 /// `GET /slots`: one entry per live sequence, llama-server's fields where they map (`id`,
 /// `n_ctx`, `is_processing`, `n_prompt_tokens`, `n_prompt_tokens_cache`, `next_token`).
-pub async fn slots(
-    State(state): Shared,
-    Extension(info): Extension<RequestInfo>,
-) -> Json<Value> {
+pub async fn slots(State(state): Shared, Extension(info): Extension<RequestInfo>) -> Json<Value> {
     let m = state.engine.metrics().unwrap_or_default();
     let everyone = state.sees_server(info.cache_key);
     let n_ctx = state.engine.max_seq_len();

@@ -9,13 +9,41 @@ use crate::engine::{Metrics, TenantMetrics};
 /// under the server-wide names; the admin's view (`tenants`) writes every key's, labelled.
 fn tenant_series(t: &TenantMetrics) -> [(&'static str, &'static str, u64); 7] {
     [
-        ("requests_submitted_total", "Requests accepted by the engine.", t.requests_submitted),
-        ("requests_finished_total", "Requests that ran to a stop or a length limit.", t.requests_finished),
-        ("requests_aborted_total", "Requests aborted, e.g. by a client that hung up.", t.requests_aborted),
-        ("requests_failed_total", "Requests that failed in the engine.", t.requests_failed),
-        ("prompt_tokens_total", "Prompt tokens computed (prefill), excluding prefix-cache hits.", t.tokens_prefilled),
-        ("generation_tokens_total", "Tokens generated.", t.tokens_generated),
-        ("cached_prompt_tokens_total", "Prompt tokens served from the prefix cache.", t.tokens_cached),
+        (
+            "requests_submitted_total",
+            "Requests accepted by the engine.",
+            t.requests_submitted,
+        ),
+        (
+            "requests_finished_total",
+            "Requests that ran to a stop or a length limit.",
+            t.requests_finished,
+        ),
+        (
+            "requests_aborted_total",
+            "Requests aborted, e.g. by a client that hung up.",
+            t.requests_aborted,
+        ),
+        (
+            "requests_failed_total",
+            "Requests that failed in the engine.",
+            t.requests_failed,
+        ),
+        (
+            "prompt_tokens_total",
+            "Prompt tokens computed (prefill), excluding prefix-cache hits.",
+            t.tokens_prefilled,
+        ),
+        (
+            "generation_tokens_total",
+            "Tokens generated.",
+            t.tokens_generated,
+        ),
+        (
+            "cached_prompt_tokens_total",
+            "Prompt tokens served from the prefix cache.",
+            t.tokens_cached,
+        ),
     ]
 }
 
@@ -47,7 +75,11 @@ pub fn tenants(m: &Metrics, place: impl Fn(u64) -> Option<usize>) -> String {
         let _ = writeln!(out, "# HELP edge_llm_key_{name} {help} (by API key)");
         let _ = writeln!(out, "# TYPE edge_llm_key_{name} counter");
         for (place, series) in &keyed {
-            let _ = writeln!(out, "edge_llm_key_{name}{{key=\"{place}\"}} {}", series[i].2);
+            let _ = writeln!(
+                out,
+                "edge_llm_key_{name}{{key=\"{place}\"}} {}",
+                series[i].2
+            );
         }
     }
     out
@@ -344,8 +376,14 @@ mod tests {
             ..Default::default()
         };
         let text = tenant(&mine);
-        assert!(text.contains("edge_llm_requests_submitted_total 4\n"), "{text}");
-        assert!(text.contains("edge_llm_generation_tokens_total 9\n"), "{text}");
+        assert!(
+            text.contains("edge_llm_requests_submitted_total 4\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("edge_llm_generation_tokens_total 9\n"),
+            "{text}"
+        );
         assert!(!text.contains("kv_blocks"), "{text}");
         let m = Metrics {
             tenants: [(77, mine), (5, TenantMetrics::default())].into(),

@@ -139,6 +139,32 @@ impl Server {
         (r.status, v)
     }
 
+    /// `method path` with `header` (an API key) and a JSON `body` (none when null): the status
+    /// and the JSON answer (null when it is not JSON).
+    pub fn send(
+        &self,
+        method: &str,
+        path: &str,
+        header: (&str, &str),
+        body: &Value,
+    ) -> (u16, Value) {
+        let body = if body.is_null() {
+            Vec::new()
+        } else {
+            body.to_string().into_bytes()
+        };
+        let r = self.request(
+            method,
+            path,
+            &[("Content-Type", "application/json"), header],
+            &body,
+        );
+        (
+            r.status,
+            serde_json::from_slice(&r.body).unwrap_or(Value::Null),
+        )
+    }
+
     /// The body of a streamed POST of `body`, checked to be a 200 event stream.
     fn stream_text(&self, path: &str, body: &Value) -> String {
         let r = self.request(

@@ -118,7 +118,6 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
     written
 }
 
-
 /// Takes the folder `dir` for this process: an exclusive lock on `dir/lock` (opened without
 /// following a link), held as long as the returned file is open, with this process's id written
 /// in it. Another process holding it is an error naming that process: a folder shared by two
@@ -147,7 +146,11 @@ pub fn lock_folder(dir: &Path) -> anyhow::Result<File> {
                 "{} is in use by another edge-llm process{}: one process per folder keeps its \
                  budget (give this one its own --cache-dir)",
                 dir.display(),
-                if holder.is_empty() { String::new() } else { format!(" (pid {holder})") }
+                if holder.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (pid {holder})")
+                }
             );
         }
         Err(std::fs::TryLockError::Error(e)) => {
