@@ -179,3 +179,33 @@ fn logit_bias_bans_and_forces_tokens_in_both_forms() {
         assert_eq!(v["error"]["param"], "logit_bias", "{v}");
     }
 }
+
+/// Issue 32's remote-tokenizer routes as lm-evaluation-harness calls them (vLLM's shapes):
+/// `GET /tokenizer_info`, `/tokenize` with `prompt` and `add_special_tokens`, and `/detokenize`
+/// answering `prompt` beside llama-server's `content`.
+#[test]
+fn remote_tokenizer_routes_answer_in_vllms_shapes() {
+    let Some(server) = Server::start(&[]) else {
+        return;
+    };
+    let (status, info) = server.send("GET", "/tokenizer_info", ("X-None", ""), &Value::Null);
+    assert_eq!(status, 200, "{info}");
+    assert_eq!(info["eos_token"], "<|im_end|>", "{info}");
+    assert!(info["chat_template"]
+        .as_str()
+        .unwrap()
+        .contains("<|im_start|>"));
+    assert_eq!(info["model_max_length"], 1024);
+    let (status, t) = server.post(
+        "/tokenize",
+        &json!({"prompt": "Hello, world!", "add_special_tokens": false}),
+    );
+    assert_eq!(status, 200, "{t}");
+    assert_eq!(t["tokens"], json!([19556, 28, 905, 17]));
+    let (status, d) = server.post("/detokenize", &json!({"tokens": [19556, 28, 905, 17]}));
+    assert_eq!(status, 200, "{d}");
+    assert_eq!(
+        (&d["prompt"], &d["content"]),
+        (&json!("Hello, world!"), &json!("Hello, world!"))
+    );
+}

@@ -2,7 +2,8 @@
 //! `GET /props` (the context length, the model, its chat template and special tokens, the
 //! default sampling settings), `POST /apply-template` (a chat body's prompt text, rendered as
 //! the request would be) and `GET /slots` (the live sequences: counts, never their text; a key
-//! that is not an admin key sees only its own).
+//! that is not an admin key sees only its own); and vLLM's `GET /tokenizer_info`, which
+//! lm-evaluation-harness reads.
 
 use std::sync::Arc;
 
@@ -103,4 +104,20 @@ pub async fn slots(State(state): Shared, Extension(info): Extension<RequestInfo>
         })
         .collect();
     Json(Value::Array(slots))
+}
+
+/// `GET /tokenizer_info` (vLLM's): the special tokens and the chat template, for clients that
+/// tokenize through the server (lm-evaluation-harness's remote tokenizer).
+pub async fn tokenizer_info(State(state): Shared) -> Json<Value> {
+    let tok = state.engine.tokenizer();
+    let token = |id: Option<u32>| id.map(|id| tok.token_text(id).to_string());
+    Json(json!({
+        "tokenizer_class": "gguf",
+        "bos_token": token(tok.bos_id()),
+        "eos_token": token(tok.eos_id()),
+        "add_bos_token": tok.add_bos_default(),
+        "chat_template": state.template.as_ref().ok().map(|t| t.source()),
+        "model_max_length": state.engine.max_seq_len(),
+        "vocab_size": tok.vocab_size(),
+    }))
 }

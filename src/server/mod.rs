@@ -229,6 +229,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/props", get(llama_routes::props))
         .route("/apply-template", post(llama_routes::apply_template))
         .route("/slots", get(llama_routes::slots))
+        .route("/tokenizer_info", get(llama_routes::tokenizer_info))
         // The Responses API (`responses`).
         .route("/v1/responses", post(responses::create))
         .route("/responses", post(responses::create))

@@ -297,7 +297,11 @@ fn tokens_of(state: &AppState, body: Body) -> Result<Value, ApiError> {
     let map = json_object(body, state.max_body_bytes)?;
     let f = Fields(&map);
     let tok = &state.engine.tokenizer();
-    let add_special = f.bool("add_special")?.unwrap_or(false);
+    // `add_special_tokens`: vLLM's name (lm-evaluation-harness sends it).
+    let add_special = match f.bool("add_special")? {
+        Some(b) => b,
+        None => f.bool("add_special_tokens")?.unwrap_or(false),
+    };
     let parse_special = f.bool("parse_special")?.unwrap_or(true);
     let with_pieces = f.bool("with_pieces")?.unwrap_or(false);
     let ids = if f.get("messages").is_some() {
@@ -335,7 +339,8 @@ fn tokens_of(state: &AppState, body: Body) -> Result<Value, ApiError> {
     )
 }
 
-/// llama-server's `/detokenize`: `{"tokens": [ids]}` to `{"content": TEXT}`.
+/// llama-server's `/detokenize`: `{"tokens": [ids]}` to `{"content": TEXT}` (and vLLM's
+/// `"prompt"`, the same text).
 pub async fn detokenize(State(state): Shared, body: Body) -> Result<Json<Value>, ApiError> {
     let planned = state.clone();
     let content = state.planner.run(move || text_of(&planned, body)).await?;
@@ -371,5 +376,6 @@ fn text_of(state: &AppState, body: Body) -> Result<Value, ApiError> {
             ),
         ));
     }
-    Ok(json!({"content": tok.decode(&ids)}))
+    let text = tok.decode(&ids);
+    Ok(json!({"content": text, "prompt": text}))
 }
