@@ -438,20 +438,21 @@ impl Scheduler {
     /// blocks are full.
     pub fn kv_fill(&self) -> (usize, usize) {
         let bs = self.blocks.block_size;
-        let mut filled: HashMap<BlockId, usize> = HashMap::new();
+        // Published after every step: one flat array by block index, no map.
+        let mut filled = vec![0usize; self.blocks.num_blocks()];
         for seq in self.seqs.values() {
             for (j, &id) in seq.block_table.iter().enumerate() {
                 let n = seq.num_computed.saturating_sub(j * bs).min(bs);
-                let f = filled.entry(id).or_default();
+                let f = &mut filled[id.index()];
                 *f = (*f).max(n);
             }
         }
         for table in self.pins.tables() {
             for &id in table {
-                filled.insert(id, bs);
+                filled[id.index()] = bs;
             }
         }
-        (filled.values().sum(), self.blocks.num_used() * bs)
+        (filled.iter().sum(), self.blocks.num_used() * bs)
     }
 
     /// Whether block `id` is pinned.
