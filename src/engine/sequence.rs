@@ -47,6 +47,10 @@ pub struct Sequence {
     pub draft: Vec<u32>,
     /// Salts its prefix-cache chain (a tenant's API key); None shares the one cache.
     pub cache_key: Option<u64>,
+    /// While its prompt is being scored (`Request::prompt_logprobs`): the top alternatives
+    /// wanted. Every prompt row then wants logits, and a cached prefix is reused only as far as
+    /// its blocks' scores were kept (`Scheduler::scored`). None once the scores are out.
+    pub prompt_logprobs: Option<usize>,
 }
 
 impl Sequence {
@@ -64,6 +68,7 @@ impl Sequence {
             num_preemptions: 0,
             draft: Vec::new(),
             cache_key: None,
+            prompt_logprobs: None,
         }
     }
 
