@@ -183,8 +183,7 @@ pub fn openai_sampling(seed: u64) -> SamplingParams {
         presence_penalty: 0.0,
         frequency_penalty: 0.0,
         seed,
-        logit_bias: Vec::new(),
-        constraint: None,
+        ..Default::default()
     }
 }
 
@@ -230,6 +229,7 @@ pub fn gen_params_over(
     if let Some(seed) = f.integer("seed", i64::MIN, i64::MAX)? {
         sampling.seed = seed as u64;
     }
+    super::sampling_fields::llama_sampling_fields(f, &mut sampling)?;
 
     let limit = i64::from(u32::MAX);
     let mut max_tokens = f.integer("max_tokens", 1, limit)?.map(|v| v as usize);

@@ -1,88 +1,17 @@
-//! Turning logits into the next token: greedy, or penalties, top-k, top-p, min-p and
-//! temperature followed by a draw from a seeded generator, in llama.cpp's default order.
-//! Called by the engine's output side (`engine::output`) once per sequence per step.
+//! Turning logits into the next token: greedy, or llama.cpp's sampling chain (logit bias,
+//! then penalties, DRY, top-n-sigma, top-k, typical, top-p, min-p, XTC and temperature in the
+//! order `samplers` gives, or temperature and Mirostat) followed by a draw from a seeded
+//! generator. `params` holds the fields, `chain` and `dry` the stages. Called by the engine's
+//! output side (`engine::output`) once per sequence per step.
 
-/// Sampling parameters of one request.
-#[derive(Clone, Debug, PartialEq)]
-pub struct SamplingParams {
-    /// 0 means greedy.
-    pub temperature: f32,
-    /// 0 disables.
-    pub top_k: usize,
-    /// 1.0 disables.
-    pub top_p: f32,
-    /// 0.0 disables.
-    pub min_p: f32,
-    /// 1.0 disables. Applied to the last `repeat_last_n` tokens, as llama.cpp does.
-    pub repeat_penalty: f32,
-    pub repeat_last_n: usize,
-    /// OpenAI-style penalties over the generated tokens; 0.0 disables.
-    pub presence_penalty: f32,
-    pub frequency_penalty: f32,
-    pub seed: u64,
-    /// Added to the logits of these tokens before anything else (minus infinity bans one), as
-    /// llama.cpp's logit-bias sampler, first in its chain.
-    pub logit_bias: Vec<(u32, f32)>,
-    /// What the output must match (JSON schema, regex, grammar); None leaves it free.
-    pub constraint: Option<crate::constraint::Constraint>,
-}
+pub mod chain;
+pub mod dry;
+mod params;
 
-impl Default for SamplingParams {
-    fn default() -> Self {
-        SamplingParams {
-            temperature: 0.8,
-            top_k: 40,
-            top_p: 0.95,
-            min_p: 0.05,
-            repeat_penalty: 1.0,
-            repeat_last_n: 64,
-            presence_penalty: 0.0,
-            frequency_penalty: 0.0,
-            seed: 0,
-            logit_bias: Vec::new(),
-            constraint: None,
-        }
-    }
-}
+use std::sync::Arc;
 
-impl SamplingParams {
-    pub fn greedy() -> Self {
-        SamplingParams {
-            temperature: 0.0,
-            ..Default::default()
-        }
-    }
-
-    pub fn validate(&self) -> Result<(), String> {
-        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
-            return Err(format!(
-                "temperature must be >= 0, got {}",
-                self.temperature
-            ));
-        }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(format!("top_p must be in (0, 1], got {}", self.top_p));
-        }
-        if !(0.0..=1.0).contains(&self.min_p) {
-            return Err(format!("min_p must be in [0, 1], got {}", self.min_p));
-        }
-        if !(self.repeat_penalty > 0.0 && self.repeat_penalty.is_finite()) {
-            return Err(format!(
-                "repeat_penalty must be > 0, got {}",
-                self.repeat_penalty
-            ));
-        }
-        for (name, v) in [
-            ("presence_penalty", self.presence_penalty),
-            ("frequency_penalty", self.frequency_penalty),
-        ] {
-            if !(-2.0..=2.0).contains(&v) {
-                return Err(format!("{name} must be in [-2, 2], got {v}"));
-            }
-        }
-        Ok(())
-    }
-}
+pub use chain::{Candidate, Candidates};
+pub use params::{SamplerKind, SamplingParams, DRY_DEFAULT_BREAKERS};
 
 /// SplitMix64: a small, fast generator whose stream is fixed by its seed.
 #[derive(Clone, Debug)]
@@ -118,89 +47,166 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
-/// A sequence's sampler: its parameters and its own random stream.
+/// Mirostat's `m`: how many of the best tokens estimate the Zipf exponent (llama.cpp's 100).
+const MIROSTAT_M: usize = 100;
+
+/// A sequence's sampler: its parameters, its own random streams and Mirostat's state.
 #[derive(Clone, Debug)]
 pub struct Sampler {
     pub params: SamplingParams,
     rng: Rng,
+    /// XTC's own stream, so that turning XTC on leaves the draws' stream as it was.
+    xtc_rng: Rng,
+    /// Mirostat's target surprise, 2 tau at the start (llama.cpp's `mu`).
+    pub mu: f32,
+    /// DRY's breakers as token sequences, once `bind_breakers` resolved them.
+    breakers: Option<Arc<dry::Breakers>>,
 }
 
 impl Sampler {
     pub fn new(params: SamplingParams) -> Self {
         let rng = Rng::new(params.seed);
-        Sampler { params, rng }
+        let xtc_rng = Rng::new(params.seed ^ 0x5854_435F_5247_4E00);
+        let mu = 2.0 * params.mirostat_tau;
+        Sampler {
+            params,
+            rng,
+            xtc_rng,
+            mu,
+            breakers: None,
+        }
+    }
+
+    /// Whether DRY is on and still needs its breakers tokenized (`bind_breakers`).
+    pub fn needs_breakers(&self) -> bool {
+        self.breakers.is_none() && self.params.dry_enabled()
+    }
+
+    /// Tokenizes DRY's breakers against the model's vocabulary (cached per vocabulary).
+    pub fn bind_breakers(&mut self, tok: &crate::tokenizer::Tokenizer) {
+        self.breakers = Some(dry::breakers(tok, &self.params.dry_sequence_breakers));
+    }
+
+    /// Gives DRY its breakers as token sequences directly (tests, references).
+    pub fn set_breakers(&mut self, breakers: dry::Breakers) {
+        self.breakers = Some(Arc::new(breakers));
     }
 
     /// Picks the next token from `logits`, given the sequence's prompt and generated tokens
-    /// (for the penalties).
+    /// (for the penalties and DRY).
     pub fn sample(&mut self, logits: &[f32], prompt: &[u32], generated: &[u32]) -> u32 {
-        let p = &self.params;
-        let mut logits = logits.to_vec();
-        self.apply_penalties(&mut logits, prompt, generated);
-        if p.temperature <= 0.0 {
+        if self.params.temperature <= 0.0 {
+            let mut logits = logits.to_vec();
+            self.apply_logit_bias(&mut logits);
+            self.apply_penalties(&mut logits, prompt, generated);
             return argmax(&logits);
         }
-        // Candidates sorted by logit, best first.
-        let mut cand: Vec<(u32, f32)> = logits
-            .iter()
-            .enumerate()
-            .map(|(i, &l)| (i as u32, l))
-            .collect();
-        let k = if p.top_k == 0 {
-            cand.len()
-        } else {
-            p.top_k.min(cand.len())
-        };
-        if k < cand.len() {
-            cand.select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-            cand.truncate(k);
+        if self.params.mirostat != 0 {
+            let cand = self.mirostat_candidates(logits);
+            let i = cand.draw(&mut self.rng);
+            self.mirostat_accept(cand.data[i].p);
+            return cand.data[i].id;
         }
-        cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        let probs = softmax(&cand.iter().map(|c| c.1).collect::<Vec<_>>());
-        // top-p: the smallest prefix whose mass reaches top_p.
-        let mut keep = cand.len();
-        if p.top_p < 1.0 {
-            let mut mass = 0.0;
-            for (i, &pr) in probs.iter().enumerate() {
-                mass += pr;
-                if mass >= p.top_p {
-                    keep = i + 1;
-                    break;
+        let cand = self.candidates(logits, prompt, generated);
+        cand.data[cand.draw(&mut self.rng)].id
+    }
+
+    /// The chain without its draw (temperature above 0, no Mirostat): the candidates left, with
+    /// their probabilities after a last softmax. XTC draws from its stream here.
+    pub fn candidates(&mut self, logits: &[f32], prompt: &[u32], generated: &[u32]) -> Candidates {
+        let mut logits = logits.to_vec();
+        self.apply_logit_bias(&mut logits);
+        let mut cand = Candidates::new(&logits);
+        let p = self.params.clone();
+        for kind in &p.samplers {
+            match kind {
+                SamplerKind::Penalties => {
+                    // On the logits as the earlier stages left them.
+                    for c in &cand.data {
+                        logits[c.id as usize] = c.logit;
+                    }
+                    self.apply_penalties(&mut logits, prompt, generated);
+                    for c in &mut cand.data {
+                        c.logit = logits[c.id as usize];
+                    }
+                    cand.sorted = false;
+                }
+                SamplerKind::Dry => self.apply_dry(&mut cand, prompt, generated),
+                SamplerKind::TopNSigma => cand.top_n_sigma(p.top_n_sigma),
+                SamplerKind::TopK => cand.top_k(p.top_k),
+                SamplerKind::TypicalP => cand.typical(p.typical_p, p.min_keep),
+                SamplerKind::TopP => cand.top_p(p.top_p, p.min_keep),
+                SamplerKind::MinP => cand.min_p(p.min_p, p.min_keep),
+                SamplerKind::Xtc => cand.xtc(
+                    p.xtc_probability,
+                    p.xtc_threshold,
+                    p.min_keep,
+                    &mut self.xtc_rng,
+                ),
+                SamplerKind::Temperature => {
+                    cand.temperature_ext(p.temperature, p.dynatemp_range, p.dynatemp_exponent)
                 }
             }
         }
-        // min-p: drop tokens less likely than min_p times the best.
-        if p.min_p > 0.0 {
-            let threshold = probs[0] * p.min_p;
-            keep = keep.min(
-                probs
-                    .iter()
-                    .take_while(|&&pr| pr >= threshold)
-                    .count()
-                    .max(1),
-            );
-        }
-        cand.truncate(keep);
-        let scaled: Vec<f32> = cand.iter().map(|c| c.1 / p.temperature).collect();
-        let probs = softmax(&scaled);
-        let r = self.rng.next_f64() as f32;
-        let mut acc = 0.0;
-        for (i, &pr) in probs.iter().enumerate() {
-            acc += pr;
-            if r < acc {
-                return cand[i].0;
-            }
-        }
-        cand[cand.len() - 1].0
+        cand.softmax(false);
+        cand
     }
 
-    fn apply_penalties(&self, logits: &mut [f32], prompt: &[u32], generated: &[u32]) {
+    /// Mirostat's candidates for this step (temperature, then the cut at the current mu),
+    /// normalized; `mirostat_accept` then moves mu by the chosen token's probability.
+    pub fn mirostat_candidates(&self, logits: &[f32]) -> Candidates {
+        let mut logits = logits.to_vec();
+        self.apply_logit_bias(&mut logits);
+        let mut cand = Candidates::new(&logits);
+        cand.temperature(self.params.temperature);
+        if self.params.mirostat == 1 {
+            cand.mirostat_v1(self.mu, MIROSTAT_M, logits.len());
+        } else {
+            cand.mirostat_v2(self.mu);
+        }
+        cand
+    }
+
+    pub fn mirostat_accept(&mut self, p: f32) {
+        let (tau, eta) = (self.params.mirostat_tau, self.params.mirostat_eta);
+        self.mu = chain::mirostat_update(self.mu, p, tau, eta);
+    }
+
+    fn apply_dry(&self, cand: &mut Candidates, prompt: &[u32], generated: &[u32]) {
         let p = &self.params;
-        for &(t, bias) in &p.logit_bias {
+        if !p.dry_enabled() {
+            return;
+        }
+        let empty = dry::Breakers::default();
+        let breakers = self.breakers.as_deref().unwrap_or(&empty);
+        let keep = p.dry_penalty_last_n;
+        let start = (prompt.len() + generated.len()).saturating_sub(keep);
+        let history: Vec<u32> = prompt
+            .iter()
+            .chain(generated)
+            .skip(start)
+            .copied()
+            .collect();
+        dry::Dry {
+            multiplier: p.dry_multiplier,
+            base: p.dry_base,
+            allowed_length: p.dry_allowed_length,
+            penalty_last_n: keep,
+            breakers,
+        }
+        .apply(cand, &history);
+    }
+
+    fn apply_logit_bias(&self, logits: &mut [f32]) {
+        for &(t, bias) in &self.params.logit_bias {
             if let Some(l) = logits.get_mut(t as usize) {
                 *l += bias;
             }
         }
+    }
+
+    fn apply_penalties(&self, logits: &mut [f32], prompt: &[u32], generated: &[u32]) {
+        let p = &self.params;
         if p.repeat_penalty != 1.0 && p.repeat_last_n > 0 {
             let all = prompt.iter().chain(generated);
             let total = prompt.len() + generated.len();
