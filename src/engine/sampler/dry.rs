@@ -55,7 +55,8 @@ pub fn breakers(tok: &Tokenizer, strings: &[String]) -> Arc<Breakers> {
         for (id, word) in words.iter().enumerate() {
             let id = id as u32;
             if contains(word, &s) {
-                push_unique(&mut map, id, Vec::new());
+                // As llama.cpp: not deduplicated (a token holding two breakers is listed twice).
+                map.entry(id).or_default().push(Vec::new());
                 continue;
             }
             for pos in (0..word.len()).filter(|&p| word[p] == s[0]) {
