@@ -13,6 +13,27 @@ use super::request::{type_name, Fields};
 use super::RequestError;
 use crate::engine::sampler::{SamplerKind, SamplingParams};
 
+/// The fields read here, by their llama-server names (chat's `/set` takes them too).
+pub const FIELDS: [&str; 17] = [
+    "repeat_last_n",
+    "dry_multiplier",
+    "dry_base",
+    "dry_allowed_length",
+    "dry_penalty_last_n",
+    "dry_sequence_breakers",
+    "xtc_probability",
+    "xtc_threshold",
+    "typical_p",
+    "top_n_sigma",
+    "mirostat",
+    "mirostat_tau",
+    "mirostat_eta",
+    "dynatemp_range",
+    "dynatemp_exponent",
+    "min_keep",
+    "samplers",
+];
+
 /// Largest value taken by the unbounded float fields (keeps them finite).
 const BIG: f64 = 1e9;
 
