@@ -307,6 +307,16 @@ fn server_jsonl_and_run_flags_sample_the_same_seeded_text() {
         v["choices"][0]["text"].as_str().unwrap().to_string()
     };
     let plain = greedy(json!({}));
+    // The new samplers do something: without them the same seed draws another text.
+    let (status, v) = server.post(
+        "/v1/completions",
+        &sampled_body(
+            json!({"dry_multiplier": 0, "xtc_probability": 0, "typical_p": 1,
+            "top_n_sigma": -1, "dynatemp_range": 0}),
+        ),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_ne!(v["choices"][0]["text"].as_str(), Some(served[0].as_str()));
     let mut all = sampled_body(json!({"temperature": 0, "mirostat": 2}));
     all.as_object_mut().unwrap().remove("prompt");
     assert_eq!(greedy(all), plain);
@@ -436,15 +446,14 @@ fn bad_sampler_values_are_refused_naming_the_field() {
         ("dynatemp_range", json!(-0.5)),
         ("adaptive_target", json!(0.5)),
     ] {
-        for path in ["/v1/completions", "/v1/chat/completions"] {
-            let mut body = json!({"prompt": "hi", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
-            body.as_object_mut()
-                .unwrap()
-                .remove(if path == "/v1/completions" {
-                    "messages"
-                } else {
-                    "prompt"
-                });
+        for path in ["/v1/completions", "/v1/chat/completions", "/v1/responses"] {
+            let mut body = match path {
+                "/v1/completions" => json!({"prompt": "hi", "max_tokens": 2}),
+                "/v1/chat/completions" => {
+                    json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+                }
+                _ => json!({"input": "hi", "max_output_tokens": 2}),
+            };
             body[field] = value.clone();
             let (status, v) = server.post(path, &body);
             assert_eq!(status, 400, "{path} {field}={value}: {v}");
