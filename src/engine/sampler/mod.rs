@@ -117,10 +117,13 @@ impl Sampler {
         let mut logits = logits.to_vec();
         self.apply_logit_bias(&mut logits);
         let mut cand = Candidates::new(&logits);
-        let p = self.params.clone();
-        for kind in &p.samplers {
-            match kind {
+        for i in 0..self.params.samplers.len() {
+            let p = &self.params;
+            match p.samplers[i] {
                 SamplerKind::Penalties => {
+                    if !self.penalties_on() {
+                        continue;
+                    }
                     // On the logits as the earlier stages left them.
                     for c in &cand.data {
                         logits[c.id as usize] = c.logit;
@@ -137,12 +140,11 @@ impl Sampler {
                 SamplerKind::TypicalP => cand.typical(p.typical_p, p.min_keep),
                 SamplerKind::TopP => cand.top_p(p.top_p, p.min_keep),
                 SamplerKind::MinP => cand.min_p(p.min_p, p.min_keep),
-                SamplerKind::Xtc => cand.xtc(
-                    p.xtc_probability,
-                    p.xtc_threshold,
-                    p.min_keep,
-                    &mut self.xtc_rng,
-                ),
+                SamplerKind::Xtc => {
+                    let (prob, threshold, min_keep) =
+                        (p.xtc_probability, p.xtc_threshold, p.min_keep);
+                    cand.xtc(prob, threshold, min_keep, &mut self.xtc_rng)
+                }
                 SamplerKind::Temperature => {
                     cand.temperature_ext(p.temperature, p.dynatemp_range, p.dynatemp_exponent)
                 }
@@ -203,6 +205,14 @@ impl Sampler {
                 *l += bias;
             }
         }
+    }
+
+    /// Whether a penalty could change a logit.
+    fn penalties_on(&self) -> bool {
+        let p = &self.params;
+        (p.repeat_penalty != 1.0 && p.repeat_last_n > 0)
+            || p.presence_penalty != 0.0
+            || p.frequency_penalty != 0.0
     }
 
     fn apply_penalties(&self, logits: &mut [f32], prompt: &[u32], generated: &[u32]) {
