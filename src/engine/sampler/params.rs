@@ -258,7 +258,11 @@ impl SamplingParams {
             ("dynatemp_exponent", self.dynatemp_exponent, 0.0, f32::MAX),
         ] {
             if !(v >= lo && v <= hi) {
-                return Err(format!("{name} must be in [{lo}, {hi}], got {v}"));
+                return Err(match (lo, hi) {
+                    (f32::MIN, _) => format!("{name} must be a finite number, got {v}"),
+                    (_, f32::MAX) => format!("{name} must be at least {lo}, got {v}"),
+                    _ => format!("{name} must be in [{lo}, {hi}], got {v}"),
+                });
             }
         }
         if self.mirostat > 2 {
@@ -268,5 +272,84 @@ impl SamplingParams {
             return Err("dry_sequence_breakers must not hold an empty string".into());
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sampler_names_and_codes_as_llama_cpp_reads_them() {
+        for k in SamplerKind::DEFAULT_ORDER {
+            assert_eq!(SamplerKind::from_name(k.name()), Ok(k));
+            assert_eq!(SamplerKind::from_code(k.code()), Ok(k));
+        }
+        for (alias, k) in [
+            ("top-k", SamplerKind::TopK),
+            ("TopK", SamplerKind::TopK),
+            ("nucleus", SamplerKind::TopP),
+            ("temp", SamplerKind::Temperature),
+            ("typ", SamplerKind::TypicalP),
+            ("top-n-sigma", SamplerKind::TopNSigma),
+            ("minp", SamplerKind::MinP),
+        ] {
+            assert_eq!(SamplerKind::from_name(alias), Ok(k), "{alias}");
+        }
+        assert_eq!(
+            SamplerKind::parse_codes("edskypmxt").unwrap(),
+            SamplerKind::DEFAULT_ORDER.to_vec()
+        );
+        assert!(SamplerKind::from_name("bogus")
+            .unwrap_err()
+            .contains("bogus"));
+        assert!(SamplerKind::from_name("infill")
+            .unwrap_err()
+            .contains("not supported"));
+        assert!(SamplerKind::parse_codes("kz").is_err());
+    }
+
+    #[test]
+    fn validate_names_the_new_fields() {
+        for (p, name) in [
+            (
+                SamplingParams {
+                    dry_base: 0.5,
+                    ..Default::default()
+                },
+                "dry_base",
+            ),
+            (
+                SamplingParams {
+                    xtc_probability: 1.5,
+                    ..Default::default()
+                },
+                "xtc_probability",
+            ),
+            (
+                SamplingParams {
+                    mirostat: 3,
+                    ..Default::default()
+                },
+                "mirostat",
+            ),
+            (
+                SamplingParams {
+                    typical_p: f32::NAN,
+                    ..Default::default()
+                },
+                "typical_p",
+            ),
+            (
+                SamplingParams {
+                    top_n_sigma: f32::INFINITY,
+                    ..Default::default()
+                },
+                "top_n_sigma",
+            ),
+        ] {
+            let e = p.validate().unwrap_err();
+            assert!(e.starts_with(name), "{e}");
+        }
     }
 }
