@@ -107,16 +107,21 @@ impl Candidates {
             return;
         }
         self.softmax(false);
-        self.sort();
-        let mut sum = 0.0f32;
-        let mut last = self.data.len();
-        for (i, c) in self.data.iter().enumerate() {
-            sum += c.p;
-            if sum >= p && i + 1 >= min_keep {
-                last = i + 1;
-                break;
+        // As llama.cpp: a large unsorted list tries its 256 best first.
+        if !self.sorted && self.data.len() > 1024 {
+            let mut best = self.data.clone();
+            best.select_nth_unstable_by(255, by_logit);
+            best.truncate(256);
+            best.sort_unstable_by(by_logit);
+            if let Some(last) = top_p_cut(&best, p, min_keep) {
+                best.truncate(last);
+                self.data = best;
+                self.sorted = true;
+                return;
             }
         }
+        self.sort();
+        let last = top_p_cut(&self.data, p, min_keep).unwrap_or(self.data.len());
         self.data.truncate(last);
     }
 
@@ -348,6 +353,19 @@ impl Candidates {
         // Rounding left r past the sum: the last token with any mass.
         self.data.iter().rposition(|c| c.p > 0.0).unwrap_or(0)
     }
+}
+
+/// How many of `sorted` (best first) top-p keeps, if their mass reaches `p` (with at least
+/// `min_keep` of them).
+fn top_p_cut(sorted: &[Candidate], p: f32, min_keep: usize) -> Option<usize> {
+    let mut sum = 0.0f32;
+    for (i, c) in sorted.iter().enumerate() {
+        sum += c.p;
+        if sum >= p && i + 1 >= min_keep {
+            return Some(i + 1);
+        }
+    }
+    None
 }
 
 /// Mirostat's update after a draw: mu moves against the error between the observed surprise

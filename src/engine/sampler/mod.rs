@@ -114,9 +114,7 @@ impl Sampler {
     /// The chain without its draw (temperature above 0, no Mirostat): the candidates left, with
     /// their probabilities after a last softmax. XTC draws from its stream here.
     pub fn candidates(&mut self, logits: &[f32], prompt: &[u32], generated: &[u32]) -> Candidates {
-        let mut logits = logits.to_vec();
-        self.apply_logit_bias(&mut logits);
-        let mut cand = Candidates::new(&logits);
+        let mut cand = self.biased(logits);
         for i in 0..self.params.samplers.len() {
             let p = &self.params;
             match p.samplers[i] {
@@ -125,6 +123,7 @@ impl Sampler {
                         continue;
                     }
                     // On the logits as the earlier stages left them.
+                    let mut logits = logits.to_vec();
                     for c in &cand.data {
                         logits[c.id as usize] = c.logit;
                     }
@@ -157,9 +156,7 @@ impl Sampler {
     /// Mirostat's candidates for this step (temperature, then the cut at the current mu),
     /// normalized; `mirostat_accept` then moves mu by the chosen token's probability.
     pub fn mirostat_candidates(&self, logits: &[f32]) -> Candidates {
-        let mut logits = logits.to_vec();
-        self.apply_logit_bias(&mut logits);
-        let mut cand = Candidates::new(&logits);
+        let mut cand = self.biased(logits);
         cand.temperature(self.params.temperature);
         if self.params.mirostat == 1 {
             cand.mirostat_v1(self.mu, MIROSTAT_M, logits.len());
@@ -197,6 +194,17 @@ impl Sampler {
             breakers,
         }
         .apply(cand, &history);
+    }
+
+    /// Every token a candidate, its logit biased (logit bias comes first, as in llama.cpp).
+    fn biased(&self, logits: &[f32]) -> Candidates {
+        let mut cand = Candidates::new(logits);
+        for &(t, bias) in &self.params.logit_bias {
+            if let Some(c) = cand.data.get_mut(t as usize) {
+                c.logit += bias;
+            }
+        }
+        cand
     }
 
     fn apply_logit_bias(&self, logits: &mut [f32]) {
