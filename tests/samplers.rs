@@ -556,3 +556,77 @@ fn before(logits: &[f32], k: usize) -> u32 {
         .max(1);
     cand[keep / 2].0
 }
+
+fn chat_pipe(args: &[&str], stdin: &str) -> (String, String) {
+    let dir = std::env::temp_dir().join(format!("edge-llm-samplers-chat-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let m = support::model_path();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_edge-llm"))
+        .args(["chat", "-m", m.to_str().unwrap(), "-c", "1024"])
+        .args(args)
+        .env("XDG_DATA_HOME", &dir)
+        .env("XDG_CACHE_HOME", &dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("binary starts");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn chat_set_takes_the_fields_as_the_flags_do() {
+    if support::fetched(support::model_path(), support::FETCH_MODEL).is_none() {
+        return;
+    }
+    let message = "Tell me a story about a cat.\n";
+    let set = "/set seed 9\n/set temp 0.9\n/set max_tokens 16\n/set dry_multiplier 0.8\n\
+               /set xtc_probability 0.5\n/set samplers dry;top_k;min_p;xtc;temperature\n\
+               /set xtc_probability 2\n";
+    let (by_set, log) = chat_pipe(&[], &format!("{set}{message}"));
+    assert!(
+        log.contains("xtc_probability") && log.contains("dry_multiplier 0.8"),
+        "{log}"
+    );
+    let (by_flags, _) = chat_pipe(
+        &[
+            "--seed",
+            "9",
+            "--temp",
+            "0.9",
+            "-n",
+            "16",
+            "--dry-multiplier",
+            "0.8",
+        ]
+        .iter()
+        .chain(&[
+            "--xtc-probability",
+            "0.5",
+            "--samplers",
+            "dry;top_k;min_p;xtc;temperature",
+        ])
+        .copied()
+        .collect::<Vec<_>>(),
+        message,
+    );
+    assert!(!by_set.trim().is_empty());
+    assert_eq!(by_set, by_flags);
+    let (plain, _) = chat_pipe(&["--seed", "9", "--temp", "0.9", "-n", "16"], message);
+    assert_ne!(plain, by_set, "the samplers changed nothing");
+}
