@@ -23,6 +23,7 @@ pub mod reply_stream;
 pub mod request;
 pub mod responses;
 mod responses_tools;
+pub mod sampling_fields;
 pub mod schema_keywords;
 pub mod schema_refs;
 pub mod structured;

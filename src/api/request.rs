@@ -186,8 +186,7 @@ pub fn openai_sampling(seed: u64) -> SamplingParams {
         presence_penalty: 0.0,
         frequency_penalty: 0.0,
         seed,
-        logit_bias: Vec::new(),
-        constraint: None,
+        ..Default::default()
     }
 }
 
@@ -233,6 +232,7 @@ pub fn gen_params_over(
     if let Some(seed) = f.integer("seed", i64::MIN, i64::MAX)? {
         sampling.seed = seed as u64;
     }
+    super::sampling_fields::llama_sampling_fields(f, &mut sampling)?;
 
     if endpoint == Endpoint::Chat {
         f.unsupported("echo", |v| v.as_bool() == Some(false))?;

@@ -134,9 +134,14 @@ pub fn translate(
         "repetition_penalty",
         "stop",
         "ignore_eos",
-    ] {
-        if let Some(v) = body.get(key).filter(|v| !v.is_null()) {
-            chat.insert(key.into(), v.clone());
+        "adaptive_target",
+        "adaptive_decay",
+    ]
+    .iter()
+    .chain(&super::sampling_fields::FIELDS)
+    {
+        if let Some(v) = body.get(*key).filter(|v| !v.is_null()) {
+            chat.insert((*key).into(), v.clone());
         }
     }
     if let Some(v) = body.get("max_output_tokens").filter(|v| !v.is_null()) {

@@ -81,6 +81,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
         min_p: base.min_p,
         seed: args.sampling.seed,
         max_tokens,
+        llama: Vec::new(),
     };
     let model = args.model.load()?;
     let template =

@@ -98,11 +98,13 @@ pub struct SamplingArgs {
     /// Random seed [default: from the clock].
     #[arg(short = 's', long = "seed")]
     pub seed: Option<u64>,
+    #[command(flatten)]
+    pub llama: super::sampling_flags::LlamaSamplingArgs,
 }
 
 impl SamplingArgs {
     pub fn params(&self) -> Result<SamplingParams> {
-        let p = SamplingParams {
+        let mut p = SamplingParams {
             temperature: self.temperature,
             top_k: self.top_k,
             top_p: self.top_p,
@@ -112,6 +114,7 @@ impl SamplingArgs {
             seed: self.seed.unwrap_or_else(clock_seed),
             ..Default::default()
         };
+        self.llama.apply(&mut p)?;
         p.validate().map_err(anyhow::Error::msg)?;
         Ok(p)
     }

@@ -12,6 +12,7 @@ mod commands;
 mod constrain;
 mod jsonl;
 mod kl_divergence;
+mod sampling_flags;
 
 use anyhow::Result;
 

@@ -285,6 +285,9 @@ impl Outputs {
             Err(e) => return Outcome::Fail(e),
         };
         let (prompt, generated) = (&seq.tokens[..seq.prompt_len], seq.generated());
+        if st.sampler.needs_breakers() {
+            st.sampler.bind_breakers(tokenizer);
+        }
         // A constrained row samples under its mask (masked logits only where needed).
         let (token, masked) = match &mask {
             Some(m) => {

@@ -26,7 +26,8 @@ generating; Enter on an empty line, or /switch N, shows it again).
   /save FILE           write the conversation and settings as JSON
   /load FILE           replace this session's conversation and settings with FILE's
   /schema [FILE|off]   constrain replies to the JSON schema in FILE (no FILE: show it)
-  /set [KEY VALUE]     change a setting: temp, top_p, top_k, min_p, seed (or random), max_tokens
+  /set [KEY VALUE]     change a setting: temp, top_p, top_k, min_p, seed (or random), max_tokens,
+                       or a llama-server sampling field (dry_multiplier 0.8, mirostat 2, samplers kpt, ...)
   /stats               numbers of the last reply and of the engine
   /pin                 keep this conversation's prompt cached for good (shared by every session)
   /help                this text

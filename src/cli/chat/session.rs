@@ -11,6 +11,10 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
+use serde_json::{Map, Value};
+
+use crate::api::request::Fields;
+use crate::api::sampling_fields::{llama_sampling_fields, FIELDS};
 use crate::chat_template::ChatMessage;
 use crate::engine::sampler::SamplingParams;
 use crate::engine::{Event, FinishReason, RequestStream, Usage};
@@ -25,11 +29,17 @@ pub struct Settings {
     /// None: a new seed from the clock for every reply.
     pub seed: Option<u64>,
     pub max_tokens: usize,
+    /// llama-server's other sampling fields set with `/set` (DRY, XTC, Mirostat, ...), by
+    /// name, each value as JSON (or plain text).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub llama: Vec<(String, Value)>,
 }
 
 impl Settings {
     /// The names `/set` accepts.
-    pub const KEYS: &'static str = "temp, top_p, top_k, min_p, seed, max_tokens";
+    pub const KEYS: &'static str = "temp, top_p, top_k, min_p, seed, max_tokens, or one of \
+        llama-server's sampling fields (dry_multiplier, xtc_probability, typical_p, top_n_sigma, \
+        mirostat, mirostat_tau, mirostat_eta, dynatemp_range, min_keep, samplers, ...)";
 
     /// Sets one value from its text; the error says what was expected.
     pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
@@ -52,6 +62,10 @@ impl Settings {
                     bail!("max_tokens must be at least 1");
                 }
             }
+            _ if FIELDS.contains(&key) => {
+                next.llama.retain(|(k, _)| k != key);
+                next.llama.push((key.to_string(), llama_value(key, value)));
+            }
             _ => bail!("unknown setting {key:?}; one of {}", Self::KEYS),
         }
         next.params(&SamplingParams::default())
@@ -63,7 +77,7 @@ impl Settings {
     /// The engine's sampling parameters: these settings over `base` (the command line's
     /// penalties), with a seed from the clock if none is set.
     pub fn params(&self, base: &SamplingParams) -> std::result::Result<SamplingParams, String> {
-        let p = SamplingParams {
+        let mut p = SamplingParams {
             temperature: self.temperature,
             top_p: self.top_p,
             top_k: self.top_k,
@@ -71,6 +85,8 @@ impl Settings {
             seed: self.seed.unwrap_or_else(crate::cli::commands::clock_seed),
             ..base.clone()
         };
+        let fields: Map<String, Value> = self.llama.iter().cloned().collect();
+        llama_sampling_fields(&Fields(&fields), &mut p).map_err(|e| e.message)?;
         p.validate()?;
         Ok(p)
     }
@@ -83,8 +99,27 @@ impl std::fmt::Display for Settings {
             f,
             "temp {} top_p {} top_k {} min_p {} seed {seed} max_tokens {}",
             self.temperature, self.top_p, self.top_k, self.min_p, self.max_tokens
-        )
+        )?;
+        for (k, v) in &self.llama {
+            write!(f, " {k} {v}")?;
+        }
+        Ok(())
     }
+}
+
+/// A `/set` value of a llama-server field: JSON where it reads as JSON, else the text; for
+/// `samplers`, names separated by `;` become an array.
+fn llama_value(key: &str, value: &str) -> Value {
+    if key == "samplers" && value.contains(';') {
+        return Value::Array(
+            value
+                .split(';')
+                .filter(|n| !n.is_empty())
+                .map(|n| Value::String(n.trim().to_string()))
+                .collect(),
+        );
+    }
+    serde_json::from_str(value).unwrap_or_else(|_| Value::String(value.to_string()))
 }
 
 fn parse<T: std::str::FromStr>(key: &str, value: &str) -> Result<T> {
@@ -442,7 +477,29 @@ mod tests {
             min_p: 0.05,
             seed: None,
             max_tokens: 64,
+            llama: Vec::new(),
         }
+    }
+
+    #[test]
+    fn set_takes_llama_server_sampling_fields() {
+        let mut s = settings();
+        s.set("dry_multiplier", "0.8").unwrap();
+        s.set("samplers", "top_k;typ_p;temperature").unwrap();
+        s.set("mirostat", "2").unwrap();
+        s.set("dry_sequence_breakers", r#"["\n", "%%"]"#).unwrap();
+        let p = s.params(&SamplingParams::default()).unwrap();
+        assert_eq!(
+            (p.dry_multiplier, p.mirostat, p.samplers.len()),
+            (0.8, 2, 3)
+        );
+        assert_eq!(p.dry_sequence_breakers, vec!["\n".to_string(), "%%".into()]);
+        let e = s.set("xtc_probability", "2").unwrap_err().to_string();
+        assert!(e.contains("xtc_probability"), "{e}");
+        assert!(s.set("samplers", "top_k;bogus").is_err());
+        assert!(s.to_string().contains("mirostat 2"), "{s}");
+        let p = s.params(&SamplingParams::default()).unwrap();
+        assert_eq!(p.xtc_probability, 0.0, "a refused value is not kept");
     }
 
     #[test]
