@@ -120,3 +120,51 @@ fn is_move(m: &str) -> bool {
         && (b'1'..=b'8').contains(&b[b.len() - 1])
         && m.chars().all(|c| "NBKQRabcdefgh12345678x".contains(c))
 }
+
+/// llama-server's top-level `json_schema` constrains the output as `response_format`'s schema
+/// does (the same text, a JSON value of the schema's shape); with another constraint it is a
+/// 400 naming both fields.
+#[test]
+fn llama_server_json_schema_field_constrains_the_output() {
+    let Some(server) = Server::start(&[]) else {
+        return;
+    };
+    let schema = json!({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name", "age"]});
+    let prompt = "A person described in JSON:";
+    let (status, a) = server.post(
+        "/v1/completions",
+        &completion_body(
+            prompt,
+            json!({"json_schema": schema, "max_tokens": 40, "temperature": 0}),
+        ),
+    );
+    assert_eq!(status, 200, "{a}");
+    let rf = json!({"type": "json_schema", "json_schema": {"name": "p", "schema": schema}});
+    let (status, b) = server.post(
+        "/v1/completions",
+        &completion_body(
+            prompt,
+            json!({"response_format": rf, "max_tokens": 40, "temperature": 0}),
+        ),
+    );
+    assert_eq!(status, 200, "{b}");
+    let text = a["choices"][0]["text"].as_str().unwrap();
+    assert_eq!(text, b["choices"][0]["text"].as_str().unwrap());
+    if a["choices"][0]["finish_reason"] == "stop" {
+        let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+        assert!(v["name"].is_string() && v["age"].is_i64(), "{v}");
+    } else {
+        assert!(text.trim_start().starts_with('{'), "{text:?}");
+    }
+    let (status, e) = server.post(
+        "/v1/completions",
+        &completion_body(prompt, json!({"json_schema": schema, "regex": "a+"})),
+    );
+    assert_eq!(status, 400, "{e}");
+    let (status, e) = server.post(
+        "/v1/completions",
+        &completion_body(prompt, json!({"json_schema": 3})),
+    );
+    assert_eq!(status, 400, "{e}");
+    assert_eq!(e["error"]["param"], "json_schema", "{e}");
+}

@@ -1,5 +1,5 @@
-//! `response_format` (`text`, `json_object`, `json_schema`), and the extension fields `regex`
-//! and `grammar` (llguidance's Lark syntax, or llama.cpp's GBNF, read into Lark by
+//! `response_format` (`text`, `json_object`, `json_schema`), and the extension fields `regex`,
+//! `json_schema` (llama-server's: a schema) and `grammar` (llguidance's Lark syntax, or llama.cpp's GBNF, read into Lark by
 //! `constraint::gbnf`): at most one constraint per request, compiled at
 //! once so that a schema llguidance rejects, a bad regex or a bad grammar is a 400 naming the
 //! field before anything is queued.
@@ -18,6 +18,12 @@ pub fn spec(
         if let Some(spec) = response_format(rf)? {
             found.push((spec, "response_format"));
         }
+    }
+    // llama-server's top-level `json_schema`: a schema, read as `response_format`'s is.
+    if let Some(schema) = body.get("json_schema").filter(|v| !v.is_null()) {
+        let mut schema = schema_object(schema, "json_schema")?;
+        close_objects(&mut schema);
+        found.push((ConstraintSpec::JsonSchema(schema), "json_schema"));
     }
     for (field, make) in [
         (
