@@ -179,6 +179,11 @@ impl Tokenizer {
         self.vocab.eos_id
     }
 
+    /// End of turn (llama.cpp's `token_eot`), if the vocabulary has one.
+    pub fn eot_id(&self) -> Option<u32> {
+        self.vocab.eot_id
+    }
+
     /// Whether generating `id` ends the turn: EOS, EOT, EOM, and the tokens llama.cpp
     /// recognises by their text (`<|im_end|>`, `<|endoftext|>`, `<end_of_turn>`,
     /// `<|eot_id|>`, ...; fill-in-the-middle pad/repo/file-separator tokens too).

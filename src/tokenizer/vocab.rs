@@ -132,6 +132,8 @@ pub(crate) struct Vocab {
     pub text_to_id: HashMap<String, u32>,
     pub bos_id: Option<u32>,
     pub eos_id: Option<u32>,
+    /// End of turn, from the file or found by its text (`<|im_end|>`, `<|eot_id|>`, ...).
+    pub eot_id: Option<u32>,
     pub unk_id: Option<u32>,
     pub add_bos: bool,
     pub add_space_prefix: bool,
@@ -318,6 +320,7 @@ impl Vocab {
             text_to_id,
             bos_id,
             eos_id,
+            eot_id,
             unk_id,
             add_bos,
             add_space_prefix,

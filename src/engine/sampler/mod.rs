@@ -6,6 +6,7 @@
 
 pub mod chain;
 pub mod dry;
+pub mod infill;
 mod params;
 
 use std::sync::Arc;
@@ -61,6 +62,8 @@ pub struct Sampler {
     pub mu: f32,
     /// DRY's breakers as token sequences, once `bind_breakers` resolved them.
     breakers: Option<Arc<dry::Breakers>>,
+    /// What the infill stage reads of the vocabulary, once `bind_breakers` bound it.
+    vocab: Option<Arc<infill::InfillVocab>>,
 }
 
 impl Sampler {
@@ -74,17 +77,25 @@ impl Sampler {
             xtc_rng,
             mu,
             breakers: None,
+            vocab: None,
         }
     }
 
-    /// Whether DRY is on and still needs its breakers tokenized (`bind_breakers`).
+    /// Whether DRY or the infill stage still needs the vocabulary (`bind_breakers`).
     pub fn needs_breakers(&self) -> bool {
-        self.breakers.is_none() && self.params.dry_enabled()
+        (self.breakers.is_none() && self.params.dry_enabled())
+            || (self.vocab.is_none() && self.params.samplers.contains(&SamplerKind::Infill))
     }
 
-    /// Tokenizes DRY's breakers against the model's vocabulary (cached per vocabulary).
+    /// Tokenizes DRY's breakers against the model's vocabulary (cached per vocabulary) and
+    /// binds what the infill stage reads of it.
     pub fn bind_breakers(&mut self, tok: &crate::tokenizer::Tokenizer) {
-        self.breakers = Some(dry::breakers(tok, &self.params.dry_sequence_breakers));
+        if self.params.dry_enabled() {
+            self.breakers = Some(dry::breakers(tok, &self.params.dry_sequence_breakers));
+        }
+        if self.params.samplers.contains(&SamplerKind::Infill) {
+            self.vocab = Some(infill::InfillVocab::of(tok));
+        }
     }
 
     /// Gives DRY its breakers as token sequences directly (tests, references).
@@ -147,6 +158,10 @@ impl Sampler {
                 SamplerKind::Temperature => {
                     cand.temperature_ext(p.temperature, p.dynatemp_range, p.dynatemp_exponent)
                 }
+                SamplerKind::Infill => match &self.vocab {
+                    Some(v) => cand.infill(v),
+                    None => {} // no vocabulary bound (tests of the arithmetic alone)
+                },
             }
         }
         cand.softmax(false);

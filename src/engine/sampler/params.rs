@@ -15,6 +15,9 @@ pub enum SamplerKind {
     MinP,
     Xtc,
     Temperature,
+    /// llama.cpp's fill-in-the-middle sampler (`llama_sampler_infill`): not in the default
+    /// chain; llama.vscode lists it last.
+    Infill,
 }
 
 impl SamplerKind {
@@ -43,6 +46,7 @@ impl SamplerKind {
             SamplerKind::MinP => "min_p",
             SamplerKind::Xtc => "xtc",
             SamplerKind::Temperature => "temperature",
+            SamplerKind::Infill => "infill",
         }
     }
 
@@ -58,6 +62,7 @@ impl SamplerKind {
             SamplerKind::MinP => 'm',
             SamplerKind::Xtc => 'x',
             SamplerKind::Temperature => 't',
+            SamplerKind::Infill => 'i',
         }
     }
 
@@ -74,9 +79,8 @@ impl SamplerKind {
             (None, "nucleus") => Ok(SamplerKind::TopP),
             (None, "temp") => Ok(SamplerKind::Temperature),
             (None, "typ") => Ok(SamplerKind::TypicalP),
-            (None, "infill" | "adaptivep") => {
-                Err(format!("sampler {name:?} is not supported by edge-llm"))
-            }
+            (None, "infill") => Ok(SamplerKind::Infill),
+            (None, "adaptivep") => Err(format!("sampler {name:?} is not supported by edge-llm")),
             (None, _) => Err(format!(
                 "unknown sampler {name:?}; known: {}",
                 Self::DEFAULT_ORDER.map(|k| k.name()).join(", ")
@@ -85,6 +89,9 @@ impl SamplerKind {
     }
 
     pub fn from_code(c: char) -> Result<SamplerKind, String> {
+        if c == 'i' {
+            return Ok(SamplerKind::Infill);
+        }
         Self::DEFAULT_ORDER
             .into_iter()
             .find(|k| k.code() == c)
@@ -303,7 +310,9 @@ mod tests {
         assert!(SamplerKind::from_name("bogus")
             .unwrap_err()
             .contains("bogus"));
-        assert!(SamplerKind::from_name("infill")
+        assert_eq!(SamplerKind::from_name("infill"), Ok(SamplerKind::Infill));
+        assert_eq!(SamplerKind::from_code('i'), Ok(SamplerKind::Infill));
+        assert!(SamplerKind::from_name("adaptive_p")
             .unwrap_err()
             .contains("not supported"));
         assert!(SamplerKind::parse_codes("kz").is_err());
