@@ -14,6 +14,8 @@
 //! the tokenizer, and never a face. The faces turn a [`RequestError`] into their own error (an
 //! HTTP 400, a jsonl error line).
 
+pub mod infill;
+pub mod llama;
 pub mod messages;
 pub mod plan;
 pub mod reasoning;

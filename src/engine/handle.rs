@@ -281,8 +281,11 @@ impl EngineHandle {
                 "token id {bad} is outside the vocabulary"
             )));
         }
-        if request.max_tokens == 0 {
-            return Err(SubmitError::Invalid("max_tokens must be at least 1".into()));
+        if request.max_tokens == 0 && (request.n > 1 || request.pin) {
+            return Err(SubmitError::Invalid(
+                "a request that only evaluates its prompt (max_tokens 0) makes one completion"
+                    .into(),
+            ));
         }
         if request.n == 0 || request.n > 16 {
             return Err(SubmitError::Invalid(format!(

@@ -261,6 +261,10 @@ impl Outputs {
         }
         if first {
             st.num_cached = seq.num_cached;
+            if request.max_tokens == 0 {
+                // Evaluate-only: the prompt is computed (and cached); no token is sampled.
+                return Outcome::Finish(FinishReason::Length);
+            }
             if st.forks_pending > 0 {
                 return Outcome::Fork(std::mem::take(&mut st.forks_pending));
             }

@@ -47,6 +47,9 @@ pub struct Sequence {
     pub draft: Vec<u32>,
     /// Salts its prefix-cache chain (a tenant's API key); None shares the one cache.
     pub cache_key: Option<u64>,
+    /// Start from the prompt's longest cached prefix (false: compute it all, as asked by
+    /// llama-server's `cache_prompt: false`).
+    pub cache_prompt: bool,
 }
 
 impl Sequence {
@@ -64,6 +67,7 @@ impl Sequence {
             num_preemptions: 0,
             draft: Vec::new(),
             cache_key: None,
+            cache_prompt: true,
         }
     }
 

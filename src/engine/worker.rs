@@ -192,7 +192,8 @@ impl Worker {
                 if let Some(Err(e)) = room {
                     return self.fail(seq_id, e);
                 }
-                if !self.parking.park(seq_id, &prompt, key, &self.sched.blocks) {
+                let cache_prompt = self.out.request(seq_id).is_none_or(|r| r.cache_prompt);
+                if !cache_prompt || !self.parking.park(seq_id, &prompt, key, &self.sched.blocks) {
                     self.enqueue(seq_id);
                 }
             }
@@ -221,9 +222,11 @@ impl Worker {
             return;
         };
         let (prompt, key) = (request.prompt.clone(), request.cache_key);
+        let cache_prompt = request.cache_prompt;
         self.sched.add(seq_id, prompt);
         if let Some(seq) = self.sched.get_mut(seq_id) {
             seq.cache_key = key;
+            seq.cache_prompt = cache_prompt;
         }
     }
 
