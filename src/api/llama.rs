@@ -294,14 +294,8 @@ mod tests {
             (json!({"lora": [{"id": 0, "scale": 0.5}]}), "lora"),
             (json!({"response_fields": "content"}), "response_fields"),
             (json!({"n_indent": -1}), "n_indent"),
-            (json!({"cache_prompt": "no"}), "cache_prompt"),
         ] {
             let e = options_of(body.clone())
-                .and_then(|_| {
-                    Fields(body.as_object().unwrap())
-                        .bool("cache_prompt")
-                        .map(|_| LlamaOptions::default())
-                })
                 .err()
                 .unwrap_or_else(|| panic!("{body} was accepted"));
             assert_eq!(e.param.as_deref(), Some(param), "{body}: {}", e.message);
