@@ -138,15 +138,47 @@ fn infill_answers_llama_vscode() {
     );
 
     // Greedy, the middle of the method is filled from the FIM tokens' context.
+    // With n_indent 8 (llama.vscode's: the cursor line's), the first line indented less ends
+    // it and is cut.
     let mut greedy = body.clone();
     merge(
         &mut greedy,
-        json!({"temperature": 0, "t_max_prompt_ms": -1, "n_predict": 24}),
+        json!({"temperature": 0, "t_max_prompt_ms": -1, "t_max_predict_ms": -1, "n_predict": 24}),
     );
     let v = ok(&server, "/infill", &greedy);
     let content = v["content"].as_str().unwrap();
     assert!(content.contains("self.r"), "{v}");
-    assert_ne!(v["stop_type"], "none", "{v}");
+    assert_eq!(v["stop_type"], "limit", "{v}");
+    assert!(
+        v["tokens_predicted"].as_u64().unwrap() < 24,
+        "cut by n_indent: {v}"
+    );
+    for line in content.split('\n').skip(1) {
+        let indent = line.len() - line.trim_start_matches([' ', '\t']).len();
+        assert!(indent >= 8 || line.trim().is_empty(), "{content:?}");
+    }
+
+    // t_max_prompt_ms: a prompt slower than that makes nothing, but is evaluated and cached.
+    let mut cold = greedy.clone();
+    merge(
+        &mut cold,
+        json!({"input_suffix": "\n# cold\n", "t_max_prompt_ms": 1}),
+    );
+    let v = ok(&server, "/infill", &cold);
+    assert_eq!(
+        (v["content"].as_str(), v["tokens_predicted"].as_u64()),
+        (Some(""), Some(0)),
+        "{v}"
+    );
+    assert_eq!(v["stop_type"], "limit", "{v}");
+    merge(&mut cold, json!({"t_max_prompt_ms": -1}));
+    let v = ok(&server, "/infill", &cold);
+    let n = v["tokens_evaluated"].as_u64().unwrap();
+    assert!(
+        v["tokens_cached"].as_u64().unwrap() >= (n - 1) / 16 * 16,
+        "{v}"
+    );
+    assert!(v["tokens_predicted"].as_u64().unwrap() > 0, "{v}");
 
     // cache_prompt: false computes the whole prompt again.
     merge(&mut greedy, json!({"cache_prompt": false}));

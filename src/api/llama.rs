@@ -38,8 +38,9 @@ pub struct LlamaOptions {
     pub n_probs: usize,
     /// `return_tokens`: the generated token ids in `tokens`.
     pub return_tokens: bool,
-    /// `t_max_prompt_ms`: when evaluating the prompt took longer, no token is generated (the
-    /// prompt is still evaluated and cached). None: no limit.
+    /// `t_max_prompt_ms`: when the first token comes later than this after the request arrived
+    /// (queueing and evaluating the prompt), no token is generated (the prompt is still
+    /// evaluated and cached). None: no limit.
     pub t_max_prompt_ms: Option<u64>,
     /// `t_max_predict_ms`: generation stops at the first newline after this long (measured
     /// from the first token), as llama-server does. None: no limit.
