@@ -366,6 +366,21 @@ fn completion_answers_in_llama_servers_shape() {
     let v = ok(&server, "/completion", &greedy(json!({"prompt": mixed})));
     assert_eq!(v["content"], content.as_str(), "{v}");
 
+    // llama-server's aliases and sentinels: `max_tokens` for `n_predict`, `seed: -1` (random),
+    // `id_slot: -1` (any), an `n_predict` past the context (it stops at the context's end).
+    let v = ok(
+        &server,
+        "/completion",
+        &json!({"prompt": "Hello", "max_tokens": 3, "seed": -1, "id_slot": -1}),
+    );
+    assert_eq!(v["tokens_predicted"], 3, "{v}");
+    let v = ok(
+        &server,
+        "/completion",
+        &json!({"prompt": "1, 2, 3,", "temperature": 0, "n_predict": 100000, "stop": [","]}),
+    );
+    assert_eq!(v["generation_settings"]["n_predict"], 100000, "{v}");
+
     // A stop word.
     let v = ok(
         &server,
