@@ -70,6 +70,28 @@ fn infill_prompt_is_llama_servers() {
     }
     // The long suffix was cut to n_batch / 4 - 2 tokens.
     assert!(cases["long_suffix"]["tokens_evaluated"].as_u64().unwrap() < 530);
+
+    // Below a context of n_batch - 2 tokens llama-server keeps no extra context: the prompt
+    // starts at the prefix token.
+    let body = cases["completion"]["request"].as_object().unwrap();
+    let small = edge_llm::api::infill::prompt(&tok, body, 2048, 1024).unwrap();
+    assert_eq!(small[0], fim.pre.unwrap());
+    // `input_prefix` as a list of texts and token ids, as tokenize_mixed reads it.
+    let full = edge_llm::api::infill::prompt(&tok, body, 2048, 4096).unwrap();
+    let mut mixed = body.clone();
+    let prefix = body["input_prefix"].as_str().unwrap();
+    let (head, tail) = prefix.split_at(prefix.find("class").unwrap());
+    let tail_ids = tok.encode(tail, false, false).unwrap();
+    mixed.insert("input_prefix".into(), json!([head, tail_ids[0]]));
+    let rest = tok.decode(&tail_ids[1..]);
+    mixed["input_prefix"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!(rest));
+    assert_eq!(
+        edge_llm::api::infill::prompt(&tok, &mixed, 2048, 4096).unwrap(),
+        full
+    );
 }
 
 #[test]
