@@ -78,6 +78,10 @@ const NATIVE_FIELDS: &[&str] = &[
     "n",
     "n_cmpl",
     "lora",
+    "n_keep",
+    "n_discard",
+    "n_cache_reuse",
+    "return_progress",
     "input_prefix",
     "input_suffix",
     "input_extra",
@@ -193,6 +197,31 @@ fn options(f: &Fields) -> Result<LlamaOptions, RequestError> {
             "`lora` is not supported: edge-llm loads no LoRA adapters",
         ));
     }
+    // Context shifting and KV-shifting reuse: edge-llm never shifts a sequence's context (a
+    // prompt must fit), and reuses whole cached blocks of a prompt's prefix only.
+    for (name, default) in [
+        ("n_keep", -1..=0),
+        ("n_discard", 0..=0),
+        ("n_cache_reuse", 0..=0),
+    ] {
+        if let Some(v) = f
+            .integer(name, -1, i64::MAX)?
+            .filter(|v| !default.contains(v))
+        {
+            return Err(RequestError::invalid(
+                name,
+                format!(
+                    "`{name}` {v} is not supported: edge-llm never shifts the context and reuses                      only whole cached blocks of the prompt's prefix"
+                ),
+            ));
+        }
+    }
+    if f.bool("return_progress")? == Some(true) {
+        return Err(RequestError::invalid(
+            "return_progress",
+            "`return_progress` is not supported: no prompt-progress events are streamed",
+        ));
+    }
     let ms = |name: &str| -> Result<Option<u64>, RequestError> {
         Ok(f.integer(name, -1, i64::MAX)?
             .filter(|&v| v > 0)
@@ -295,12 +324,17 @@ mod tests {
             (json!({"lora": [{"id": 0, "scale": 0.5}]}), "lora"),
             (json!({"response_fields": "content"}), "response_fields"),
             (json!({"n_indent": -1}), "n_indent"),
+            (json!({"n_keep": 5}), "n_keep"),
+            (json!({"n_cache_reuse": 256}), "n_cache_reuse"),
+            (json!({"return_progress": true}), "return_progress"),
         ] {
             let e = options_of(body.clone())
                 .err()
                 .unwrap_or_else(|| panic!("{body} was accepted"));
             assert_eq!(e.param.as_deref(), Some(param), "{body}: {}", e.message);
         }
-        assert!(options_of(json!({"id_slot": -1, "lora": []})).is_ok());
+        assert!(
+            options_of(json!({"id_slot": -1, "lora": [], "n_keep": -1, "n_discard": 0})).is_ok()
+        );
     }
 }
