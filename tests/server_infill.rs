@@ -175,6 +175,9 @@ fn infill_answers_llama_vscode() {
         v["tokens_predicted"].as_u64().unwrap() < 24,
         "cut by n_indent: {v}"
     );
+    // Stopped here, the request was aborted; its prompt's counts still came back.
+    assert!(v["tokens_cached"].as_u64().unwrap() >= 96, "{v}");
+    assert_eq!(v["tokens_evaluated"], 111, "{v}");
     for line in content.split('\n').skip(1) {
         let indent = line.len() - line.trim_start_matches([' ', '\t']).len();
         assert!(indent >= 8 || line.trim().is_empty(), "{content:?}");

@@ -114,8 +114,8 @@ async fn whole(
     let mut aborted = false;
     while let Some(event) = stream.next().await {
         gen.on_event(tok, event)?;
-        if gen.done && !aborted {
-            // Ended here or by the engine: either way nothing more is generated.
+        if gen.stopped_here && !aborted {
+            // Its last events bring the prompt's counts.
             state.engine.abort(stream.id);
             aborted = true;
         }
@@ -181,7 +181,7 @@ impl Sse {
             let tok = self.state.engine.tokenizer();
             let event = match self.stream.as_mut() {
                 Some(stream) => {
-                    if self.gen.done && !self.aborted {
+                    if self.gen.stopped_here && !self.aborted {
                         self.state.engine.abort(stream.id);
                         self.aborted = true;
                     }

@@ -65,6 +65,8 @@ pub struct Generation {
     usage: Usage,
     /// Generation has ended (the engine finished, or one of llama-server's own stops).
     pub done: bool,
+    /// It ended here, by one of llama-server's own stops: the engine must be told to stop.
+    pub stopped_here: bool,
 }
 
 impl Generation {
@@ -94,6 +96,7 @@ impl Generation {
             truncated: false,
             usage: Usage::default(),
             done: false,
+            stopped_here: false,
         }
     }
 
@@ -149,6 +152,12 @@ impl Generation {
         }
     }
 
+    /// One of llama-server's own stops (`t_max_*_ms`, `n_indent`).
+    fn stop_here(&mut self) {
+        self.stopped_here = !self.done;
+        self.end(StopType::Limit);
+    }
+
     fn end(&mut self, stop_type: StopType) {
         if !self.done {
             self.done = true;
@@ -171,7 +180,7 @@ impl Generation {
             if let Some(limit) = self.options.t_max_prompt_ms {
                 if now.duration_since(self.started).as_millis() as u64 > limit {
                     // The prompt took too long: it stays evaluated and cached, nothing is made.
-                    self.end(StopType::Limit);
+                    self.stop_here();
                     return None;
                 }
             }
@@ -193,7 +202,7 @@ impl Generation {
                 }
                 if pos < bytes.len() && pos - self.last_nl_pos < self.options.n_indent {
                     self.text.truncate(pos);
-                    self.end(StopType::Limit);
+                    self.stop_here();
                 }
             }
             if let Some(pos) = self.text.get(self.last_nl_pos..).and_then(|t| t.find('\n')) {
@@ -205,7 +214,7 @@ impl Generation {
             self.has_new_line = true;
             if let (Some(limit), Some(first)) = (self.options.t_max_predict_ms, self.first_token) {
                 if now.duration_since(first).as_millis() as u64 > limit {
-                    self.end(StopType::Limit);
+                    self.stop_here();
                 }
             }
         }
