@@ -102,6 +102,18 @@ if ! target/claude-code/node_modules/.bin/claude --version 2>/dev/null | grep -q
   fi
 fi
 # --- end Messages API ---
+# --- lm-evaluation-harness (issue 32) ---
+# tests/lm_eval.rs runs lm-eval's local-completions model against `edge-llm serve`
+# (target/lmeval-venv, made once, then reused); under CI=true failing to install it is an error.
+LMEVAL_VENV="$PWD/target/lmeval-venv"
+if ! "$LMEVAL_VENV/bin/python" -c "import lm_eval, tenacity" >/dev/null 2>&1; then
+  if ! { python3 -m venv "$LMEVAL_VENV" \
+      && "$LMEVAL_VENV/bin/python" -m pip install -q --disable-pip-version-check "lm-eval[api]==0.4.13"; }; then
+    if [ "${CI:-}" = "true" ]; then echo "error: installing lm-eval failed" >&2; exit 1; fi
+    echo "warning: could not install lm-eval; tests/lm_eval.rs will skip" >&2
+  fi
+fi
+# --- end lm-evaluation-harness ---
 # --- synthetic models (issue 19) ---
 # tests/synth_models.rs and tests/kernels_iq.rs: the `gguf` package (the synthetic models'
 # writer and the IQ dequantization reference) in target/synth-venv, and the synthetic GGUF

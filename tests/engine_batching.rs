@@ -56,6 +56,7 @@ fn collect(stream: &mut edge_llm::engine::RequestStream) -> (Vec<u32>, FinishRea
             Event::Token { token, .. } => tokens.push(token),
             Event::Finished { reason, usage, .. } => return (tokens, reason, usage.cached_tokens),
             Event::Error(e) => panic!("engine error: {e}"),
+            Event::Prompt { .. } => {}
         }
     }
     panic!("stream ended without finishing")
@@ -183,6 +184,7 @@ fn n_completions_fork_and_abort_frees_blocks() {
                 assert_eq!(usage.prompt_tokens, prompt.len());
             }
             Event::Error(e) => panic!("{e}"),
+            Event::Prompt { .. } => {}
         }
     }
     assert_eq!(finished, 3);

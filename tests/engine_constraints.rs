@@ -56,6 +56,7 @@ fn run(stream: &mut edge_llm::engine::RequestStream) -> (Vec<u32>, String, Finis
                 return (tokens, text, reason);
             }
             Event::Error(e) => panic!("engine error: {e}"),
+            Event::Prompt { .. } => {}
         }
     }
     panic!("stream ended without finishing")
@@ -297,6 +298,7 @@ fn sampled_and_logprob_rows_see_the_masked_logits() {
             }
             Event::Finished { .. } => break,
             Event::Error(err) => panic!("{err}"),
+            Event::Prompt { .. } => {}
         }
     }
     assert_eq!(tokens, plain);
@@ -348,6 +350,7 @@ fn fifty_tools_compile_and_constrain_a_call() {
                 }
                 Event::Finished { text: t, .. } => text.push_str(&t),
                 Event::Error(err) => panic!("{err}"),
+                Event::Prompt { .. } => {}
             }
         }
         let per_token =

@@ -307,11 +307,20 @@ fn bad_inputs_get_openai_errors_with_the_right_status_and_the_server_keeps_servi
     );
     assert_error(
         &server,
-        comp,
-        &j(completion_body("hi", json!({"echo": true}))),
+        chat,
+        &j(chat_body("hi", json!({"echo": true}))),
         400,
         Some("echo"),
         "not supported",
+    );
+    // max_tokens 0 only with echo (scoring the prompt).
+    assert_error(
+        &server,
+        comp,
+        &j(completion_body("hi", json!({"max_tokens": 0}))),
+        400,
+        Some("max_tokens"),
+        "",
     );
     // A prompt longer than the context (256 tokens here), and max_tokens past what is left.
     let long = "word ".repeat(400);

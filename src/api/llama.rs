@@ -216,6 +216,12 @@ fn options(f: &Fields) -> Result<LlamaOptions, RequestError> {
             ));
         }
     }
+    if f.get("echo").is_some_and(|v| v != &Value::Bool(false)) {
+        return Err(RequestError::invalid(
+            "echo",
+            "`echo` is /v1/completions'; llama-server's routes reply with the completion only",
+        ));
+    }
     if f.bool("return_progress")? == Some(true) {
         return Err(RequestError::invalid(
             "return_progress",
@@ -327,6 +333,7 @@ mod tests {
             (json!({"n_keep": 5}), "n_keep"),
             (json!({"n_cache_reuse": 256}), "n_cache_reuse"),
             (json!({"return_progress": true}), "return_progress"),
+            (json!({"echo": true}), "echo"),
         ] {
             let e = options_of(body.clone())
                 .err()

@@ -105,6 +105,8 @@ pub fn plan(
     request.stop = params.stop.clone();
     request.ignore_eos = params.ignore_eos || setting.ignore_eos;
     request.logprobs = params.logprobs;
+    // Echo needs the prompt's tokens back (the engine sends them with the scores).
+    request.prompt_logprobs = params.echo.then_some(params.logprobs.unwrap_or(0));
     Ok(Plan {
         request,
         params,

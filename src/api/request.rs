@@ -159,6 +159,9 @@ pub struct GenParams {
     /// Report logprobs with this many alternatives per token.
     pub logprobs: Option<usize>,
     pub ignore_eos: bool,
+    /// Completions' `echo`: the reply starts with the prompt (and, with `logprobs`, every
+    /// prompt token's log-probability); `max_tokens` may then be 0 (score the prompt only).
+    pub echo: bool,
 }
 
 /// Reads the sampling and output fields. Defaults are OpenAI's (temperature 1, top_p 1, no
@@ -231,8 +234,15 @@ pub fn gen_params_over(
         sampling.seed = seed as u64;
     }
 
+    if endpoint == Endpoint::Chat {
+        f.unsupported("echo", |v| v.as_bool() == Some(false))?;
+    }
+    let echo = f.bool("echo")?.unwrap_or(false);
     let limit = i64::from(u32::MAX);
-    let mut max_tokens = f.integer("max_tokens", 1, limit)?.map(|v| v as usize);
+    // 0 only with echo: score the prompt, generate nothing.
+    let mut max_tokens = f
+        .integer("max_tokens", i64::from(!echo), limit)?
+        .map(|v| v as usize);
     let mut max_tokens_field = "max_tokens";
     if endpoint == Endpoint::Chat {
         if let Some(m) = f.integer("max_completion_tokens", 1, limit)? {
@@ -327,7 +337,6 @@ pub fn gen_params_over(
     let ignore_eos = f.bool("ignore_eos")?.unwrap_or(false);
 
     f.unsupported("best_of", |v| v.as_u64() == Some(1))?;
-    f.unsupported("echo", |v| v.as_bool() == Some(false))?;
     f.unsupported("suffix", |v| v.as_str() == Some(""))?;
     // `tools`, `tool_choice` and `response_format` are read by `structured` (crate::api).
     f.unsupported("functions", |v| v.as_array().is_some_and(Vec::is_empty))?;
@@ -341,6 +350,7 @@ pub fn gen_params_over(
         include_usage,
         logprobs,
         ignore_eos,
+        echo,
     })
 }
 

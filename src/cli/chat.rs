@@ -106,6 +106,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
         false,
         EngineParts {
             disk,
+            no_prefix_cache: args.cache.no_prefix_cache,
             ..Default::default()
         },
     )?;

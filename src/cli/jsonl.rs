@@ -151,6 +151,12 @@ impl Builder {
                 "logprobs are not written by --jsonl",
             ));
         }
+        if p.params.echo {
+            return Err(RequestError::invalid(
+                "echo",
+                "echo is not written by --jsonl",
+            ));
+        }
         Ok((p.request, p.prompt_param, p.parsing))
     }
 }
@@ -361,6 +367,7 @@ fn collect(mut stream: RequestStream, id: &Value, index: usize, parsing: &ReplyP
     let mut text = String::new();
     while let Some(event) = stream.next_blocking() {
         match event {
+            Event::Prompt { .. } => {} // never asked for: echo is refused above
             Event::Token { text: t, .. } => text.push_str(&t),
             Event::Finished {
                 reason,

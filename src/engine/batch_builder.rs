@@ -2,13 +2,26 @@
 //! flat [`Batch`] (token ids, positions, slot mapping, block tables, which rows want logits).
 
 use super::scheduler::{Scheduler, SchedulerOutput};
+use super::sequence::SeqId;
 use crate::model::Batch;
+
+/// The prompt rows a scoring sequence (`Sequence::prompt_logprobs`) gets in one step: rows
+/// `first..first + count` of its positions, each giving the log-probability of the token after
+/// it. They come before the sequence's sampling rows in the batch's logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScoreRows {
+    pub seq_id: SeqId,
+    pub first: usize,
+    pub count: usize,
+}
 
 /// Builds the batch of one step. A sequence's row wants logits when the step computes its last
 /// token, and so does every proposed token after it (speculative decoding: positions past
-/// `tokens` take the sequence's `draft`); the rows of the returned batch's logits follow
-/// `out.scheduled` order.
-pub fn build_batch(sched: &Scheduler, out: &SchedulerOutput) -> Batch {
+/// `tokens` take the sequence's `draft`); a scoring sequence's prompt rows want logits too,
+/// and where it resumes after cached blocks, the last cached token is computed again (no KV
+/// write) for the row that scores the first uncached token. The rows of the returned batch's
+/// logits follow `out.scheduled` order: per sequence its score rows, then its sampling rows.
+pub fn build_batch(sched: &Scheduler, out: &SchedulerOutput) -> (Batch, Vec<ScoreRows>) {
     let bs = sched.blocks.block_size;
     let max_blocks = out
         .scheduled
@@ -23,6 +36,7 @@ pub fn build_batch(sched: &Scheduler, out: &SchedulerOutput) -> Batch {
         .max()
         .unwrap_or(0);
     let mut batch = Batch::with_max_blocks(max_blocks);
+    let mut scores = Vec::new();
     for &(id, n) in &out.scheduled {
         let seq = sched.get(id).expect("scheduled sequences are live");
         let len = seq.tokens.len();
@@ -34,7 +48,24 @@ pub fn build_batch(sched: &Scheduler, out: &SchedulerOutput) -> Batch {
             }
         };
         let positions = seq.num_computed..seq.num_computed + n;
-        batch.push_sequence(&seq.block_table, bs, positions, token_at, len - 1);
+        let row = batch.push_block_table(&seq.block_table);
+        let mut first = positions.start;
+        let scoring = seq.prompt_logprobs.is_some();
+        if scoring && seq.num_cached > 0 && seq.num_computed == seq.num_cached {
+            first -= 1;
+            batch.push_reread(seq.tokens[first], first, row);
+        }
+        // Prompt rows before the last prompt token score the token after them.
+        let score_end = positions.end.min(seq.prompt_len - 1);
+        if scoring && score_end > first {
+            scores.push(ScoreRows {
+                seq_id: id,
+                first,
+                count: score_end - first,
+            });
+        }
+        let want = |pos: usize| pos >= len - 1 || (scoring && pos < score_end);
+        batch.push_tokens(&seq.block_table, bs, row, positions, token_at, want);
     }
-    batch
+    (batch, scores)
 }

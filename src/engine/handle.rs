@@ -37,6 +37,8 @@ pub struct EngineParts {
     pub spec: SpecConfig,
     /// The prefix cache's disk tier (CPU pools only; on a GPU it is left off with a warning).
     pub disk: Option<DiskCacheConfig>,
+    /// Reuse no cached prompt block (`--no-prefix-cache`: every prompt is computed whole).
+    pub no_prefix_cache: bool,
 }
 
 impl Default for EngineParts {
@@ -48,6 +50,7 @@ impl Default for EngineParts {
             kv_events: None,
             spec: SpecConfig::default(),
             disk: None,
+            no_prefix_cache: false,
         }
     }
 }
@@ -163,6 +166,7 @@ impl EngineHandle {
             kv_events,
             spec,
             disk,
+            no_prefix_cache,
         } = parts;
         spec.validate().map_err(anyhow::Error::msg)?;
         let exec = match executor {
@@ -204,7 +208,7 @@ impl EngineHandle {
             config.block_size,
             config.max_batched_tokens,
         )?;
-        let worker = Worker::new(
+        let mut worker = Worker::new(
             model.clone(),
             (*config).clone(),
             exec,
@@ -218,6 +222,7 @@ impl EngineHandle {
             disk,
         );
         let disk_stats = worker.disk_stats();
+        worker.sched.prefix_cache = !no_prefix_cache;
         std::thread::Builder::new()
             .name("edge-llm-engine".into())
             .spawn(move || worker.run(rx))?;
@@ -281,19 +286,17 @@ impl EngineHandle {
                 "token id {bad} is outside the vocabulary"
             )));
         }
-        if request.max_tokens == 0 && (request.n > 1 || request.pin) {
-            return Err(SubmitError::Invalid(
-                "a request that only evaluates its prompt (max_tokens 0) makes one completion"
-                    .into(),
-            ));
-        }
         if request.n == 0 || request.n > 16 {
             return Err(SubmitError::Invalid(format!(
                 "n must be between 1 and 16, got {}",
                 request.n
             )));
         }
-        if request.logprobs.is_some_and(|k| k > 20) {
+        if [request.logprobs, request.prompt_logprobs]
+            .iter()
+            .flatten()
+            .any(|&k| k > 20)
+        {
             return Err(SubmitError::Invalid(
                 "top_logprobs must be at most 20".into(),
             ));

@@ -45,6 +45,8 @@ pub struct Metrics {
     pub draft_blocks: Option<(usize, usize)>,
     /// Blocks held by pinned prompts.
     pub blocks_pinned: usize,
+    /// Prompt blocks whose scores are kept for scoring requests (`echo` with `logprobs`).
+    pub blocks_scored: usize,
     /// Tokens whose keys and values the used blocks hold, and the slots of those blocks
     /// (`Scheduler::kv_fill`): the pool's internal waste is `1 - tokens / slots`.
     pub kv_tokens_stored: usize,

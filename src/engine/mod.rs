@@ -13,6 +13,8 @@
 //! - `output`: each request's client-side state (sampling, n>1 forks, detokenizing, stop
 //!   strings, logprobs), answering the worker with an outcome it applies to the scheduler;
 //! - `sampler`, `masks` (constraint masks beside the forward pass);
+//! - `prompt_scores`: prompt log-probabilities (echo, lm-eval) and the kept scores of cached
+//!   prompt blocks;
 //! - `disk_cache`: the prefix cache's disk tier (blocks that survive restarts, its own I/O
 //!   thread) and the parking of sequences waiting for its loads;
 //! - `speculative`: proposals (prompt lookup, a draft model) and their exact verification;
@@ -33,7 +35,9 @@ pub mod memory;
 pub mod metrics;
 mod output;
 mod pins;
+mod prompt_scores;
 mod request;
+mod rows;
 pub mod sampler;
 pub mod scheduler;
 pub mod sequence;

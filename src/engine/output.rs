@@ -115,6 +115,18 @@ pub(super) struct Outputs {
 }
 
 impl Outputs {
+    /// Sends the prompt's scores to the request of `seq_id`.
+    pub(super) fn send_prompt_scores(
+        &self,
+        seq_id: SeqId,
+        tokens: Vec<u32>,
+        logprobs: Vec<Option<TokenLogprobs>>,
+    ) {
+        if let Some(r) = self.request_of(seq_id) {
+            let _ = r.events.send(Event::Prompt { tokens, logprobs });
+        }
+    }
+
     /// Takes in a new request as its first sequence, `seq_id`.
     pub(super) fn add(
         &mut self,
@@ -261,12 +273,13 @@ impl Outputs {
         }
         if first {
             st.num_cached = seq.num_cached;
-            if request.max_tokens == 0 {
-                // Evaluate-only: the prompt is computed (and cached); no token is sampled.
-                return Outcome::Finish(FinishReason::Length);
-            }
             if st.forks_pending > 0 {
                 return Outcome::Fork(std::mem::take(&mut st.forks_pending));
+            }
+            if request.max_tokens == 0 {
+                // The prompt evaluated (and scored, or cached for llama-server's
+                // `n_predict: 0`): nothing is generated.
+                return Outcome::Finish(FinishReason::Length);
             }
         }
         let mask = match constrained_mask(st, mask.take(), tokenizer, metrics) {
@@ -476,7 +489,7 @@ fn constrained_mask(
 
 /// Log-probability of `token` and the `k` most likely tokens (fewer where a constraint allows
 /// fewer).
-fn token_logprobs(logits: &[f32], token: u32, k: usize) -> TokenLogprobs {
+pub(super) fn token_logprobs(logits: &[f32], token: u32, k: usize) -> TokenLogprobs {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
     let log_sum = logits
         .iter()
@@ -488,8 +501,11 @@ fn token_logprobs(logits: &[f32], token: u32, k: usize) -> TokenLogprobs {
     if k > 0 {
         let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
         let k = k.min(idx.len());
+        // Ties go to the lower id, so the top k is the top k' (k' > k) cut short.
         idx.select_nth_unstable_by(k - 1, |&a, &b| {
-            logits[b as usize].total_cmp(&logits[a as usize])
+            logits[b as usize]
+                .total_cmp(&logits[a as usize])
+                .then(a.cmp(&b))
         });
         idx.truncate(k);
         idx.sort_by(|&a, &b| {

@@ -9,8 +9,9 @@ use super::sampler::SamplingParams;
 pub struct Request {
     pub prompt: Vec<u32>,
     pub sampling: SamplingParams,
-    /// Most tokens to generate (the context may end it sooner); 0 evaluates the prompt into
-    /// the prefix cache and finishes with no token (llama-server's `n_predict: 0`).
+    /// Most tokens to generate (the context may end it sooner); 0 evaluates the prompt and
+    /// generates nothing: with `prompt_logprobs` to score it, or to warm the prefix cache
+    /// (llama-server's `n_predict: 0`).
     pub max_tokens: usize,
     /// Completions to produce from the one prompt (copy-on-write forks after the prompt).
     pub n: usize,
@@ -19,6 +20,10 @@ pub struct Request {
     pub ignore_eos: bool,
     /// Report the sampled token's log-probability and this many top alternatives.
     pub logprobs: Option<usize>,
+    /// Score the prompt too: every prompt token's log-probability given the tokens before it,
+    /// with this many top alternatives, in one [`Event::Prompt`] before the first token.
+    /// Cached prompt blocks are reused only where their scores were kept.
+    pub prompt_logprobs: Option<usize>,
     /// Whether the engine may speculate for this request when speculation is on (it never
     /// changes the output; off only to compare).
     pub speculate: bool,
@@ -43,6 +48,7 @@ impl Request {
             stop: Vec::new(),
             ignore_eos: false,
             logprobs: None,
+            prompt_logprobs: None,
             speculate: true,
             cache_key: None,
             cache_prompt: true,
@@ -100,6 +106,12 @@ pub struct Usage {
 /// What a client hears about its request. `index` is the completion (0..n).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
+    /// The prompt's scores (requests with `prompt_logprobs`), sent once before any token: one
+    /// entry per prompt token, the first `None` (nothing precedes it).
+    Prompt {
+        tokens: Vec<u32>,
+        logprobs: Vec<Option<TokenLogprobs>>,
+    },
     /// A sampled token and the text it completes (may be empty while UTF-8 or a possible
     /// stop string is incomplete).
     Token {

@@ -60,6 +60,14 @@ pub struct Scheduler {
     /// What steps cost, and the time cap on a step's prefill while sequences decode (none
     /// until `set_max_step_ms`).
     pub step_time: StepTime,
+    /// Prompt blocks whose tokens' scores are kept (`Request::prompt_logprobs`), by hash, with
+    /// how many top alternatives each kept: a scoring sequence reuses a cached prefix only this
+    /// far. The scores themselves are the worker's (`engine::prompt_scores`).
+    pub scored: HashMap<u64, usize>,
+    /// Most prompt tokens a scoring sequence computes in one step (each is a row of logits).
+    pub max_score_rows: usize,
+    /// Whether a new sequence reuses cached prompt blocks (off: `--no-prefix-cache`).
+    pub prefix_cache: bool,
 }
 
 impl Scheduler {
@@ -73,6 +81,9 @@ impl Scheduler {
             running: Vec::new(),
             next_arrival: 0,
             num_preemptions: 0,
+            scored: HashMap::new(),
+            max_score_rows: usize::MAX,
+            prefix_cache: true,
             in_flight: HashMap::new(),
             pins: PinTable::default(),
             step_time: StepTime::new(None),
@@ -154,6 +165,9 @@ impl Scheduler {
             let seq = self.seqs.get_mut(&id).expect("running ids are live");
             let uncomputed = seq.num_uncomputed();
             let mut n = uncomputed.min(budget);
+            if seq.prompt_logprobs.is_some() {
+                n = n.min(self.max_score_rows);
+            }
             if n > 1 {
                 // A prompt (or a recomputation) in chunks: as much as the step's time allows.
                 n = prefill.take(seq.num_computed, n, seq.tokens.len());
@@ -220,6 +234,17 @@ impl Scheduler {
             } else {
                 Vec::new()
             };
+            if !self.prefix_cache {
+                self.blocks.truncate(&mut seq.block_table, 0);
+            }
+            if let Some(k) = seq.prompt_logprobs {
+                // A scoring sequence reuses only blocks whose scores were kept.
+                let keep = hashes
+                    .iter()
+                    .take_while(|h| self.scored.get(h).is_some_and(|&kept| kept >= k))
+                    .count();
+                self.blocks.truncate(&mut seq.block_table, keep);
+            }
             let matched = seq.block_table.len();
             if seq.cache_prompt
                 && hashes
@@ -232,9 +257,18 @@ impl Scheduler {
             }
             seq.num_computed = matched * self.blocks.block_size;
             seq.num_cached = seq.num_computed;
+            // A scoring sequence resuming after cached blocks also reruns the last cached
+            // token's row (no KV write: `batch_builder`), one more token in the step.
+            let reread = usize::from(seq.prompt_logprobs.is_some() && seq.num_cached > 0);
             let n = prefill.take(
                 seq.num_computed,
-                seq.num_uncomputed().min(budget),
+                seq.num_uncomputed().min(budget.saturating_sub(reread)).min(
+                    if seq.prompt_logprobs.is_some() {
+                        self.max_score_rows
+                    } else {
+                        usize::MAX
+                    },
+                ),
                 seq.tokens.len(),
             );
             if n == 0 {
@@ -252,7 +286,7 @@ impl Scheduler {
                 Some(copy) => {
                     out.copies.extend(copy);
                     out.scheduled.push((id, n));
-                    budget -= n;
+                    budget -= n + reread;
                     seq.status = SeqStatus::Running;
                     self.blocks.record_lookup(seq.tokens.len(), matched);
                     seq.pending_hashes = hashes.into_iter().enumerate().skip(matched).collect();

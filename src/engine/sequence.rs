@@ -50,6 +50,10 @@ pub struct Sequence {
     /// Start from the prompt's longest cached prefix (false: compute it all, as asked by
     /// llama-server's `cache_prompt: false`).
     pub cache_prompt: bool,
+    /// While its prompt is being scored (`Request::prompt_logprobs`): the top alternatives
+    /// wanted. Every prompt row then wants logits, and a cached prefix is reused only as far as
+    /// its blocks' scores were kept (`Scheduler::scored`). None once the scores are out.
+    pub prompt_logprobs: Option<usize>,
 }
 
 impl Sequence {
@@ -68,6 +72,7 @@ impl Sequence {
             draft: Vec::new(),
             cache_key: None,
             cache_prompt: true,
+            prompt_logprobs: None,
         }
     }
 

@@ -16,8 +16,9 @@ use super::block_manager::BlockManager;
 use super::disk_cache::{self, DiskCacheConfig, Parking};
 use super::handle::Command;
 use super::kv_events::{coalesce, KvCacheEvent, KvEventSink};
-use super::masks::{self, MaskResult};
-use super::output::{After, Notice, Outcome, Outputs};
+use super::masks;
+use super::output::{Notice, Outputs};
+use super::prompt_scores::{PromptScores, SCORE_LOGITS_BYTES};
 use super::scheduler::{Scheduler, SchedulerConfig};
 use super::sequence::SeqId;
 use super::speculative::Speculator;
@@ -47,6 +48,8 @@ pub(super) struct Worker {
     pub(super) speculator: Speculator,
     /// The prefix cache's disk tier and the sequences waiting for its loads.
     parking: Parking,
+    /// Prompt scores in progress and kept per block (`Request::prompt_logprobs`).
+    pub(super) scores: PromptScores,
 }
 
 /// What the worker shares with its `EngineHandle`.
@@ -86,12 +89,14 @@ impl Worker {
             blocks,
         );
         sched.set_max_step_ms(config.max_step_ms);
+        sched.max_score_rows = (SCORE_LOGITS_BYTES / (4 * model.config.vocab_size)).max(16);
         Worker {
             model,
             config,
             exec,
             sched,
             out: Outputs::default(),
+            scores: PromptScores::default(),
             next_seq_id: 0,
             in_flight: shared.in_flight,
             max_seq_len: shared.max_seq_len,
@@ -171,7 +176,7 @@ impl Worker {
         }
     }
 
-    fn handle(&mut self, cmd: Command) {
+    pub(super) fn handle(&mut self, cmd: Command) {
         match cmd {
             Command::Submit {
                 id,
@@ -221,16 +226,21 @@ impl Worker {
         let Some(request) = self.out.request(seq_id) else {
             return;
         };
-        let (prompt, key) = (request.prompt.clone(), request.cache_key);
+        let (prompt, key, scoring) = (
+            request.prompt.clone(),
+            request.cache_key,
+            request.prompt_logprobs,
+        );
         let cache_prompt = request.cache_prompt;
         self.sched.add(seq_id, prompt);
         if let Some(seq) = self.sched.get_mut(seq_id) {
             seq.cache_key = key;
             seq.cache_prompt = cache_prompt;
+            seq.prompt_logprobs = scoring;
         }
     }
 
-    fn new_seq_id(&mut self) -> SeqId {
+    pub(super) fn new_seq_id(&mut self) -> SeqId {
         self.next_seq_id += 1;
         SeqId(self.next_seq_id)
     }
@@ -257,6 +267,7 @@ impl Worker {
             num_running: self.sched.num_running(),
             num_waiting: self.sched.num_waiting() + self.parking.num_parked(),
             blocks_pinned: self.sched.num_pinned(),
+            blocks_scored: self.scores.num_kept(),
             disk_cache: self.parking.stats(),
             preemptions: self.sched.num_preemptions,
             draft_blocks: self.speculator.draft_blocks(),
@@ -291,7 +302,8 @@ impl Worker {
             .copies
             .iter()
             .try_for_each(|c| self.exec.copy_block(c.src, c.dst));
-        let batch = build_batch(&self.sched, &out);
+        self.start_prompt_scores(&out.scheduled);
+        let (batch, scores) = build_batch(&self.sched, &out);
         let started = Instant::now();
         // The constrained rows that sample this step have their masks computed on rayon's pool
         // while the forward pass runs.
@@ -327,42 +339,14 @@ impl Worker {
                 self.metrics.prefilled(seq.cache_key, prefill);
             }
         }
-        let ready = self.sched.step_done(&out);
-        let vocab = self.model.config.vocab_size;
-        // Each ready sequence has one row of logits, and one more per proposed token.
-        let drafts: Vec<Vec<u32>> = ready
-            .iter()
-            .map(|&id| {
-                self.sched
-                    .get(id)
-                    .map(|s| s.draft.clone())
-                    .unwrap_or_default()
-            })
-            .collect();
-        let mut row = 0;
-        for (&seq_id, draft) in ready.iter().zip(drafts) {
-            let mask = masks.remove(&seq_id);
-            let rows = &logits[row * vocab..(row + 1 + draft.len()) * vocab];
-            row += 1 + draft.len();
-            if draft.is_empty() {
-                self.sample(seq_id, rows, mask);
-            } else {
-                self.verify(seq_id, rows, &draft, mask);
-            }
-        }
-        // A row whose constraint state was lost in a panicking mask and that did not sample
-        // ends here, never unconstrained.
-        for (id, mask) in masks {
-            if let (true, Err(e)) = (self.out.constraint_lost(id), mask) {
-                self.fail(id, e);
-            }
-        }
+        let scoring = !scores.is_empty();
+        self.deliver(&out, scores, &logits, masks);
         // Only steps whose every row wants logits (decoding and verifying, no prompt chunk)
         // teach the cost of a proposed row: a prompt row skips the output matrix.
         self.speculator.record_step(
             batch.n_tokens(),
             started.elapsed().as_secs_f64(),
-            batch.logits_rows.len() == batch.n_tokens(),
+            batch.logits_rows.len() == batch.n_tokens() && !scoring,
         );
         // The whole step, as a streaming client sees it between two tokens, teaches the cap.
         let shape = StepShape::of(&batch);
@@ -371,76 +355,16 @@ impl Worker {
             .record(shape, step_started.elapsed().as_secs_f64());
     }
 
-    /// Samples the next token of `seq_id` from its row of logits and applies the outcome.
-    /// Returns the token when it was appended to the sequence.
-    pub(super) fn sample(
-        &mut self,
-        seq_id: SeqId,
-        logits: &[f32],
-        mut mask: Option<MaskResult>,
-    ) -> Option<u32> {
-        let seq = self.sched.get(seq_id)?;
-        let outcome = self.out.sample(
-            seq,
-            logits,
-            &mut mask,
-            &self.model.tokenizer,
-            self.max_seq_len(),
-            &mut self.metrics,
-        );
-        match outcome {
-            Outcome::Token { token, then } => {
-                self.sched.append_token(seq_id, token);
-                match then {
-                    After::Continue => {}
-                    After::Finish(reason) => self.finish(seq_id, reason),
-                    After::Abort => {
-                        if let Some(request_id) = self.out.request_id(seq_id) {
-                            self.handle(Command::Abort(request_id));
-                        }
-                    }
-                }
-                Some(token)
-            }
-            Outcome::Fork(num_forks) => {
-                // n > 1: the other completions fork here, sharing every block of the prompt,
-                // and each samples this same row first.
-                for index in 1..=num_forks {
-                    let child = self.new_seq_id();
-                    self.sched.fork(seq_id, child);
-                    self.out.fork(seq_id, child, index);
-                    self.sample(child, logits, None);
-                }
-                self.sample(seq_id, logits, mask)
-            }
-            Outcome::Pin => {
-                let pin = self.out.request_id(seq_id).unwrap_or_default();
-                match self.sched.pin(seq_id, pin, self.pin_limit()) {
-                    Ok(_) => self.finish(seq_id, FinishReason::Stop),
-                    Err(e) => self.fail(seq_id, e),
-                }
-                None
-            }
-            Outcome::Finish(reason) => {
-                self.finish(seq_id, reason);
-                None
-            }
-            Outcome::Fail(e) => {
-                self.fail(seq_id, e);
-                None
-            }
-        }
-    }
-
     /// Most blocks pinned in all: half the pool, so requests always have room.
-    fn pin_limit(&self) -> usize {
+    pub(super) fn pin_limit(&self) -> usize {
         self.sched.blocks.num_blocks() / 2
     }
 
     /// Ends a sequence: its blocks go back at once (full ones written behind to the disk
     /// tier), and the client hears why.
-    fn finish(&mut self, seq_id: SeqId, reason: FinishReason) {
+    pub(super) fn finish(&mut self, seq_id: SeqId, reason: FinishReason) {
         self.speculator.forget(seq_id);
+        self.scores.forget(seq_id);
         if let Some(seq) = self.sched.get(seq_id) {
             self.parking
                 .write_behind(&seq.block_table, &self.sched.blocks, &self.exec);

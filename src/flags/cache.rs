@@ -25,6 +25,10 @@ pub struct CacheArgs {
     /// Keep the prefix cache in memory only
     #[arg(long = "no-disk-cache", conflicts_with = "cache_dir")]
     pub no_disk_cache: bool,
+    /// Reuse no cached prompt block: every prompt is computed whole (to measure what the prefix
+    /// cache saves)
+    #[arg(long = "no-prefix-cache")]
+    pub no_prefix_cache: bool,
     /// Compute this prompt at start-up (or load it from disk) and never evict it: a text file,
     /// or a JSON array of chat messages rendered through the chat template. Repeatable; pinned
     /// prompts are shared by every API key

@@ -106,10 +106,38 @@ impl Batch {
         logits_from: usize,
     ) {
         let row = self.push_block_table(block_table);
+        self.push_tokens(block_table, block_size, row, positions, token_at, |pos| {
+            pos >= logits_from
+        });
+    }
+
+    /// Adds the tokens at `positions` of the sequence whose block table (`block_table`) is row
+    /// `seq`, each written to its KV slot; those for which `want_logits(position)` holds want
+    /// logits.
+    pub fn push_tokens(
+        &mut self,
+        block_table: &[BlockId],
+        block_size: usize,
+        seq: i32,
+        positions: Range<usize>,
+        token_at: impl Fn(usize) -> u32,
+        want_logits: impl Fn(usize) -> bool,
+    ) {
         for pos in positions {
             let slot = block_table[pos / block_size].index() * block_size + pos % block_size;
-            self.push_token(token_at(pos), pos, slot, row, pos >= logits_from);
+            self.push_token(token_at(pos), pos, slot, seq, want_logits(pos));
         }
+    }
+
+    /// Adds a token whose key and value are already in the cache at `position` of sequence
+    /// row `seq`: it is computed again for its logits only, and writes no KV slot (slot -1,
+    /// which every KV write skips), so a shared cached block is never written.
+    pub fn push_reread(&mut self, token: u32, position: usize, seq: i32) {
+        self.logits_rows.push(self.tokens.len());
+        self.tokens.push(token);
+        self.positions.push(position as i32);
+        self.slot_mapping.push(-1);
+        self.token_seq.push(seq);
     }
 
     /// Adds a sequence's block table; returns its row index for `push_token` (tests build odd

@@ -275,6 +275,12 @@ pub fn prometheus(m: &Metrics) -> String {
         "KV blocks held by pinned prompts (never evicted).",
         &[("", m.blocks_pinned as f64)],
     );
+    metric(
+        "prompt_scores_kept_blocks",
+        "gauge",
+        "Prompt blocks whose token scores are kept for echo/logprobs requests sharing them.",
+        &[("", m.blocks_scored as f64)],
+    );
     if let Some(d) = &m.disk_cache {
         let disk: [(&str, &str, &str, f64); 10] = [
             ("disk_cache_blocks", "gauge", "Prefix-cache blocks on disk.", d.blocks as f64),

@@ -361,6 +361,7 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         EngineParts {
             kv_events: sink,
             disk,
+            no_prefix_cache: args.cache.no_prefix_cache,
             ..Default::default()
         },
     )?;

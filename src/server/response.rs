@@ -2,6 +2,8 @@
 //! and `/v1/chat/completions` (after [`collect`] has gathered every choice), the chunk JSON
 //! that `stream` sends, `usage`, and both endpoints' `logprobs` layouts.
 
+use std::sync::Arc;
+
 use axum::http::StatusCode;
 use serde_json::{json, Value};
 
@@ -47,6 +49,15 @@ pub struct Choice {
     pub usage: Usage,
     /// Sampled tokens and their log-probabilities, when asked for.
     pub logprobs: Vec<(u32, TokenLogprobs)>,
+    /// The prompt's tokens and scores (`echo`), shared by every choice.
+    pub prompt: Option<Arc<PromptScores>>,
+}
+
+/// A prompt's tokens and each one's log-probability given those before it (the first none).
+#[derive(Clone, Debug, Default)]
+pub struct PromptScores {
+    pub tokens: Vec<u32>,
+    pub logprobs: Vec<Option<TokenLogprobs>>,
 }
 
 /// Waits for every completion of the request.
@@ -54,6 +65,12 @@ pub async fn collect(stream: &mut RequestStream, n: usize) -> Result<Vec<Choice>
     let mut choices = vec![Choice::default(); n];
     while let Some(event) = stream.next().await {
         match event {
+            Event::Prompt { tokens, logprobs } => {
+                let prompt = Arc::new(PromptScores { tokens, logprobs });
+                for c in &mut choices {
+                    c.prompt = Some(prompt.clone());
+                }
+            }
             Event::Token {
                 index,
                 token,
@@ -141,7 +158,12 @@ pub fn full_response(
         .map(|(index, c)| {
             let logprobs = if with_logprobs {
                 match reply.endpoint {
-                    Endpoint::Completions => completion_logprobs(tok, &c.logprobs, &mut 0),
+                    Endpoint::Completions => {
+                        let echoed = c.prompt.as_deref().map(|p| prompt_entries(p));
+                        let generated = c.logprobs.iter().map(|(id, l)| (*id, Some(l)));
+                        let entries = echoed.into_iter().flatten().chain(generated);
+                        legacy_logprobs(tok, entries, &mut 0)
+                    }
                     Endpoint::Chat => json!({"content": chat_logprobs(tok, &c.logprobs)}),
                 }
             } else {
@@ -149,7 +171,9 @@ pub fn full_response(
             };
             match reply.endpoint {
                 Endpoint::Completions => {
-                    json!({"index": index, "text": c.text, "logprobs": logprobs, "finish_reason": finish_str(c.finish)})
+                    let echoed = c.prompt.as_deref().map(|p| echo_text(tok, &p.tokens));
+                    let text = echoed.unwrap_or_default() + &c.text;
+                    json!({"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_str(c.finish)})
                 }
                 Endpoint::Chat => json!({
                     "index": index,
@@ -188,15 +212,42 @@ pub fn completion_logprobs(
     entries: &[(u32, TokenLogprobs)],
     offset: &mut usize,
 ) -> Value {
-    let mut tokens = Vec::with_capacity(entries.len());
-    let mut token_logprobs = Vec::with_capacity(entries.len());
-    let mut top_logprobs = Vec::with_capacity(entries.len());
-    let mut text_offset = Vec::with_capacity(entries.len());
+    legacy_logprobs(tok, entries.iter().map(|(id, l)| (*id, Some(l))), offset)
+}
+
+/// The prompt's entries for the legacy layout (`echo`): the first token has no score.
+pub fn prompt_entries(p: &PromptScores) -> impl Iterator<Item = (u32, Option<&TokenLogprobs>)> {
+    p.tokens
+        .iter()
+        .copied()
+        .zip(p.logprobs.iter().map(Option::as_ref))
+}
+
+/// The prompt's text as echoed: its tokens' pieces, so that `text_offset` indexes it.
+pub fn echo_text(tok: &Tokenizer, tokens: &[u32]) -> String {
+    let bytes: Vec<u8> = tokens.iter().flat_map(|&t| tok.token_bytes(t)).collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// [`completion_logprobs`] over entries that may have no score (an echoed prompt's first
+/// token: `null` in `token_logprobs` and `top_logprobs`, as OpenAI and vLLM write it).
+pub fn legacy_logprobs<'a>(
+    tok: &Tokenizer,
+    entries: impl Iterator<Item = (u32, Option<&'a TokenLogprobs>)>,
+    offset: &mut usize,
+) -> Value {
+    let (mut tokens, mut token_logprobs, mut top_logprobs, mut text_offset) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for (id, l) in entries {
-        let (text, bytes) = piece(tok, *id);
+        let (text, bytes) = piece(tok, id);
         text_offset.push(*offset);
         *offset += bytes.len();
         tokens.push(Value::from(text));
+        let Some(l) = l else {
+            token_logprobs.push(Value::Null);
+            top_logprobs.push(Value::Null);
+            continue;
+        };
         token_logprobs.push(lp(l.logprob));
         let top: serde_json::Map<String, Value> = l
             .top

@@ -13,7 +13,8 @@ use serde_json::{json, Value};
 
 use super::middleware::{LoggedByBody, RequestInfo};
 use super::response::{
-    chat_logprobs, completion_logprobs, finish_str, generation_error, log_note, usage_json, Reply,
+    chat_logprobs, completion_logprobs, echo_text, finish_str, generation_error, legacy_logprobs,
+    log_note, prompt_entries, usage_json, PromptScores, Reply,
 };
 use super::structured;
 use crate::api::reply::ReplyParsing;
@@ -168,6 +169,22 @@ impl SseState {
                 return None;
             }
             match self.stream.next().await {
+                Some(Event::Prompt { tokens, logprobs }) => {
+                    // `echo`: every choice starts with the prompt (completions only).
+                    let p = PromptScores { tokens, logprobs };
+                    let engine = self.engine.clone();
+                    let tok = engine.tokenizer();
+                    for index in 0..self.usages.len() {
+                        let lp = if self.with_logprobs {
+                            legacy_logprobs(tok, prompt_entries(&p), &mut self.offsets[index])
+                        } else {
+                            Value::Null
+                        };
+                        let text = echo_text(tok, &p.tokens);
+                        let choice = json!({"index": index, "text": text, "logprobs": lp, "finish_reason": null});
+                        self.push_chunk(vec![choice]);
+                    }
+                }
                 Some(Event::Token {
                     index,
                     token,

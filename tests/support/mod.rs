@@ -166,6 +166,7 @@ pub fn engine_greedy(
             Event::Token { token, .. } => tokens.push(token),
             Event::Finished { reason, .. } => break reason,
             Event::Error(e) => panic!("engine error: {e}"),
+            Event::Prompt { .. } => {}
         }
     };
     // The engine counts the request as finished after its last event: wait for it.
@@ -202,6 +203,7 @@ pub fn collect(stream: &mut RequestStream) -> (Vec<u32>, FinishReason) {
             Event::Token { token, .. } => tokens.push(token),
             Event::Finished { reason, .. } => return (tokens, reason),
             Event::Error(e) => panic!("engine error: {e}"),
+            Event::Prompt { .. } => {}
         }
     }
     panic!("stream ended without finishing")
