@@ -185,3 +185,46 @@ fn a_line_nested_past_128_levels_is_too_deep_not_malformed() {
     assert!(!error.contains("malformed"), "{error:?}");
     assert_eq!(out[1]["id"], "ok");
 }
+
+/// `echo` and `logprobs` on a line are written as the server writes them: the same
+/// `logprobs` object and echoed text, for a scored-only line (`max_tokens: 0`) and a generating
+/// one, and chat lines' `top_logprobs` in the chat layout.
+#[test]
+fn echo_and_logprobs_are_written_as_the_server_writes_them() {
+    let model = support::model_path();
+    let bodies = [
+        serde_json::json!({"prompt": PREFIX, "max_tokens": 0, "echo": true, "logprobs": 2}),
+        serde_json::json!({"prompt": "The sky is", "max_tokens": 3, "echo": true, "logprobs": 1, "temperature": 0}),
+        serde_json::json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "logprobs": true, "top_logprobs": 2, "temperature": 0}),
+    ];
+    let input: String = bodies.iter().map(|b| format!("{b}\n")).collect();
+    let out = edge_llm(
+        &[
+            "run",
+            "--jsonl",
+            "-m",
+            model.to_str().unwrap(),
+            "-c",
+            "1024",
+        ],
+        &input,
+    );
+    let got = lines(&out);
+    assert_eq!(got.len(), bodies.len());
+    let server = support::harness::Server::start(&[]).expect("the server starts");
+    for (line, body) in got.iter().zip(&bodies) {
+        let path = if body.get("messages").is_some() {
+            "/v1/chat/completions"
+        } else {
+            "/v1/completions"
+        };
+        let (status, v) = server.post(path, body);
+        assert_eq!(status, 200, "{v}");
+        let choice = &v["choices"][0];
+        assert_eq!(line["logprobs"], choice["logprobs"], "{body}");
+        let text = choice.get("text").unwrap_or(&choice["message"]["content"]);
+        assert_eq!(&line["text"], text, "{body}");
+    }
+    assert!(got[0]["text"].as_str().unwrap() == PREFIX);
+    assert_eq!(got[0]["usage"]["completion_tokens"], 0);
+}

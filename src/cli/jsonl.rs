@@ -7,8 +7,9 @@
 //! one (`messages`, rendered with the chat template), plus an optional `id`; the body is read
 //! by the rules the server reads its bodies by (`crate::api::plan`), so a line is accepted or
 //! refused as the server would accept or refuse its body, and unknown fields are ignored.
-//! Absent fields take the command line's values. `n` must be 1, logprobs are not written and
-//! `stream` changes nothing (each result is one line).
+//! Absent fields take the command line's values. `n` must be 1 and `stream` changes nothing
+//! (each result is one line); `logprobs` (`top_logprobs` on chat lines) and `echo` are written as
+//! the server writes them, in a `logprobs` field.
 //! `response_format`, `regex`, `grammar`, and on `messages` lines `tools`, `tool_choice` and
 //! `parallel_tool_calls`, are read there too, and the reply is taken apart as the server's is
 //! (`crate::api::reply`).
@@ -26,9 +27,12 @@ use std::sync::mpsc;
 
 use anyhow::{anyhow, bail, Context, Result};
 use serde::Serialize;
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
 
 use super::commands::RunArgs;
+use crate::api::logprobs::{
+    chat_logprobs, echo_text, legacy_logprobs, prompt_entries, PromptScores,
+};
 use crate::api::plan::{self, Setting};
 use crate::api::reply::{self, ReplyParsing};
 use crate::api::request::{json_too_deep, too_deep_message, Endpoint};
@@ -47,6 +51,19 @@ struct Completion<'a> {
     tool_calls: Vec<Value>,
     finish_reason: &'static str,
     usage: UsageOut,
+    /// With `logprobs`: the server's layout for the line's endpoint (with `echo`, the prompt's
+    /// tokens first).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    logprobs: Option<Value>,
+}
+
+/// How one line's result is written: what to take apart in its reply, and whether it carries
+/// logprobs and the echoed prompt.
+struct LineReply {
+    parsing: ReplyParsing,
+    endpoint: Endpoint,
+    logprobs: bool,
+    echo: bool,
 }
 
 #[derive(Serialize)]
@@ -112,7 +129,7 @@ impl Builder {
     fn request(
         &mut self,
         map: &Map<String, Value>,
-    ) -> Result<(Request, &'static str, ReplyParsing), RequestError> {
+    ) -> Result<(Request, &'static str, LineReply), RequestError> {
         let endpoint = plan::endpoint_of(map)?;
         if endpoint == Endpoint::Chat && self.template.is_none() {
             let loaded = self.engine.chat_template(self.template_path.as_deref());
@@ -141,23 +158,13 @@ impl Builder {
                 "`n` must be 1 in --jsonl (one result per line)",
             ));
         }
-        if p.params.logprobs.is_some() {
-            let name = match endpoint {
-                Endpoint::Completions => "logprobs",
-                Endpoint::Chat => "top_logprobs",
-            };
-            return Err(RequestError::invalid(
-                name,
-                "logprobs are not written by --jsonl",
-            ));
-        }
-        if p.params.echo {
-            return Err(RequestError::invalid(
-                "echo",
-                "echo is not written by --jsonl",
-            ));
-        }
-        Ok((p.request, p.prompt_param, p.parsing))
+        let reply = LineReply {
+            parsing: p.parsing,
+            endpoint,
+            logprobs: p.params.logprobs.is_some(),
+            echo: p.params.echo,
+        };
+        Ok((p.request, p.prompt_param, reply))
     }
 }
 
@@ -295,7 +302,7 @@ fn read_and_submit(mut builder: Builder, tx: mpsc::Sender<Msg>, permits: mpsc::S
             });
             continue;
         }
-        let (request, prompt_param, parsing) =
+        let (request, prompt_param, reply) =
             match builder.request(value.as_object().expect("checked above")) {
                 Ok(r) => r,
                 Err(e) => {
@@ -314,10 +321,11 @@ fn read_and_submit(mut builder: Builder, tx: mpsc::Sender<Msg>, permits: mpsc::S
         match submit(&builder.engine, request) {
             Ok(stream) => {
                 let results = tx.clone();
+                let engine = builder.engine.clone();
                 let spawned = std::thread::Builder::new()
                     .name(format!("edge-llm-jsonl-{this}"))
                     .spawn(move || {
-                        let line = collect(stream, &id, this, &parsing);
+                        let line = collect(stream, &id, this, &reply, &engine);
                         let _ = results.send(Msg::Result {
                             index: this,
                             line,
@@ -363,12 +371,29 @@ fn submit(engine: &EngineHandle, request: Request) -> Result<RequestStream, Subm
 
 /// Reads one request's events to the end; its output line (the reply of input `index` taken
 /// apart as `parsing` says).
-fn collect(mut stream: RequestStream, id: &Value, index: usize, parsing: &ReplyParsing) -> String {
+fn collect(
+    mut stream: RequestStream,
+    id: &Value,
+    index: usize,
+    shape: &LineReply,
+    engine: &EngineHandle,
+) -> String {
+    let tok = engine.tokenizer();
     let mut text = String::new();
+    let mut prompt = None;
+    let mut entries = Vec::new();
     while let Some(event) = stream.next_blocking() {
         match event {
-            Event::Prompt { .. } => {} // never asked for: echo is refused above
-            Event::Token { text: t, .. } => text.push_str(&t),
+            Event::Prompt { tokens, logprobs } => prompt = Some(PromptScores { tokens, logprobs }),
+            Event::Token {
+                text: t,
+                token,
+                logprobs,
+                ..
+            } => {
+                text.push_str(&t);
+                entries.extend(logprobs.map(|l| (token, l)));
+            }
             Event::Finished {
                 reason,
                 text: t,
@@ -376,15 +401,27 @@ fn collect(mut stream: RequestStream, id: &Value, index: usize, parsing: &ReplyP
                 ..
             } => {
                 text.push_str(&t);
-                let reply = reply::assistant_reply(&text, &format!("jsonl-{index}"), 0, parsing);
+                let reply =
+                    reply::assistant_reply(&text, &format!("jsonl-{index}"), 0, &shape.parsing);
                 let finish_reason = reply::finish_reason(reason, !reply.tool_calls.is_empty());
+                let echoed = prompt.as_ref().filter(|_| shape.echo);
+                let logprobs = shape.logprobs.then(|| match shape.endpoint {
+                    Endpoint::Completions => {
+                        let generated = entries.iter().map(|(id, l)| (*id, Some(l)));
+                        let all = echoed.map(prompt_entries).into_iter().flatten();
+                        legacy_logprobs(tok, all.chain(generated), &mut 0)
+                    }
+                    Endpoint::Chat => json!({"content": chat_logprobs(tok, &entries)}),
+                });
                 let done = Completion {
                     id,
-                    text: reply.content,
+                    text: echoed.map_or(String::new(), |p| echo_text(tok, &p.tokens))
+                        + &reply.content,
                     reasoning_content: reply.reasoning,
                     tool_calls: reply.tool_calls,
                     finish_reason,
                     usage: usage.into(),
+                    logprobs,
                 };
                 return serde_json::to_string(&done).expect("serialisable");
             }
