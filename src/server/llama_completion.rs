@@ -57,6 +57,8 @@ pub async fn infill(
     generate(state, info, body, Route::Infill).await
 }
 
+/// Reads the body on the planner pool (llama-server's sampling defaults, a fresh seed),
+/// submits it under the caller's cache key, and answers whole or streamed.
 async fn generate(
     state: Arc<AppState>,
     info: RequestInfo,
@@ -103,8 +105,8 @@ async fn generate(
     whole(state, stream, gen).await
 }
 
-/// Waits for the whole generation (or one of llama-server's own stops, which drops the stream
-/// and so aborts the request) and answers its reply.
+/// Waits for the whole generation (or one of llama-server's own stops, after which the request
+/// is aborted and its last events read for the prompt's counts) and answers its reply.
 async fn whole(
     state: Arc<AppState>,
     mut stream: RequestStream,
