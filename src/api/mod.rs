@@ -8,12 +8,15 @@
 //! generated text, whole or streamed; `reasoning` splits a `<think>` reply into
 //! `reasoning_content` and `content`; `reply` takes a whole reply apart for every face.
 //! `responses` (with `responses_tools`) translates an OpenAI Responses API body into the chat
-//! body `plan` reads. `logprobs` writes the two OpenAI layouts of log-probabilities.
+//! body `plan` reads. `logprobs` writes the two OpenAI layouts of log-probabilities. `llama` reads
+//! llama-server's native bodies (`/completion`, `/infill`, whose prompt `infill` builds).
 //!
 //! Layers: the faces (`cli`, `server`) use this module; it uses the engine, the chat template and
 //! the tokenizer, and never a face. The faces turn a [`RequestError`] into their own error (an
 //! HTTP 400, a jsonl error line).
 
+pub mod infill;
+pub mod llama;
 pub mod logprobs;
 pub mod messages;
 pub mod plan;

@@ -277,7 +277,9 @@ impl Outputs {
                 return Outcome::Fork(std::mem::take(&mut st.forks_pending));
             }
             if request.max_tokens == 0 {
-                return Outcome::Finish(FinishReason::Length); // scored the prompt only
+                // The prompt evaluated (and scored, or cached for llama-server's
+                // `n_predict: 0`): nothing is generated.
+                return Outcome::Finish(FinishReason::Length);
             }
         }
         let mask = match constrained_mask(st, mask.take(), tokenizer, metrics) {

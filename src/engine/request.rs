@@ -9,8 +9,9 @@ use super::sampler::SamplingParams;
 pub struct Request {
     pub prompt: Vec<u32>,
     pub sampling: SamplingParams,
-    /// Most tokens to generate (the context may end it sooner); 0 only with `prompt_logprobs`
-    /// (score the prompt, generate nothing).
+    /// Most tokens to generate (the context may end it sooner); 0 evaluates the prompt and
+    /// generates nothing: with `prompt_logprobs` to score it, or to warm the prefix cache
+    /// (llama-server's `n_predict: 0`).
     pub max_tokens: usize,
     /// Completions to produce from the one prompt (copy-on-write forks after the prompt).
     pub n: usize,
@@ -29,6 +30,9 @@ pub struct Request {
     /// Salts the prompt's prefix-cache blocks (a tenant's API key): requests with another key
     /// never reuse them. None shares the one cache.
     pub cache_key: Option<u64>,
+    /// Start from the longest cached prefix of the prompt (true), or compute the whole prompt
+    /// (llama-server's `cache_prompt: false`); the blocks computed enter the cache either way.
+    pub cache_prompt: bool,
     /// Compute the prompt and pin its full blocks (never evicted) instead of generating: the
     /// request finishes with no tokens.
     pub pin: bool,
@@ -47,6 +51,7 @@ impl Request {
             prompt_logprobs: None,
             speculate: true,
             cache_key: None,
+            cache_prompt: true,
             pin: false,
         }
     }

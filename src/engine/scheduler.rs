@@ -229,7 +229,11 @@ impl Scheduler {
             let hashes = self
                 .blocks
                 .prompt_block_hashes_keyed(seq.cache_key, &seq.tokens);
-            seq.block_table = self.blocks.match_prefix_keyed(seq.cache_key, &seq.tokens);
+            seq.block_table = if seq.cache_prompt {
+                self.blocks.match_prefix_keyed(seq.cache_key, &seq.tokens)
+            } else {
+                Vec::new()
+            };
             if !self.prefix_cache {
                 self.blocks.truncate(&mut seq.block_table, 0);
             }
@@ -242,9 +246,10 @@ impl Scheduler {
                 self.blocks.truncate(&mut seq.block_table, keep);
             }
             let matched = seq.block_table.len();
-            if hashes
-                .get(matched)
-                .is_some_and(|h| self.in_flight.get(h).is_some_and(|&owner| owner != id))
+            if seq.cache_prompt
+                && hashes
+                    .get(matched)
+                    .is_some_and(|h| self.in_flight.get(h).is_some_and(|&owner| owner != id))
             {
                 self.blocks.free(&mut seq.block_table);
                 w += 1;

@@ -47,6 +47,9 @@ pub struct Sequence {
     pub draft: Vec<u32>,
     /// Salts its prefix-cache chain (a tenant's API key); None shares the one cache.
     pub cache_key: Option<u64>,
+    /// Start from the prompt's longest cached prefix (false: compute it all, as asked by
+    /// llama-server's `cache_prompt: false`).
+    pub cache_prompt: bool,
     /// While its prompt is being scored (`Request::prompt_logprobs`): the top alternatives
     /// wanted. Every prompt row then wants logits, and a cached prefix is reused only as far as
     /// its blocks' scores were kept (`Scheduler::scored`). None once the scores are out.
@@ -68,6 +71,7 @@ impl Sequence {
             num_preemptions: 0,
             draft: Vec::new(),
             cache_key: None,
+            cache_prompt: true,
             prompt_logprobs: None,
         }
     }

@@ -197,7 +197,8 @@ impl Worker {
                 if let Some(Err(e)) = room {
                     return self.fail(seq_id, e);
                 }
-                if !self.parking.park(seq_id, &prompt, key, &self.sched.blocks) {
+                let cache_prompt = self.out.request(seq_id).is_none_or(|r| r.cache_prompt);
+                if !cache_prompt || !self.parking.park(seq_id, &prompt, key, &self.sched.blocks) {
                     self.enqueue(seq_id);
                 }
             }
@@ -230,9 +231,11 @@ impl Worker {
             request.cache_key,
             request.prompt_logprobs,
         );
+        let cache_prompt = request.cache_prompt;
         self.sched.add(seq_id, prompt);
         if let Some(seq) = self.sched.get_mut(seq_id) {
             seq.cache_key = key;
+            seq.cache_prompt = cache_prompt;
             seq.prompt_logprobs = scoring;
         }
     }

@@ -13,9 +13,8 @@
 //!   arbitrary bytes, on the real models' vocabularies.
 //! - [`chat_template`]: the real models' chat templates rendered with hostile messages.
 //! - [`request`]: the JSON bodies of `/v1/completions`, `/v1/chat/completions`,
-//!   `/v1/responses` and `/v1/messages` (translated into chat bodies), `POST /v1/cache/pin`
-//!   and the lines of
-//!   `run --jsonl`, through the faces' shared rules (`crate::api::plan`) to the token ids they
+//!   `/v1/responses` and `/v1/messages` (translated into chat bodies), `POST /v1/cache/pin`,
+//!   llama-server's `/completion` and `/infill`, and the lines of `run --jsonl`, through the faces' shared rules (`crate::api::plan`) to the token ids they
 //!   would submit.
 //! - [`disk_block`]: the disk tier's block-file check on arbitrary bytes: a file passes only if
 //!   it is, byte for byte, the file the tier writes for that block.
@@ -348,6 +347,21 @@ pub fn request(vocabs: &[Vocabulary], data: &[u8]) {
     if let Err(e) = pinned {
         assert!(e.status.is_client_error(), "pin: status {}", e.status);
         check_message(&e.message);
+    }
+    // llama-server's `/completion` and `/infill` (the latter's prompt from the FIM tokens of
+    // every vocabulary that has them).
+    let body = axum::body::Bytes::copy_from_slice(data);
+    if let Ok(map) = crate::server::body::json_object(Ok(body), MAX_BODY_BYTES) {
+        for v in vocabs {
+            let n_batch = crate::api::infill::LLAMA_SERVER_N_BATCH;
+            let native = [
+                crate::api::llama::completion(setting(v, None), &map).map(|_| ()),
+                crate::api::llama::infill(setting(v, None), &map, n_batch).map(|_| ()),
+            ];
+            for e in native.into_iter().filter_map(Result::err) {
+                check_message(&e.message);
+            }
+        }
     }
 }
 

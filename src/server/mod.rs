@@ -27,6 +27,8 @@ pub(crate) mod cache_routes;
 pub(crate) mod error;
 pub mod kv_publisher;
 mod listener;
+mod llama_completion;
+mod llama_reply;
 mod llama_routes;
 mod messages;
 mod messages_stream;
@@ -227,6 +229,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/detokenize", post(detokenize))
         // llama-server's discovery routes (`llama_routes`).
         .route("/props", get(llama_routes::props))
+        .route("/completion", post(llama_completion::completion))
+        .route("/infill", post(llama_completion::infill))
         .route("/apply-template", post(llama_routes::apply_template))
         .route("/slots", get(llama_routes::slots))
         .route("/tokenizer_info", get(llama_routes::tokenizer_info))

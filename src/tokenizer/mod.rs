@@ -22,6 +22,7 @@ use special::{Fragment, SpecialTrie};
 use vocab::{attr, Vocab, VocabKind, VocabMeta};
 
 pub use stream::StreamDecoder;
+pub use vocab::FimTokens;
 
 /// A GGUF vocabulary ready to encode and decode. Immutable after loading, `Send + Sync`.
 pub struct Tokenizer {
@@ -78,6 +79,13 @@ impl Tokenizer {
             eot_id: key_u64("tokenizer.ggml.eot_token_id")?,
             eom_id: key_u64("tokenizer.ggml.eom_token_id")?,
             unk_id: key_u64("tokenizer.ggml.unknown_token_id")?,
+            // llama.cpp also reads the older `prefix_token_id` names.
+            fim_pre_id: key_u64("tokenizer.ggml.fim_pre_token_id")?
+                .or(key_u64("tokenizer.ggml.prefix_token_id")?),
+            fim_suf_id: key_u64("tokenizer.ggml.fim_suf_token_id")?
+                .or(key_u64("tokenizer.ggml.suffix_token_id")?),
+            fim_mid_id: key_u64("tokenizer.ggml.fim_mid_token_id")?
+                .or(key_u64("tokenizer.ggml.middle_token_id")?),
             fim_pad_id: key_u64("tokenizer.ggml.fim_pad_token_id")?,
             fim_rep_id: key_u64("tokenizer.ggml.fim_rep_token_id")?,
             fim_sep_id: key_u64("tokenizer.ggml.fim_sep_token_id")?,
@@ -189,6 +197,11 @@ impl Tokenizer {
     /// `<|eot_id|>`, ...; fill-in-the-middle pad/repo/file-separator tokens too).
     pub fn is_eog(&self, id: u32) -> bool {
         self.vocab.eog_ids.binary_search(&id).is_ok()
+    }
+
+    /// The fill-in-the-middle tokens (prefix, suffix, middle, pad, repository, file separator).
+    pub fn fim_tokens(&self) -> FimTokens {
+        self.vocab.fim
     }
 
     /// The end-of-generation ids, sorted.

@@ -58,6 +58,9 @@ pub(crate) struct VocabMeta {
     pub eot_id: Option<u64>,
     pub eom_id: Option<u64>,
     pub unk_id: Option<u64>,
+    pub fim_pre_id: Option<u64>,
+    pub fim_suf_id: Option<u64>,
+    pub fim_mid_id: Option<u64>,
     pub fim_pad_id: Option<u64>,
     pub fim_rep_id: Option<u64>,
     pub fim_sep_id: Option<u64>,
@@ -80,6 +83,38 @@ const EOT_TEXTS: &[&str] = &[
     "[EOT]",
     "<｜end▁of▁sentence｜>",
     "<end_of_utterance>",
+];
+/// Texts of the fill-in-the-middle prefix, suffix and middle tokens llama.cpp looks for when
+/// the file names none.
+const FIM_PRE_TEXTS: &[&str] = &[
+    "<|fim_prefix|>",
+    "<fim-prefix>",
+    "<fim_prefix>",
+    "<｜fim▁begin｜>",
+    "<PRE>",
+    "▁<PRE>",
+    "<|code_prefix|>",
+    "<|prefix|>",
+];
+const FIM_SUF_TEXTS: &[&str] = &[
+    "<|fim_suffix|>",
+    "<fim-suffix>",
+    "<fim_suffix>",
+    "<｜fim▁hole｜>",
+    "<SUF>",
+    "▁<SUF>",
+    "<|code_suffix|>",
+    "<|suffix|>",
+];
+const FIM_MID_TEXTS: &[&str] = &[
+    "<|fim_middle|>",
+    "<fim-middle>",
+    "<fim_middle>",
+    "<｜fim▁end｜>",
+    "<MID>",
+    "▁<MID>",
+    "<|code_middle|>",
+    "<|middle|>",
 ];
 /// Texts of fill-in-the-middle tokens that llama.cpp also counts as end-of-generation.
 const FIM_PAD_TEXTS: &[&str] = &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"];
@@ -120,6 +155,18 @@ const EOG_TEXTS: &[&str] = &[
 const ALWAYS_RENDERED_TEXTS: &[&str] =
     &["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"];
 
+/// The fill-in-the-middle tokens of a vocabulary (`/infill` builds its prompt from them): from
+/// `tokenizer.ggml.fim_*_token_id`, else found by their text as llama.cpp finds them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FimTokens {
+    pub pre: Option<u32>,
+    pub suf: Option<u32>,
+    pub mid: Option<u32>,
+    pub pad: Option<u32>,
+    pub rep: Option<u32>,
+    pub sep: Option<u32>,
+}
+
 /// A loaded vocabulary. Ids are `u32` indices into `texts`.
 pub(crate) struct Vocab {
     pub kind: VocabKind,
@@ -139,6 +186,7 @@ pub(crate) struct Vocab {
     pub add_space_prefix: bool,
     /// Sorted, deduplicated.
     pub eog_ids: Vec<u32>,
+    pub fim: FimTokens,
     /// Control, user-defined and unknown tokens, longest text first (ties by id): the order
     /// in which `special::partition` cuts them out of the text, as llama.cpp does.
     pub special_ids: Vec<u32>,
@@ -226,6 +274,9 @@ impl Vocab {
         let unk_id = pick(meta.unk_id, default_unk);
         let mut eot_id = pick(meta.eot_id, None);
         let mut eom_id = pick(meta.eom_id, None);
+        let mut fim_pre_id = pick(meta.fim_pre_id, None);
+        let mut fim_suf_id = pick(meta.fim_suf_id, None);
+        let mut fim_mid_id = pick(meta.fim_mid_id, None);
         let mut fim_pad_id = pick(meta.fim_pad_id, None);
         let mut fim_rep_id = pick(meta.fim_rep_id, None);
         let mut fim_sep_id = pick(meta.fim_sep_id, None);
@@ -258,6 +309,9 @@ impl Vocab {
         };
         detect(&mut eot_id, EOT_TEXTS);
         detect(&mut eom_id, &["<|eom_id|>"]);
+        detect(&mut fim_pre_id, FIM_PRE_TEXTS);
+        detect(&mut fim_suf_id, FIM_SUF_TEXTS);
+        detect(&mut fim_mid_id, FIM_MID_TEXTS);
         detect(&mut fim_pad_id, FIM_PAD_TEXTS);
         detect(&mut fim_rep_id, FIM_REP_TEXTS);
         detect(&mut fim_sep_id, FIM_SEP_TEXTS);
@@ -325,6 +379,14 @@ impl Vocab {
             add_bos,
             add_space_prefix,
             eog_ids,
+            fim: FimTokens {
+                pre: fim_pre_id,
+                suf: fim_suf_id,
+                mid: fim_mid_id,
+                pad: fim_pad_id,
+                rep: fim_rep_id,
+                sep: fim_sep_id,
+            },
             special_ids,
         })
     }
