@@ -12,8 +12,26 @@ use std::io::IsTerminal;
 
 use anyhow::{bail, Result};
 
+use crate::kernels::KvTypes;
 use crate::model::kv_cache::BlockId;
 use crate::model::{Batch, Cpu, Loaded, Model};
+
+/// Where a model runs and what its KV pool holds: `--device` with `--cache-type-k` and
+/// `--cache-type-v`. A bare [`Device`] is that device with an f16 pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Placement {
+    pub device: Device,
+    pub kv_types: KvTypes,
+}
+
+impl From<Device> for Placement {
+    fn from(device: Device) -> Placement {
+        Placement {
+            device,
+            kv_types: KvTypes::F16,
+        }
+    }
+}
 
 /// The `--device` choice.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -85,25 +103,38 @@ pub enum Executor {
 }
 
 impl Executor {
-    /// A CPU executor: a KV pool of `num_blocks` blocks of `block_size` tokens.
+    /// A CPU executor: an f16 KV pool of `num_blocks` blocks of `block_size` tokens.
     pub fn cpu(model: &Model, block_size: usize, num_blocks: usize) -> Executor {
-        Executor::Cpu(Box::new(model.on_cpu(block_size, num_blocks)))
+        Executor::Cpu(Box::new(model.on_cpu(KvTypes::F16, block_size, num_blocks)))
     }
 
-    /// An executor on `device` (resolved first) with a KV pool of `num_blocks` blocks of
-    /// `block_size` tokens; on a GPU this uploads the weights.
+    /// An executor on the placement's device (resolved first) with a KV pool of `num_blocks`
+    /// blocks of `block_size` tokens of its cache types; on a GPU this uploads the weights.
+    /// Cache types the model's head size cannot hold are refused in one line, and so is a
+    /// quantized cache on CUDA (its kernels keep f16).
     pub fn new(
         model: &Model,
-        device: Device,
+        placement: impl Into<Placement>,
         block_size: usize,
         num_blocks: usize,
     ) -> Result<Executor> {
+        let Placement { device, kv_types } = placement.into();
         if block_size == 0 || num_blocks == 0 {
             bail!("the KV pool needs at least one block of at least one token");
         }
+        kv_types
+            .check(model.config.head_dim)
+            .map_err(anyhow::Error::msg)?;
         match device.resolve()? {
+            Device::Cuda if kv_types != KvTypes::F16 => bail!(
+                "--cache-type-k/--cache-type-v {}: the CUDA backend keeps an f16 KV cache; \
+                 use f16 or --device cpu",
+                kv_types
+            ),
             Device::Cuda => Self::cuda(model, block_size, num_blocks),
-            _ => Ok(Self::cpu(model, block_size, num_blocks)),
+            _ => Ok(Executor::Cpu(Box::new(
+                model.on_cpu(kv_types, block_size, num_blocks),
+            ))),
         }
     }
 
@@ -158,6 +189,15 @@ impl Executor {
             }
             #[cfg(feature = "cuda")]
             Executor::CudaEmulated(_) => "cuda: the CPU emulator of the CUDA kernels".into(),
+        }
+    }
+
+    /// What the KV pool holds keys and values in (the CUDA pool: f16 only).
+    pub fn kv_types(&self) -> KvTypes {
+        match self {
+            Executor::Cpu(m) => m.backend.kv().types,
+            #[cfg(feature = "cuda")]
+            Executor::Cuda(_) | Executor::CudaEmulated(_) => KvTypes::F16,
         }
     }
 

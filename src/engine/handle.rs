@@ -181,7 +181,11 @@ impl EngineHandle {
                     }
                     memory::admit(&footprint, &memory::limits(), flag)?;
                 }
-                Executor::new(&model, device, config.block_size, config.num_blocks)?
+                let placement = crate::device::Placement {
+                    device,
+                    kv_types: config.kv_types,
+                };
+                Executor::new(&model, placement, config.block_size, config.num_blocks)?
             }
         };
         if exec.block_size() != config.block_size {
@@ -200,7 +204,10 @@ impl EngineHandle {
         let speculator = Speculator::start(
             spec,
             &model,
-            exec.device(),
+            crate::device::Placement {
+                device: exec.device(),
+                kv_types: config.kv_types,
+            },
             config.block_size,
             config.max_batched_tokens,
         )?;

@@ -17,7 +17,7 @@ use super::weights::{InFile, MatrixInfo, Weights};
 use super::{Batch, ModelConfig};
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::kernels::tensor_type::TensorType;
-use crate::kernels::{self, rows, Activation, AttentionBatch, AttentionShape, Rope};
+use crate::kernels::{self, rows, Activation, AttentionBatch, AttentionShape, KvTypes, Rope};
 use crate::model::kv_cache::{BlockId, KvCache};
 
 /// A weight matrix on the CPU: its bytes in the mapped file, and the interleaved copy its
@@ -155,9 +155,9 @@ impl Cpu {
         &mut self.kv
     }
 
-    /// A KV pool of `num_blocks` blocks of `block_size` tokens for a model of `c`.
-    pub fn new(c: &ModelConfig, block_size: usize, num_blocks: usize) -> Cpu {
-        let kv = KvCache::new(c, block_size, num_blocks);
+    /// A KV pool of `num_blocks` blocks of `block_size` tokens of `kv_types` for a model of `c`.
+    pub fn new(c: &ModelConfig, kv_types: KvTypes, block_size: usize, num_blocks: usize) -> Cpu {
+        let kv = KvCache::new_as(kv_types, c, block_size, num_blocks);
         Cpu {
             shape: kv.shape(c),
             kv,
@@ -305,9 +305,11 @@ impl Backend for Cpu {
     }
 
     fn kv_write(&mut self, layer: usize, k: &Vec<f32>, v: &Vec<f32>) -> Result<()> {
+        let types = self.kv.types;
         let (k_cache, v_cache) = self.kv.layer_mut(layer);
         let kv_dim = self.shape.n_kv_heads * self.shape.head_dim;
-        kernels::kv_write(
+        kernels::kv_write_as(
+            types,
             k,
             v,
             k_cache,
@@ -333,7 +335,8 @@ impl Backend for Cpu {
             context_lens: &self.step.context_lens,
         };
         let (k_cache, v_cache) = self.kv.layer(layer);
-        kernels::paged_attention(
+        kernels::paged_attention_as(
+            self.kv.types,
             out,
             q,
             k_cache,
