@@ -147,6 +147,11 @@ impl Drop for RequestStream {
 }
 
 impl EngineHandle {
+    /// Bytes of the KV pool in its cache types.
+    pub fn kv_bytes(&self) -> usize {
+        self.config.kv_bytes(&self.model)
+    }
+
     /// Starts the engine thread on `model` with the sizes of `config` and the optional `parts`;
     /// the thread owns the model's KV pool and scheduler from now on. Without an executor in
     /// `parts`, one is made on `parts.device` for the config's pool, after checking that the
