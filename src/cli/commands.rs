@@ -285,9 +285,10 @@ pub fn perplexity(args: &PerplexityArgs) -> Result<()> {
     args.threads.init()?;
     // Before the file is read and tokenized, so a bad --device fails at once.
     let device = crate::device::Placement {
-        device: args.device.resolve()?,
+        device: args.device,
         kv_types: args.kv_types.kv_types(),
-    };
+    }
+    .resolve()?;
     let text = match &args.file {
         Some(file) => {
             let text =

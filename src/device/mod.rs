@@ -12,7 +12,7 @@ use std::io::IsTerminal;
 
 use anyhow::{bail, Result};
 
-use crate::kernels::KvTypes;
+use crate::kernels::{kv_type_name, KvTypes};
 use crate::model::kv_cache::BlockId;
 use crate::model::{Batch, Cpu, Loaded, Model};
 
@@ -22,6 +22,25 @@ use crate::model::{Batch, Cpu, Loaded, Model};
 pub struct Placement {
     pub device: Device,
     pub kv_types: KvTypes,
+}
+
+impl Placement {
+    /// The placement to run on, its device `Cpu` or `Cuda`: the CUDA backend keeps an f16 KV
+    /// cache, so another cache type with `--device cuda` is refused in one line (before any
+    /// GPU is probed), and with `auto` runs on the CPU.
+    pub fn resolve(self) -> Result<Placement> {
+        let device = match (self.device, self.kv_types == KvTypes::F16) {
+            (Device::Cuda, false) => bail!(
+                "--cache-type-k {} --cache-type-v {}: the CUDA backend keeps an f16 KV cache; \
+                 use f16 on CUDA or --device cpu",
+                kv_type_name(self.kv_types.k),
+                kv_type_name(self.kv_types.v)
+            ),
+            (Device::Auto, false) => Device::Cpu,
+            (d, _) => d.resolve()?,
+        };
+        Ok(Placement { device, ..self })
+    }
 }
 
 impl From<Device> for Placement {
@@ -111,26 +130,22 @@ impl Executor {
     /// An executor on the placement's device (resolved first) with a KV pool of `num_blocks`
     /// blocks of `block_size` tokens of its cache types; on a GPU this uploads the weights.
     /// Cache types the model's head size cannot hold are refused in one line, and so is a
-    /// quantized cache on CUDA (its kernels keep f16).
+    /// quantized cache on CUDA (its kernels keep f16: [`Placement::resolve`]).
     pub fn new(
         model: &Model,
         placement: impl Into<Placement>,
         block_size: usize,
         num_blocks: usize,
     ) -> Result<Executor> {
-        let Placement { device, kv_types } = placement.into();
+        let placement = placement.into();
+        let kv_types = placement.kv_types;
         if block_size == 0 || num_blocks == 0 {
             bail!("the KV pool needs at least one block of at least one token");
         }
         kv_types
             .check(model.config.head_dim)
             .map_err(anyhow::Error::msg)?;
-        match device.resolve()? {
-            Device::Cuda if kv_types != KvTypes::F16 => bail!(
-                "--cache-type-k/--cache-type-v {}: the CUDA backend keeps an f16 KV cache; \
-                 use f16 or --device cpu",
-                kv_types
-            ),
+        match placement.resolve()?.device {
             Device::Cuda => Self::cuda(model, block_size, num_blocks),
             _ => Ok(Executor::Cpu(Box::new(
                 model.on_cpu(kv_types, block_size, num_blocks),

@@ -173,7 +173,12 @@ impl EngineHandle {
         let exec = match executor {
             Some(exec) => exec,
             None => {
-                let device = device.resolve()?;
+                let device = crate::device::Placement {
+                    device,
+                    kv_types: config.kv_types,
+                }
+                .resolve()?
+                .device;
                 if let (Device::Cpu, Some(flag)) = (device, memory_flag) {
                     let mut footprint = config.footprint(&model);
                     if let Some(draft) = &spec.draft {
