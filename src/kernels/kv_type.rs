@@ -3,6 +3,13 @@
 //! blocks laid along each head's `head_dim` (csrc/edge_kernels.h, "Paged KV cache"). Named as
 //! llama.cpp's `-ctk`/`-ctv` name them. Every type's block is a whole number of 16-bit words, so
 //! a cache is held in `u16` words whatever its type.
+//!
+//! As llama.cpp does since its attention rotation (llama-kv-cache.cpp, `n_rot_k`, `n_rot_v`), a
+//! quantized cache stores keys and values turned by an orthonormal Walsh-Hadamard rotation
+//! ([`hadamard_rows`]) in chunks of each head: an outlier channel is spread over the chunk
+//! instead of widening its block's scale. Queries are turned the same way (q . k is unchanged)
+//! and attention's output turned back (H H = I). The rotation is per row, so it never depends on
+//! the batch.
 
 use super::bindings as ffi;
 use super::tensor_type::TensorType;
@@ -48,6 +55,19 @@ impl KvTypes {
         Ok(())
     }
 
+    /// The rotation's chunk for keys (and queries): with a quantized K and a head size that is a
+    /// multiple of 64, the largest power of two dividing it (llama.cpp's `n_rot_k`); else none.
+    pub fn k_rotation(self, head_dim: usize) -> Option<usize> {
+        (self.k.block_size() > 1 && head_dim.is_multiple_of(64))
+            .then(|| 1 << head_dim.trailing_zeros())
+    }
+
+    /// The rotation's chunk for values (and attention's output): 64 with a quantized V and a
+    /// head size that is a multiple of 64 (llama.cpp's `n_rot_v`); else none.
+    pub fn v_rotation(self, head_dim: usize) -> Option<usize> {
+        (self.v.block_size() > 1 && head_dim.is_multiple_of(64)).then_some(64)
+    }
+
     /// Bytes of one token's keys and values in one layer of `kv_dim` elements each.
     pub fn token_bytes(self, kv_dim: usize) -> usize {
         2 * (kv_row_words(self.k, kv_dim) + kv_row_words(self.v, kv_dim))
@@ -79,6 +99,34 @@ pub fn parse_kv_type(name: &str) -> Result<TensorType, String> {
         })
 }
 
+/// Every run of `n` values of `x` (`n` a power of two dividing `x.len()`) times the orthonormal
+/// Walsh-Hadamard matrix of size `n` in Sylvester's order (H_2n = [[H, H], [H, -H]] / sqrt 2, as
+/// llama.cpp's `ggml_gen_hadamard`): the butterflies in a fixed order, then the scale, so the
+/// result depends only on the run.
+pub fn hadamard_rows(x: &mut [f32], n: usize) {
+    assert!(
+        n.is_power_of_two() && x.len().is_multiple_of(n),
+        "hadamard shapes"
+    );
+    let scale = 1.0 / (n as f32).sqrt();
+    for run in x.chunks_exact_mut(n) {
+        let mut h = 1;
+        while h < n {
+            for i in (0..n).step_by(2 * h) {
+                for j in i..i + h {
+                    let (a, b) = (run[j], run[j + h]);
+                    run[j] = a + b;
+                    run[j + h] = a - b;
+                }
+            }
+            h *= 2;
+        }
+        for v in run.iter_mut() {
+            *v *= scale;
+        }
+    }
+}
+
 /// Whether the kernels take `t` for a KV cache.
 pub fn kv_type_ok(t: TensorType) -> bool {
     // SAFETY: a pure function of an integer.
@@ -105,6 +153,44 @@ mod tests {
         }
         assert!(!kv_type_ok(TensorType::Q4_K));
         assert!(parse_kv_type("q4_k").is_err());
+    }
+
+    #[test]
+    fn hadamard_is_the_orthonormal_sylvester_matrix_and_its_own_inverse() {
+        let n = 64;
+        // Row i of H (Sylvester's order) is (-1)^popcount(i & j) / sqrt(n).
+        let x: Vec<f32> = (0..2 * n)
+            .map(|i| ((i * 37 % 11) as f32 - 5.0) * 0.3)
+            .collect();
+        let mut y = x.clone();
+        hadamard_rows(&mut y, n);
+        for r in 0..2 {
+            for i in 0..n {
+                let want: f64 = (0..n)
+                    .map(|j| {
+                        let sign = if (i & j).count_ones() % 2 == 0 {
+                            1.0
+                        } else {
+                            -1.0
+                        };
+                        sign * x[r * n + j] as f64
+                    })
+                    .sum::<f64>()
+                    / (n as f64).sqrt();
+                assert!((y[r * n + i] as f64 - want).abs() < 1e-5, "{r} {i}");
+            }
+        }
+        hadamard_rows(&mut y, n);
+        assert!(x.iter().zip(&y).all(|(a, b)| (a - b).abs() < 1e-5));
+        let q8 = KvTypes {
+            k: TensorType::Q8_0,
+            v: TensorType::Q4_0,
+        };
+        assert_eq!(q8.k_rotation(128), Some(128));
+        assert_eq!(q8.k_rotation(192), Some(64));
+        assert_eq!(q8.v_rotation(128), Some(64));
+        assert_eq!(q8.k_rotation(96), None);
+        assert_eq!(KvTypes::F16.k_rotation(128), None);
     }
 
     #[test]
