@@ -84,7 +84,7 @@ int32_t el_kv_type_ok(int32_t type) {
 }
 
 static el_kv_rows kv_rows(const void *cache, int32_t type) {
-    return (el_kv_rows){cache, type, el_type_block_size(type), el_type_block_bytes(type)};
+    return (el_kv_rows){cache, type, el_type_block_size(type) == 1 ? 0 : 5, el_type_block_bytes(type)};
 }
 
 /* Bytes of one row of kv_dim elements of `type`. */
@@ -93,7 +93,7 @@ static int64_t kv_row_bytes(int32_t type, int64_t kv_dim) {
 }
 
 void el_kv_rows_to_f32(const el_kv_rows *rows, int64_t e, float *dst, int64_t n) {
-    el_dequantize_row(rows->type, rows->base + e / rows->block_elems * rows->block_bytes, dst, n);
+    el_dequantize_row(rows->type, rows->base + (e >> rows->elems_log2) * rows->block_bytes, dst, n);
 }
 
 /* exp(x) for x <= 0 (el_internal.h). */

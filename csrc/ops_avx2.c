@@ -376,7 +376,7 @@ EL_AI void values3(const int64_t HD, const int nv, float *a0, float *a1, float *
  * converts it: F16 by F16C, Q8_0 and Q4_0 as their exact products d * q eight lanes at a time,
  * the other types by the reference itself. */
 EL_AI void head_to_f32(const int64_t HD, const el_kv_rows *r, const int64_t e, float *dst) {
-    const uint8_t *p = r->base + e / r->block_elems * r->block_bytes;
+    const uint8_t *p = r->base + (e >> r->elems_log2) * r->block_bytes;
     if (r->type == EL_TYPE_F16) {
         for (int64_t d = 0; d < HD; d += 8) _mm256_store_ps(dst + d, _mm256_cvtph_ps(el_loadu_128(p + 2 * d)));
     } else if (r->type == EL_TYPE_Q8_0) {
@@ -411,8 +411,8 @@ EL_AI void head_to_f32(const int64_t HD, const el_kv_rows *r, const int64_t e, f
 
 /* The cache lines of one head row (HD elements from element e), into L1 ahead of its use. */
 EL_AI void prefetch_head(const el_kv_rows *r, const int64_t e, const int64_t HD) {
-    const uint8_t *p = r->base + e / r->block_elems * r->block_bytes;
-    const int64_t bytes = HD / r->block_elems * r->block_bytes;
+    const uint8_t *p = r->base + (e >> r->elems_log2) * r->block_bytes;
+    const int64_t bytes = (HD >> r->elems_log2) * r->block_bytes;
     for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch((const char *)(p + b), _MM_HINT_T0);
 }
 

@@ -16,11 +16,13 @@
 #include "edge_kernels.h"
 
 /* One layer's K or V cache as attention reads it (edge_kernels.h, "Paged KV cache"): rows of a
- * type whose element e lies in block e / block_elems, block_bytes bytes each, from base. */
+ * type whose element e lies in block e >> elems_log2 (blocks of 1 or 32 elements), block_bytes
+ * bytes each, from base. */
 typedef struct {
     const uint8_t *base;
     int32_t type;
-    int64_t block_elems, block_bytes;
+    int32_t elems_log2;
+    int64_t block_bytes;
 } el_kv_rows;
 
 /* ops.c: dst[0 .. n) = elements [e, e + n) of rows, as el_dequantize_row converts them (e and n
