@@ -3,13 +3,17 @@
 //! cache's (the cache is really quantized) and greedy outputs are identical alone, among 16
 //! sessions sharing a cached 400-token prompt, in chunks of 64 tokens, from the prefix cache,
 //! after preemption and in copy-on-write forks (quantization happens once, at the write, per
-//! row, so no batch ever changes what a row reads).
+//! row, so no batch ever changes what a row reads); a draft model's pool takes the same types and
+//! speculation still never changes the output.
 
 mod support;
 
 use edge_llm::device::{Device, Placement};
 use edge_llm::engine::sampler::SamplingParams;
-use edge_llm::engine::{EngineConfig, EngineHandle, EngineParts, Event, FinishReason, Request};
+use edge_llm::engine::speculative::DraftSetup;
+use edge_llm::engine::{
+    EngineConfig, EngineHandle, EngineParts, Event, FinishReason, Request, SpecConfig,
+};
 use edge_llm::kernels::tensor_type::TensorType;
 use edge_llm::kernels::KvTypes;
 use edge_llm::model::kv_cache::KvCache;
@@ -24,6 +28,20 @@ const Q8: KvTypes = KvTypes {
 };
 
 fn engine(kv_types: KvTypes, num_blocks: usize, max_batched_tokens: usize) -> EngineHandle {
+    engine_with(
+        kv_types,
+        num_blocks,
+        max_batched_tokens,
+        EngineParts::default(),
+    )
+}
+
+fn engine_with(
+    kv_types: KvTypes,
+    num_blocks: usize,
+    max_batched_tokens: usize,
+    parts: EngineParts,
+) -> EngineHandle {
     let config = EngineConfig {
         block_size: 16,
         num_blocks,
@@ -35,7 +53,7 @@ fn engine(kv_types: KvTypes, num_blocks: usize, max_batched_tokens: usize) -> En
         mask_budget_ms: EngineConfig::DEFAULT_MASK_BUDGET_MS,
         kv_types,
     };
-    EngineHandle::start(shared_model(), config, EngineParts::default()).unwrap()
+    EngineHandle::start(shared_model(), config, parts).unwrap()
 }
 
 /// Sixteen prompts: the same 400-token text, then a different question each.
@@ -194,4 +212,41 @@ fn forks_copy_quantized_blocks_on_write() {
     for (i, got) in all.iter().enumerate() {
         assert_eq!(got, &one, "fork {i}");
     }
+}
+
+#[test]
+fn a_draft_on_a_q8_0_pool_never_changes_the_output() {
+    // The default model drafting for itself, its own pool in q8_0 too, proposing 4 tokens every
+    // step: the same greedy tokens as speculation off, and both pools full again at the end.
+    let prompts = prompts();
+    let want: Vec<Vec<u32>> = prompts[..4]
+        .iter()
+        .map(|p| collect(&mut engine(Q8, 64, 512).submit(greedy(p, 24)).unwrap()).remove(0))
+        .collect();
+    let spec = SpecConfig {
+        enabled: true,
+        max_tokens: 4,
+        adaptive: false,
+        draft: Some(DraftSetup {
+            model: shared_model(),
+            num_blocks: 256,
+        }),
+        ..SpecConfig::default()
+    };
+    let parts = EngineParts {
+        spec,
+        ..Default::default()
+    };
+    let e = engine_with(Q8, 256, 512, parts);
+    let mut streams: Vec<_> = prompts[..4]
+        .iter()
+        .map(|p| e.submit(greedy(p, 24)).unwrap())
+        .collect();
+    for (i, s) in streams.iter_mut().enumerate() {
+        assert_eq!(collect(s)[0], want[i], "sequence {i} with the draft");
+    }
+    let m = support::wait_idle(&e);
+    assert!(m.spec_proposed_tokens > 0, "the draft proposed: {m:?}");
+    assert_eq!(m.blocks_used, 0, "{m:?}");
+    assert_eq!(m.draft_blocks, Some((256, 256)), "{m:?}");
 }
