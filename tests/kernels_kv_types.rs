@@ -407,3 +407,80 @@ fn quantized_caches_stay_within_their_error_budgets_against_f16() {
         assert!(worst > 0.0, "{t:?}: the cache was not quantized");
     }
 }
+
+/// This thread's CPU time in seconds (steadier than wall time on a shared machine; Linux).
+fn thread_cpu_seconds() -> f64 {
+    #[repr(C)]
+    struct Timespec {
+        tv_sec: i64,
+        tv_nsec: i64,
+    }
+    extern "C" {
+        fn clock_gettime(clock: i32, tp: *mut Timespec) -> i32;
+    }
+    const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
+    let mut t = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to write into.
+    unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    t.tv_sec as f64 + 1e-9 * t.tv_nsec as f64
+}
+
+#[test]
+#[ignore = "a measurement: cargo test --release --test kernels_kv_types -- --ignored --nocapture"]
+fn decode_attention_at_4000_keys_per_cache_type() {
+    // One token's attention over 4000 keys at the default model's shapes (9 heads, 3 KV heads of
+    // 64, blocks of 16), on one thread, in thread CPU time per layer, best of 5 sweeps.
+    let (hd, kvh, h, bs, keys) = (64, 3, 9, 16, 4000usize);
+    let num_blocks = keys.div_ceil(bs) + 1;
+    let mut rng = Rng(36);
+    let kv_dim = kvh * hd;
+    let num_slots = num_blocks * bs;
+    let k = data(&mut rng, num_slots * kv_dim, 1.0);
+    let v = data(&mut rng, num_slots * kv_dim, 1.0);
+    let slots: Vec<i64> = (0..num_slots as i64).collect();
+    let q = data(&mut rng, h * hd, 1.0);
+    let table: Vec<i32> = (0..num_blocks as i32).collect();
+    let shape = AttentionShape {
+        n_heads: h,
+        n_kv_heads: kvh,
+        head_dim: hd,
+        block_size: bs,
+        num_blocks,
+    };
+    // As in the model's forward pass, one call per layer over 30 layers' caches (about 90 MB
+    // in f16), so the keys and values come from memory, not from the last call's cache lines.
+    let layers = 30;
+    for t in [F16, Q8_0, Q4_0] {
+        let kt = types(t, t);
+        let caches: Vec<(Vec<u16>, Vec<u16>)> = (0..layers)
+            .map(|_| {
+                let mut kc = vec![0u16; num_slots * kv_row_words(t, kv_dim)];
+                let mut vc = vec![0u16; num_slots * kv_row_words(t, kv_dim)];
+                kv_write_as(kt, &k, &v, &mut kc, &mut vc, &slots, kv_dim);
+                (kc, vc)
+            })
+            .collect();
+        let batch = AttentionBatch {
+            block_tables: &table,
+            max_blocks_per_seq: num_blocks,
+            token_seq: &[0],
+            context_lens: &[keys as i32],
+        };
+        let mut out = vec![0f32; h * hd];
+        let best = (0..5)
+            .map(|_| {
+                let t0 = thread_cpu_seconds();
+                edge_llm::kernels::serial(|| {
+                    for (kc, vc) in &caches {
+                        paged_attention_as(kt, &mut out, &q, kc, vc, &shape, &batch, 0.125, None)
+                    }
+                });
+                (thread_cpu_seconds() - t0) / layers as f64
+            })
+            .fold(f64::INFINITY, f64::min);
+        eprintln!("{kt}: {:.3} ms per layer", best * 1e3);
+    }
+}
