@@ -93,7 +93,13 @@ static int64_t kv_row_bytes(int32_t type, int64_t kv_dim) {
 }
 
 void el_kv_rows_to_f32(const el_kv_rows *rows, int64_t e, float *dst, int64_t n) {
-    el_dequantize_row(rows->type, rows->base + (e >> rows->elems_log2) * rows->block_bytes, dst, n);
+    const uint8_t *p = rows->base + (e >> rows->elems_log2) * rows->block_bytes;
+    if (rows->type == EL_TYPE_F16) { /* inline: the default cache, and the reference's hot loop */
+        const uint16_t *h = (const uint16_t *)p;
+        for (int64_t i = 0; i < n; i++) dst[i] = el_fp16_to_fp32(h[i]);
+        return;
+    }
+    el_dequantize_row(rows->type, p, dst, n);
 }
 
 /* exp(x) for x <= 0 (el_internal.h). */
