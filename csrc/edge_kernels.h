@@ -146,13 +146,23 @@ void el_geglu(const float *gate /* [n] */, const float *up /* [n] */, float *y /
  * AVX2 variant uses, exported so tests can check it against the process's libm. y may alias x. */
 void el_expf(const float *x /* [n] */, float *y /* [n] */, int64_t n);
 
-/* ---- Paged KV cache ------------------------------------------------------------------------ */
+/* ---- Paged KV cache ------------------------------------------------------------------------
+ * A layer's keys (and values) are rows of kv_dim = n_kv_heads * head_dim elements, one per slot,
+ * stored as a tensor type: F16 (the default), BF16, or a 32-element type Q8_0, Q4_0, Q4_1, Q5_0,
+ * Q5_1 or IQ4_NL in ggml's block layouts (el_types.h), blocks along head_dim (so head_dim must be
+ * a multiple of 32 for those, and no block spans two heads). A row takes
+ * kv_dim / el_type_block_size(type) * el_type_block_bytes(type) bytes; K and V may differ. */
+
+/* 1 when a KV cache may hold `type`, else 0. */
+int32_t el_kv_type_ok(int32_t type);
 
 /* Writes each token's key and value rows into the cache slot its slot_mapping entry names
- * (slot = block_id * block_size + offset in block), converted to f16. A slot < 0 is skipped. */
+ * (slot = block_id * block_size + offset in block), each row converted once to the cache's type
+ * as el_quantize_row converts it (F16: round to nearest even). A slot < 0 is skipped. */
 void el_kv_write(const float *k /* [n_tokens][kv_dim] */, const float *v /* [n_tokens][kv_dim] */,
-                 uint16_t *k_cache /* [num_slots][kv_dim] f16 */, uint16_t *v_cache /* [num_slots][kv_dim] f16 */,
-                 const int64_t *slot_mapping /* [n_tokens] */, int64_t n_tokens, int64_t kv_dim);
+                 void *k_cache /* [num_slots] rows of k_type */, void *v_cache /* [num_slots] rows of v_type */,
+                 int32_t k_type, int32_t v_type, const int64_t *slot_mapping /* [n_tokens] */, int64_t n_tokens,
+                 int64_t kv_dim);
 
 /* Paged attention over a batch of tokens from many sequences.
  * Token t belongs to sequence token_seq[t] and sees keys at positions [max(0, L - window), L) with
@@ -160,15 +170,16 @@ void el_kv_write(const float *k /* [n_tokens][kv_dim] */, const float *v /* [n_t
  * covers the cached prefix), or all of [0, L) when window <= 0. Key j of sequence s lives in slot
  * block_tables[s * max_blocks_per_seq + j / block_size] * block_size + j % block_size.
  * Query head h reads KV head h / (n_heads / n_kv_heads) (grouped-query attention).
- * out[t][h] = softmax(scale * q[t][h] . K) V, an online softmax over the blocks in key order.
+ * out[t][h] = softmax(scale * q[t][h] . K) V, an online softmax over the blocks in key order, with
+ * each key and value head row first converted to f32 as el_dequantize_row converts it.
  * Work items are (token, head) pairs t * n_heads + h in [item_begin, item_end), for threading.
  * head_dim <= EL_MAX_HEAD_DIM. */
 #define EL_MAX_HEAD_DIM 512
 void el_paged_attention(float *out /* [n_tokens][n_heads][head_dim] */,
                         const float *q /* [n_tokens][n_heads][head_dim] */,
-                        const uint16_t *k_cache /* [num_blocks][block_size][n_kv_heads][head_dim] f16 */,
-                        const uint16_t *v_cache /* [num_blocks][block_size][n_kv_heads][head_dim] f16 */,
-                        const int32_t *block_tables /* [n_seqs][max_blocks_per_seq] */,
+                        const void *k_cache /* [num_blocks][block_size] rows of k_type */,
+                        const void *v_cache /* [num_blocks][block_size] rows of v_type */, int32_t k_type,
+                        int32_t v_type, const int32_t *block_tables /* [n_seqs][max_blocks_per_seq] */,
                         const int32_t *token_seq /* [n_tokens] */, const int32_t *context_lens /* [n_tokens] */,
                         int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t block_size,
                         int64_t max_blocks_per_seq, float scale, int32_t window, int64_t item_begin,

@@ -59,8 +59,8 @@ void el_geglu(const float *gate, const float *up, float *y, int64_t n) {
     }
 }
 
-static void kv_write_ref(const float *k, const float *v, uint16_t *k_cache, uint16_t *v_cache,
-                 const int64_t *slot_mapping, int64_t n_tokens, int64_t kv_dim) {
+static void kv_write_f16_ref(const float *k, const float *v, uint16_t *k_cache, uint16_t *v_cache,
+                             const int64_t *slot_mapping, int64_t n_tokens, int64_t kv_dim) {
     for (int64_t t = 0; t < n_tokens; t++) {
         const int64_t slot = slot_mapping[t];
         if (slot < 0) continue;
@@ -71,6 +71,35 @@ static void kv_write_ref(const float *k, const float *v, uint16_t *k_cache, uint
             vd[i] = el_fp32_to_fp16(v[t * kv_dim + i]);
         }
     }
+}
+
+int32_t el_kv_type_ok(int32_t type) {
+    switch (type) {
+    case EL_TYPE_F16: case EL_TYPE_BF16: case EL_TYPE_Q8_0: case EL_TYPE_Q4_0: case EL_TYPE_Q4_1:
+    case EL_TYPE_Q5_0: case EL_TYPE_Q5_1: case EL_TYPE_IQ4_NL:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static el_kv_rows kv_rows(const void *cache, int32_t type) {
+    return (el_kv_rows){cache, type, el_type_block_size(type) == 1 ? 0 : 5, el_type_block_bytes(type)};
+}
+
+/* Bytes of one row of kv_dim elements of `type`. */
+static int64_t kv_row_bytes(int32_t type, int64_t kv_dim) {
+    return kv_dim / el_type_block_size(type) * el_type_block_bytes(type);
+}
+
+void el_kv_rows_to_f32(const el_kv_rows *rows, int64_t e, float *dst, int64_t n) {
+    const uint8_t *p = rows->base + (e >> rows->elems_log2) * rows->block_bytes;
+    if (rows->type == EL_TYPE_F16) { /* inline: the default cache, and the reference's hot loop */
+        const uint16_t *h = (const uint16_t *)p;
+        for (int64_t i = 0; i < n; i++) dst[i] = el_fp16_to_fp32(h[i]);
+        return;
+    }
+    el_dequantize_row(rows->type, p, dst, n);
 }
 
 /* exp(x) for x <= 0 (el_internal.h). */
@@ -98,15 +127,16 @@ static float exp_nonpos(float x) {
  *   what was accumulated is rescaled by exp(m - m_c) and m = m_c; then each key's weight is
  *   p = exp(s - m), added to lane k (its place in the chunk) of the normaliser and, by fmaf, p v
  *   to the output, key after key;
- * - the normaliser's eight lanes are added by el_tree8 at the end. */
-static void paged_attention_ref(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
+ * - the normaliser's eight lanes are added by el_tree8 at the end.
+ * Each key's and value's head row is first converted to f32 (el_kv_rows_to_f32). */
+static void paged_attention_ref(float *out, const float *q, const el_kv_rows *k_cache, const el_kv_rows *v_cache,
                         const int32_t *block_tables, const int32_t *token_seq, const int32_t *context_lens,
                         int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t block_size,
                         int64_t max_blocks_per_seq, float scale, int32_t window, int64_t item_begin,
                         int64_t item_end) {
     const int64_t group = n_heads / n_kv_heads;
     const int64_t kv_dim = n_kv_heads * head_dim;
-    float acc[EL_MAX_HEAD_DIM];
+    float acc[EL_MAX_HEAD_DIM], kf[EL_MAX_HEAD_DIM], vf[EL_ATTN_CHUNK][EL_MAX_HEAD_DIM];
     for (int64_t item = item_begin; item < item_end; item++) {
         const int64_t t = item / n_heads, h = item % n_heads;
         const int64_t kvh = h / group;
@@ -118,15 +148,14 @@ static void paged_attention_ref(float *out, const float *q, const uint16_t *k_ca
         for (int64_t d = 0; d < head_dim; d++) acc[d] = 0.0f;
         for (int64_t j0 = first; j0 < len; j0 += EL_ATTN_CHUNK) {
             const int n = (int)(len - j0 < EL_ATTN_CHUNK ? len - j0 : EL_ATTN_CHUNK);
-            const uint16_t *vj[EL_ATTN_CHUNK];
             float s[EL_ATTN_CHUNK], m_c = -INFINITY;
             for (int k = 0; k < n; k++) {
                 const int64_t j = j0 + k;
                 const int64_t slot = (int64_t)table[j / block_size] * block_size + j % block_size;
-                const uint16_t *kj = k_cache + slot * kv_dim + kvh * head_dim;
-                vj[k] = v_cache + slot * kv_dim + kvh * head_dim;
+                el_kv_rows_to_f32(k_cache, slot * kv_dim + kvh * head_dim, kf, head_dim);
+                el_kv_rows_to_f32(v_cache, slot * kv_dim + kvh * head_dim, vf[k], head_dim);
                 float part[8] = {0};
-                for (int64_t d = 0; d < head_dim; d++) part[d % 8] = fmaf(qh[d], el_fp16_to_fp32(kj[d]), part[d % 8]);
+                for (int64_t d = 0; d < head_dim; d++) part[d % 8] = fmaf(qh[d], kf[d], part[d % 8]);
                 s[k] = el_tree8(part) * scale;
                 if (s[k] > m_c) m_c = s[k];
             }
@@ -139,7 +168,7 @@ static void paged_attention_ref(float *out, const float *q, const uint16_t *k_ca
             for (int k = 0; k < n; k++) {
                 const float p = exp_nonpos(s[k] - m);
                 lanes[k] += p;
-                for (int64_t d = 0; d < head_dim; d++) acc[d] = fmaf(p, el_fp16_to_fp32(vj[k][d]), acc[d]);
+                for (int64_t d = 0; d < head_dim; d++) acc[d] = fmaf(p, vf[k][d], acc[d]);
             }
         }
         const float l = el_tree8(lanes);
@@ -177,22 +206,34 @@ void el_swiglu(const float *gate, const float *up, float *y, int64_t n) {
     swiglu_ref(gate, up, y, n);
 }
 
-void el_kv_write(const float *k, const float *v, uint16_t *k_cache, uint16_t *v_cache,
+void el_kv_write(const float *k, const float *v, void *k_cache, void *v_cache, int32_t k_type, int32_t v_type,
                  const int64_t *slot_mapping, int64_t n_tokens, int64_t kv_dim) {
-    EL_DISPATCH_AVX2(el_kv_write_avx2(k, v, k_cache, v_cache, slot_mapping, n_tokens, kv_dim))
-    kv_write_ref(k, v, k_cache, v_cache, slot_mapping, n_tokens, kv_dim);
+    if (k_type == EL_TYPE_F16 && v_type == EL_TYPE_F16) {
+        EL_DISPATCH_AVX2(el_kv_write_f16_avx2(k, v, k_cache, v_cache, slot_mapping, n_tokens, kv_dim))
+        kv_write_f16_ref(k, v, k_cache, v_cache, slot_mapping, n_tokens, kv_dim);
+        return;
+    }
+    /* Row by row through the type's quantizer (its SIMD variant, bit-identical, where it has one). */
+    const int64_t k_row = kv_row_bytes(k_type, kv_dim), v_row = kv_row_bytes(v_type, kv_dim);
+    for (int64_t t = 0; t < n_tokens; t++) {
+        const int64_t slot = slot_mapping[t];
+        if (slot < 0) continue;
+        el_quantize_row(k_type, k + t * kv_dim, (uint8_t *)k_cache + slot * k_row, kv_dim);
+        el_quantize_row(v_type, v + t * kv_dim, (uint8_t *)v_cache + slot * v_row, kv_dim);
+    }
 }
 
-void el_paged_attention(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
-                        const int32_t *block_tables, const int32_t *token_seq, const int32_t *context_lens,
-                        int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t block_size,
-                        int64_t max_blocks_per_seq, float scale, int32_t window, int64_t item_begin,
-                        int64_t item_end) {
+void el_paged_attention(float *out, const float *q, const void *k_cache, const void *v_cache, int32_t k_type,
+                        int32_t v_type, const int32_t *block_tables, const int32_t *token_seq,
+                        const int32_t *context_lens, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                        int64_t block_size, int64_t max_blocks_per_seq, float scale, int32_t window,
+                        int64_t item_begin, int64_t item_end) {
+    const el_kv_rows kr = kv_rows(k_cache, k_type), vr = kv_rows(v_cache, v_type);
     if (head_dim % 8 == 0) { /* the SIMD version holds head_dim in whole vectors */
-        EL_DISPATCH_AVX2(el_paged_attention_avx2(out, q, k_cache, v_cache, block_tables, token_seq, context_lens,
-                                                 n_heads, n_kv_heads, head_dim, block_size, max_blocks_per_seq,
-                                                 scale, window, item_begin, item_end))
+        EL_DISPATCH_AVX2(el_paged_attention_avx2(out, q, &kr, &vr, block_tables, token_seq, context_lens, n_heads,
+                                                 n_kv_heads, head_dim, block_size, max_blocks_per_seq, scale, window,
+                                                 item_begin, item_end))
     }
-    paged_attention_ref(out, q, k_cache, v_cache, block_tables, token_seq, context_lens, n_heads, n_kv_heads,
-                        head_dim, block_size, max_blocks_per_seq, scale, window, item_begin, item_end);
+    paged_attention_ref(out, q, &kr, &vr, block_tables, token_seq, context_lens, n_heads, n_kv_heads, head_dim,
+                        block_size, max_blocks_per_seq, scale, window, item_begin, item_end);
 }

@@ -15,11 +15,12 @@
  * - SwiGLU's exp is glibc's expf computed eight lanes at a time with the same double operations
  *   (expf_avx2.h), so it equals the reference's libm expf bit for bit;
  * - no FMA where the reference multiplies then adds (attention's reference uses fmaf throughout);
- * - kv_write converts with F16C (round to nearest even, as el_fp32_to_fp16; NaNs mapped to its
- *   quiet NaN); RoPE computes each token's cos/sin once instead of once per head, with the same
+ * - kv_write to an f16 cache converts with F16C (round to nearest even, as el_fp32_to_fp16; NaNs
+ *   mapped to its quiet NaN; the other KV types go through their quantizers in ops.c); attention
+ *   converts each key and value to f32 exactly as the reference does (head_to_f32); RoPE computes each token's cos/sin once instead of once per head, with the same
  *   calls, and rotates eight lanes at a time.
  * Each (token, head) of attention is computed alone, in key order, so results never depend on
- * what else is in the batch (queries that share keys share only the keys' conversion from f16).
+ * what else is in the batch (queries that share keys share only the keys' conversion to f32).
  */
 #if defined(__x86_64__)
 
@@ -187,8 +188,8 @@ void el_swiglu_avx2(const float *gate, const float *up, float *y, int64_t n) {
 
 /* ---- KV write --------------------------------------------------------------------------------- */
 
-void el_kv_write_avx2(const float *k, const float *v, uint16_t *k_cache, uint16_t *v_cache,
-                      const int64_t *slot_mapping, int64_t n_tokens, int64_t kv_dim) {
+void el_kv_write_f16_avx2(const float *k, const float *v, uint16_t *k_cache, uint16_t *v_cache,
+                          const int64_t *slot_mapping, int64_t n_tokens, int64_t kv_dim) {
     for (int64_t t = 0; t < n_tokens; t++) {
         const int64_t slot = slot_mapping[t];
         if (slot < 0) continue;
@@ -371,6 +372,50 @@ EL_AI void values3(const int64_t HD, const int nv, float *a0, float *a1, float *
     }
 }
 
+/* One head row (HD elements from element e) of a KV cache as f32, exactly as el_kv_rows_to_f32
+ * converts it: F16 by F16C, Q8_0 and Q4_0 as their exact products d * q eight lanes at a time,
+ * the other types by the reference itself. */
+EL_AI void head_to_f32(const int64_t HD, const el_kv_rows *r, const int64_t e, float *dst) {
+    const uint8_t *p = r->base + (e >> r->elems_log2) * r->block_bytes;
+    if (r->type == EL_TYPE_F16) {
+        for (int64_t d = 0; d < HD; d += 8) _mm256_store_ps(dst + d, _mm256_cvtph_ps(el_loadu_128(p + 2 * d)));
+    } else if (r->type == EL_TYPE_Q8_0) {
+        for (int64_t b = 0; b < HD / EL_QK; b++, p += EL_Q8_0_BYTES, dst += EL_QK) {
+            uint16_t dh;
+            memcpy(&dh, p, 2);
+            const __m256 d = _mm256_set1_ps(el_fp16_to_fp32(dh));
+            for (int i = 0; i < 4; i++) {
+                const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 2 + 8 * i)));
+                _mm256_store_ps(dst + 8 * i, _mm256_mul_ps(_mm256_cvtepi32_ps(q), d));
+            }
+        }
+    } else if (r->type == EL_TYPE_Q4_0) {
+        const __m128i low4 = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
+        for (int64_t b = 0; b < HD / EL_QK; b++, p += EL_Q4_0_BYTES, dst += EL_QK) {
+            uint16_t dh;
+            memcpy(&dh, p, 2);
+            const __m256 d = _mm256_set1_ps(el_fp16_to_fp32(dh));
+            const __m128i qs = _mm_loadu_si128((const __m128i *)(p + 2));
+            /* elements 0..15 in the low nibbles, 16..31 in the high ones, each minus 8 */
+            const __m128i lo = _mm_sub_epi8(_mm_and_si128(qs, low4), eight);
+            const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(qs, 4), low4), eight);
+            const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+            for (int i = 0; i < 4; i++) {
+                _mm256_store_ps(dst + 8 * i, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[i])), d));
+            }
+        }
+    } else {
+        el_kv_rows_to_f32(r, e, dst, HD);
+    }
+}
+
+/* The cache lines of one head row (HD elements from element e), into L1 ahead of its use. */
+EL_AI void prefetch_head(const el_kv_rows *r, const int64_t e, const int64_t HD) {
+    const uint8_t *p = r->base + (e >> r->elems_log2) * r->block_bytes;
+    const int64_t bytes = (HD >> r->elems_log2) * r->block_bytes;
+    for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch((const char *)(p + b), _MM_HINT_T0);
+}
+
 /* Keys [begin, min(end, len_i)) of up to ATTN_MAX_Q queries of one KV head that read them
  * through `table`, with state slots st0 .. st0 + nq - 1; begin lies on a chunk boundary of every
  * query's window (its first key plus a multiple of CHUNK). Each query is computed exactly as
@@ -389,7 +434,7 @@ EL_AI void values3(const int64_t HD, const int nv, float *a0, float *a1, float *
  * dependent steps; the passes give the core many independent ones at a time. HD: head_dim, a
  * multiple of 8 (a constant for the common sizes). */
 EL_AI void attend_keys(const int64_t HD, const attn_query *qs, const int nq, attn_state *st, const int st0,
-                       const uint16_t *k_cache, const uint16_t *v_cache, const int32_t *table, const int64_t block_size,
+                       const el_kv_rows *k_cache, const el_kv_rows *v_cache, const int32_t *table, const int64_t block_size,
                        const int64_t kv_off, const int64_t kv_dim, const int64_t begin, const int64_t end,
                        const float scale) {
     float kf[ATTN_SPAN_FLOATS] __attribute__((aligned(32)));
@@ -415,15 +460,11 @@ EL_AI void attend_keys(const int64_t HD, const attn_query *qs, const int nq, att
             const int64_t at = ((int64_t)table[blk] * block_size + off) * kv_dim + kv_off;
             if (j0 + k + block_size < max_len) { /* the same key of the next block, ahead of time */
                 const int64_t ahead = ((int64_t)table[blk + 1] * block_size + off) * kv_dim + kv_off;
-                for (int64_t d = 0; d < HD; d += 32) {
-                    _mm_prefetch((const char *)(k_cache + ahead + d), _MM_HINT_T0);
-                    _mm_prefetch((const char *)(v_cache + ahead + d), _MM_HINT_T0);
-                }
+                prefetch_head(k_cache, ahead, HD);
+                prefetch_head(v_cache, ahead, HD);
             }
-            for (int64_t d = 0; d < HD; d += 8) {
-                _mm256_store_ps(kf + k * HD + d, _mm256_cvtph_ps(el_loadu_128(k_cache + at + d)));
-                _mm256_store_ps(vf + k * HD + d, _mm256_cvtph_ps(el_loadu_128(v_cache + at + d)));
-            }
+            head_to_f32(HD, k_cache, at, kf + k * HD);
+            head_to_f32(HD, v_cache, at, vf + k * HD);
             if (++off == block_size) {
                 off = 0;
                 blk++;
@@ -498,8 +539,8 @@ EL_AI void attend_keys(const int64_t HD, const attn_query *qs, const int nq, att
  * own: inlined at every call site, the span buffers made the frame 270 KiB). */
 #define ATTEND_KEYS_FOR(NAME, HD_EXPR)                                                                                  \
     static __attribute__((noinline)) void NAME(const int64_t head_dim, const attn_query *qs, const int nq,              \
-                                               attn_state *st, const int st0, const uint16_t *k_cache,                 \
-                                               const uint16_t *v_cache, const int32_t *table, const int64_t block_size, \
+                                               attn_state *st, const int st0, const el_kv_rows *k_cache,               \
+                                               const el_kv_rows *v_cache, const int32_t *table, const int64_t block_size, \
                                                const int64_t kv_off, const int64_t kv_dim, const int64_t begin,         \
                                                const int64_t end, const float scale) {                                  \
         (void)head_dim;                                                                                                 \
@@ -512,10 +553,10 @@ ATTEND_KEYS_FOR(attend_keys_any, head_dim)
 #undef ATTEND_KEYS_FOR
 
 static void attend_keys_hd(const int64_t head_dim, const attn_query *qs, const int nq, attn_state *st, const int st0,
-                           const uint16_t *k_cache, const uint16_t *v_cache, const int32_t *table,
+                           const el_kv_rows *k_cache, const el_kv_rows *v_cache, const int32_t *table,
                            const int64_t block_size, const int64_t kv_off, const int64_t kv_dim, const int64_t begin,
                            const int64_t end, const float scale) {
-    void (*f)(int64_t, const attn_query *, int, attn_state *, int, const uint16_t *, const uint16_t *,
+    void (*f)(int64_t, const attn_query *, int, attn_state *, int, const el_kv_rows *, const el_kv_rows *,
               const int32_t *, int64_t, int64_t, int64_t, int64_t, int64_t, float) =
         head_dim == 64 ? attend_keys_64 : head_dim == 128 ? attend_keys_128 : head_dim == 256 ? attend_keys_256
                                                                                              : attend_keys_any;
@@ -550,7 +591,7 @@ static int64_t shared_keys(const attn_run *a, const attn_run *b, const int64_t b
  * through runs[0]'s table (the same physical blocks for all), then each run's queries go on
  * through their own table over their own keys. `shared` is a chunk boundary of the window. */
 static void attend_cluster(const int64_t HD, const attn_run *runs, const int n_runs, const int64_t shared,
-                          const float *q, float *out, const uint16_t *k_cache, const uint16_t *v_cache,
+                          const float *q, float *out, const el_kv_rows *k_cache, const el_kv_rows *v_cache,
                           const int32_t *context_lens, const int64_t n_heads, const int64_t group, const int64_t kvh,
                           const int64_t kv_dim, const int64_t block_size, const int64_t max_q, const float scale,
                           const int64_t item_begin, const int64_t item_end) {
@@ -602,7 +643,7 @@ static void attend_cluster(const int64_t HD, const attn_run *runs, const int n_r
  * the same keys through the same physical blocks (sequences sharing a cached prefix), up to
  * max_q queries per KV head. Each KV head's queries of a cluster then share the conversion of the
  * shared keys; each query's arithmetic is the same whatever shares its pass. */
-void el_paged_attention_avx2(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
+void el_paged_attention_avx2(float *out, const float *q, const el_kv_rows *k_cache, const el_kv_rows *v_cache,
                              const int32_t *block_tables, const int32_t *token_seq,
                              const int32_t *context_lens, int64_t n_heads, int64_t n_kv_heads,
                              int64_t head_dim, int64_t block_size, int64_t max_blocks_per_seq, float scale,

@@ -15,6 +15,20 @@
 
 #include "edge_kernels.h"
 
+/* One layer's K or V cache as attention reads it (edge_kernels.h, "Paged KV cache"): rows of a
+ * type whose element e lies in block e >> elems_log2 (blocks of 1 or 32 elements), block_bytes
+ * bytes each, from base. */
+typedef struct {
+    const uint8_t *base;
+    int32_t type;
+    int32_t elems_log2;
+    int64_t block_bytes;
+} el_kv_rows;
+
+/* ops.c: dst[0 .. n) = elements [e, e + n) of rows, as el_dequantize_row converts them (e and n
+ * multiples of the block size). */
+void el_kv_rows_to_f32(const el_kv_rows *rows, int64_t e, float *dst, int64_t n);
+
 /* Kernels of one tensor type, over nb whole blocks (elements, for the float types). */
 typedef void (*el_simd_quantize_fn)(const float *x /* [nb * block_size] */, void *y /* [nb] blocks */,
                                     int64_t nb);
@@ -80,9 +94,9 @@ void el_expf_avx2(const float *x, float *y, int64_t n);
  * (cache[2i], cache[2i + 1] for pair i, computed by rope_ext.c). */
 void el_rope_ext_rotate_avx2(float *x, int64_t n_heads, int64_t head_dim, int64_t rope_dim, int32_t neox,
                              const float *cache);
-void el_kv_write_avx2(const float *k, const float *v, uint16_t *k_cache, uint16_t *v_cache,
-                      const int64_t *slot_mapping, int64_t n_tokens, int64_t kv_dim);
-void el_paged_attention_avx2(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
+void el_kv_write_f16_avx2(const float *k, const float *v, uint16_t *k_cache, uint16_t *v_cache,
+                          const int64_t *slot_mapping, int64_t n_tokens, int64_t kv_dim);
+void el_paged_attention_avx2(float *out, const float *q, const el_kv_rows *k_cache, const el_kv_rows *v_cache,
                              const int32_t *block_tables, const int32_t *token_seq,
                              const int32_t *context_lens, int64_t n_heads, int64_t n_kv_heads,
                              int64_t head_dim, int64_t block_size, int64_t max_blocks_per_seq, float scale,

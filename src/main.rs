@@ -8,7 +8,8 @@ use clap::{Parser, Subcommand};
 use edge_llm::{cli, server};
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli =
+        Cli::parse_from(std::env::args_os().map(edge_llm::flags::kv_type::expand_llama_flags));
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

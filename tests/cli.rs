@@ -206,6 +206,21 @@ fn bad_inputs_give_one_line_errors() {
             ],
             "/nonexistent.txt",
         ),
+        // The CUDA backend keeps an f16 KV cache: refused before any GPU is probed.
+        (
+            vec![
+                "run".into(),
+                "-m".into(),
+                model_arg(),
+                "-p".into(),
+                "hi".into(),
+                "--device".into(),
+                "cuda".into(),
+                "-ctk".into(),
+                "q8_0".into(),
+            ],
+            "--cache-type-k q8_0 --cache-type-v f16: the CUDA backend keeps an f16 KV cache",
+        ),
     ];
     for (args, needle) in cases {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -249,5 +264,51 @@ fn closed_stdout_pipe_exits_quietly() {
         "exit status {:?}: {}",
         out.status,
         String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The KV pool line `bench` prints: (blocks, the line).
+fn kv_line(cache_type: &str) -> (usize, String) {
+    let m = model_arg();
+    let args = [
+        "bench", "-m", &m, "--device", "cpu", "--kv-mem", "64", "-c", "4000", "-ctk", cache_type,
+        "-ctv", cache_type, "-p", "8", "-n", "2", "-r", "1",
+    ];
+    let out = edge_llm(&args, None);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{args:?}: {err}");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("KV cache on cpu"))
+        .unwrap_or_else(|| panic!("no KV cache line: {err}"))
+        .to_string();
+    let blocks = line
+        .split("): ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no block count in {line:?}"));
+    (blocks, line)
+}
+
+#[test]
+fn kv_cache_types_size_the_pool_and_bad_ones_are_refused() {
+    // 64 MiB of KV: q8_0 blocks take 34/64 of f16's bytes, q4_0 18/64 (ggml's blocks of 32).
+    let (f16, line) = kv_line("f16");
+    assert!(line.contains("(K f16, V f16)"), "{line}");
+    for (t, bytes) in [("q8_0", 34.0), ("q4_0", 18.0)] {
+        let (blocks, line) = kv_line(t);
+        assert!(line.contains(&format!("(K {t}, V {t})")), "{line}");
+        let ratio = blocks as f64 / f16 as f64;
+        assert!((ratio - 64.0 / bytes).abs() < 0.02, "{ratio}: {line}");
+    }
+    // An unknown type names the flag and the types it takes.
+    let m = model_arg();
+    let out = edge_llm(&["run", "-m", &m, "-p", "hi", "-ctv", "q3"], None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("--cache-type-v") && err.contains("q8_0") && !err.contains("panicked"),
+        "{err}"
     );
 }

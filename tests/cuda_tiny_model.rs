@@ -460,6 +460,7 @@ fn engine_run(model: &Arc<Model>, exec: Executor) -> (Vec<Completion>, Metrics) 
         max_queue: 8,
         max_step_ms: None,
         mask_budget_ms: EngineConfig::DEFAULT_MASK_BUDGET_MS,
+        kv_types: edge_llm::kernels::KvTypes::F16,
     };
     let engine = EngineHandle::start(
         Arc::clone(model),

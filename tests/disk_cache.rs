@@ -844,3 +844,57 @@ fn a_second_server_on_the_same_folder_runs_without_the_disk_tier_and_says_why() 
         "the folder is free again: {usage}"
     );
 }
+
+#[test]
+fn a_tier_written_with_f16_is_not_read_back_with_q8_0() {
+    // The KV cache types are part of the tier's identity: a q8_0 server on a folder an f16
+    // server filled loads nothing (reading f16 bytes as q8_0 blocks would be garbage), computes
+    // and writes its own blocks, which its restart reads back with the same output; the f16
+    // blocks are still there for an f16 server.
+    let dir = TempDir::new("kv-types");
+    let b = body(&system_prompt(24), "What is the capital of France?");
+    let q8: [&str; 6] = ["--cache-dir", dir.arg(), "-ctk", "q8_0", "-ctv", "q8_0"];
+    let (f16_text, full_blocks) = {
+        let Some(server) = Server::start(&["--cache-dir", dir.arg()]) else {
+            return;
+        };
+        let (text, usage) = chat(&server, &b, &[]);
+        let full_blocks = (usage["prompt_tokens"].as_u64().unwrap() - 1) / 16;
+        wait_written(&server, full_blocks as f64);
+        (text, full_blocks)
+    }; // SIGKILL
+    let f16_files = block_files(&dir.0);
+    assert!(f16_files.len() as u64 >= full_blocks);
+
+    let q8_text = {
+        let Some(server) = Server::start(&q8) else {
+            return;
+        };
+        let (text, usage) = chat(&server, &b, &[]);
+        assert_eq!(cached(&usage), 0, "f16 blocks read as q8_0: {usage}");
+        assert_eq!(server.metric("edge_llm_disk_cache_hit_blocks_total"), 0.0);
+        let (_, metrics) = server.get("/metrics");
+        assert!(
+            metrics.contains("edge_llm_kv_pool_bytes{cache_type_k=\"q8_0\",cache_type_v=\"q8_0\"}"),
+            "{metrics}"
+        );
+        wait_written(&server, full_blocks as f64);
+        text
+    };
+    assert!(block_files(&dir.0).len() >= 2 * f16_files.len());
+
+    let Some(server) = Server::start(&q8) else {
+        return;
+    };
+    let (text, usage) = chat(&server, &b, &[]);
+    assert_eq!(text, q8_text, "q8_0's own blocks from disk give its output");
+    assert_eq!(source(&usage, "disk"), full_blocks * 16, "{usage}");
+    drop(server);
+
+    let Some(server) = Server::start(&["--cache-dir", dir.arg()]) else {
+        return;
+    };
+    let (text, usage) = chat(&server, &b, &[]);
+    assert_eq!(text, f16_text);
+    assert_eq!(source(&usage, "disk"), full_blocks * 16, "{usage}");
+}

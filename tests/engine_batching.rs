@@ -21,6 +21,7 @@ fn engine(num_blocks: usize) -> EngineHandle {
         max_queue: 64,
         max_step_ms: None,
         mask_budget_ms: EngineConfig::DEFAULT_MASK_BUDGET_MS,
+        kv_types: edge_llm::kernels::KvTypes::F16,
     };
     EngineHandle::start(shared_model(), config, EngineParts::default()).unwrap()
 }

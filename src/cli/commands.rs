@@ -264,6 +264,8 @@ pub struct PerplexityArgs {
     /// Where the model runs: cuda when built with it and a GPU is usable (auto), or cpu, or cuda.
     #[arg(long = "device", value_enum, default_value_t = Device::Auto)]
     pub device: Device,
+    #[command(flatten)]
+    pub kv_types: crate::flags::kv_type::KvTypeArgs,
     /// llama.cpp's log-probabilities file: written here (the base model's run), or read with
     /// --kl-divergence.
     #[arg(long = "kl-divergence-base", value_name = "FILE")]
@@ -286,7 +288,11 @@ pub fn perplexity(args: &PerplexityArgs) -> Result<()> {
     }
     args.threads.init()?;
     // Before the file is read and tokenized, so a bad --device fails at once.
-    let device = args.device.resolve()?;
+    let device = crate::device::Placement {
+        device: args.device,
+        kv_types: args.kv_types.kv_types(),
+    }
+    .resolve()?;
     let text = match &args.file {
         Some(file) => {
             let text =

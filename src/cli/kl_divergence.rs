@@ -8,7 +8,7 @@ use std::path::Path;
 use anyhow::Result;
 
 use super::commands::PerplexityArgs;
-use crate::device::Device;
+use crate::device::Placement;
 use crate::model::Model;
 
 const HEADER: &str = "chunk             PPL               ln(PPL(Q)/PPL(base))          \
@@ -16,7 +16,7 @@ const HEADER: &str = "chunk             PPL               ln(PPL(Q)/PPL(base))  
 
 pub fn compare(
     model: &Model,
-    device: Device,
+    device: Placement,
     base: &Path,
     text: Option<&str>,
     args: &PerplexityArgs,

@@ -12,8 +12,45 @@ use std::io::IsTerminal;
 
 use anyhow::{bail, Result};
 
+use crate::kernels::{kv_type_name, KvTypes};
 use crate::model::kv_cache::BlockId;
 use crate::model::{Batch, Cpu, Loaded, Model};
+
+/// Where a model runs and what its KV pool holds: `--device` with `--cache-type-k` and
+/// `--cache-type-v`. A bare [`Device`] is that device with an f16 pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Placement {
+    pub device: Device,
+    pub kv_types: KvTypes,
+}
+
+impl Placement {
+    /// The placement to run on, its device `Cpu` or `Cuda`: the CUDA backend keeps an f16 KV
+    /// cache, so another cache type with `--device cuda` is refused in one line (before any
+    /// GPU is probed), and with `auto` runs on the CPU.
+    pub fn resolve(self) -> Result<Placement> {
+        let device = match (self.device, self.kv_types == KvTypes::F16) {
+            (Device::Cuda, false) => bail!(
+                "--cache-type-k {} --cache-type-v {}: the CUDA backend keeps an f16 KV cache; \
+                 use f16 on CUDA or --device cpu",
+                kv_type_name(self.kv_types.k),
+                kv_type_name(self.kv_types.v)
+            ),
+            (Device::Auto, false) => Device::Cpu,
+            (d, _) => d.resolve()?,
+        };
+        Ok(Placement { device, ..self })
+    }
+}
+
+impl From<Device> for Placement {
+    fn from(device: Device) -> Placement {
+        Placement {
+            device,
+            kv_types: KvTypes::F16,
+        }
+    }
+}
 
 /// The `--device` choice.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -85,25 +122,34 @@ pub enum Executor {
 }
 
 impl Executor {
-    /// A CPU executor: a KV pool of `num_blocks` blocks of `block_size` tokens.
+    /// A CPU executor: an f16 KV pool of `num_blocks` blocks of `block_size` tokens.
     pub fn cpu(model: &Model, block_size: usize, num_blocks: usize) -> Executor {
-        Executor::Cpu(Box::new(model.on_cpu(block_size, num_blocks)))
+        Executor::Cpu(Box::new(model.on_cpu(KvTypes::F16, block_size, num_blocks)))
     }
 
-    /// An executor on `device` (resolved first) with a KV pool of `num_blocks` blocks of
-    /// `block_size` tokens; on a GPU this uploads the weights.
+    /// An executor on the placement's device (resolved first) with a KV pool of `num_blocks`
+    /// blocks of `block_size` tokens of its cache types; on a GPU this uploads the weights.
+    /// Cache types the model's head size cannot hold are refused in one line, and so is a
+    /// quantized cache on CUDA (its kernels keep f16: [`Placement::resolve`]).
     pub fn new(
         model: &Model,
-        device: Device,
+        placement: impl Into<Placement>,
         block_size: usize,
         num_blocks: usize,
     ) -> Result<Executor> {
+        let placement = placement.into();
+        let kv_types = placement.kv_types;
         if block_size == 0 || num_blocks == 0 {
             bail!("the KV pool needs at least one block of at least one token");
         }
-        match device.resolve()? {
+        kv_types
+            .check(model.config.head_dim)
+            .map_err(anyhow::Error::msg)?;
+        match placement.resolve()?.device {
             Device::Cuda => Self::cuda(model, block_size, num_blocks),
-            _ => Ok(Self::cpu(model, block_size, num_blocks)),
+            _ => Ok(Executor::Cpu(Box::new(
+                model.on_cpu(kv_types, block_size, num_blocks),
+            ))),
         }
     }
 
@@ -158,6 +204,15 @@ impl Executor {
             }
             #[cfg(feature = "cuda")]
             Executor::CudaEmulated(_) => "cuda: the CPU emulator of the CUDA kernels".into(),
+        }
+    }
+
+    /// What the KV pool holds keys and values in (the CUDA pool: f16 only).
+    pub fn kv_types(&self) -> KvTypes {
+        match self {
+            Executor::Cpu(m) => m.backend.kv().types,
+            #[cfg(feature = "cuda")]
+            Executor::Cuda(_) | Executor::CudaEmulated(_) => KvTypes::F16,
         }
     }
 

@@ -3,6 +3,7 @@
 
 use anyhow::{bail, Context, Result};
 
+use crate::kernels::KvTypes;
 use crate::model::kv_cache::KvCache;
 use crate::model::Model;
 
@@ -28,6 +29,8 @@ pub struct EngineConfig {
     /// (`--mask-budget-ms`): a row past it ends its own request with an error, so one costly
     /// grammar never holds every other row.
     pub mask_budget_ms: u64,
+    /// What the KV pool's keys and values are held in (`--cache-type-k`, `--cache-type-v`).
+    pub kv_types: KvTypes,
 }
 
 impl EngineConfig {
@@ -47,9 +50,11 @@ impl EngineConfig {
     /// (a 330 KB enum about 100 ms), so only a pathological grammar reaches it.
     pub const DEFAULT_MASK_BUDGET_MS: u64 = 1000;
 
-    /// A pool sized from a memory budget in MiB, or else from `ctx_size * parallel` tokens.
+    /// A pool of `kv_types` sized from a memory budget in MiB, or else from
+    /// `ctx_size * parallel` tokens.
     pub fn sized(
         model: &Model,
+        kv_types: KvTypes,
         block_size: usize,
         kv_mem_mib: Option<usize>,
         ctx_size: usize,
@@ -61,7 +66,10 @@ impl EngineConfig {
         if ctx_size < 2 || parallel == 0 {
             bail!("--ctx-size must be at least 2 and --parallel at least 1");
         }
-        let per_block = KvCache::bytes_per_block(&model.config, block_size);
+        kv_types
+            .check(model.config.head_dim)
+            .map_err(anyhow::Error::msg)?;
+        let per_block = KvCache::bytes_per_block_as(kv_types, &model.config, block_size);
         let num_blocks = match kv_mem_mib {
             Some(mib) => {
                 mib.checked_mul(1 << 20).with_context(|| {
@@ -88,11 +96,12 @@ impl EngineConfig {
             max_queue: Self::DEFAULT_MAX_QUEUE,
             max_step_ms: Some(Self::DEFAULT_MAX_STEP_MS),
             mask_budget_ms: Self::DEFAULT_MASK_BUDGET_MS,
+            kv_types,
         })
     }
 
     pub fn kv_bytes(&self, model: &Model) -> usize {
-        self.num_blocks * KvCache::bytes_per_block(&model.config, self.block_size)
+        self.num_blocks * KvCache::bytes_per_block_as(self.kv_types, &model.config, self.block_size)
     }
 
     /// What this engine will hold in host memory: the KV pool, the weights and an estimate of
@@ -109,8 +118,11 @@ impl EngineConfig {
         let scratch =
             (self.max_batched_tokens * per_token * 4) as u64 + rows * c.vocab_size as u64 * 4;
         crate::engine::memory::Footprint {
-            kv: (self.num_blocks as u64)
-                .saturating_mul(KvCache::bytes_per_block(c, self.block_size) as u64),
+            kv: (self.num_blocks as u64).saturating_mul(KvCache::bytes_per_block_as(
+                self.kv_types,
+                c,
+                self.block_size,
+            ) as u64),
             weights: model.file.file_bytes(),
             scratch,
         }

@@ -150,6 +150,11 @@ impl Drop for RequestStream {
 }
 
 impl EngineHandle {
+    /// Bytes of the KV pool in its cache types.
+    pub fn kv_bytes(&self) -> usize {
+        self.config.kv_bytes(&self.model)
+    }
+
     /// Starts the engine thread on `model` with the sizes of `config` and the optional `parts`;
     /// the thread owns the model's KV pool and scheduler from now on. Without an executor in
     /// `parts`, one is made on `parts.device` for the config's pool, after checking that the
@@ -172,7 +177,12 @@ impl EngineHandle {
         let exec = match executor {
             Some(exec) => exec,
             None => {
-                let device = device.resolve()?;
+                let device = crate::device::Placement {
+                    device,
+                    kv_types: config.kv_types,
+                }
+                .resolve()?
+                .device;
                 if let (Device::Cpu, Some(flag)) = (device, memory_flag) {
                     let mut footprint = config.footprint(&model);
                     if let Some(draft) = &spec.draft {
@@ -185,7 +195,11 @@ impl EngineHandle {
                     }
                     memory::admit(&footprint, &memory::limits(), flag)?;
                 }
-                Executor::new(&model, device, config.block_size, config.num_blocks)?
+                let placement = crate::device::Placement {
+                    device,
+                    kv_types: config.kv_types,
+                };
+                Executor::new(&model, placement, config.block_size, config.num_blocks)?
             }
         };
         if exec.block_size() != config.block_size {
@@ -204,7 +218,10 @@ impl EngineHandle {
         let speculator = Speculator::start(
             spec,
             &model,
-            exec.device(),
+            crate::device::Placement {
+                device: exec.device(),
+                kv_types: config.kv_types,
+            },
             config.block_size,
             config.max_batched_tokens,
         )?;

@@ -4,6 +4,7 @@
 //! siblings that both flatten these into their own flags; neither imports the other.
 
 pub mod cache;
+pub mod kv_type;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -46,6 +47,8 @@ pub struct EngineArgs {
     /// Tokens per KV block.
     #[arg(long = "block-size", default_value_t = EngineConfig::DEFAULT_BLOCK_SIZE)]
     pub block_size: usize,
+    #[command(flatten)]
+    pub kv_types: kv_type::KvTypeArgs,
     /// Most tokens one forward step runs (prompts are cut into chunks to fit).
     #[arg(long = "max-batched-tokens", default_value_t = EngineConfig::DEFAULT_MAX_BATCHED_TOKENS)]
     pub max_batched_tokens: usize,
@@ -156,8 +159,15 @@ impl EngineArgs {
             return Ok(None);
         };
         let model = Model::load(path).context("--draft-model")?;
-        let per_block =
-            crate::model::kv_cache::KvCache::bytes_per_block(&model.config, config.block_size);
+        config
+            .kv_types
+            .check(model.config.head_dim)
+            .map_err(|e| anyhow::anyhow!("the draft model: {e}"))?;
+        let per_block = crate::model::kv_cache::KvCache::bytes_per_block_as(
+            config.kv_types,
+            &model.config,
+            config.block_size,
+        );
         let num_blocks = match self.draft_kv_mem {
             Some(mib) => mib.saturating_mul(1 << 20) / per_block,
             None => config.num_blocks,
@@ -182,8 +192,17 @@ impl EngineArgs {
     /// The engine configuration for `model`, and how its context was chosen when `-c` was not
     /// given (for the start-up log).
     fn config_and_context(&self, model: &Model) -> Result<(EngineConfig, Option<String>)> {
-        let sized =
-            |ctx| EngineConfig::sized(model, self.block_size, self.kv_mem, ctx, self.parallel);
+        let kv_types = self.kv_types.kv_types();
+        let sized = |ctx| {
+            EngineConfig::sized(
+                model,
+                kv_types,
+                self.block_size,
+                self.kv_mem,
+                ctx,
+                self.parallel,
+            )
+        };
         let (mut config, note) = match self.ctx_size {
             Some(c) => (sized(c)?, None),
             None => {
@@ -248,13 +267,17 @@ impl EngineArgs {
             eprintln!("context: {note}");
         }
         if verbose || std::io::stderr().is_terminal() {
+            let tokens = config.num_blocks * config.block_size;
             eprintln!(
-                "KV cache on {}: {} blocks of {} tokens ({} tokens, {:.1} MiB); max {} tokens per sequence, {} per step",
+                "KV cache on {} ({}): {} blocks of {} tokens ({} tokens, {:.1} MiB, {} sequences of {}); max {} tokens per sequence, {} per step",
                 engine.device(),
+                config.kv_types,
                 config.num_blocks,
                 config.block_size,
-                config.num_blocks * config.block_size,
+                tokens,
                 kv_bytes as f64 / (1 << 20) as f64,
+                tokens / config.max_seq_len.max(1),
+                config.max_seq_len,
                 config.max_seq_len,
                 config.max_batched_tokens
             );

@@ -15,6 +15,7 @@
 #[allow(non_camel_case_types, non_upper_case_globals, dead_code, clippy::all)]
 mod bindings;
 mod isa;
+mod kv_type;
 mod ops;
 mod pool;
 mod quant;
@@ -23,6 +24,7 @@ pub mod tensor_type;
 
 pub use bindings::EL_MAX_HEAD_DIM;
 pub use isa::*;
+pub use kv_type::*;
 pub use ops::*;
 pub use pool::{init_threads, num_threads, serial};
 pub use quant::*;

@@ -2,6 +2,7 @@
 //! `csrc/ops.c`. Called by the forward pass (`crate::model::forward`).
 
 use super::bindings as ffi;
+use super::kv_type::{kv_row_words, kv_type_ok, KvTypes};
 use super::pool::SharedMut;
 use super::rows::{for_row_runs, for_row_runs_mut, PAR_MIN_ELEMENTS};
 
@@ -296,24 +297,47 @@ pub fn kv_write(
     slot_mapping: &[i64],
     kv_dim: usize,
 ) {
+    kv_write_as(KvTypes::F16, k, v, k_cache, v_cache, slot_mapping, kv_dim)
+}
+
+/// [`kv_write`] into caches of `types` (rows of [`kv_row_words`] each): each row converted once,
+/// at the write, so what a later step reads never depends on the batch that wrote it.
+pub fn kv_write_as(
+    types: KvTypes,
+    k: &[f32],
+    v: &[f32],
+    k_cache: &mut [u16],
+    v_cache: &mut [u16],
+    slot_mapping: &[i64],
+    kv_dim: usize,
+) {
     let n_tokens = slot_mapping.len();
     assert!(
         k.len() == n_tokens * kv_dim && v.len() == k.len(),
         "kv_write shapes"
     );
-    assert_eq!(k_cache.len(), v_cache.len(), "kv_write cache shapes");
-    let num_slots = (k_cache.len() / kv_dim) as i64;
+    assert!(kv_type_ok(types.k) && kv_type_ok(types.v), "KV cache types");
+    let (k_row, v_row) = (kv_row_words(types.k, kv_dim), kv_row_words(types.v, kv_dim));
+    let num_slots = (k_cache.len() / k_row) as i64;
+    assert_eq!(
+        v_cache.len() / v_row,
+        num_slots as usize,
+        "kv_write cache shapes"
+    );
     assert!(
         slot_mapping.iter().all(|&s| s < num_slots),
         "slot out of range"
     );
-    // SAFETY: every slot used is < num_slots, so each write of kv_dim halves stays in the caches.
+    // SAFETY: every slot used is < num_slots, so each row written stays in its cache; the types
+    // are ones the kernel takes and kv_dim is a whole number of their blocks (kv_row_words).
     unsafe {
         ffi::el_kv_write(
             k.as_ptr(),
             v.as_ptr(),
-            k_cache.as_mut_ptr(),
-            v_cache.as_mut_ptr(),
+            k_cache.as_mut_ptr().cast(),
+            v_cache.as_mut_ptr().cast(),
+            types.k.ggml_id() as i32,
+            types.v.ggml_id() as i32,
             slot_mapping.as_ptr(),
             n_tokens as i64,
             kv_dim as i64,
@@ -353,6 +377,32 @@ pub fn paged_attention(
     scale: f32,
     window: Option<usize>,
 ) {
+    paged_attention_as(
+        KvTypes::F16,
+        out,
+        q,
+        k_cache,
+        v_cache,
+        shape,
+        batch,
+        scale,
+        window,
+    )
+}
+
+/// [`paged_attention`] over caches of `types` (as [`kv_write_as`] wrote them).
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention_as(
+    types: KvTypes,
+    out: &mut [f32],
+    q: &[f32],
+    k_cache: &[u16],
+    v_cache: &[u16],
+    shape: &AttentionShape,
+    batch: &AttentionBatch<'_>,
+    scale: f32,
+    window: Option<usize>,
+) {
     let s = shape;
     let n_tokens = batch.token_seq.len();
     assert!(
@@ -362,9 +412,15 @@ pub fn paged_attention(
         q.len() == n_tokens * s.n_heads * s.head_dim && out.len() == q.len(),
         "attention q/out shapes"
     );
-    let cache_len = s.num_blocks * s.block_size * s.n_kv_heads * s.head_dim;
+    assert!(kv_type_ok(types.k) && kv_type_ok(types.v), "KV cache types");
+    types
+        .check(s.head_dim)
+        .expect("KV cache types for the head size");
+    let kv_dim = s.n_kv_heads * s.head_dim;
+    let num_slots = s.num_blocks * s.block_size;
     assert!(
-        k_cache.len() == cache_len && v_cache.len() == cache_len,
+        k_cache.len() == num_slots * kv_row_words(types.k, kv_dim)
+            && v_cache.len() == num_slots * kv_row_words(types.v, kv_dim),
         "attention cache shapes"
     );
     assert_eq!(batch.context_lens.len(), n_tokens);
@@ -416,8 +472,10 @@ pub fn paged_attention(
             ffi::el_paged_attention(
                 out_ptr.ptr(),
                 q.as_ptr(),
-                k_cache.as_ptr(),
-                v_cache.as_ptr(),
+                k_cache.as_ptr().cast(),
+                v_cache.as_ptr().cast(),
+                types.k.ggml_id() as i32,
+                types.v.ggml_id() as i32,
                 batch.block_tables.as_ptr(),
                 batch.token_seq.as_ptr(),
                 batch.context_lens.as_ptr(),

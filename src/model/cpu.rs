@@ -17,7 +17,7 @@ use super::weights::{InFile, MatrixInfo, Weights};
 use super::{Batch, ModelConfig};
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::kernels::tensor_type::TensorType;
-use crate::kernels::{self, rows, Activation, AttentionBatch, AttentionShape, Rope};
+use crate::kernels::{self, rows, Activation, AttentionBatch, AttentionShape, KvTypes, Rope};
 use crate::model::kv_cache::{BlockId, KvCache};
 
 /// A weight matrix on the CPU: its bytes in the mapped file, and the interleaved copy its
@@ -143,6 +143,8 @@ pub struct Cpu {
     arena: Arena,
     /// The buffers of quantized inputs ([`CpuInput`]), reused likewise.
     spare_inputs: Arc<Mutex<Vec<Vec<u8>>>>,
+    /// Rows turned for a quantized KV cache (`KvTypes::k_rotation`), reused likewise.
+    turned: Vec<f32>,
 }
 
 impl Cpu {
@@ -155,9 +157,9 @@ impl Cpu {
         &mut self.kv
     }
 
-    /// A KV pool of `num_blocks` blocks of `block_size` tokens for a model of `c`.
-    pub fn new(c: &ModelConfig, block_size: usize, num_blocks: usize) -> Cpu {
-        let kv = KvCache::new(c, block_size, num_blocks);
+    /// A KV pool of `num_blocks` blocks of `block_size` tokens of `kv_types` for a model of `c`.
+    pub fn new(c: &ModelConfig, kv_types: KvTypes, block_size: usize, num_blocks: usize) -> Cpu {
+        let kv = KvCache::new_as(kv_types, c, block_size, num_blocks);
         Cpu {
             shape: kv.shape(c),
             kv,
@@ -165,6 +167,7 @@ impl Cpu {
             step: Step::default(),
             arena: Arena::default(),
             spare_inputs: Arc::default(),
+            turned: Vec::new(),
         }
     }
 
@@ -305,9 +308,30 @@ impl Backend for Cpu {
     }
 
     fn kv_write(&mut self, layer: usize, k: &Vec<f32>, v: &Vec<f32>) -> Result<()> {
+        let types = self.kv.types;
+        let hd = self.shape.head_dim;
+        // A quantized cache stores the rows turned (kernels::hadamard_rows), each once.
+        let mut turned = std::mem::take(&mut self.turned);
+        let (k, v) = match (types.k_rotation(hd), types.v_rotation(hd)) {
+            (None, None) => (k.as_slice(), v.as_slice()),
+            (rot_k, rot_v) => {
+                turned.clear();
+                turned.extend_from_slice(k);
+                turned.extend_from_slice(v);
+                let (tk, tv) = turned.split_at_mut(k.len());
+                if let Some(n) = rot_k {
+                    kernels::hadamard_rows(tk, n);
+                }
+                if let Some(n) = rot_v {
+                    kernels::hadamard_rows(tv, n);
+                }
+                (&*tk, &*tv)
+            }
+        };
         let (k_cache, v_cache) = self.kv.layer_mut(layer);
-        let kv_dim = self.shape.n_kv_heads * self.shape.head_dim;
-        kernels::kv_write(
+        let kv_dim = self.shape.n_kv_heads * hd;
+        kernels::kv_write_as(
+            types,
             k,
             v,
             k_cache,
@@ -315,6 +339,7 @@ impl Backend for Cpu {
             &self.step.batch.slot_mapping,
             kv_dim,
         );
+        self.turned = turned;
         Ok(())
     }
 
@@ -332,8 +357,22 @@ impl Backend for Cpu {
             token_seq: &b.token_seq,
             context_lens: &self.step.context_lens,
         };
+        let types = self.kv.types;
+        let hd = self.shape.head_dim;
+        // Queries turned as the keys were (q . k unchanged), the output turned back.
+        let mut turned = std::mem::take(&mut self.turned);
+        let q = match types.k_rotation(hd) {
+            None => q.as_slice(),
+            Some(n) => {
+                turned.clear();
+                turned.extend_from_slice(q);
+                kernels::hadamard_rows(&mut turned, n);
+                &turned
+            }
+        };
         let (k_cache, v_cache) = self.kv.layer(layer);
-        kernels::paged_attention(
+        kernels::paged_attention_as(
+            types,
             out,
             q,
             k_cache,
@@ -343,6 +382,10 @@ impl Backend for Cpu {
             self.attn_scale,
             window,
         );
+        if let Some(n) = types.v_rotation(hd) {
+            kernels::hadamard_rows(out, n);
+        }
+        self.turned = turned;
         Ok(())
     }
 

@@ -1,10 +1,12 @@
-//! The paged KV cache: one pool of fixed-size blocks per layer, holding keys and values in f16.
+//! The paged KV cache: one pool of fixed-size blocks per layer, holding keys and values in f16 or
+//! in the cache types chosen (`--cache-type-k`, `--cache-type-v`: `kernels::KvTypes`), one row of
+//! `kv_dim` elements per token, quantized once when it is written.
 //! A sequence owns a block table (block ids in order); token `j` of a sequence lives in slot
 //! `block_table[j / block_size] * block_size + j % block_size`. This module owns the memory only;
 //! which blocks belong to whom is integer bookkeeping kept by the caller (the engine's block
 //! manager; `scoring::runner::SequenceRunner`, alone in its pool, takes blocks in order).
 
-use crate::kernels::AttentionShape;
+use crate::kernels::{kv_row_words, AttentionShape, KvTypes};
 use crate::model::ModelConfig;
 
 /// A block of the KV pool: `block_size` tokens' keys and values in every layer. The engine's
@@ -29,27 +31,58 @@ impl std::fmt::Display for BlockId {
 pub struct KvCache {
     pub block_size: usize,
     pub num_blocks: usize,
-    kv_dim: usize,
-    /// Per layer: keys and values, each [num_blocks][block_size][n_kv_heads][head_dim] f16.
+    pub types: KvTypes,
+    /// 16-bit words of one token's key row and value row.
+    k_row: usize,
+    v_row: usize,
+    /// Per layer: keys and values, each [num_blocks][block_size] rows of [n_kv_heads][head_dim]
+    /// elements of their type (f16 words, or ggml blocks along head_dim), `k_row` and `v_row`
+    /// words each.
     k: Vec<Vec<u16>>,
     v: Vec<Vec<u16>>,
 }
 
 impl KvCache {
-    /// Bytes one block takes over all layers, keys and values.
+    /// Bytes one block takes over all layers, keys and values, in f16.
     pub fn bytes_per_block(c: &ModelConfig, block_size: usize) -> usize {
-        2 * c.num_layers * block_size * c.kv_dim() * std::mem::size_of::<u16>()
+        Self::bytes_per_block_as(KvTypes::F16, c, block_size)
     }
 
+    /// Bytes one block takes over all layers, keys and values, in `types`.
+    pub fn bytes_per_block_as(types: KvTypes, c: &ModelConfig, block_size: usize) -> usize {
+        c.num_layers * block_size * types.token_bytes(c.kv_dim())
+    }
+
+    /// An f16 pool.
     pub fn new(c: &ModelConfig, block_size: usize, num_blocks: usize) -> KvCache {
+        Self::new_as(KvTypes::F16, c, block_size, num_blocks)
+    }
+
+    /// A pool of `types` (checked against the head size first: `KvTypes::check`).
+    pub fn new_as(
+        types: KvTypes,
+        c: &ModelConfig,
+        block_size: usize,
+        num_blocks: usize,
+    ) -> KvCache {
         assert!(block_size > 0 && num_blocks > 0);
-        let len = num_blocks * block_size * c.kv_dim();
+        let (k_row, v_row) = (
+            kv_row_words(types.k, c.kv_dim()),
+            kv_row_words(types.v, c.kv_dim()),
+        );
+        let slots = num_blocks * block_size;
         KvCache {
             block_size,
             num_blocks,
-            kv_dim: c.kv_dim(),
-            k: (0..c.num_layers).map(|_| vec![0u16; len]).collect(),
-            v: (0..c.num_layers).map(|_| vec![0u16; len]).collect(),
+            types,
+            k_row,
+            v_row,
+            k: (0..c.num_layers)
+                .map(|_| vec![0u16; slots * k_row])
+                .collect(),
+            v: (0..c.num_layers)
+                .map(|_| vec![0u16; slots * v_row])
+                .collect(),
         }
     }
 
@@ -71,20 +104,21 @@ impl KvCache {
         }
     }
 
-    /// Bytes of one block over all layers (`bytes_per_block`), as `read_block` returns them.
+    /// Bytes of one block over all layers (`bytes_per_block_as`), as `read_block` returns them.
     pub fn block_bytes(&self) -> usize {
-        2 * self.k.len() * self.block_size * self.kv_dim * std::mem::size_of::<u16>()
+        2 * self.k.len() * self.block_size * (self.k_row + self.v_row)
     }
 
     /// Block `id`'s keys and values as bytes: per layer its keys, then its values
-    /// ([block_size][n_kv_heads][head_dim] f16 each, little-endian). The disk tier's format.
+    /// ([block_size] rows of their type each, f16 little-endian or ggml blocks). The disk tier's
+    /// format (which records the types beside it).
     pub fn read_block(&self, id: BlockId) -> Vec<u8> {
-        let n = self.block_size * self.kv_dim;
-        let at = id.index() * n;
+        let (nk, nv) = (self.block_size * self.k_row, self.block_size * self.v_row);
+        let (ak, av) = (id.index() * nk, id.index() * nv);
         let mut out = Vec::with_capacity(self.block_bytes());
         for l in 0..self.k.len() {
-            for cache in [&self.k[l], &self.v[l]] {
-                out.extend(cache[at..at + n].iter().flat_map(|x| x.to_le_bytes()));
+            for cache in [&self.k[l][ak..ak + nk], &self.v[l][av..av + nv]] {
+                out.extend(cache.iter().flat_map(|x| x.to_le_bytes()));
             }
         }
         out
@@ -100,13 +134,13 @@ impl KvCache {
                 self.block_bytes()
             );
         }
-        let n = self.block_size * self.kv_dim;
-        let at = id.index() * n;
+        let (nk, nv) = (self.block_size * self.k_row, self.block_size * self.v_row);
+        let (ak, av) = (id.index() * nk, id.index() * nv);
         let mut src = bytes
             .chunks_exact(2)
             .map(|b| u16::from_le_bytes([b[0], b[1]]));
         for l in 0..self.k.len() {
-            for dst in [&mut self.k[l][at..at + n], &mut self.v[l][at..at + n]] {
+            for dst in [&mut self.k[l][ak..ak + nk], &mut self.v[l][av..av + nv]] {
                 for (d, s) in dst.iter_mut().zip(&mut src) {
                     *d = s;
                 }
@@ -117,10 +151,12 @@ impl KvCache {
 
     /// Copies block `src` onto block `dst` in every layer (copy-on-write of a shared block).
     pub fn copy_block(&mut self, src: BlockId, dst: BlockId) {
-        let n = self.block_size * self.kv_dim;
-        let (s, d) = (src.index() * n, dst.index() * n);
-        for cache in self.k.iter_mut().chain(self.v.iter_mut()) {
-            cache.copy_within(s..s + n, d);
+        for (caches, row) in [(&mut self.k, self.k_row), (&mut self.v, self.v_row)] {
+            let n = self.block_size * row;
+            let (s, d) = (src.index() * n, dst.index() * n);
+            for cache in caches.iter_mut() {
+                cache.copy_within(s..s + n, d);
+            }
         }
     }
 }

@@ -75,11 +75,17 @@ impl Model {
         )
     }
 
-    /// A CPU backend with a KV pool of `num_blocks` blocks of `block_size` tokens, and the
+    /// A CPU backend with a KV pool of `num_blocks` blocks of `block_size` tokens of
+    /// `kv_types` (checked against the head size by the caller: `KvTypes::check`), and the
     /// weights loaded on it.
-    pub fn on_cpu(&self, block_size: usize, num_blocks: usize) -> Loaded<Cpu> {
+    pub fn on_cpu(
+        &self,
+        kv_types: crate::kernels::KvTypes,
+        block_size: usize,
+        num_blocks: usize,
+    ) -> Loaded<Cpu> {
         Loaded {
-            backend: Cpu::new(&self.config, block_size, num_blocks),
+            backend: Cpu::new(&self.config, kv_types, block_size, num_blocks),
             weights: self.cpu_weights(),
         }
     }

@@ -17,7 +17,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 
-use crate::device::Device;
+use crate::device::Placement;
 use crate::model::Model;
 use crate::scoring::perplexity::{chunk_tokens, for_each_chunk, PerplexityStats};
 
@@ -37,7 +37,7 @@ fn rows_per_chunk(n_ctx: usize) -> usize {
 /// `--kl-divergence-base` without `--kl-divergence`). Returns the perplexity.
 pub fn write_base(
     model: &Model,
-    device: Device,
+    device: impl Into<Placement>,
     text: &str,
     n_ctx: usize,
     max_chunks: Option<usize>,
@@ -495,7 +495,7 @@ impl KlStats {
 /// tokens; `max_chunks` compares only the first chunks.
 pub fn compare_with_base(
     model: &Model,
-    device: Device,
+    device: impl Into<Placement>,
     path: &Path,
     n_ctx: Option<usize>,
     text: Option<&str>,

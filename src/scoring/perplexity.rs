@@ -5,7 +5,7 @@
 
 use anyhow::{bail, Result};
 
-use crate::device::Device;
+use crate::device::{Device, Placement};
 use crate::engine::sampler::log_softmax_at;
 use crate::model::Model;
 use crate::scoring::runner::SequenceRunner;
@@ -53,7 +53,7 @@ pub fn perplexity(
 /// [`perplexity`] with the forward pass on `device`.
 pub fn perplexity_on(
     model: &Model,
-    device: Device,
+    device: impl Into<Placement>,
     text: &str,
     n_ctx: usize,
     max_chunks: Option<usize>,
@@ -124,7 +124,7 @@ pub fn chunk_tokens(
 /// positions `n_ctx/2 .. n_ctx-1` (the ones that predict the scored second half), row after row.
 pub fn for_each_chunk(
     model: &Model,
-    device: Device,
+    device: impl Into<Placement>,
     tokens: &[u32],
     n_ctx: usize,
     mut on_chunk: impl FnMut(usize, &[f32]) -> Result<()>,

@@ -7,7 +7,7 @@
 
 use anyhow::{bail, Result};
 
-use crate::device::{Device, Executor};
+use crate::device::{Executor, Placement};
 use crate::engine::EngineConfig;
 use crate::model::kv_cache::BlockId;
 use crate::model::{Batch, Model};
@@ -31,8 +31,14 @@ impl<'m> SequenceRunner<'m> {
         Self::with_executor(model, n_ctx, Executor::cpu(model, block_size, num_blocks))
     }
 
-    /// A runner on `device` (resolved as `--device` is) with room for `n_ctx` tokens.
-    pub fn on(model: &'m Model, n_ctx: usize, block_size: usize, device: Device) -> Result<Self> {
+    /// A runner on a device (resolved as `--device` is; a bare `Device` keeps an f16 cache) with
+    /// room for `n_ctx` tokens.
+    pub fn on(
+        model: &'m Model,
+        n_ctx: usize,
+        block_size: usize,
+        device: impl Into<Placement>,
+    ) -> Result<Self> {
         let num_blocks = n_ctx.div_ceil(block_size.max(1)).max(1);
         Ok(Self::with_executor(
             model,

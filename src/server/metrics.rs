@@ -3,7 +3,8 @@
 
 use std::fmt::Write;
 
-use crate::engine::{Metrics, TenantMetrics};
+use crate::engine::{EngineConfig, Metrics, TenantMetrics};
+use crate::kernels::kv_type_name;
 
 /// One tenant's counters: their names, help and values. Its own view (`tenant`) writes them
 /// under the server-wide names; the admin's view (`tenants`) writes every key's, labelled.
@@ -120,6 +121,34 @@ pub fn grammar_cache((compiled, hits): (u64, u64), (bytes, entries): (usize, usi
         let _ = writeln!(out, "# HELP edge_llm_{name} {help}");
         let _ = writeln!(out, "# TYPE edge_llm_{name} counter");
         let _ = writeln!(out, "edge_llm_{name} {value}");
+    }
+    out
+}
+
+/// The KV pool's size for its cache types (`--cache-type-k`, `--cache-type-v`, as labels): its
+/// token slots and its bytes.
+pub fn kv_pool(config: &EngineConfig, bytes: usize) -> String {
+    let labels = format!(
+        "{{cache_type_k=\"{}\",cache_type_v=\"{}\"}}",
+        kv_type_name(config.kv_types.k),
+        kv_type_name(config.kv_types.v)
+    );
+    let mut out = String::new();
+    for (name, help, value) in [
+        (
+            "kv_pool_tokens",
+            "Token slots in the KV pool (blocks times tokens per block).",
+            config.num_blocks * config.block_size,
+        ),
+        (
+            "kv_pool_bytes",
+            "Bytes of the KV pool's keys and values in their cache types.",
+            bytes,
+        ),
+    ] {
+        let _ = writeln!(out, "# HELP edge_llm_{name} {help}");
+        let _ = writeln!(out, "# TYPE edge_llm_{name} gauge");
+        let _ = writeln!(out, "edge_llm_{name}{labels} {value}");
     }
     out
 }

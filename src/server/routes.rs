@@ -88,6 +88,10 @@ pub async fn metrics(
     })?;
     let text = if state.sees_server(info.cache_key) {
         let mut text = super::metrics::prometheus(&m);
+        text.push_str(&super::metrics::kv_pool(
+            &state.engine.config,
+            state.engine.kv_bytes(),
+        ));
         text.push_str(&super::metrics::grammar_cache(
             state.engine.grammars.stats(),
             state.engine.grammars.usage(),

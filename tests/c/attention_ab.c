@@ -7,7 +7,7 @@
  *     for x in a b; do
  *       src=/tmp/a.c; [ $x = b ] && src=csrc/ops_avx2.c
  *       gcc -O3 -std=c11 -fno-math-errno -ffp-contract=off -Icsrc -c $src -o /tmp/$x.o
- *       objcopy --redefine-sym el_paged_attention_avx2=${x}_attn -L el_kv_write_avx2 \
+ *       objcopy --redefine-sym el_paged_attention_avx2=${x}_attn -L el_kv_write_f16_avx2 \
  *         -L el_rms_norm_avx2 -L el_rope_avx2 -L el_swiglu_avx2 /tmp/$x.o /tmp/${x}_r.o
  *     done
  *     gcc -O2 -mf16c tests/c/attention_ab.c /tmp/a_r.o /tmp/b_r.o -lm -o /tmp/attention_ab
@@ -25,12 +25,22 @@
 #include <string.h>
 #include <time.h>
 
-typedef void attn_fn(float *, const float *, const uint16_t *, const uint16_t *, const int32_t *, const int32_t *,
+/* simd_internal.h's el_kv_rows: an f16 cache here (the quantized types go through the same code
+ * after their conversion to f32). */
+typedef struct {
+    const uint8_t *base;
+    int32_t type, elems_log2;
+    int64_t block_bytes;
+} kv_rows;
+
+typedef void attn_fn(float *, const float *, const kv_rows *, const kv_rows *, const int32_t *, const int32_t *,
                      const int32_t *, int64_t, int64_t, int64_t, int64_t, int64_t, float, int32_t, int64_t, int64_t);
 attn_fn a_attn, b_attn;
 
-/* ops_avx2.c's RoPE calls the reference's; nothing here runs it. */
+/* ops_avx2.c's RoPE and its conversion of the other KV types call the references; nothing here
+ * runs them. */
 void el_rope_ref(void) { abort(); }
+void el_kv_rows_to_f32(void) { abort(); }
 
 enum { H = 9, KVH = 3, HD = 64, BS = 16 };
 
@@ -70,7 +80,8 @@ static attn_case make_case(const int depth, const int n_tokens) {
 }
 
 static void call(attn_fn *f, const attn_case *c, float *out, const int64_t begin, const int64_t end) {
-    f(out, c->q, c->k, c->v, c->table, c->seq, c->lens, H, KVH, HD, BS, c->n_blocks, 0.125f, 0, begin, end);
+    const kv_rows k = {(const uint8_t *)c->k, 1 /* EL_TYPE_F16 */, 0, 2}, v = {(const uint8_t *)c->v, 1, 0, 2};
+    f(out, c->q, &k, &v, c->table, c->seq, c->lens, H, KVH, HD, BS, c->n_blocks, 0.125f, 0, begin, end);
 }
 
 static int prefill(const int depth, const int n_tokens, const int reps) {

@@ -38,6 +38,7 @@ use std::time::{Instant, SystemTime};
 use anyhow::{Context, Result};
 
 use super::block_manager::BlockHash;
+use crate::kernels::KvTypes;
 use crate::model::Model;
 use index::DiskIndex;
 use io::Refused;
@@ -50,8 +51,15 @@ pub const DEFAULT_DISK_MIB: u64 = 1024;
 /// Jobs the I/O thread may have queued before the engine stops handing it writes.
 const QUEUE_JOBS: usize = 128;
 
-/// The KV element type blocks are stored in (part of the identity).
-const KV_ELEMENT_TYPE: &str = "f16";
+/// The KV element types blocks are stored in, as the identity hashes them: "f16" for an f16
+/// pool (as before the cache types existed, so f16 tiers stay valid), else both types named.
+fn kv_element_types(kv_types: KvTypes) -> String {
+    if kv_types == KvTypes::F16 {
+        "f16".into()
+    } else {
+        kv_types.to_string()
+    }
+}
 
 /// Where and how big the disk tier is.
 #[derive(Clone, Debug)]
@@ -163,11 +171,18 @@ pub struct DiskTier {
     thread: Option<JoinHandle<()>>,
 }
 
-/// The identity of the blocks `model` computes with `block_size`-token blocks on `device`:
-/// a different value never shares a file. With a disk tier (`cache_root`) it includes the model
+/// The identity of the blocks `model` computes with `block_size`-token blocks of `kv_types` on
+/// `device`: a different value never shares a file (a tier written with other cache types is
+/// another folder, so its blocks are recomputed, never misread). With a disk tier (`cache_root`) it includes the model
 /// file's digest (a hash of all its bytes), recorded there and computed again only when the
 /// file changes.
-pub fn identity(model: &Model, block_size: usize, device: &str, cache_root: Option<&Path>) -> u64 {
+pub fn identity(
+    model: &Model,
+    block_size: usize,
+    kv_types: KvTypes,
+    device: &str,
+    cache_root: Option<&Path>,
+) -> u64 {
     use std::hash::{DefaultHasher, Hash, Hasher};
     let bytes = model.file.bytes();
     // Only a disk tier shares blocks across processes: without one the pool is this process's
@@ -184,7 +199,7 @@ pub fn identity(model: &Model, block_size: usize, device: &str, cache_root: Opti
     let mut h = DefaultHasher::new();
     (
         file::FORMAT_VERSION,
-        KV_ELEMENT_TYPE,
+        kv_element_types(kv_types),
         block_size,
         c.num_layers,
         c.kv_dim(),

@@ -43,7 +43,7 @@ impl Parking {
     /// The tier `config` asks for, opened for `model`'s blocks of `block_size` tokens in
     /// `exec`'s pool; off, with a warning, where it cannot be. Also returns the blocks' salt: what
     /// their keys and values depend on besides the tokens (the model's contents, the block size,
-    /// the device), the tier's identity ([`super::identity`]).
+    /// the KV cache types, the device), the tier's identity ([`super::identity`]).
     pub(in crate::engine) fn open(
         config: Option<DiskCacheConfig>,
         model: &Model,
@@ -51,7 +51,13 @@ impl Parking {
         exec: &Executor,
     ) -> (Self, u64) {
         let root = config.as_ref().map(|d| d.root.as_path());
-        let salt = super::identity(model, block_size, exec.device().name(), root);
+        let salt = super::identity(
+            model,
+            block_size,
+            exec.kv_types(),
+            exec.device().name(),
+            root,
+        );
         let tier = config.and_then(|d| {
             let Some(kv_bytes) = exec.read_block(BlockId(0)).map(|b| b.len()) else {
                 eprintln!("warning: the disk cache is off: it does not reach the GPU's KV pool");

@@ -22,7 +22,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 
 use super::cost::StepCost;
-use crate::device::{Device, Executor};
+use crate::device::{Executor, Placement};
 use crate::engine::block_manager::{BlockId, BlockManager};
 use crate::engine::sequence::SeqId;
 use crate::gguf::GgufFile;
@@ -186,12 +186,12 @@ pub struct DraftRunner {
 }
 
 impl DraftRunner {
-    /// Loads the draft onto `device` with a pool of `setup.num_blocks` blocks of `block_size`
-    /// tokens, after checking it shares `target`'s vocabulary.
+    /// Loads the draft onto `placement` with a pool of `setup.num_blocks` blocks of
+    /// `block_size` tokens of its cache types, after checking it shares `target`'s vocabulary.
     pub fn new(
         setup: &DraftSetup,
         target: &Model,
-        device: Device,
+        placement: Placement,
         block_size: usize,
         max_rows: usize,
     ) -> Result<Self> {
@@ -199,7 +199,7 @@ impl DraftRunner {
         if setup.num_blocks == 0 {
             bail!("the draft model's KV pool needs at least one block");
         }
-        let exec = Executor::new(&setup.model, device, block_size, setup.num_blocks)
+        let exec = Executor::new(&setup.model, placement, block_size, setup.num_blocks)
             .context("starting the draft model")?;
         Ok(DraftRunner {
             model: setup.model.clone(),

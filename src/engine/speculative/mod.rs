@@ -148,19 +148,19 @@ impl Speculator {
         }
     }
 
-    /// The speculator of an engine of `target` on `device` with KV blocks of `block_size`
-    /// tokens: with `config.draft`, its draft model is checked against the target's vocabulary
+    /// The speculator of an engine of `target` on `placement` (the device and the KV cache
+    /// types, which the draft's pool shares) with KV blocks of `block_size` tokens: with `config.draft`, its draft model is checked against the target's vocabulary
     /// and loaded on its own pool (catch-up steps of at most `max_rows` rows).
     pub fn start(
         config: SpecConfig,
         target: &crate::model::Model,
-        device: crate::device::Device,
+        placement: crate::device::Placement,
         block_size: usize,
         max_rows: usize,
     ) -> Result<Self> {
         let draft = match (&config.draft, config.enabled) {
             (Some(setup), true) => Some(DraftRunner::new(
-                setup, target, device, block_size, max_rows,
+                setup, target, placement, block_size, max_rows,
             )?),
             _ => None,
         };
