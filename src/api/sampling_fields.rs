@@ -262,7 +262,7 @@ mod tests {
             (json!({"min_keep": -1}), "min_keep"),
             (json!({"samplers": ["top_k", "bogus"]}), "samplers"),
             (json!({"samplers": "kz"}), "samplers"),
-            (json!({"samplers": ["infill"]}), "samplers"),
+            (json!({"samplers": ["adaptive_p"]}), "samplers"),
             (json!({"samplers": 3}), "samplers"),
             (json!({"adaptive_target": 0.5}), "adaptive_target"),
             (json!({"adaptive_decay": 0.9}), "adaptive_decay"),
