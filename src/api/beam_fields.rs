@@ -51,7 +51,10 @@ pub fn take(
         ))
     };
     if f.bool("stream")? == Some(true) {
-        return refuse("stream", "is not supported (the beams are ranked at the end)");
+        return refuse(
+            "stream",
+            "is not supported (the beams are ranked at the end)",
+        );
     }
     if f.number("temperature", 0.0, 2.0)?.is_some_and(|t| t > 0.0) {
         return refuse("temperature", "must be 0 (beam search is greedy)");
@@ -80,7 +83,9 @@ pub fn take(
         }
     }
     let n = f.integer("n", 1, MAX_WIDTH as i64)?.map(|v| v as usize);
-    let best_of = f.integer("best_of", 1, MAX_WIDTH as i64)?.map(|v| v as usize);
+    let best_of = f
+        .integer("best_of", 1, MAX_WIDTH as i64)?
+        .map(|v| v as usize);
     let width = best_of.or(n).unwrap_or(1);
     let n = n.unwrap_or(1);
     if n > width {
@@ -107,7 +112,12 @@ pub fn take(
             ))
         }
     };
-    for name in ["use_beam_search", "best_of", "length_penalty", "early_stopping"] {
+    for name in [
+        "use_beam_search",
+        "best_of",
+        "length_penalty",
+        "early_stopping",
+    ] {
         body.remove(name);
     }
     body.insert("n".into(), Value::from(1));

@@ -108,7 +108,11 @@ pub(super) async fn answer(
     let usages: Vec<_> = choices.iter().map(|c| c.usage).collect();
     let finishes: Vec<_> = choices.iter().map(|c| c.finish).collect();
     let mut response = Json(body).into_response();
-    let note = format!("{} beams={}", log_note(&usages, &finishes, false), beam.width);
+    let note = format!(
+        "{} beams={}",
+        log_note(&usages, &finishes, false),
+        beam.width
+    );
     response.extensions_mut().insert(LogNote(note));
     Ok(response)
 }
