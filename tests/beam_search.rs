@@ -43,7 +43,14 @@ type RefBeam = (Vec<u32>, f64);
 /// best `width` candidates (by sum, then token id, then beam index) live on; end tokens finish
 /// a candidate; once `width` finished, stop when the best live beam's score cannot beat the
 /// worst of them (`early_stopping: false`). Score: `sum / (prompt + generated) ** penalty`.
-fn reference(prompt: &[u32], width: usize, max_tokens: usize, penalty: f64) -> Vec<RefBeam> {
+/// With `always` (`early_stopping: true`), stop as soon as `width` finished.
+fn reference(
+    prompt: &[u32],
+    width: usize,
+    max_tokens: usize,
+    penalty: f64,
+    always: bool,
+) -> Vec<RefBeam> {
     let model = support::model();
     let mut runner = SequenceRunner::new(model, 512, 16);
     let score = |b: &RefBeam| b.1 / ((prompt.len() + b.0.len()) as f64).powf(penalty);
@@ -83,7 +90,7 @@ fn reference(prompt: &[u32], width: usize, max_tokens: usize, penalty: f64) -> V
         if finished.len() >= width && !live.is_empty() {
             let worst = score(&finished[width - 1]);
             let best = live.iter().map(score).fold(f64::NEG_INFINITY, f64::max);
-            if worst >= best {
+            if always || worst >= best {
                 live.clear();
             }
         }
@@ -129,15 +136,30 @@ fn beams_equal_a_reference_that_recomputes_every_beam() {
     ];
     for (k, text) in prompts.iter().enumerate() {
         let ids = prompt_ids(text);
-        for (width, max_tokens, penalty) in [(2, 12, 1.0), (4, 10, 1.0), (4, 8, 0.5)] {
-            let penalty = if k == 1 && width == 2 { 2.0 } else { penalty };
-            let expected = reference(&ids, width, max_tokens, penalty);
+        let cases = [
+            (2, 12, 1.0, false),
+            (4, 10, 1.0, false),
+            (4, 8, 0.5, false),
+            (2, 16, 0.0, false),
+            (4, 12, 1.0, true),
+        ];
+        for (width, max_tokens, penalty, always) in cases {
+            let penalty = if k == 1 && width == 2 && penalty == 1.0 {
+                2.0
+            } else {
+                penalty
+            };
+            let expected = reference(&ids, width, max_tokens, penalty, always);
             let got = server_beams(
                 &server,
                 &json!({"prompt": ids, "max_tokens": max_tokens, "use_beam_search": true,
-                        "best_of": width, "n": width, "length_penalty": penalty}),
+                        "best_of": width, "n": width, "length_penalty": penalty,
+                        "early_stopping": always}),
             );
-            let what = format!("{text:?} width {width} max_tokens {max_tokens} penalty {penalty}");
+            let what = format!(
+                "{text:?} width {width} max_tokens {max_tokens} penalty {penalty} \
+                 early_stopping {always}"
+            );
             assert_eq!(got.len(), expected.len(), "{what}");
             for (rank, ((ids, sum, text), (want, want_sum))) in
                 got.iter().zip(&expected).enumerate()
