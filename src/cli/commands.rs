@@ -211,6 +211,9 @@ pub fn run(args: &RunArgs) -> Result<()> {
     if let Some(width) = args.beams {
         engine_args.parallel = engine_args.parallel.max(width as usize);
         let engine = engine_args.start(model, false, EngineParts::default())?;
+        if args.constraint.compile(&engine)?.is_some() {
+            bail!("--beams cannot be combined with --json-schema, --regex or --grammar");
+        }
         return super::beam::run(&engine, ids, width as usize, max_tokens, args.ignore_eos);
     }
     let engine = engine_args.start(model, false, EngineParts::default())?;
