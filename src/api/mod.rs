@@ -15,6 +15,8 @@
 //! the tokenizer, and never a face. The faces turn a [`RequestError`] into their own error (an
 //! HTTP 400, a jsonl error line).
 
+pub mod beam;
+pub mod beam_fields;
 pub mod infill;
 pub mod llama;
 pub mod logprobs;

@@ -163,6 +163,10 @@ pub struct RunArgs {
     /// Keep generating past end-of-generation tokens.
     #[arg(long)]
     pub ignore_eos: bool,
+    /// Beam search of this width (greedy; the sampling flags do not apply): print the best
+    /// beam's text.
+    #[arg(long, value_name = "N", conflicts_with = "jsonl", value_parser = clap::value_parser!(u64).range(1..=crate::api::beam::MAX_WIDTH as u64))]
+    pub beams: Option<u64>,
     /// Do not add BOS even if the model asks for one.
     #[arg(long)]
     pub no_bos: bool,
@@ -203,6 +207,14 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let mut engine_args = args.engine.clone();
     if engine_args.kv_mem.is_none() {
         engine_args.parallel = 1;
+    }
+    if let Some(width) = args.beams {
+        engine_args.parallel = engine_args.parallel.max(width as usize);
+        let engine = engine_args.start(model, false, EngineParts::default())?;
+        if args.constraint.compile(&engine)?.is_some() {
+            bail!("--beams cannot be combined with --json-schema, --regex or --grammar");
+        }
+        return super::beam::run(&engine, ids, width as usize, max_tokens, args.ignore_eos);
     }
     let engine = engine_args.start(model, false, EngineParts::default())?;
     let mut request = Request::new(ids.clone(), sampling, max_tokens);

@@ -4,6 +4,7 @@
 //! `anyhow` chain. A sibling of `crate::server`: neither imports the other; `main.rs` holds
 //! the subcommand list and calls either.
 
+mod beam;
 mod bench;
 mod bench_schema;
 mod bench_spec;

@@ -22,6 +22,7 @@
 //! Called by `main.rs` (`edge-llm serve`). A sibling of `crate::cli`: neither imports the other;
 //! the flags both take live in `crate::flags`.
 
+mod beam;
 pub(crate) mod body;
 pub(crate) mod cache_routes;
 pub(crate) mod error;

@@ -239,16 +239,25 @@ async fn generate(
         Endpoint::Completions => "cmpl",
         Endpoint::Chat => "chatcmpl",
     };
+    let read = state.clone();
+    let (map, beam) = state
+        .planner
+        .run(move || {
+            let mut map = json_object(body, read.max_body_bytes)?;
+            let beam = crate::api::beam_fields::take(&mut map, endpoint)?;
+            Ok((map, beam))
+        })
+        .await?;
+    if let Some(beam) = beam {
+        return super::beam::answer(state, info, endpoint, prefix, map, beam).await;
+    }
     let Submitted {
         mut stream,
         params,
         parsing,
         id,
         ..
-    } = submit(&state, &info, endpoint, prefix, move |s| {
-        json_object(body, s.max_body_bytes)
-    })
-    .await?;
+    } = submit(&state, &info, endpoint, prefix, move |_| Ok(map)).await?;
     let reply = Reply {
         endpoint,
         id,
