@@ -284,8 +284,14 @@ fn bad_beam_fields_are_400s_naming_the_field() {
         return;
     };
     let base = json!({"prompt": "Hello", "max_tokens": 4, "use_beam_search": true, "best_of": 2});
-    let cases: [(&str, Value, &str); 7] = [
+    let cases: [(&str, Value, &str); 9] = [
         ("/v1/completions", json!({"stream": true}), "stream"),
+        ("/v1/completions", json!({"top_p": 0.5}), "top_p"),
+        (
+            "/v1/completions",
+            json!({"logit_bias": {"42": 5}}),
+            "logit_bias",
+        ),
         (
             "/v1/completions",
             json!({"temperature": 0.7}),

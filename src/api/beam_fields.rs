@@ -33,6 +33,32 @@ const CONSTRAINTS: [&str; 9] = [
     "guided_choice",
 ];
 
+/// Sampling fields and the values that leave the distribution as it is.
+const NEUTRAL_SAMPLING: [(&str, fn(&Value) -> bool); 20] = [
+    ("top_p", |v| v.as_f64() == Some(1.0)),
+    ("top_k", |v| matches!(v.as_i64(), Some(0 | -1))),
+    ("min_p", |v| v.as_f64() == Some(0.0)),
+    ("presence_penalty", |v| v.as_f64() == Some(0.0)),
+    ("frequency_penalty", |v| v.as_f64() == Some(0.0)),
+    ("repeat_penalty", |v| v.as_f64() == Some(1.0)),
+    ("repetition_penalty", |v| v.as_f64() == Some(1.0)),
+    ("logit_bias", |v| {
+        v.as_object().is_some_and(Map::is_empty) || v.as_array().is_some_and(Vec::is_empty)
+    }),
+    ("typical_p", |v| v.as_f64() == Some(1.0)),
+    ("top_n_sigma", |v| v.as_f64().is_some_and(|x| x <= 0.0)),
+    ("mirostat", |v| v.as_i64() == Some(0)),
+    ("dry_multiplier", |v| v.as_f64() == Some(0.0)),
+    ("xtc_probability", |v| v.as_f64() == Some(0.0)),
+    ("dynatemp_range", |v| v.as_f64() == Some(0.0)),
+    ("samplers", |_| false),
+    ("min_keep", |v| v.as_i64() == Some(0)),
+    ("mirostat_tau", |_| false),
+    ("mirostat_eta", |_| false),
+    ("xtc_threshold", |_| false),
+    ("dry_base", |_| false),
+];
+
 /// Reads the beam search of `body`: None without `use_beam_search: true`. With it, the beam
 /// fields are taken out of `body` and `temperature` is set to 0, so the shared rules plan the
 /// rest (prompt, `max_tokens`, `stop`) as for any body.
@@ -80,6 +106,16 @@ pub fn take(
         };
         if f.get(name).is_some_and(|v| !harmless(v)) {
             return refuse(name, "cannot be combined (no constraint)");
+        }
+    }
+    // Beams rank the model's own log-probabilities: a field that would reshape them is refused
+    // rather than ignored (its neutral value is accepted).
+    for (name, neutral) in NEUTRAL_SAMPLING {
+        if f.get(name).is_some_and(|v| !v.is_null() && !neutral(v)) {
+            return refuse(
+                name,
+                "does not apply (beams rank the model's own log-probabilities)",
+            );
         }
     }
     let n = f.integer("n", 1, MAX_WIDTH as i64)?.map(|v| v as usize);
