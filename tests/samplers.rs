@@ -630,3 +630,55 @@ fn chat_set_takes_the_fields_as_the_flags_do() {
     let (plain, _) = chat_pipe(&["--seed", "9", "--temp", "0.9", "-n", "16"], message);
     assert_ne!(plain, by_set, "the samplers changed nothing");
 }
+
+/// llama.cpp's infill stage (llama.vscode's `samplers: [..., "infill"]`) with the default
+/// model's vocabulary: after top-k (and top-p), the same tokens and probabilities as
+/// `llama_sampler_infill`, on the reference rows and on rows whose end-of-generation tokens
+/// lead (they take over).
+#[test]
+fn the_infill_stage_keeps_llama_cpps_tokens() {
+    let r = reference();
+    let rows: Vec<Vec<f32>> = r["logits"].as_array().unwrap().iter().map(floats).collect();
+    let infill = &r["infill"];
+    let eog = ids(&infill["eog_ids"]);
+    let tok = &support::model().tokenizer;
+    for &id in &eog {
+        assert!(
+            tok.is_eog(id),
+            "token {id} ends generation in llama.cpp's vocabulary"
+        );
+    }
+    let cases = infill["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 3);
+    for case in cases {
+        let name = case["name"].as_str().unwrap();
+        let mut s = Sampler::new(params(&case["fields"]));
+        assert!(
+            s.needs_breakers(),
+            "{name}: the infill stage needs the vocabulary"
+        );
+        s.bind_breakers(tok);
+        let lift = case["eog_lift"].as_f64().unwrap() as f32;
+        for (i, (row, kept)) in rows
+            .iter()
+            .zip(case["kept"].as_array().unwrap())
+            .enumerate()
+        {
+            let mut row = row.clone();
+            if lift > 0.0 {
+                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                for &id in &eog {
+                    row[id as usize] = max + lift;
+                }
+            }
+            let cand = s.candidates(&row, &[], &[]);
+            let ours: BTreeMap<u32, f32> = cand
+                .data
+                .iter()
+                .filter(|c| c.p > 0.0)
+                .map(|c| (c.id, c.p))
+                .collect();
+            assert_same_kept(&format!("{name}, row {i}"), &ours, &kept_map(kept));
+        }
+    }
+}

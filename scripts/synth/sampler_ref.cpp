@@ -290,6 +290,44 @@ int main(int argc, char ** argv) {
         }
         printf("]}");
         llama_sampler_free(dry);
+
+        // The infill stage (llama_sampler_infill) on the same rows with this vocabulary's
+        // pieces and end-of-generation tokens: after top-k (and top-p, llama.vscode's order),
+        // and with the row's end-of-generation ids lifted above the rest (they take over).
+        std::vector<llama_token> eog;
+        for (llama_token t = 0; t < N_VOCAB; ++t) if (llama_vocab_is_eog(vocab, t)) eog.push_back(t);
+        printf(",\"infill\":{\"eog_ids\":[");
+        for (size_t i = 0; i < eog.size(); ++i) printf("%s%d", i ? "," : "", eog[i]);
+        printf("],\"cases\":[");
+        struct InfillCase { const char * name; int top_k; float top_p; const char * order; float eog_lift; };
+        const InfillCase cases[] = {
+            {"top_k_infill", 40, 1.0f, "ki", 0.0f},
+            {"vscode_order", 40, 0.95f, "kpi", 0.0f},
+            {"eog_takes_over", 40, 1.0f, "ki", 2.0f},
+        };
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ++ci) {
+            const InfillCase & ic = cases[ci];
+            llama_sampler * chain = llama_sampler_chain_init(llama_sampler_chain_default_params());
+            llama_sampler_chain_add(chain, llama_sampler_init_top_k(ic.top_k));
+            if (ic.top_p < 1.0f) llama_sampler_chain_add(chain, llama_sampler_init_top_p(ic.top_p, 1));
+            llama_sampler_chain_add(chain, llama_sampler_init_infill(vocab));
+            printf("%s{\"name\":\"%s\",\"fields\":{\"top_k\":%d,\"top_p\":%.9g,\"samplers\":\"%s\"},\"eog_lift\":%.9g,\"kept\":[",
+                   ci ? "," : "", ic.name, ic.top_k, ic.top_p, ic.order, ic.eog_lift);
+            for (int r = 0; r < N_ROWS; ++r) {
+                std::vector<llama_token_data> data(N_VOCAB);
+                float max_l = -INFINITY;
+                for (int i = 0; i < N_VOCAB; ++i) max_l = std::max(max_l, rows[r][i]);
+                for (int i = 0; i < N_VOCAB; ++i) data[i] = {i, rows[r][i], 0.0f};
+                if (ic.eog_lift > 0.0f) for (llama_token t : eog) data[t].logit = max_l + ic.eog_lift;
+                llama_token_data_array cur = {data.data(), data.size(), -1, false};
+                llama_sampler_apply(chain, &cur);
+                if (r) printf(",");
+                print_kept(cur);
+            }
+            printf("]}");
+            llama_sampler_free(chain);
+        }
+        printf("]}");
         llama_model_free(model);
     }
     printf(",\"llama_cpp\":\"%s\"}\n", getenv("LLAMA_CPP_DESC") ? getenv("LLAMA_CPP_DESC") : "");

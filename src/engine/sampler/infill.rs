@@ -2,8 +2,8 @@
 //! llama.vscode lists last in its `samplers`): when end-of-generation tokens hold enough of the
 //! mass (3 * p_eog * n > p_text) only they stay; otherwise a token whose text is a prefix of
 //! another's absorbs it (the likelier of the two keeps both masses, the other leaves), tokens
-//! under 0.2 are cut unless they end generation, and when no text token is left the choice is
-//! the end-of-turn token. The final softmax then reads the logits, as llama.cpp's `dist` does.
+//! under 0.2 are cut unless they end generation (when no text token is left the choice is the
+//! end-of-turn token), then, renormalized, those under 1 / (text tokens + 1). The final softmax then reads the logits, as llama.cpp's `dist` does.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -134,6 +134,19 @@ impl Candidates {
             self.sorted = true;
             return;
         }
+        for c in &mut self.data {
+            c.p /= p_sum;
+        }
+        // Then a second cut, at 1 / (text tokens + 1) of the renormalized mass.
+        let thold = 1.0 / (n_non_eog as f32 + 1.0);
+        let mut p_sum = 0.0f32;
+        self.data.retain(|c| {
+            let keep = c.p >= thold || v.is_eog(c.id);
+            if keep {
+                p_sum += c.p;
+            }
+            keep
+        });
         for c in &mut self.data {
             c.p /= p_sum;
         }
