@@ -16,7 +16,7 @@ use std::process::{Command, Stdio};
 
 use edge_llm::api::request::{gen_params_over, Endpoint, Fields};
 use edge_llm::engine::sampler::dry::{self, Breakers};
-use edge_llm::engine::sampler::{Sampler, SamplingParams};
+use edge_llm::engine::sampler::{Candidates, Sampler, SamplingParams};
 use edge_llm::gguf::GgufFile;
 use edge_llm::tokenizer::Tokenizer;
 use serde_json::{json, Value};
@@ -70,6 +70,15 @@ fn kept_map(v: &Value) -> BTreeMap<u32, f32> {
         .collect()
 }
 
+/// The candidates a chain left (a token merged away or cut has probability 0), as a map.
+fn kept_of(cand: &Candidates) -> BTreeMap<u32, f32> {
+    cand.data
+        .iter()
+        .filter(|c| c.p > 0.0)
+        .map(|c| (c.id, c.p))
+        .collect()
+}
+
 fn assert_same_kept(what: &str, ours: &BTreeMap<u32, f32>, theirs: &BTreeMap<u32, f32>) {
     assert_eq!(
         ours.keys().collect::<Vec<_>>(),
@@ -108,13 +117,11 @@ fn every_chain_leaves_llama_cpps_tokens_and_probabilities() {
             .enumerate()
         {
             let cand = s.candidates(row, &history, &[]);
-            let ours: BTreeMap<u32, f32> = cand
-                .data
-                .iter()
-                .filter(|c| c.p > 0.0)
-                .map(|c| (c.id, c.p))
-                .collect();
-            assert_same_kept(&format!("{name}, row {i}"), &ours, &kept_map(kept));
+            assert_same_kept(
+                &format!("{name}, row {i}"),
+                &kept_of(&cand),
+                &kept_map(kept),
+            );
         }
     }
 }
@@ -672,13 +679,11 @@ fn the_infill_stage_keeps_llama_cpps_tokens() {
                 }
             }
             let cand = s.candidates(&row, &[], &[]);
-            let ours: BTreeMap<u32, f32> = cand
-                .data
-                .iter()
-                .filter(|c| c.p > 0.0)
-                .map(|c| (c.id, c.p))
-                .collect();
-            assert_same_kept(&format!("{name}, row {i}"), &ours, &kept_map(kept));
+            assert_same_kept(
+                &format!("{name}, row {i}"),
+                &kept_of(&cand),
+                &kept_map(kept),
+            );
         }
     }
 }
