@@ -672,8 +672,11 @@ fn a_planted_symlink_named_like_a_temporary_file_never_makes_the_server_write_ou
         now.len()
     );
     for f in files {
-        let meta = std::fs::symlink_metadata(f).unwrap();
-        assert!(meta.is_file(), "{} is a regular file", f.display());
+        // A block being rewritten at this moment (temporary file, then rename) may be absent;
+        // what is there is never a link.
+        if let Ok(meta) = std::fs::symlink_metadata(f) {
+            assert!(meta.is_file(), "{} is a regular file", f.display());
+        }
     }
     // Still serving, from the blocks written.
     drop(server);

@@ -145,6 +145,8 @@ pub struct Cpu {
     spare_inputs: Arc<Mutex<Vec<Vec<u8>>>>,
     /// Rows turned for a quantized KV cache (`KvTypes::k_rotation`), reused likewise.
     turned: Vec<f32>,
+    /// What a quantized cache subtracts from each layer's keys (`super::key_centers`).
+    key_centers: Vec<Option<Vec<f32>>>,
 }
 
 impl Cpu {
@@ -168,7 +170,14 @@ impl Cpu {
             arena: Arena::default(),
             spare_inputs: Arc::default(),
             turned: Vec::new(),
+            key_centers: Vec::new(),
         }
+    }
+
+    /// Sets what each layer's keys lose before a quantized cache stores them: softmax gives the
+    /// same weights, the keys a narrower range (`super::key_centers`).
+    pub fn set_key_centers(&mut self, centers: Vec<Option<Vec<f32>>>) {
+        self.key_centers = centers;
     }
 
     pub fn block_size(&self) -> usize {
@@ -312,13 +321,19 @@ impl Backend for Cpu {
         let hd = self.shape.head_dim;
         // A quantized cache stores the rows turned (kernels::hadamard_rows), each once.
         let mut turned = std::mem::take(&mut self.turned);
-        let (k, v) = match (types.k_rotation(hd), types.v_rotation(hd)) {
-            (None, None) => (k.as_slice(), v.as_slice()),
-            (rot_k, rot_v) => {
+        let center = self.key_centers.get(layer).and_then(Option::as_deref);
+        let (k, v) = match (types.k_rotation(hd), types.v_rotation(hd), center) {
+            (None, None, None) => (k.as_slice(), v.as_slice()),
+            (rot_k, rot_v, center) => {
                 turned.clear();
                 turned.extend_from_slice(k);
                 turned.extend_from_slice(v);
                 let (tk, tv) = turned.split_at_mut(k.len());
+                if let Some(c) = center {
+                    for row in tk.chunks_exact_mut(c.len()) {
+                        row.iter_mut().zip(c).for_each(|(x, c)| *x -= c);
+                    }
+                }
                 if let Some(n) = rot_k {
                     kernels::hadamard_rows(tk, n);
                 }
