@@ -56,8 +56,12 @@ const QUEUE_JOBS: usize = 128;
 fn kv_element_types(kv_types: KvTypes) -> String {
     if kv_types == KvTypes::F16 {
         "f16".into()
-    } else {
+    } else if kv_types.k == crate::kernels::tensor_type::TensorType::F16 {
         kv_types.to_string()
+    } else {
+        // Quantized keys are stored less their layer's center (model/key_centers.rs): a tier
+        // written before the centers were is recomputed, not misread.
+        format!("{kv_types}, keys centered")
     }
 }
 
