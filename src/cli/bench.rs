@@ -90,7 +90,7 @@ fn drain(stream: &mut RequestStream) -> Result<(Instant, Instant, usize, Option<
     let (mut n, mut ttft_ms) = (0, None);
     while let Some(e) = stream.next_blocking() {
         match e {
-            Event::Prompt { .. } => {}
+            Event::Prompt { .. } | Event::Embedding { .. } => {}
             Event::Token { .. } => {
                 last = Instant::now();
                 first.get_or_insert(last);
