@@ -7,6 +7,9 @@ and the synthetic qwen3 file (scripts/synth/synth.py, random weights) with last 
 string is one prompt (llama-embedding's newline separator), tokenized as llama.cpp does (special
 tokens added and parsed), normalized as it does by default (euclidean, --embd-normalize 2),
 printed with 7 decimals (--embd-output-format array). The token ids come from llama-tokenize.
+Each case is also run with flash attention off and an f32 KV cache: the largest cosine distance
+between llama.cpp's two runs (`llama_cpp_spread`) says how close two correct implementations of
+this model can be, which sizes the test's budget.
 CI only reads the JSON; run from the repository root:
 
   target/synth-venv/bin/python scripts/synth/synth.py models target/synth   # the qwen3 file
@@ -14,6 +17,7 @@ CI only reads the JSON; run from the repository root:
 """
 import hashlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -69,12 +73,19 @@ def embed(model, pooling, more):
     return vectors, shown
 
 
+def cos_distance(a, b):
+    dot = sum(x * y for x, y in zip(a, b))
+    return 1.0 - dot / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
+
+
 def main():
     cases = []
     for name, model, pooling, more in CASES:
         if not os.path.isfile(model):
             sys.exit(f"embed_ref.py: {model} missing (see the docstring)")
         vectors, cmd = embed(model, pooling, more)
+        other, _ = embed(model, pooling, more + ["-fa", "off", "-ctk", "f32", "-ctv", "f32"])
+        spread = max(cos_distance(a, b) for a, b in zip(vectors, other))
         cases.append({
             "case": name,
             "file": os.path.basename(model),
@@ -83,9 +94,10 @@ def main():
             "normalize": 2,
             "command": cmd,
             "tokens": [tokens(model, s) for s in STRINGS],
+            "llama_cpp_spread": spread,
             "embeddings": vectors,
         })
-        print(f"{name}: {len(vectors)} vectors of {len(vectors[0])}")
+        print(f"{name}: {len(vectors)} vectors of {len(vectors[0])}, spread {spread:.2e}")
     ref = {"made_by": "scripts/synth/embed_ref.py", "llama_cpp": DESC, "strings": STRINGS,
            "cases": cases}
     with open(OUT, "w") as f:
