@@ -90,9 +90,12 @@ pub fn plan(
     };
     let normalize = match map.get("embd_normalize") {
         None | Some(Value::Null) => s.normalize,
-        Some(v) => v.as_i64().and_then(|n| i32::try_from(n).ok()).ok_or_else(|| {
-            RequestError::invalid("embd_normalize", "embd_normalize must be an integer")
-        })?,
+        Some(v) => v
+            .as_i64()
+            .and_then(|n| i32::try_from(n).ok())
+            .ok_or_else(|| {
+                RequestError::invalid("embd_normalize", "embd_normalize must be an integer")
+            })?,
     };
     let model = match map.get("model") {
         None | Some(Value::Null) => None,
@@ -168,7 +171,10 @@ fn prompts(
             };
             let prompt = one_prompt(&name, item, s)?;
             if prompt.is_empty() {
-                return Err(RequestError::invalid(&name, "input content cannot be empty"));
+                return Err(RequestError::invalid(
+                    &name,
+                    "input content cannot be empty",
+                ));
             }
             if prompt.len() > s.max_seq_len {
                 return Err(RequestError::invalid(
@@ -238,7 +244,11 @@ pub fn finish_vectors(plan: &EmbeddingsPlan, mut vectors: Vec<Vec<f32>>) -> Vec<
 
 /// The response body of `results` (per prompt: its vectors as [`finish_vectors`] made them,
 /// and its prompt's tokens) for a server serving `model_id`.
-pub fn response(plan: &EmbeddingsPlan, results: Vec<(Vec<Vec<f32>>, usize)>, model_id: &str) -> Value {
+pub fn response(
+    plan: &EmbeddingsPlan,
+    results: Vec<(Vec<Vec<f32>>, usize)>,
+    model_id: &str,
+) -> Value {
     let num_tokens: usize = results.iter().map(|(_, n)| n).sum();
     match plan.shape {
         Shape::Llama => Value::Array(
@@ -274,12 +284,15 @@ pub fn response(plan: &EmbeddingsPlan, results: Vec<(Vec<Vec<f32>>, usize)>, mod
 /// A vector as OpenAI's base64 encoding: its little-endian f32 bytes, in standard base64
 /// with padding.
 pub fn base64_f32(v: &[f32]) -> String {
-    const ALPHABET: &[u8; 64] =
-        b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
     let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
     for chunk in bytes.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
         let n = (b[0] as u32) << 16 | (b[1] as u32) << 8 | b[2] as u32;
         for i in 0..4 {
             if i <= chunk.len() {

@@ -28,10 +28,7 @@ pub type EmbdRows = Vec<(SeqId, usize)>;
 /// logits follow `out.scheduled` order: per sequence its score rows, then its sampling rows.
 /// An embedding sequence (`Sequence::embed`) wants no logits, only the embeddings of the rows
 /// its pooling reads.
-pub fn build_batch(
-    sched: &Scheduler,
-    out: &SchedulerOutput,
-) -> (Batch, Vec<ScoreRows>, EmbdRows) {
+pub fn build_batch(sched: &Scheduler, out: &SchedulerOutput) -> (Batch, Vec<ScoreRows>, EmbdRows) {
     let bs = sched.blocks.block_size;
     let max_blocks = out
         .scheduled
@@ -75,9 +72,8 @@ pub fn build_batch(
                 count: score_end - first,
             });
         }
-        let want = |pos: usize| {
-            seq.embed.is_none() && (pos >= len - 1 || (scoring && pos < score_end))
-        };
+        let want =
+            |pos: usize| seq.embed.is_none() && (pos >= len - 1 || (scoring && pos < score_end));
         let first_row = batch.n_tokens();
         if let Some(pooling) = seq.embed {
             for pos in positions.clone() {

@@ -47,9 +47,9 @@ pub mod speculative;
 pub mod step_time;
 mod worker;
 
+pub use crate::model::Pooling;
 pub use config::EngineConfig;
 pub use handle::{EngineHandle, EngineParts, RequestStream};
 pub use metrics::{Metrics, SequenceInfo, TenantMetrics};
 pub use request::{Event, FinishReason, Request, SubmitError, TokenLogprobs, Usage};
 pub use speculative::SpecConfig;
-pub use crate::model::Pooling;

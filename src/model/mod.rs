@@ -28,8 +28,8 @@ pub use backend::{Backend, WeightStore};
 pub use batch::Batch;
 pub use config::ModelConfig;
 pub use cpu::Cpu;
-pub use pooling::Pooling;
 pub use forward::{forward, forward_rows, Loaded, StepOutput};
+pub use pooling::Pooling;
 pub use weights::{InFile, Weights};
 
 use crate::gguf::GgufFile;

@@ -68,7 +68,11 @@ async fn answer(
             Ok(embeddings::plan(&map, &setting, route)?)
         })
         .await?;
-    let param = if route == Shape::OpenAi { "input" } else { "content" };
+    let param = if route == Shape::OpenAi {
+        "input"
+    } else {
+        "content"
+    };
     let mut streams = Vec::with_capacity(plan.prompts.len());
     for prompt in &plan.prompts {
         let mut request = Request::embedding(prompt.clone(), plan.pooling);

@@ -25,8 +25,8 @@
 
 mod beam;
 pub(crate) mod body;
-mod embeddings;
 pub(crate) mod cache_routes;
+mod embeddings;
 pub(crate) mod error;
 pub mod kv_publisher;
 mod listener;
