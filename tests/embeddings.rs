@@ -446,3 +446,32 @@ fn openai_client_and_embed_pipe_equal_the_server() {
     assert_eq!(floats(&pipe[1]["embedding"]), raw[0]);
     server.wait_for_metrics("KV blocks back", |s| used_blocks(s) == 0.0);
 }
+
+/// `edge-llm bench --embed N`: the figures of N sentences, as a table and a JSON line.
+#[test]
+fn bench_embed_reports_sentences_per_second() {
+    let Some(model) = support::fetched(support::model_path(), support::FETCH_MODEL) else {
+        return;
+    };
+    let out = Command::new(env!("CARGO_BIN_EXE_edge-llm"))
+        .args([
+            "bench", "--embed", "40", "-r", "1", "-t", "2", "--json", "-m",
+        ])
+        .arg(model)
+        .output()
+        .expect("running edge-llm bench --embed");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("| sentences | tokens | batch | sentences/s |"),
+        "{stdout}"
+    );
+    let v: Value = serde_json::from_str(stdout.lines().last().unwrap()).expect("the JSON line");
+    assert_eq!(v["embed"]["sentences"], 40, "{v}");
+    assert!(v["embed"]["sentences_per_s"].as_f64().unwrap() > 0.0, "{v}");
+    assert!(v["embed"]["tokens"].as_u64().unwrap() >= 40 * 24, "{v}");
+}

@@ -6,6 +6,7 @@
 
 mod beam;
 mod bench;
+mod bench_embed;
 mod bench_schema;
 mod bench_spec;
 mod chat;
