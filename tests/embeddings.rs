@@ -475,3 +475,104 @@ fn bench_embed_reports_sentences_per_second() {
     assert!(v["embed"]["sentences_per_s"].as_f64().unwrap() > 0.0, "{v}");
     assert!(v["embed"]["tokens"].as_u64().unwrap() >= 40 * 24, "{v}");
 }
+
+/// An engine of `num_blocks` blocks of 16 tokens, `max_batched_tokens` a step, 8 sequences.
+fn small_engine(num_blocks: usize, max_batched_tokens: usize) -> edge_llm::engine::EngineHandle {
+    use edge_llm::engine::{EngineConfig, EngineHandle, EngineParts};
+    let config = EngineConfig {
+        block_size: 16,
+        num_blocks,
+        max_seq_len: 256,
+        max_batched_tokens,
+        max_seqs: 8,
+        max_queue: 64,
+        max_step_ms: None,
+        mask_budget_ms: EngineConfig::DEFAULT_MASK_BUDGET_MS,
+        kv_types: edge_llm::kernels::KvTypes::F16,
+    };
+    EngineHandle::start(support::shared_model(), config, EngineParts::default())
+        .expect("the engine starts")
+}
+
+fn engine_embedding(stream: &mut edge_llm::engine::RequestStream) -> Vec<Vec<f32>> {
+    use edge_llm::engine::Event;
+    let mut vectors = None;
+    while let Some(e) = stream.next_blocking() {
+        match e {
+            Event::Embedding { vectors: v } => vectors = Some(v),
+            Event::Error(e) => panic!("{e}"),
+            _ => {}
+        }
+    }
+    vectors.expect("an embedding")
+}
+
+/// In the engine: embedding requests chunked over many steps, batched with decoding requests in
+/// a pool too small for all of them (so sequences are preempted and computed again) give the
+/// same vectors, bit for bit, as each alone in a roomy engine, and every block comes back.
+#[test]
+fn engine_embeddings_equal_alone_through_chunking_batching_and_preemption() {
+    use edge_llm::engine::sampler::SamplingParams;
+    use edge_llm::engine::{Pooling, Request};
+    if support::fetched(support::model_path(), support::FETCH_MODEL).is_none() {
+        return;
+    }
+    let mut rng = support::splitmix::Rng(7);
+    let prompts: Vec<Vec<u32>> = (0..6)
+        .map(|i| {
+            (0..40 + 16 * i)
+                .map(|_| 100 + (rng.next_u64() % 49000) as u32)
+                .collect()
+        })
+        .collect();
+    let poolings = [Pooling::Mean, Pooling::Last, Pooling::Cls, Pooling::None];
+    let roomy = small_engine(128, 512);
+    let alone: Vec<Vec<Vec<f32>>> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let r = Request::embedding(p.clone(), poolings[i % 4]);
+            engine_embedding(&mut roomy.submit(r).unwrap())
+        })
+        .collect();
+    assert_eq!(
+        alone[3].len(),
+        prompts[3].len(),
+        "pooling none: every token's vector"
+    );
+
+    let tight = small_engine(20, 48);
+    let mut decoding = Vec::new();
+    for seed in 0..2 {
+        let mut r = Request::new(prompts[0][..16].to_vec(), SamplingParams::greedy(), 150);
+        r.ignore_eos = true;
+        r.sampling.seed = seed;
+        decoding.push(tight.submit(r).unwrap());
+    }
+    let mut streams: Vec<_> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            tight
+                .submit(Request::embedding(p.clone(), poolings[i % 4]))
+                .unwrap()
+        })
+        .collect();
+    for (i, s) in streams.iter_mut().enumerate() {
+        assert_eq!(
+            engine_embedding(s),
+            alone[i],
+            "prompt {i} differs when batched"
+        );
+    }
+    for mut d in decoding {
+        let (tokens, _) = support::collect(&mut d);
+        assert_eq!(tokens.len(), 150);
+    }
+    let m = tight.metrics().unwrap();
+    assert!(
+        m.preemptions > 0,
+        "the pool was meant to be too small: no preemption"
+    );
+    assert_eq!(m.blocks_used, 0, "blocks still in use");
+}
