@@ -576,3 +576,59 @@ fn engine_embeddings_equal_alone_through_chunking_batching_and_preemption() {
     );
     assert_eq!(m.blocks_used, 0, "blocks still in use");
 }
+
+/// The model layer on both backends: `forward_rows` on the CUDA backend (its CPU emulator)
+/// returns the embedding rows the CPU backend returns, and asking for them leaves the logits
+/// exactly as `forward` gives them. On the synthetic qwen3 file (f32, 64 wide).
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_backend_returns_the_cpu_embedding_rows_and_logits_stay_the_same() {
+    use edge_llm::cuda::Emu;
+    use edge_llm::device::Executor;
+    use edge_llm::model::kv_cache::BlockId;
+    use edge_llm::model::{Batch, Model};
+    let dir = std::env::var_os("EDGE_LLM_SYNTH_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| support::root().join("target/synth"));
+    let path = dir.join("qwen3.gguf");
+    if !path.is_file() {
+        support::skip_or_fail(&format!(
+            "{} is missing (target/synth-venv/bin/python scripts/synth/synth.py models target/synth)",
+            path.display()
+        ));
+        return;
+    }
+    let model = Model::load(&path).unwrap();
+    let tokens: Vec<u32> = (0..20).map(|i| 1000 + 37 * i).collect();
+    let table: Vec<BlockId> = (0..2).map(BlockId).collect();
+    let make_batch = |embd: bool| {
+        let mut b = Batch::with_max_blocks(2);
+        b.push_sequence(&table, 16, 0..tokens.len(), |p| tokens[p], tokens.len() - 1);
+        if embd {
+            b.embd_rows = vec![0, 7, 19];
+        }
+        b
+    };
+    let mut cpu = Executor::cpu(&model, 16, 4);
+    let plain = cpu.forward(&model, &make_batch(false)).unwrap();
+    let mut cpu = Executor::cpu(&model, 16, 4);
+    let with = cpu.forward_rows(&model, &make_batch(true)).unwrap();
+    assert_eq!(
+        with.logits, plain,
+        "asking for embeddings changed the logits"
+    );
+    let n_embd = model.config.n_embd;
+    assert_eq!(with.embd.len(), 3 * n_embd);
+    let mut emu = Executor::cuda_emulated(&model, Emu::new(), 16, 4).unwrap();
+    let on_emu = emu.forward_rows(&model, &make_batch(true)).unwrap();
+    assert_eq!(on_emu.embd.len(), with.embd.len());
+    for (r, (a, b)) in with
+        .embd
+        .chunks(n_embd)
+        .zip(on_emu.embd.chunks(n_embd))
+        .enumerate()
+    {
+        let d = cos_distance(a, b);
+        assert!(d < 1e-6, "row {r}: CPU and CUDA emulator differ by {d:.2e}");
+    }
+}
