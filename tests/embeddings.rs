@@ -379,6 +379,25 @@ fn pooling_none_gives_every_tokens_vector_on_embedding_only() {
     let budget = (2.0 * case["llama_cpp_spread"].as_f64().unwrap()).max(1e-4);
     let d = cos_distance(&mean, &floats(&case["embeddings"][1]));
     assert!(d < budget, "mean of the rows vs llama.cpp's mean: {d:.3e}");
+    // The pipe writes the same rows, a list of them even for a one-token line.
+    let pipe = embed_pipe(&support::model_path(), &["--pooling", "none"], &[text, "a"]);
+    let piped: Vec<Vec<f32>> = pipe[0]["embedding"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(floats)
+        .collect();
+    assert_eq!(
+        piped, rows,
+        "edge-llm embed --pooling none differs from /embeddings"
+    );
+    assert_eq!(
+        pipe[1]["embedding"].as_array().map(Vec::len),
+        Some(1),
+        "{}",
+        pipe[1]
+    );
+    assert!(pipe[1]["embedding"][0].is_array(), "{}", pipe[1]);
     server.wait_for_metrics("KV blocks back", |s| used_blocks(s) == 0.0);
 }
 

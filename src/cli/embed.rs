@@ -14,7 +14,7 @@ use clap::Args;
 use serde_json::{json, Map, Value};
 
 use crate::api::embeddings::{self, EmbeddingSetting, EmbeddingsPlan, Shape};
-use crate::engine::{EngineHandle, EngineParts, Event, Request, RequestStream};
+use crate::engine::{EngineHandle, EngineParts, Event, Pooling, Request, RequestStream};
 use crate::flags::embedding::EmbeddingArgs;
 use crate::flags::{EngineArgs, ModelArgs, ThreadArgs};
 
@@ -72,9 +72,9 @@ pub fn run(args: &EmbedArgs) -> Result<()> {
             let line = match job.and_then(|(plan, mut stream)| Ok((collect(&mut stream)?, plan))) {
                 Ok((vectors, plan)) => {
                     let mut vectors = embeddings::finish_vectors(&plan, vectors);
-                    let embedding = match vectors.len() {
-                        1 => json!(vectors.swap_remove(0)),
-                        _ => json!(vectors),
+                    let embedding = match plan.pooling {
+                        Pooling::None => json!(vectors),
+                        _ => json!(vectors.swap_remove(0)),
                     };
                     json!({"index": index, "embedding": embedding})
                 }
