@@ -63,6 +63,8 @@ enum Command {
     Perplexity(cli::PerplexityArgs),
     /// Measure prompt and generation speed, for one sequence or many sessions.
     Bench(cli::BenchArgs),
+    /// Embed each input line (stdin or -f FILE): one JSON line per input line.
+    Embed(cli::EmbedArgs),
     /// Chat in the terminal: several sessions at once, streaming replies (/help inside).
     Chat(cli::ChatArgs),
     /// Serve an OpenAI-compatible HTTP API (completions, chat, streaming, metrics).
@@ -83,6 +85,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Perplexity(args) => cli::perplexity(&args),
         Command::Bench(args) => cli::bench(&args),
         Command::Chat(args) => cli::chat(&args),
+        Command::Embed(args) => cli::embed(&args),
         Command::Serve(args) => server::serve(&args),
     }
 }

@@ -495,7 +495,7 @@ fn engine_run(model: &Arc<Model>, exec: Executor) -> (Vec<Completion>, Metrics) 
                     c.cached_tokens = usage.cached_tokens;
                 }
                 Event::Error(e) => panic!("engine error: {e}"),
-                Event::Prompt { .. } => {}
+                Event::Prompt { .. } | Event::Embedding { .. } => {}
             }
         }
         c

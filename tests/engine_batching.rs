@@ -57,7 +57,7 @@ fn collect(stream: &mut edge_llm::engine::RequestStream) -> (Vec<u32>, FinishRea
             Event::Token { token, .. } => tokens.push(token),
             Event::Finished { reason, usage, .. } => return (tokens, reason, usage.cached_tokens),
             Event::Error(e) => panic!("engine error: {e}"),
-            Event::Prompt { .. } => {}
+            Event::Prompt { .. } | Event::Embedding { .. } => {}
         }
     }
     panic!("stream ended without finishing")
@@ -185,7 +185,7 @@ fn n_completions_fork_and_abort_frees_blocks() {
                 assert_eq!(usage.prompt_tokens, prompt.len());
             }
             Event::Error(e) => panic!("{e}"),
-            Event::Prompt { .. } => {}
+            Event::Prompt { .. } | Event::Embedding { .. } => {}
         }
     }
     assert_eq!(finished, 3);

@@ -57,7 +57,7 @@ fn run(stream: &mut edge_llm::engine::RequestStream) -> (Vec<u32>, String, Finis
                 return (tokens, text, reason);
             }
             Event::Error(e) => panic!("engine error: {e}"),
-            Event::Prompt { .. } => {}
+            Event::Prompt { .. } | Event::Embedding { .. } => {}
         }
     }
     panic!("stream ended without finishing")
@@ -299,7 +299,7 @@ fn sampled_and_logprob_rows_see_the_masked_logits() {
             }
             Event::Finished { .. } => break,
             Event::Error(err) => panic!("{err}"),
-            Event::Prompt { .. } => {}
+            Event::Prompt { .. } | Event::Embedding { .. } => {}
         }
     }
     assert_eq!(tokens, plain);
@@ -351,7 +351,7 @@ fn fifty_tools_compile_and_constrain_a_call() {
                 }
                 Event::Finished { text: t, .. } => text.push_str(&t),
                 Event::Error(err) => panic!("{err}"),
-                Event::Prompt { .. } => {}
+                Event::Prompt { .. } | Event::Embedding { .. } => {}
             }
         }
         let per_token =

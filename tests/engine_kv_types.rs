@@ -84,7 +84,7 @@ fn collect(stream: &mut edge_llm::engine::RequestStream) -> Vec<Vec<u32>> {
             }
             Event::Finished { reason, .. } => assert_ne!(reason, FinishReason::Abort),
             Event::Error(e) => panic!("engine error: {e}"),
-            Event::Prompt { .. } => {}
+            Event::Prompt { .. } | Event::Embedding { .. } => {}
         }
     }
     out

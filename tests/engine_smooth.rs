@@ -182,7 +182,7 @@ fn run(max_step_ms: Option<u64>) -> (Vec<Vec<u32>>, u64) {
                     Event::Token { token, .. } => tokens.push(token),
                     Event::Finished { .. } => {}
                     Event::Error(e) => panic!("engine error: {e}"),
-                    Event::Prompt { .. } => {}
+                    Event::Prompt { .. } | Event::Embedding { .. } => {}
                 }
             }
             tokens

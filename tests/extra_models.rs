@@ -503,7 +503,7 @@ fn gemma3_prefix_cache_past_the_window() {
                 Event::Token { token, .. } => tokens.push(token),
                 Event::Finished { usage, .. } => return (tokens, usage.cached_tokens),
                 Event::Error(e) => panic!("engine error: {e}"),
-                Event::Prompt { .. } => {}
+                Event::Prompt { .. } | Event::Embedding { .. } => {}
             }
         }
         panic!("stream ended without finishing")

@@ -10,6 +10,7 @@
 //! `responses` (with `responses_tools`) translates an OpenAI Responses API body into the chat
 //! body `plan` reads. `logprobs` writes the two OpenAI layouts of log-probabilities. `llama` reads
 //! llama-server's native bodies (`/completion`, `/infill`, whose prompt `infill` builds).
+//! `embeddings` reads embedding bodies (`/v1/embeddings`, `/embedding`) and writes their replies.
 //!
 //! Layers: the faces (`cli`, `server`) use this module; it uses the engine, the chat template and
 //! the tokenizer, and never a face. The faces turn a [`RequestError`] into their own error (an
@@ -17,6 +18,7 @@
 
 pub mod beam;
 pub mod beam_fields;
+pub mod embeddings;
 pub mod infill;
 pub mod llama;
 pub mod logprobs;

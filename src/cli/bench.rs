@@ -62,6 +62,9 @@ pub struct BenchArgs {
     /// depend on an earlier run's blocks)
     #[arg(long = "cache-dir", value_name = "DIR")]
     pub cache_dir: Option<std::path::PathBuf>,
+    /// Embedding throughput instead: N sentences of 24-48 random tokens in batches of 32.
+    #[arg(long = "embed", value_name = "N")]
+    pub embed: Option<usize>,
 }
 
 pub(super) fn median(mut v: Vec<f64>) -> f64 {
@@ -90,7 +93,7 @@ fn drain(stream: &mut RequestStream) -> Result<(Instant, Instant, usize, Option<
     let (mut n, mut ttft_ms) = (0, None);
     while let Some(e) = stream.next_blocking() {
         match e {
-            Event::Prompt { .. } => {}
+            Event::Prompt { .. } | Event::Embedding { .. } => {}
             Event::Token { .. } => {
                 last = Instant::now();
                 first.get_or_insert(last);
@@ -140,6 +143,9 @@ fn schema_constraint(engine: &EngineHandle, path: &std::path::Path) -> Result<Co
 
 pub fn bench(args: &BenchArgs) -> Result<()> {
     args.threads.init()?;
+    if let Some(n) = args.embed {
+        return super::bench_embed::run(args, n);
+    }
     if args.repetitions == 0 || args.n_gen == 0 || (args.n_prompt == 0 && args.depth == 0) {
         bail!("-p, -n and -r must be at least 1 (-p may be 0 with --depth)");
     }

@@ -227,7 +227,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let mut reason = FinishReason::Length;
     while let Some(event) = stream.next_blocking() {
         match event {
-            Event::Prompt { .. } => {}
+            Event::Prompt { .. } | Event::Embedding { .. } => {}
             Event::Token { text, .. } => {
                 n_generated += 1;
                 out.write_all(text.as_bytes()).and_then(|_| out.flush())?;

@@ -385,6 +385,7 @@ fn collect(
     while let Some(event) = stream.next_blocking() {
         match event {
             Event::Prompt { tokens, logprobs } => prompt = Some(PromptScores { tokens, logprobs }),
+            Event::Embedding { .. } => {} // never asked for here
             Event::Token {
                 text: t,
                 token,

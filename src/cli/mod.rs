@@ -1,16 +1,18 @@
 //! The terminal faces: `info`, `tokenize`, `run` (and its pipe mode `run --jsonl`),
-//! `perplexity`, `bench` and `chat`, one module per subcommand; their flags are parsed by clap
+//! `perplexity`, `bench`, `chat` and `embed`, one module per subcommand; their flags are parsed by clap
 //! (the ones shared with `serve` live in `crate::flags`) and errors go back to `main` as an
 //! `anyhow` chain. A sibling of `crate::server`: neither imports the other; `main.rs` holds
 //! the subcommand list and calls either.
 
 mod beam;
 mod bench;
+mod bench_embed;
 mod bench_schema;
 mod bench_spec;
 mod chat;
 mod commands;
 mod constrain;
+mod embed;
 mod jsonl;
 mod kl_divergence;
 mod sampling_flags;
@@ -21,6 +23,7 @@ pub use crate::flags::ModelArgs;
 pub use bench::BenchArgs;
 pub use chat::ChatArgs;
 pub use commands::{PerplexityArgs, RunArgs};
+pub use embed::EmbedArgs;
 
 /// `edge-llm info`: a GGUF file's metadata and tensor table.
 pub fn info(model: &ModelArgs) -> Result<()> {
@@ -45,6 +48,11 @@ pub fn perplexity(args: &PerplexityArgs) -> Result<()> {
 /// `edge-llm bench`.
 pub fn bench(args: &BenchArgs) -> Result<()> {
     bench::bench(args)
+}
+
+/// `edge-llm embed`.
+pub fn embed(args: &EmbedArgs) -> Result<()> {
+    embed::run(args)
 }
 
 /// `edge-llm chat`.

@@ -14,7 +14,7 @@ use anyhow::{bail, Result};
 
 use crate::kernels::{kv_type_name, KvTypes};
 use crate::model::kv_cache::BlockId;
-use crate::model::{Batch, Cpu, Loaded, Model};
+use crate::model::{Batch, Cpu, Loaded, Model, StepOutput};
 
 /// Where a model runs and what its KV pool holds: `--device` with `--cache-type-k` and
 /// `--cache-type-v`. A bare [`Device`] is that device with an f16 pool.
@@ -237,6 +237,18 @@ impl Executor {
             Executor::Cuda(m) => m.forward(c, batch),
             #[cfg(feature = "cuda")]
             Executor::CudaEmulated(m) => m.forward(c, batch),
+        }
+    }
+
+    /// [`Executor::forward`], also returning the embeddings of `batch.embd_rows`.
+    pub fn forward_rows(&mut self, model: &Model, batch: &Batch) -> Result<StepOutput> {
+        let c = &model.config;
+        match self {
+            Executor::Cpu(m) => m.forward_rows(c, batch),
+            #[cfg(feature = "cuda")]
+            Executor::Cuda(m) => m.forward_rows(c, batch),
+            #[cfg(feature = "cuda")]
+            Executor::CudaEmulated(m) => m.forward_rows(c, batch),
         }
     }
 

@@ -1,5 +1,6 @@
 //! The one bridge from scheduled sequences to the model: turns a scheduler output into the
-//! flat [`Batch`] (token ids, positions, slot mapping, block tables, which rows want logits).
+//! flat [`Batch`] (token ids, positions, slot mapping, block tables, which rows want logits and
+//! which want their embedding).
 
 use super::scheduler::{Scheduler, SchedulerOutput};
 use super::sequence::SeqId;
@@ -15,13 +16,19 @@ pub struct ScoreRows {
     pub count: usize,
 }
 
+/// The step's rows that want their embedding (`Batch::embd_rows`), in the same order: each
+/// one's sequence and position.
+pub type EmbdRows = Vec<(SeqId, usize)>;
+
 /// Builds the batch of one step. A sequence's row wants logits when the step computes its last
 /// token, and so does every proposed token after it (speculative decoding: positions past
 /// `tokens` take the sequence's `draft`); a scoring sequence's prompt rows want logits too,
 /// and where it resumes after cached blocks, the last cached token is computed again (no KV
 /// write) for the row that scores the first uncached token. The rows of the returned batch's
 /// logits follow `out.scheduled` order: per sequence its score rows, then its sampling rows.
-pub fn build_batch(sched: &Scheduler, out: &SchedulerOutput) -> (Batch, Vec<ScoreRows>) {
+/// An embedding sequence (`Sequence::embed`) wants no logits, only the embeddings of the rows
+/// its pooling reads.
+pub fn build_batch(sched: &Scheduler, out: &SchedulerOutput) -> (Batch, Vec<ScoreRows>, EmbdRows) {
     let bs = sched.blocks.block_size;
     let max_blocks = out
         .scheduled
@@ -37,6 +44,7 @@ pub fn build_batch(sched: &Scheduler, out: &SchedulerOutput) -> (Batch, Vec<Scor
         .unwrap_or(0);
     let mut batch = Batch::with_max_blocks(max_blocks);
     let mut scores = Vec::new();
+    let mut embd = Vec::new();
     for &(id, n) in &out.scheduled {
         let seq = sched.get(id).expect("scheduled sequences are live");
         let len = seq.tokens.len();
@@ -64,8 +72,18 @@ pub fn build_batch(sched: &Scheduler, out: &SchedulerOutput) -> (Batch, Vec<Scor
                 count: score_end - first,
             });
         }
-        let want = |pos: usize| pos >= len - 1 || (scoring && pos < score_end);
+        let want =
+            |pos: usize| seq.embed.is_none() && (pos >= len - 1 || (scoring && pos < score_end));
+        let first_row = batch.n_tokens();
+        if let Some(pooling) = seq.embed {
+            for pos in positions.clone() {
+                if pooling.wants(pos, seq.prompt_len) {
+                    batch.embd_rows.push(first_row + pos - positions.start);
+                    embd.push((id, pos));
+                }
+            }
+        }
         batch.push_tokens(&seq.block_table, bs, row, positions, token_at, want);
     }
-    (batch, scores)
+    (batch, scores, embd)
 }

@@ -288,7 +288,9 @@ impl EngineHandle {
             return Err(SubmitError::EmptyPrompt);
         }
         let max_seq_len = self.max_seq_len();
-        if request.prompt.len() >= max_seq_len {
+        // An embedding needs no room after its prompt.
+        let room = usize::from(request.embed.is_none());
+        if request.prompt.len() + room > max_seq_len {
             return Err(SubmitError::PromptTooLong {
                 prompt: request.prompt.len(),
                 max: max_seq_len,
@@ -316,6 +318,13 @@ impl EngineHandle {
         {
             return Err(SubmitError::Invalid(
                 "top_logprobs must be at most 20".into(),
+            ));
+        }
+        if request.embed.is_some()
+            && (request.n != 1 || request.pin || request.prompt_logprobs.is_some())
+        {
+            return Err(SubmitError::Invalid(
+                "an embedding request has one completion, no pin and no prompt scores".into(),
             ));
         }
         request.sampling.validate().map_err(SubmitError::Invalid)?;

@@ -13,6 +13,7 @@
 //! - `output`: each request's client-side state (sampling, n>1 forks, detokenizing, stop
 //!   strings, logprobs), answering the worker with an outcome it applies to the scheduler;
 //! - `sampler`, `masks` (constraint masks beside the forward pass);
+//! - `embeddings`: embedding requests' hidden rows, pooled and sent once their prompt is computed;
 //! - `prompt_scores`: prompt log-probabilities (echo, lm-eval) and the kept scores of cached
 //!   prompt blocks;
 //! - `disk_cache`: the prefix cache's disk tier (blocks that survive restarts, its own I/O
@@ -27,6 +28,7 @@ pub mod batch_builder;
 pub mod block_manager;
 mod config;
 pub mod disk_cache;
+mod embeddings;
 mod handle;
 pub mod kv_events;
 mod least_squares;
@@ -45,6 +47,7 @@ pub mod speculative;
 pub mod step_time;
 mod worker;
 
+pub use crate::model::Pooling;
 pub use config::EngineConfig;
 pub use handle::{EngineHandle, EngineParts, RequestStream};
 pub use metrics::{Metrics, SequenceInfo, TenantMetrics};

@@ -127,6 +127,13 @@ impl Outputs {
         }
     }
 
+    /// Sends `event` to the request of `seq_id` (an embedding).
+    pub(super) fn send(&self, seq_id: SeqId, event: Event) {
+        if let Some(r) = self.request_of(seq_id) {
+            let _ = r.events.send(event);
+        }
+    }
+
     /// Takes in a new request as its first sequence, `seq_id`.
     pub(super) fn add(
         &mut self,

@@ -3,6 +3,7 @@
 //! ([`SubmitError`]).
 
 use super::sampler::SamplingParams;
+use crate::model::Pooling;
 
 /// One generation request.
 #[derive(Clone, Debug)]
@@ -36,6 +37,10 @@ pub struct Request {
     /// Compute the prompt and pin its full blocks (never evicted) instead of generating: the
     /// request finishes with no tokens.
     pub pin: bool,
+    /// Compute the prompt's embedding instead of generating, pooled this way: one
+    /// [`Event::Embedding`], then `Finished` with no tokens. The whole prompt is computed (no
+    /// cached block is reused: pooling needs every wanted row's hidden state).
+    pub embed: Option<Pooling>,
 }
 
 impl Request {
@@ -53,6 +58,17 @@ impl Request {
             cache_key: None,
             cache_prompt: true,
             pin: false,
+            embed: None,
+        }
+    }
+
+    /// A request for the embedding of `prompt`, pooled by `pooling`.
+    pub fn embedding(prompt: Vec<u32>, pooling: Pooling) -> Self {
+        Request {
+            cache_prompt: false,
+            speculate: false,
+            embed: Some(pooling),
+            ..Request::new(prompt, SamplingParams::default(), 0)
         }
     }
 }
@@ -127,6 +143,9 @@ pub enum Event {
         text: String,
         usage: Usage,
     },
+    /// The prompt's embedding (requests with `embed`), sent once before `Finished`: one
+    /// vector of `n_embd` floats, or one per prompt token for `Pooling::None`; not normalized.
+    Embedding { vectors: Vec<Vec<f32>> },
     /// The request failed; no more events follow.
     Error(String),
 }

@@ -1,7 +1,8 @@
 //! Where a step's rows of logits go, in the batch's order (`batch_builder`): a scoring
 //! sequence's prompt rows to `prompt_scores`, then each sequence whose tokens are all computed
 //! samples its next token from its row (or verifies its proposed tokens against theirs,
-//! `speculative`), and the outcome is applied to the scheduler.
+//! `speculative`), and the outcome is applied to the scheduler; an embedding sequence whose
+//! prompt is computed sends its embedding instead (`embeddings`).
 
 use std::collections::HashMap;
 
@@ -47,6 +48,9 @@ impl Worker {
             let Some((&seq_id, draft)) = ready.next_if(|(&r, _)| r == id) else {
                 continue;
             };
+            if self.finish_embedding(seq_id) {
+                continue; // it wanted no logits
+            }
             let mask = masks.remove(&seq_id);
             let rows = &logits[row * vocab..(row + 1 + draft.len()) * vocab];
             row += 1 + draft.len();

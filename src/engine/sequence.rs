@@ -3,6 +3,7 @@
 //! has tokens not yet computed, and a step schedules some of them.
 
 use crate::model::kv_cache::BlockId;
+use crate::model::Pooling;
 
 /// A live sequence's id: the key the scheduler, the output side (`engine::output`), speculation
 /// and the disk tier's parking share. A request's completions (n > 1) are sequences of their own.
@@ -54,6 +55,9 @@ pub struct Sequence {
     /// wanted. Every prompt row then wants logits, and a cached prefix is reused only as far as
     /// its blocks' scores were kept (`Scheduler::scored`). None once the scores are out.
     pub prompt_logprobs: Option<usize>,
+    /// An embedding request's pooling: the rows it pools want their hidden states, none wants
+    /// logits, and the sequence ends once its prompt is computed (`Request::embed`).
+    pub embed: Option<Pooling>,
 }
 
 impl Sequence {
@@ -73,6 +77,7 @@ impl Sequence {
             cache_key: None,
             cache_prompt: true,
             prompt_logprobs: None,
+            embed: None,
         }
     }
 

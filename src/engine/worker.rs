@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use super::batch_builder::build_batch;
 use super::block_manager::BlockManager;
 use super::disk_cache::{self, DiskCacheConfig, Parking};
+use super::embeddings::Embeddings;
 use super::handle::Command;
 use super::kv_events::{coalesce, KvCacheEvent, KvEventSink};
 use super::masks;
@@ -50,6 +51,8 @@ pub(super) struct Worker {
     parking: Parking,
     /// Prompt scores in progress and kept per block (`Request::prompt_logprobs`).
     pub(super) scores: PromptScores,
+    /// Embedding rows kept so far (`Request::embed`).
+    pub(super) embeddings: Embeddings,
 }
 
 /// What the worker shares with its `EngineHandle`.
@@ -97,6 +100,7 @@ impl Worker {
             sched,
             out: Outputs::default(),
             scores: PromptScores::default(),
+            embeddings: Embeddings::default(),
             next_seq_id: 0,
             in_flight: shared.in_flight,
             max_seq_len: shared.max_seq_len,
@@ -231,12 +235,13 @@ impl Worker {
             request.cache_key,
             request.prompt_logprobs,
         );
-        let cache_prompt = request.cache_prompt;
+        let (cache_prompt, embed) = (request.cache_prompt, request.embed);
         self.sched.add(seq_id, prompt);
         if let Some(seq) = self.sched.get_mut(seq_id) {
             seq.cache_key = key;
             seq.cache_prompt = cache_prompt;
             seq.prompt_logprobs = scoring;
+            seq.embed = embed;
         }
     }
 
@@ -303,13 +308,13 @@ impl Worker {
             .iter()
             .try_for_each(|c| self.exec.copy_block(c.src, c.dst));
         self.start_prompt_scores(&out.scheduled);
-        let (batch, scores) = build_batch(&self.sched, &out);
+        let (batch, scores, embd_rows) = build_batch(&self.sched, &out);
         let started = Instant::now();
         // The constrained rows that sample this step have their masks computed on rayon's pool
         // while the forward pass runs.
         let jobs = self.out.take_mask_jobs(&self.sched, &out.scheduled);
         let pending = masks::start(jobs);
-        let forward = copied.and_then(|()| self.exec.forward(&self.model, &batch));
+        let forward = copied.and_then(|()| self.exec.forward_rows(&self.model, &batch));
         let mut masks = HashMap::new();
         if let Some(done) = pending.map(|p| p.wait(self.config.mask_budget_ms)) {
             self.metrics.mask_time_us += done.micros;
@@ -319,8 +324,8 @@ impl Worker {
             }
             masks = done.masks;
         }
-        let logits = match forward {
-            Ok(l) => l,
+        let step = match forward {
+            Ok(s) => s,
             Err(e) => {
                 for &(id, _) in &out.scheduled {
                     self.fail(id, format!("forward pass failed: {e:#}"));
@@ -340,7 +345,8 @@ impl Worker {
             }
         }
         let scoring = !scores.is_empty();
-        self.deliver(&out, scores, &logits, masks);
+        self.keep_embeddings(&embd_rows, &step.embd);
+        self.deliver(&out, scores, &step.logits, masks);
         // Only steps whose every row wants logits (decoding and verifying, no prompt chunk)
         // teach the cost of a proposed row: a prompt row skips the output matrix.
         self.speculator.record_step(
@@ -365,6 +371,7 @@ impl Worker {
     pub(super) fn finish(&mut self, seq_id: SeqId, reason: FinishReason) {
         self.speculator.forget(seq_id);
         self.scores.forget(seq_id);
+        self.embeddings.forget(seq_id);
         if let Some(seq) = self.sched.get(seq_id) {
             self.parking
                 .write_behind(&seq.block_table, &self.sched.blocks, &self.exec);
@@ -385,6 +392,7 @@ impl Worker {
     /// Ends the whole request of `seq_id` with an error; the client stops listening.
     pub(super) fn fail(&mut self, seq_id: SeqId, message: String) {
         let key = self.out.request(seq_id).and_then(|r| r.cache_key);
+        self.embeddings.forget(seq_id);
         let Some((seqs, notice)) = self.out.fail(seq_id, message) else {
             self.speculator.forget(seq_id);
             self.sched.finish(seq_id);

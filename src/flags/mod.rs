@@ -4,6 +4,7 @@
 //! siblings that both flatten these into their own flags; neither imports the other.
 
 pub mod cache;
+pub mod embedding;
 pub mod kv_type;
 
 use std::io::IsTerminal;

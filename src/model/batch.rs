@@ -25,6 +25,9 @@ pub struct Batch {
     pub max_blocks_per_seq: usize,
     /// Indices of the tokens whose logits are wanted, in output order.
     pub logits_rows: Vec<usize>,
+    /// Indices of the tokens whose embedding is wanted (the final hidden state after the
+    /// output norm, `n_embd` floats), in output order; independent of `logits_rows`.
+    pub embd_rows: Vec<usize>,
 }
 
 impl Batch {
@@ -76,6 +79,9 @@ impl Batch {
         }
         if let Some(&r) = self.logits_rows.iter().find(|&&r| r >= n) {
             bail!("logits row {r} of a batch of {n} tokens");
+        }
+        if let Some(&r) = self.embd_rows.iter().find(|&&r| r >= n) {
+            bail!("embedding row {r} of a batch of {n} tokens");
         }
         Ok(())
     }

@@ -1,7 +1,7 @@
 //! The forward pass over a batch, written once for every backend and reading like the paper:
 //! embedding, then per layer RMSNorm, attention (through the paged KV cache), residual,
 //! RMSNorm, gated feed-forward, residual; then the final norm and the logits of the rows that
-//! asked for them.
+//! asked for them, and the normed hidden states (embeddings) of the rows that asked for those.
 //!
 //! One function runs every family: what differs (Q/K/V biases, fused QKV and gate/up tensors,
 //! QK-norm, post-norms, a mixture of experts in place of the dense feed-forward block
@@ -34,6 +34,20 @@ impl<B: Backend> Loaded<B> {
     pub fn forward(&mut self, c: &ModelConfig, batch: &Batch) -> Result<Vec<f32>> {
         forward(&mut self.backend, &self.weights, c, batch)
     }
+
+    /// Runs one step of the model of `c`, logits and embeddings; see [`forward_rows`].
+    pub fn forward_rows(&mut self, c: &ModelConfig, batch: &Batch) -> Result<StepOutput> {
+        forward_rows(&mut self.backend, &self.weights, c, batch)
+    }
+}
+
+/// What one step returns: the logits of `batch.logits_rows`, [logits_rows.len()][vocab_size],
+/// and the embeddings of `batch.embd_rows` (the last hidden state after the output norm, what
+/// llama.cpp pools), [embd_rows.len()][n_embd].
+#[derive(Clone, Debug, Default)]
+pub struct StepOutput {
+    pub logits: Vec<f32>,
+    pub embd: Vec<f32>,
 }
 
 /// `out = x @ l.weight^T + l.bias`: [n_rows][n_out].
@@ -84,9 +98,19 @@ pub fn forward<B: Backend>(
     c: &ModelConfig,
     batch: &Batch,
 ) -> Result<Vec<f32>> {
+    Ok(forward_rows(b, w, c, batch)?.logits)
+}
+
+/// [`forward`], also returning the embeddings of `batch.embd_rows` ([`StepOutput`]).
+pub fn forward_rows<B: Backend>(
+    b: &mut B,
+    w: &Weights<B>,
+    c: &ModelConfig,
+    batch: &Batch,
+) -> Result<StepOutput> {
     let n = batch.n_tokens();
     if n == 0 {
-        return Ok(Vec::new());
+        return Ok(StepOutput::default());
     }
     let (block_size, num_blocks) = b.kv_pool();
     batch.validate(c.vocab_size, block_size, num_blocks)?;
@@ -168,12 +192,29 @@ pub fn forward<B: Backend>(
         b.recycle(buffer);
     }
 
+    // Embeddings: the final norm of the rows that want them, read back as they are.
+    let embd = match batch.embd_rows.len() {
+        0 => Vec::new(),
+        n_embd_rows => {
+            let rows: Vec<u32> = batch.embd_rows.iter().map(|&r| r as u32).collect();
+            let mut e = b.acts(n_embd_rows, n_embd)?;
+            b.gather_rows(&x, &rows, &mut e)?;
+            b.rms_norm_inplace(&mut e, &w.output_norm, eps)?;
+            let host = b.read(&e)?;
+            b.recycle(e);
+            host
+        }
+    };
+
     // Final norm and logits, only for the rows that want them.
     let n_out = batch.logits_rows.len();
     if n_out == 0 {
         b.recycle(x);
         b.end_step()?;
-        return Ok(Vec::new());
+        return Ok(StepOutput {
+            logits: Vec::new(),
+            embd,
+        });
     }
     let mut last = b.acts(n_out, n_embd)?;
     b.gather_logits_rows(&x, &mut last)?;
@@ -189,5 +230,8 @@ pub fn forward<B: Backend>(
     if let Some(cap) = c.final_logit_softcap {
         b.softcap(&mut logits, cap)?;
     }
-    b.logits(logits)
+    Ok(StepOutput {
+        logits: b.logits(logits)?,
+        embd,
+    })
 }

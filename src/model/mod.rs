@@ -16,6 +16,7 @@ pub mod cpu;
 pub mod forward;
 pub mod kv_cache;
 pub mod moe;
+pub mod pooling;
 pub mod weights;
 
 use std::path::Path;
@@ -27,7 +28,8 @@ pub use backend::{Backend, WeightStore};
 pub use batch::Batch;
 pub use config::ModelConfig;
 pub use cpu::Cpu;
-pub use forward::{forward, Loaded};
+pub use forward::{forward, forward_rows, Loaded, StepOutput};
+pub use pooling::Pooling;
 pub use weights::{InFile, Weights};
 
 use crate::gguf::GgufFile;

@@ -126,7 +126,7 @@ async fn next_top(stream: &mut RequestStream) -> Result<(Vec<(u32, f32)>, Usage)
             Event::Token { logprobs, .. } => top = logprobs.map(|l| l.top),
             Event::Finished { usage: u, .. } => usage = u,
             Event::Error(e) => return Err(generation_error(&e)),
-            Event::Prompt { .. } => {}
+            Event::Prompt { .. } | Event::Embedding { .. } => {}
         }
     }
     let top = top.ok_or_else(|| ApiError::internal("a beam step produced no token"))?;

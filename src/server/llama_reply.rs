@@ -149,8 +149,8 @@ impl Generation {
                 }))
             }
             Event::Error(e) => Err(generation_error(&e)),
-            // Prompt scores come only with `echo`, which these routes refuse.
-            Event::Prompt { .. } => Ok(None),
+            // Prompt scores come only with `echo`, which these routes refuse; embeddings never.
+            Event::Prompt { .. } | Event::Embedding { .. } => Ok(None),
         }
     }
 

@@ -264,7 +264,7 @@ impl MessageSse {
                 continue;
             };
             match next {
-                Some(Event::Prompt { .. }) => {} // never asked for here
+                Some(Event::Prompt { .. } | Event::Embedding { .. }) => {} // never asked for here
                 Some(Event::Token { index: 0, text, .. }) => {
                     self.log.num_tokens += 1;
                     self.push_text(&text, false);

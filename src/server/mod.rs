@@ -18,6 +18,7 @@
 //!   Responses API on the chat path.
 //! - `router_api`: `/render`, `/get_load` and vLLM's gauges, for routers in front of workers.
 //! - `llama_routes`: llama-server's discovery routes, `/props`, `/apply-template`, `/slots`.
+//! - `embeddings`: `/v1/embeddings` (OpenAI's), `/embedding` and `/embeddings` (llama-server's).
 //!
 //! Called by `main.rs` (`edge-llm serve`). A sibling of `crate::cli`: neither imports the other;
 //! the flags both take live in `crate::flags`.
@@ -25,6 +26,7 @@
 mod beam;
 pub(crate) mod body;
 pub(crate) mod cache_routes;
+mod embeddings;
 pub(crate) mod error;
 pub mod kv_publisher;
 mod listener;
@@ -122,6 +124,8 @@ pub struct ServeArgs {
     pub limits: listener::LimitArgs,
     #[command(flatten)]
     pub cache: crate::flags::cache::CacheArgs,
+    #[command(flatten)]
+    pub embedding: crate::flags::embedding::EmbeddingArgs,
     /// Publish KV cache events (vLLM's format) on a ZMQ PUB socket bound at tcp://HOST:PORT
     /// (or PORT: 127.0.0.1), for prefix-aware routers such as vllm-router's kv_aware
     #[arg(long = "kv-events", value_name = "ENDPOINT")]
@@ -192,6 +196,8 @@ pub struct AppState {
     pub pin_budget_tokens: usize,
     /// The temperature of requests without one (`--temp`).
     pub default_temperature: f32,
+    /// The pooling and normalization of embeddings (`--pooling`, `--embd-normalize`).
+    pub embedding: embeddings::EmbeddingSetup,
     /// The hosts and origins a server without keys answers (`origin`).
     pub allowed_hosts: origin::AllowedHosts,
     /// The Responses API's kept responses (`store`, `previous_response_id`).
@@ -228,6 +234,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/cache/pin", post(cache_routes::pin))
         .route("/v1/cache/pin/{id}", delete(cache_routes::unpin))
         .route("/detokenize", post(detokenize))
+        .route("/v1/embeddings", post(embeddings::v1_embeddings))
+        .route("/embeddings", post(embeddings::embedding))
+        .route("/embedding", post(embeddings::embedding))
         // llama-server's discovery routes (`llama_routes`).
         .route("/props", get(llama_routes::props))
         .route("/completion", post(llama_completion::completion))
@@ -295,6 +304,10 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         .with_context(|| format!("--host {} resolves to no address", args.host))?;
     args.threads.init()?;
     let model = args.model.load()?;
+    let embedding = embeddings::EmbeddingSetup {
+        pooling: args.embedding.pooling(&model.file)?,
+        normalize: args.embedding.embd_normalize,
+    };
     let template =
         match ChatTemplate::load(&model.file, &model.tokenizer, args.chat_template.as_deref()) {
             Ok(t) => Ok(t),
@@ -395,6 +408,7 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         allowed_hosts: origin::AllowedHosts::new(&args.host, &args.allowed_host),
         admin_salts: args.admin_api_key.iter().map(|k| cache_salt(k)).collect(),
         default_temperature: args.temp.unwrap_or(1.0),
+        embedding,
         pin_budget_tokens: args.pin_budget_tokens.unwrap_or(pin_limit_tokens),
         planner: planner::Planner::new(args.max_planning, planner::NUM_PLANNER_THREADS),
         responses: Default::default(),

@@ -61,6 +61,7 @@ pub async fn collect(stream: &mut RequestStream, n: usize) -> Result<Vec<Choice>
     let mut choices = vec![Choice::default(); n];
     while let Some(event) = stream.next().await {
         match event {
+            Event::Embedding { .. } => {} // never asked for here
             Event::Prompt { tokens, logprobs } => {
                 let prompt = Arc::new(PromptScores { tokens, logprobs });
                 for c in &mut choices {

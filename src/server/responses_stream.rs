@@ -100,7 +100,7 @@ impl ResponseSse {
                 return None;
             }
             match self.stream.next().await {
-                Some(Event::Prompt { .. }) => {} // never asked for here
+                Some(Event::Prompt { .. } | Event::Embedding { .. }) => {} // never asked for here
                 Some(Event::Token { index: 0, text, .. }) => {
                     self.log.num_tokens += 1;
                     let pieces = self.reply.push(&text, false);

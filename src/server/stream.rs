@@ -169,6 +169,7 @@ impl SseState {
                 return None;
             }
             match self.stream.next().await {
+                Some(Event::Embedding { .. }) => {} // never asked for here
                 Some(Event::Prompt { tokens, logprobs }) => {
                     // `echo`: every choice starts with the prompt (completions only).
                     let p = PromptScores { tokens, logprobs };

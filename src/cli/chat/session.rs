@@ -186,7 +186,7 @@ impl Reply {
                     let event = stream.next_blocking();
                     let mut st = lock.lock().unwrap_or_else(|e| e.into_inner());
                     match event {
-                        Some(Event::Prompt { .. }) => {}
+                        Some(Event::Prompt { .. } | Event::Embedding { .. }) => {}
                         Some(Event::Token { text, .. }) => {
                             st.num_tokens += 1;
                             st.first_token.get_or_insert_with(Instant::now);
