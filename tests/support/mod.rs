@@ -167,7 +167,7 @@ pub fn engine_greedy(
             Event::Token { token, .. } => tokens.push(token),
             Event::Finished { reason, .. } => break reason,
             Event::Error(e) => panic!("engine error: {e}"),
-            Event::Prompt { .. } => {}
+            Event::Prompt { .. } | Event::Embedding { .. } => {}
         }
     };
     // The engine counts the request as finished after its last event: wait for it.
@@ -204,7 +204,7 @@ pub fn collect(stream: &mut RequestStream) -> (Vec<u32>, FinishReason) {
             Event::Token { token, .. } => tokens.push(token),
             Event::Finished { reason, .. } => return (tokens, reason),
             Event::Error(e) => panic!("engine error: {e}"),
-            Event::Prompt { .. } => {}
+            Event::Prompt { .. } | Event::Embedding { .. } => {}
         }
     }
     panic!("stream ended without finishing")
