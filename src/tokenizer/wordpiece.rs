@@ -166,6 +166,38 @@ mod tests {
     }
 
     #[test]
+    fn longest_pieces_first_and_unknown_words_whole() {
+        use super::super::vocab::VocabMeta;
+        let tokens = [
+            "[PAD]", "[UNK]", "[CLS]", "[SEP]", "▁un", "aff", "able", "▁una", "▁hello",
+        ];
+        let vocab = Vocab::new(&VocabMeta {
+            model: "bert".into(),
+            tokens: tokens.iter().map(|t| t.to_string()).collect(),
+            token_types: Some(vec![3, 3, 3, 3, 1, 1, 1, 1, 1]),
+            unk_id: Some(1),
+            bos_id: Some(2),
+            sep_id: Some(3),
+            ..Default::default()
+        })
+        .unwrap();
+        let mut out = Vec::new();
+        // "▁una" is longer than "▁un" but leaves "ffable", which has no piece: the longest match
+        // is taken without looking back, so the word becomes [UNK]; "xyz" has no piece at all.
+        encode(
+            &vocab,
+            UNCASED,
+            vocab.max_token_len,
+            "Unaffable HELLO xyz",
+            &mut out,
+        );
+        assert_eq!(out, [1, 8, 1]);
+        out.clear();
+        encode(&vocab, UNCASED, vocab.max_token_len, "un aff", &mut out);
+        assert_eq!(out, [4, 1]);
+    }
+
+    #[test]
     fn tables_agree_with_known_code_points() {
         assert_eq!(nfd_first('é' as u32), 'e' as u32);
         assert_eq!(nfd_first('x' as u32), 'x' as u32);
