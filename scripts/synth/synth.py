@@ -10,7 +10,8 @@ test checks before comparing).
 
   synth.py models OUT_DIR
       write every case's GGUF into OUT_DIR (what CI runs), the IQ-quantized ones included: their
-      block matrices are the bytes llama-quantize wrote, kept in tests/synth/iq/*.gguf.
+      block matrices are the bytes llama-quantize wrote, kept in tests/synth/iq/*.gguf; and the
+      encoders of scripts/synth/encoder.py (their references: scripts/synth/encoder_refs.sh).
   synth.py refs LLAMA_LOGITS LLAMA_QUANTIZE OUT_DIR
       write the GGUFs, quantize iq_base to every IQ type with llama-quantize (a synthetic
       importance matrix where llama.cpp requires one) and keep its block matrices in
@@ -33,6 +34,8 @@ import sys
 
 import numpy as np
 import gguf
+
+import encoder  # scripts/synth/encoder.py: the encoder cases
 
 SMOLLM2 = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 QWEN25 = "models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
@@ -347,6 +350,7 @@ def main():
         for case in CASES:
             build(case, os.path.join(out, f"{case}.gguf"))
             print(os.path.join(out, f"{case}.gguf"))
+        encoder.models(out)  # bert.gguf, nomic_bert.gguf (tests/encoder_models.rs)
         for t in IQ_TYPES:
             if os.path.exists(iq_blocks(t)):
                 build("iq_base", os.path.join(out, f"iq_base-{t}.gguf"), iq_blocks(t))

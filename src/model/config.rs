@@ -180,6 +180,9 @@ pub struct ModelConfig {
 impl ModelConfig {
     pub fn from_gguf(g: &GgufFile) -> Result<ModelConfig> {
         let arch = g.architecture()?.to_string();
+        if super::encoder::ENCODER_ARCHITECTURES.contains(&arch.as_str()) {
+            bail!("'{arch}' is an encoder (embeddings only): it has no generation path, on any backend");
+        }
         let Some(family) = FAMILIES.iter().find(|f| f.architecture == arch) else {
             bail!(
                 "unsupported architecture '{arch}' (general.architecture); edge-llm runs: {}",

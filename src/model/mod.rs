@@ -13,6 +13,7 @@ pub mod backend;
 pub mod batch;
 pub mod config;
 pub mod cpu;
+pub mod encoder;
 pub mod forward;
 pub mod kv_cache;
 pub mod moe;

@@ -35,13 +35,13 @@ pub struct MatrixInfo {
 }
 
 impl MatrixInfo {
-    fn load(g: &GgufFile, name: &str, n_in: usize, n_out: usize) -> Result<MatrixInfo> {
+    pub(crate) fn load(g: &GgufFile, name: &str, n_in: usize, n_out: usize) -> Result<MatrixInfo> {
         MatrixInfo::from_info(g.tensor(name)?.clone(), n_in, n_out)
     }
 
     /// Rows `[row0, row0 + n_out)` of the fused matrix `name` (a QKV or gate/up tensor), as a
     /// matrix of its own: the same bytes in the file, a narrower view.
-    fn load_rows(
+    pub(crate) fn load_rows(
         g: &GgufFile,
         name: &str,
         n_in: usize,
@@ -138,7 +138,7 @@ impl MatrixInfo {
 }
 
 /// A vector (norm weight) converted to f32.
-fn load_vector(g: &GgufFile, name: &str, n: usize) -> Result<Vec<f32>> {
+pub(crate) fn load_vector(g: &GgufFile, name: &str, n: usize) -> Result<Vec<f32>> {
     let info = g.tensor(name)?;
     if info.n_elements() != n as u64 {
         bail!("tensor '{name}' has shape {:?}, expected [{n}]", info.dims);

@@ -1,8 +1,9 @@
 //! Text to token ids and back, built from a GGUF file's `tokenizer.ggml.*` metadata and
 //! reproducing llama.cpp's tokenizer (llama-vocab.cpp) id for id.
 //!
-//! Two vocabulary kinds: `gpt2` (byte-level BPE, `bpe.rs`, pre-tokenizer chosen by
-//! `tokenizer.ggml.pre`) and `llama` (SentencePiece-style BPE, `spm.rs`). Special tokens are
+//! Three vocabulary kinds: `gpt2` (byte-level BPE, `bpe.rs`, pre-tokenizer chosen by
+//! `tokenizer.ggml.pre`), `llama` (SentencePiece-style BPE, `spm.rs`) and `bert` (WordPiece,
+//! `wordpiece.rs`, with its code point tables in `wpm_unicode.rs`). Special tokens are
 //! cut out of the text first (`special.rs`); the table of tokens, special ids and the
 //! end-of-generation set live in `vocab.rs`; streaming decode in `stream.rs`.
 //!
@@ -14,6 +15,8 @@ mod special;
 mod spm;
 mod stream;
 mod vocab;
+mod wordpiece;
+mod wpm_unicode;
 
 use anyhow::{Context, Result};
 
@@ -91,6 +94,9 @@ impl Tokenizer {
             fim_sep_id: key_u64("tokenizer.ggml.fim_sep_token_id")?,
             add_bos: key_bool("tokenizer.ggml.add_bos_token")?,
             add_space_prefix: key_bool("tokenizer.ggml.add_space_prefix")?,
+            sep_id: key_u64("tokenizer.ggml.seperator_token_id")?,
+            lowercase: key_bool("tokenizer.ggml.normalizer.lowercase")?,
+            strip_accents: key_bool("tokenizer.ggml.normalizer.strip_accents")?,
         };
         Tokenizer::from_meta(&meta)
     }
@@ -105,7 +111,7 @@ impl Tokenizer {
                 )?;
                 Some(bpe::BpeEncoder::new(&vocab, meta.pre.as_deref(), merges)?)
             }
-            VocabKind::Spm => None,
+            VocabKind::Spm | VocabKind::Wpm => None,
         };
         let special_trie = SpecialTrie::new(&vocab);
         let byte_bound = ByteBound::new(&vocab);
@@ -129,13 +135,30 @@ impl Tokenizer {
     /// model wants). With `parse_special`, control tokens written in the text (e.g.
     /// `<|im_start|>`) become their ids; without, they are encoded as plain text.
     /// User-defined tokens are always matched, as llama.cpp does. The model's
-    /// `tokenizer.ggml.add_eos_token` is not applied: prompts never end in EOS here.
+    /// `tokenizer.ggml.add_eos_token` is not applied: prompts never end in EOS here. A WordPiece
+    /// vocabulary puts `[SEP]` last wherever `add_bos` puts `[CLS]` first (llama.cpp's
+    /// `add_special`).
     pub fn encode(&self, text: &str, add_bos: bool, parse_special: bool) -> Result<Vec<u32>> {
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
         if add_bos {
             out.extend(self.vocab.bos_id);
         }
         let fragments = special::partition(&self.vocab, &self.special_trie, text, parse_special);
+        if self.vocab.kind == VocabKind::Wpm {
+            let v = &self.vocab;
+            for fragment in fragments {
+                match fragment {
+                    Fragment::Text(piece) => {
+                        wordpiece::encode(v, v.normalizer, v.max_token_len, piece, &mut out)
+                    }
+                    Fragment::Token(id) => out.push(id),
+                }
+            }
+            if add_bos {
+                out.extend(v.sep_id);
+            }
+            return Ok(out);
+        }
         match &self.bpe {
             Some(bpe) => {
                 for fragment in fragments {
@@ -233,7 +256,9 @@ impl Tokenizer {
         } else if a & attr::NORMAL != 0 {
             match self.vocab.kind {
                 VocabKind::Bpe => bpe::byte_level_decode(text, out),
-                VocabKind::Spm => out.extend_from_slice(text.replace('▁', " ").as_bytes()),
+                VocabKind::Spm | VocabKind::Wpm => {
+                    out.extend_from_slice(text.replace('▁', " ").as_bytes())
+                }
             }
         } else if a & attr::BYTE != 0 {
             // `<0xXX>`
@@ -301,6 +326,8 @@ impl ByteBound {
                     .id_of(bpe::byte_to_char(b).encode_utf8(&mut [0; 4]))
                     .is_none(),
                 VocabKind::Spm => vocab.unk_id.is_none() && vocab.byte_to_token(b).is_none(),
+                // One unknown token stands for a whole word, however long.
+                VocabKind::Wpm => true,
             };
         }
         let mut decoded = Vec::new();

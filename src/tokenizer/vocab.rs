@@ -9,6 +9,8 @@ use std::collections::HashMap;
 
 use anyhow::{bail, Result};
 
+use super::wordpiece::Normalizer;
+
 /// Token attributes, a bit set as in llama.cpp's `llama_token_attr` (a token can be both
 /// CONTROL and UNUSED, e.g. Gemma's `<unused0>`).
 pub(crate) mod attr {
@@ -42,6 +44,8 @@ pub(crate) enum VocabKind {
     Bpe,
     /// `llama`: SentencePiece-style BPE driven by token scores, `▁` for spaces, byte fallback.
     Spm,
+    /// `bert`: WordPiece, greedy longest match over `▁`-prefixed words (`wordpiece.rs`).
+    Wpm,
 }
 
 /// The tokenizer metadata of a GGUF file, as read; `None` where the key is absent.
@@ -66,6 +70,11 @@ pub(crate) struct VocabMeta {
     pub fim_sep_id: Option<u64>,
     pub add_bos: Option<bool>,
     pub add_space_prefix: Option<bool>,
+    /// `tokenizer.ggml.seperator_token_id` (llama.cpp's spelling): WordPiece's `[SEP]`.
+    pub sep_id: Option<u64>,
+    /// `tokenizer.ggml.normalizer.lowercase` and `.strip_accents` (WordPiece).
+    pub lowercase: Option<bool>,
+    pub strip_accents: Option<bool>,
 }
 
 // The text lists below are llama-vocab.cpp's at the reference commit (0c1e57098).
@@ -182,8 +191,14 @@ pub(crate) struct Vocab {
     /// End of turn, from the file or found by its text (`<|im_end|>`, `<|eot_id|>`, ...).
     pub eot_id: Option<u32>,
     pub unk_id: Option<u32>,
+    /// WordPiece's `[SEP]`, put after the text wherever `[CLS]` (BOS) is put before it.
+    pub sep_id: Option<u32>,
     pub add_bos: bool,
     pub add_space_prefix: bool,
+    /// WordPiece's lowercasing and accent stripping.
+    pub normalizer: Normalizer,
+    /// The longest token text, in bytes (WordPiece's longest match looks no further).
+    pub max_token_len: usize,
     /// Sorted, deduplicated.
     pub eog_ids: Vec<u32>,
     pub fim: FimTokens,
@@ -197,8 +212,9 @@ impl Vocab {
         let kind = match meta.model.as_str() {
             "gpt2" => VocabKind::Bpe,
             "llama" => VocabKind::Spm,
+            "bert" => VocabKind::Wpm,
             other => bail!(
-                "unsupported tokenizer.ggml.model '{other}': edge-llm supports 'gpt2' (byte-level BPE) and 'llama' (SentencePiece)"
+                "unsupported tokenizer.ggml.model '{other}': edge-llm supports 'gpt2' (byte-level BPE), 'llama' (SentencePiece) and 'bert' (WordPiece)"
             ),
         };
         let n_tokens = meta.tokens.len();
@@ -257,6 +273,7 @@ impl Vocab {
         let (default_bos, default_eos, default_unk) = match kind {
             VocabKind::Spm => (in_range(1), in_range(2), in_range(0)),
             VocabKind::Bpe => (in_range(11), in_range(11), None),
+            VocabKind::Wpm => (in_range(101), None, in_range(100)),
         };
         // BOS and EOS outside the vocabulary are refused, not replaced: a wrong EOS would end
         // every reply at once (or never), silently.
@@ -272,6 +289,10 @@ impl Vocab {
         let bos_id = pick(meta.bos_id, default_bos);
         let eos_id = pick(meta.eos_id, default_eos);
         let unk_id = pick(meta.unk_id, default_unk);
+        let sep_id = match kind {
+            VocabKind::Wpm => pick(meta.sep_id, in_range(102)),
+            _ => pick(meta.sep_id, None),
+        };
         let mut eot_id = pick(meta.eot_id, None);
         let mut eom_id = pick(meta.eom_id, None);
         let mut fim_pre_id = pick(meta.fim_pre_id, None);
@@ -282,7 +303,7 @@ impl Vocab {
         let mut fim_sep_id = pick(meta.fim_sep_id, None);
 
         let default_add_bos = match kind {
-            VocabKind::Spm => true,
+            VocabKind::Spm | VocabKind::Wpm => true,
             VocabKind::Bpe => super::bpe::pre_add_bos_default(meta.pre.as_deref()),
         };
         let add_bos = meta.add_bos.unwrap_or(default_add_bos);
@@ -291,7 +312,20 @@ impl Vocab {
                 "tokenizer.ggml.add_bos_token is true, but tokenizer.ggml.bos_token_id is not set"
             );
         }
+        if kind == VocabKind::Wpm && add_bos && sep_id.is_none() {
+            bail!(
+                "a bert vocabulary that adds [CLS] needs tokenizer.ggml.seperator_token_id ([SEP])"
+            );
+        }
         let add_space_prefix = meta.add_space_prefix.unwrap_or(kind == VocabKind::Spm);
+        // llama.cpp: lowercase unless the file says not, and strip accents where it lowercases
+        // unless the file says otherwise.
+        let lowercase = meta.lowercase.unwrap_or(true);
+        let normalizer = Normalizer {
+            lowercase,
+            strip_accents: meta.strip_accents.unwrap_or(lowercase),
+        };
+        let max_token_len = texts.iter().map(String::len).max().unwrap_or(0);
 
         // Special tokens found by their text when the file does not name them; llama.cpp makes
         // each one found this way a control token. llama.cpp takes the first match of a
@@ -376,8 +410,11 @@ impl Vocab {
             eos_id,
             eot_id,
             unk_id,
+            sep_id,
             add_bos,
             add_space_prefix,
+            normalizer,
+            max_token_len,
             eog_ids,
             fim: FimTokens {
                 pre: fim_pre_id,
@@ -475,7 +512,7 @@ mod tests {
     #[test]
     fn unknown_model_and_duplicates_are_errors() {
         let mut m = meta(&["a", "b"], &[1, 1]);
-        m.model = "bert".into();
+        m.model = "t5".into();
         let err = Vocab::new(&m).err().unwrap().to_string();
         assert!(err.contains("tokenizer.ggml.model"), "{err}");
         let m = meta(&["a", "a"], &[1, 1]);
