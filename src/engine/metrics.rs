@@ -22,6 +22,8 @@ pub struct Metrics {
     pub prefix_cache: PrefixCacheStats,
     pub blocks_total: usize,
     pub blocks_used: usize,
+    /// The most blocks used at once since the engine started (after any step's scheduling).
+    pub blocks_used_peak: usize,
     /// Free blocks that still hold a cached prefix.
     pub blocks_cached: usize,
     pub blocks_free: usize,

@@ -288,6 +288,8 @@ impl Worker {
         let step_started = Instant::now();
         self.propose();
         let out = self.sched.schedule();
+        let used = self.sched.blocks.num_used();
+        self.metrics.blocks_used_peak = self.metrics.blocks_used_peak.max(used);
         for &id in &out.preempted {
             self.speculator.release(id); // its draft blocks too
         }

@@ -355,6 +355,12 @@ pub fn prometheus(m: &Metrics) -> String {
             ("{state=\"cached\"}", m.blocks_cached as f64),
         ],
     );
+    metric(
+        "kv_blocks_used_peak",
+        "gauge",
+        "The most KV blocks used at once since the server started.",
+        &[("", m.blocks_used_peak as f64)],
+    );
     if let Some((total, free)) = m.draft_blocks {
         metric(
             "draft_kv_blocks",
