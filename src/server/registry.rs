@@ -88,6 +88,10 @@ impl Catalog {
                 .map(|s| s.to_string_lossy().into_owned())
                 .unwrap_or_else(|| "model".into());
             if let Some(other) = entries.iter().find(|e| e.id == id) {
+                // `-m` naming a file of --models-dir (or a link to it) lists it once.
+                if same_file(&other.path, &path) {
+                    continue;
+                }
                 bail!(
                     "two models are named `{id}`: {} and {}",
                     other.path.display(),
@@ -102,6 +106,11 @@ impl Catalog {
         }
         Ok(Some(Catalog { entries }))
     }
+}
+
+/// Whether `a` and `b` are the same file (links followed).
+fn same_file(a: &Path, b: &Path) -> bool {
+    matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
 }
 
 /// The header of `path` (mapped, not loaded), or why it cannot be read.
