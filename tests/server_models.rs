@@ -365,3 +365,39 @@ fn a_corrupt_file_is_listed_unavailable_and_unknown_models_are_404() {
     assert_eq!(status, 200, "{text}");
     assert!(Path::new(dir.arg()).is_dir());
 }
+
+#[test]
+fn the_chat_page_picks_among_the_models() {
+    let Some(models) = three_models() else { return };
+    let dir = ModelsDir::new("page", &[models[0].clone(), models[2].clone()], &[]);
+    let server = Server::start(&["--models-dir", dir.arg()]).unwrap();
+    let Some(b) = support::webdriver::Browser::start(1000, 760) else {
+        return;
+    };
+    b.goto(&format!("http://{}/", server.addr));
+    b.wait("the model picker", 30, |b| {
+        b.count("#model-picker:not([hidden]) option") == 2
+    });
+    b.js(
+        "const p = document.getElementById('model-picker');
+         p.value = arguments[0];
+         p.dispatchEvent(new Event('change'));",
+        json!([GEMMA]),
+    );
+    b.wait("the engine panel", 30, |b| {
+        b.text("#engine-state").contains("not loaded")
+    });
+    b.fill("#input", "Hi.");
+    b.keys("#input", "\u{E007}");
+    b.wait("the reply", 120, |b| {
+        b.count("#messages .msg.assistant .stats") > 0
+    });
+    let reply = b.text("#messages .msg.assistant");
+    assert!(!reply.trim().is_empty() && !reply.contains("rror"), "{reply}");
+    // The reply came from Gemma; the page's looks at the figures loaded nothing else.
+    assert_eq!(state_of(&server, GEMMA), "loaded");
+    assert_eq!(state_of(&server, SMOL), "unloaded");
+    b.wait("Gemma's own figures", 30, |b| {
+        b.text("#engine-kv-free").parse::<u32>().is_ok()
+    });
+}

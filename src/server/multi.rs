@@ -23,7 +23,7 @@ use futures_util::StreamExt;
 use serde_json::Value;
 
 use super::error::ApiError;
-use super::registry::{Catalog, KeepAlive, Refusal, Registry};
+use super::registry::{Catalog, KeepAlive, Lease, Refusal, Registry};
 use super::{listener, multi_routes, webui, ServeArgs};
 
 /// What the front router shares.
@@ -160,7 +160,7 @@ async fn dispatch(State(front): State<Arc<Front>>, req: Request) -> Response {
 
 /// Hands `req` to model `id`'s router, loading the model first; the model counts the request in
 /// flight until its response body has been sent.
-pub async fn forward(
+async fn forward(
     front: &Front,
     id: &str,
     req: Request,
@@ -173,6 +173,12 @@ pub async fn forward(
     if let Some(k) = keep_alive {
         lease.set_keep_alive(k);
     }
+    through(lease, req).await
+}
+
+/// `req` answered by the model `lease` holds, which counts it in flight until its response
+/// body has been sent.
+pub async fn through(lease: Lease, req: Request) -> Response {
     let mut router = lease.router.clone();
     let response = match tower_service::Service::call(&mut router, req).await {
         Ok(r) => r,

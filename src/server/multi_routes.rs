@@ -18,7 +18,7 @@ use axum::Json;
 use serde_json::{json, Value};
 
 use super::error::ApiError;
-use super::multi::{forward, query_model, refusal_error, Front};
+use super::multi::{query_model, refusal_error, through, Front};
 use super::registry::{Status, View};
 
 type Shared = State<Arc<Front>>;
@@ -115,10 +115,10 @@ pub async fn unload(State(front): Shared, body: Bytes) -> Result<Json<Value>, Ap
 }
 
 /// `GET /metrics`: each model's resident state and memory; with `?model=ID`, that model's own
-/// figures (loading it first).
+/// figures when it is resident (a look that neither loads it nor keeps it alive).
 pub async fn metrics(State(front): Shared, req: Request) -> Response {
-    if let Some(id) = query_model(req.uri().query()) {
-        return forward(&front, &id, req, None).await;
+    if let Some(lease) = query_model(req.uri().query()).and_then(|id| front.registry.peek(&id)) {
+        return through(lease, req).await;
     }
     let views = front.registry.views();
     let mut out = String::new();

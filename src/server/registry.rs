@@ -108,6 +108,19 @@ impl Catalog {
     }
 }
 
+/// The least recently used resident model with no request in flight.
+fn lru_idle(slots: &[Slot]) -> Option<usize> {
+    slots
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| match &s.state {
+            SlotState::Loaded(r) if r.in_flight == 0 => Some((r.last_used, i)),
+            _ => None,
+        })
+        .min()
+        .map(|(_, i)| i)
+}
+
 /// Whether `a` and `b` are the same file (links followed).
 fn same_file(a: &Path, b: &Path) -> bool {
     matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
@@ -238,6 +251,9 @@ pub struct Lease {
     index: usize,
     pub app: Arc<AppState>,
     pub router: Router,
+    /// Whether the request counts as a use (its end restarts the idle time); a look at the
+    /// figures (`/metrics?model=`) does not.
+    touch: bool,
 }
 
 impl Drop for Lease {
@@ -246,7 +262,9 @@ impl Drop for Lease {
         if let SlotState::Loaded(r) = &mut slots[self.index].state {
             if Arc::ptr_eq(&r.app, &self.app) {
                 r.in_flight -= 1;
-                r.last_used = Instant::now();
+                if self.touch {
+                    r.last_used = Instant::now();
+                }
             }
         }
         drop(slots);
@@ -320,6 +338,7 @@ impl Registry {
                             index,
                             app: r.app.clone(),
                             router: r.router.clone(),
+                            touch: true,
                         });
                     }
                     SlotState::Loading => saw_loading = true,
@@ -337,6 +356,23 @@ impl Registry {
         }
     }
 
+    /// Model `id` when it is resident, without loading it or counting a use.
+    pub fn peek(self: &Arc<Self>, id: &str) -> Option<Lease> {
+        let mut slots = self.lock();
+        let index = slots.iter().position(|s| s.entry.id == id)?;
+        let SlotState::Loaded(r) = &mut slots[index].state else {
+            return None;
+        };
+        r.in_flight += 1;
+        Some(Lease {
+            registry: self.clone(),
+            index,
+            app: r.app.clone(),
+            router: r.router.clone(),
+            touch: false,
+        })
+    }
+
     /// Starts loading slot `index` when there is room, evicting the least recently used idle
     /// model when there is not; false when every resident model is busy (the caller waits).
     fn start_load(self: &Arc<Self>, slots: &mut [Slot], index: usize) -> bool {
@@ -345,15 +381,7 @@ impl Registry {
             .filter(|s| matches!(s.state, SlotState::Loaded(_) | SlotState::Loading))
             .count();
         if resident >= self.models_max {
-            let idle = slots
-                .iter()
-                .enumerate()
-                .filter_map(|(i, s)| match &s.state {
-                    SlotState::Loaded(r) if r.in_flight == 0 => Some((r.last_used, i)),
-                    _ => None,
-                })
-                .min();
-            let Some((_, evict)) = idle else {
+            let Some(evict) = lru_idle(slots) else {
                 return false;
             };
             eprintln!(
@@ -378,7 +406,29 @@ impl Registry {
     fn load(&self, index: usize, entry: &Entry) {
         let started = Instant::now();
         eprintln!("edge-llm serve: loading `{}` from {}", entry.id, entry.path.display());
-        let state = match (self.loader)(&entry.path, &entry.id) {
+        let loaded = loop {
+            match (self.loader)(&entry.path, &entry.id) {
+                // The memory check refused it: the least recently used idle model makes room.
+                Err(e) if format!("{e:#}").contains("not enough memory") => {
+                    let mut slots = self.lock();
+                    let Some(evict) = lru_idle(&slots) else {
+                        break Err(e);
+                    };
+                    eprintln!(
+                        "edge-llm serve: unloading `{}` (least recently used) to make room for `{}`: {e:#}",
+                        slots[evict].entry.id, entry.id
+                    );
+                    let old = std::mem::replace(&mut slots[evict].state, SlotState::Unloaded);
+                    drop(slots);
+                    drop(old);
+                    self.changed.notify_waiters();
+                    // Its engine thread ends and hands its memory back.
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+                result => break result,
+            }
+        };
+        let state = match loaded {
             Ok(app) => {
                 eprintln!(
                     "edge-llm serve: loaded `{}` in {:.2} s",
