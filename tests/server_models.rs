@@ -35,10 +35,8 @@ struct ModelsDir(PathBuf);
 
 impl ModelsDir {
     fn new(tag: &str, models: &[PathBuf], junk: &[(&str, &[u8])]) -> ModelsDir {
-        let dir = std::env::temp_dir().join(format!(
-            "edge-llm-models-{tag}-{}",
-            std::process::id()
-        ));
+        let dir =
+            std::env::temp_dir().join(format!("edge-llm-models-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         for m in models {
@@ -147,7 +145,9 @@ fn openai_python() -> Option<PathBuf> {
 #[test]
 fn openai_client_alternating_three_models_gets_what_each_answers_alone() {
     let Some(models) = three_models() else { return };
-    let Some(python) = openai_python() else { return };
+    let Some(python) = openai_python() else {
+        return;
+    };
     const PROMPTS: [&str; 2] = ["Name one colour.", "Write a haiku about the sea."];
     let ids = [SMOL, QWEN, GEMMA];
     // Each model alone, in a one-model server (whose `model` field is ignored).
@@ -180,7 +180,11 @@ fn openai_client_alternating_three_models_gets_what_each_answers_alone() {
     );
     let got: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(got["listed"], json!(ids));
-    assert_eq!(got["answers"], Value::Object(alone), "greedy answers differ from each model alone");
+    assert_eq!(
+        got["answers"],
+        Value::Object(alone),
+        "greedy answers differ from each model alone"
+    );
     for id in ids {
         assert_eq!(state_of(&server, id), "loaded");
     }
@@ -199,7 +203,10 @@ fn models_max_evicts_the_least_recently_used_idle_model() {
     assert_eq!(state_of(&server, GEMMA), "unloaded");
     assert_eq!(state_of(&server, QWEN), "loaded");
     assert_eq!(state_of(&server, SMOL), "loaded");
-    assert_eq!(model_metric(&server, "edge_llm_model_weights_bytes", GEMMA), 0.0);
+    assert_eq!(
+        model_metric(&server, "edge_llm_model_weights_bytes", GEMMA),
+        0.0
+    );
     assert_eq!(server.metric("edge_llm_models_loaded"), 2.0);
     // Qwen used again, then Gemma loaded by POST /models/load: now SmolLM2 goes.
     answer(&server, QWEN, "Hi.");
@@ -232,13 +239,18 @@ fn keep_alive_unloads_an_idle_model_and_its_memory_comes_back() {
     let weights = model_metric(&server, "edge_llm_model_weights_bytes", QWEN);
     let kv = model_metric(&server, "edge_llm_model_kv_bytes", QWEN);
     assert!(weights > 4e8 && kv > 0.0, "weights {weights}, kv {kv}");
-    let waited = wait_until("Qwen to unload", 30, || state_of(&server, QWEN) == "unloaded");
+    let waited = wait_until("Qwen to unload", 30, || {
+        state_of(&server, QWEN) == "unloaded"
+    });
     let idle = started.elapsed();
     assert!(
         idle >= Duration::from_secs(5) && waited < Duration::from_secs(15),
         "unloaded after {idle:?}"
     );
-    assert_eq!(model_metric(&server, "edge_llm_model_weights_bytes", QWEN), 0.0);
+    assert_eq!(
+        model_metric(&server, "edge_llm_model_weights_bytes", QWEN),
+        0.0
+    );
     assert_eq!(model_metric(&server, "edge_llm_model_kv_bytes", QWEN), 0.0);
     assert_eq!(model_metric(&server, "edge_llm_model_loaded", QWEN), 0.0);
     // The process gives the weights and the KV pool back (the engine thread ends).
@@ -258,7 +270,9 @@ fn keep_alive_unloads_an_idle_model_and_its_memory_comes_back() {
     body["keep_alive"] = json!(0);
     let (status, v) = server.post("/v1/chat/completions", &body);
     assert_eq!(status, 200, "{v}");
-    let waited = wait_until("Gemma to unload", 10, || state_of(&server, GEMMA) == "unloaded");
+    let waited = wait_until("Gemma to unload", 10, || {
+        state_of(&server, GEMMA) == "unloaded"
+    });
     assert!(waited < Duration::from_secs(3), "{waited:?}");
     body["keep_alive"] = json!("later");
     let (status, v) = server.post("/v1/chat/completions", &body);
@@ -288,7 +302,11 @@ fn requests_for_a_model_being_loaded_wait_and_load_it_once() {
     assert!(texts.iter().all(|t| t == &texts[0]), "{texts:?}");
     assert!(seen_loading, "GET /models never said `loading`");
     let log = server.log_text();
-    assert_eq!(log.matches(&format!("loading `{QWEN}`")).count(), 1, "{log}");
+    assert_eq!(
+        log.matches(&format!("loading `{QWEN}`")).count(),
+        1,
+        "{log}"
+    );
 }
 
 #[test]
@@ -318,11 +336,17 @@ fn sixteen_concurrent_requests_over_two_models_leave_no_block_held() {
         // The model's own figures, through ?model=.
         let (status, text) = server.get(&format!("/metrics?model={model}"));
         assert_eq!(status, 200);
-        assert!(text.contains("edge_llm_kv_blocks{state=\"used\"} 0"), "{text}");
+        assert!(
+            text.contains("edge_llm_kv_blocks{state=\"used\"} 0"),
+            "{text}"
+        );
     }
     // Batched with each other, each answers as it does one at a time.
     for (i, (model, text)) in answers.iter().enumerate().take(4) {
-        assert_eq!(text, &answer(&server, model, &format!("Count to {}.", i / 2 + 1)));
+        assert_eq!(
+            text,
+            &answer(&server, model, &format!("Count to {}.", i / 2 + 1))
+        );
     }
 }
 
@@ -340,7 +364,10 @@ fn a_corrupt_file_is_listed_unavailable_and_unknown_models_are_404() {
     assert_eq!(model_metric(&server, "edge_llm_model_failed", "x"), 1.0);
     let (status, v) = server.post("/v1/chat/completions", &chat_body("x", "Hi."));
     assert_eq!(status, 503, "{v}");
-    assert!(v["error"]["message"].as_str().unwrap().contains("GGUF"), "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("GGUF"),
+        "{v}"
+    );
     // The others serve.
     answer(&server, QWEN, "Hi.");
     answer(&server, SMOL, "Hi.");
@@ -393,11 +420,52 @@ fn the_chat_page_picks_among_the_models() {
         b.count("#messages .msg.assistant .stats") > 0
     });
     let reply = b.text("#messages .msg.assistant");
-    assert!(!reply.trim().is_empty() && !reply.contains("rror"), "{reply}");
+    assert!(
+        !reply.trim().is_empty() && !reply.contains("rror"),
+        "{reply}"
+    );
     // The reply came from Gemma; the page's looks at the figures loaded nothing else.
     assert_eq!(state_of(&server, GEMMA), "loaded");
     assert_eq!(state_of(&server, SMOL), "unloaded");
     b.wait("Gemma's own figures", 30, |b| {
         b.text("#engine-kv-free").parse::<u32>().is_ok()
     });
+}
+
+#[test]
+fn a_model_streaming_a_reply_is_not_evicted_the_next_load_waits() {
+    let Some(models) = three_models() else { return };
+    let dir = ModelsDir::new("busy", &[models[0].clone(), models[2].clone()], &[]);
+    let server = Server::start(&["--models-dir", dir.arg(), "--models-max", "1"]).unwrap();
+    answer(&server, SMOL, "Hi.");
+    let mut body = chat_body(SMOL, "Tell me a long story about the sea.");
+    body["max_tokens"] = json!(400);
+    body["stream"] = json!(true);
+    body["ignore_eos"] = json!(true);
+    std::thread::scope(|s| {
+        let streamed = s.spawn(|| server.post_stream("/v1/chat/completions", &body));
+        wait_until("the stream to start", 30, || {
+            model_metric(&server, "edge_llm_model_requests_in_flight", SMOL) == 1.0
+        });
+        let gemma = s.spawn(|| answer(&server, GEMMA, "Hi."));
+        // While SmolLM2 streams, Gemma's load waits: the one resident model is busy.
+        let mut smol_busy_while_gemma_waits = 0;
+        loop {
+            // One snapshot: both states under the registry's one lock.
+            let listed = statuses(&server);
+            let of = |id: &str| listed.iter().find(|(m, _)| m == id).unwrap().1.clone();
+            if of(SMOL)["requests_in_flight"] != 1 {
+                break;
+            }
+            assert_eq!(of(GEMMA)["value"], "unloaded", "{listed:?}");
+            smol_busy_while_gemma_waits += 1;
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let (events, done) = streamed.join().unwrap();
+        assert!(done && events.len() > 100, "{} events", events.len());
+        assert!(!gemma.join().unwrap().is_empty());
+        assert!(smol_busy_while_gemma_waits > 0);
+    });
+    assert_eq!(state_of(&server, SMOL), "unloaded");
+    assert_eq!(state_of(&server, GEMMA), "loaded");
 }

@@ -116,7 +116,8 @@ pub async fn require_api_key(
 ) -> Response {
     match key_salt(&state.api_keys, &req) {
         Ok(salt) => {
-            if let (Some(salt), Some(info)) = (salt, req.extensions_mut().get_mut::<RequestInfo>()) {
+            if let (Some(salt), Some(info)) = (salt, req.extensions_mut().get_mut::<RequestInfo>())
+            {
                 info.cache_key = Some(salt);
             }
             next.run(req).await

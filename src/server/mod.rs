@@ -136,7 +136,11 @@ pub struct ServeArgs {
     pub models_max: usize,
     /// With several models: unload a model idle for SECONDS (a request's `keep_alive` overrides
     /// it for its model) [default: never]
-    #[arg(long = "keep-alive", value_name = "SECONDS", allow_negative_numbers = true)]
+    #[arg(
+        long = "keep-alive",
+        value_name = "SECONDS",
+        allow_negative_numbers = true
+    )]
     pub keep_alive: Option<f64>,
     #[command(flatten)]
     pub limits: listener::LimitArgs,
@@ -368,9 +372,23 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         }
         None => None,
     };
-    let state = Arc::new(state::app_state(args, model, model_id.clone(), &api_keys, kv_events, &limits)?);
+    let state = Arc::new(state::app_state(
+        args,
+        model,
+        model_id.clone(),
+        &api_keys,
+        kv_events,
+        &limits,
+    )?);
     let banner = format!("model `{model_id}`");
-    run_http(args, addr, &banner, router(state), !api_keys.is_empty(), limits)
+    run_http(
+        args,
+        addr,
+        &banner,
+        router(state),
+        !api_keys.is_empty(),
+        limits,
+    )
 }
 
 /// Serves `app` on `addr` until Ctrl+C or SIGTERM, logging `banner` (what is served), the

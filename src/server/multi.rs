@@ -120,9 +120,9 @@ fn router(front: Arc<Front>, max_body_bytes: usize, body_timeout: Duration) -> R
 
 /// The API-key and same-site checks of one model's router, for the front routes.
 async fn guard(State(front): State<Arc<Front>>, req: Request, next: Next) -> Response {
-    match super::middleware::key_refusal(&front.api_keys, &req)
-        .or_else(|| super::origin::refusal_without_keys(&front.api_keys, &front.allowed_hosts, &req))
-    {
+    match super::middleware::key_refusal(&front.api_keys, &req).or_else(|| {
+        super::origin::refusal_without_keys(&front.api_keys, &front.allowed_hosts, &req)
+    }) {
         Some(e) => e.into_response(),
         None => next.run(req).await,
     }
@@ -155,17 +155,18 @@ async fn dispatch(State(front): State<Arc<Front>>, req: Request) -> Response {
         },
     };
     let id = named.unwrap_or_else(|| front.default_model.clone());
-    forward(&front, &id, Request::from_parts(parts, Body::from(bytes)), keep_alive).await
+    forward(
+        &front,
+        &id,
+        Request::from_parts(parts, Body::from(bytes)),
+        keep_alive,
+    )
+    .await
 }
 
 /// Hands `req` to model `id`'s router, loading the model first; the model counts the request in
 /// flight until its response body has been sent.
-async fn forward(
-    front: &Front,
-    id: &str,
-    req: Request,
-    keep_alive: Option<KeepAlive>,
-) -> Response {
+async fn forward(front: &Front, id: &str, req: Request, keep_alive: Option<KeepAlive>) -> Response {
     let lease = match front.registry.acquire(id).await {
         Ok(lease) => lease,
         Err(refusal) => return refusal_error(id, refusal).into_response(),
@@ -225,9 +226,7 @@ fn parse_keep_alive(v: &Value) -> Option<KeepAlive> {
         Value::Number(n) => n.as_f64()?,
         Value::String(s) => {
             let s = s.trim();
-            let split = s
-                .find(|c: char| c.is_ascii_alphabetic())
-                .unwrap_or(s.len());
+            let split = s.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(s.len());
             let (number, unit) = s.split_at(split);
             let n: f64 = number.trim().parse().ok()?;
             n * match unit {

@@ -72,7 +72,9 @@ impl Catalog {
                 .with_context(|| format!("reading --models-dir {}", dir.display()))?
                 .filter_map(|e| e.ok().map(|e| e.path()))
                 .filter(|p| {
-                    p.extension().is_some_and(|x| x.eq_ignore_ascii_case("gguf")) && !p.is_dir()
+                    p.extension()
+                        .is_some_and(|x| x.eq_ignore_ascii_case("gguf"))
+                        && !p.is_dir()
                 })
                 .collect();
             found.sort();
@@ -405,7 +407,11 @@ impl Registry {
     /// Loads slot `index` (on its own thread) and wakes whoever waits for it.
     fn load(&self, index: usize, entry: &Entry) {
         let started = Instant::now();
-        eprintln!("edge-llm serve: loading `{}` from {}", entry.id, entry.path.display());
+        eprintln!(
+            "edge-llm serve: loading `{}` from {}",
+            entry.id,
+            entry.path.display()
+        );
         let loaded = loop {
             match (self.loader)(&entry.path, &entry.id) {
                 // The memory check refused it: the least recently used idle model makes room.

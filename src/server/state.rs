@@ -91,4 +91,3 @@ pub(super) fn app_state(
         responses: Default::default(),
     })
 }
-
