@@ -24,9 +24,10 @@ pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 /// Which model to load.
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// GGUF model file [default: models/SmolLM2-135M-Instruct.Q4_1.gguf]
-    #[arg(short = 'm', long = "model")]
-    pub model: Option<PathBuf>,
+    /// GGUF model file [default: models/SmolLM2-135M-Instruct.Q4_1.gguf]; `serve` takes it
+    /// more than once to serve several models, loaded on demand
+    #[arg(short = 'm', long = "model", action = clap::ArgAction::Append)]
+    pub model: Vec<PathBuf>,
     /// Lock the model's weights in RAM (mlock), so the OS never pages them out
     #[arg(long = "mlock")]
     pub mlock: bool,
@@ -298,8 +299,13 @@ pub struct ThreadArgs {
 impl ModelArgs {
     /// The model path: -m, or the default model in ./models or in the source tree's models/.
     pub fn path(&self) -> Result<PathBuf> {
-        if let Some(p) = &self.model {
-            return Ok(p.clone());
+        match self.model.as_slice() {
+            [] => {}
+            [p] => return Ok(p.clone()),
+            several => anyhow::bail!(
+                "-m is given {} times: only `serve` loads several models",
+                several.len()
+            ),
         }
         let candidates = [
             PathBuf::from("models").join(DEFAULT_MODEL_FILE),

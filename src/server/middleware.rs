@@ -114,11 +114,30 @@ pub async fn require_api_key(
     mut req: Request,
     next: Next,
 ) -> Response {
-    if state.api_keys.is_empty() {
-        return next.run(req).await;
+    match key_salt(&state.api_keys, &req) {
+        Ok(salt) => {
+            if let (Some(salt), Some(info)) = (salt, req.extensions_mut().get_mut::<RequestInfo>())
+            {
+                info.cache_key = Some(salt);
+            }
+            next.run(req).await
+        }
+        Err(e) => e.into_response(),
     }
-    if req.uri().path() == "/health" || super::webui::is_public(req.uri().path()) {
-        return next.run(req).await;
+}
+
+/// Why `req` is refused by the key guard, if it is (the front router of several models).
+pub fn key_refusal(api_keys: &[(String, u64)], req: &Request) -> Option<ApiError> {
+    key_salt(api_keys, req).err()
+}
+
+/// The salt of the key `req` carries (None: no key needed), or why it is refused.
+fn key_salt(api_keys: &[(String, u64)], req: &Request) -> Result<Option<u64>, ApiError> {
+    if api_keys.is_empty()
+        || req.uri().path() == "/health"
+        || super::webui::is_public(req.uri().path())
+    {
+        return Ok(None);
     }
     let given = req
         .headers()
@@ -135,32 +154,25 @@ pub async fn require_api_key(
         .map(str::trim);
     // Every key is compared, so the time taken does not tell which one matched.
     let matched = given.and_then(|given| {
-        state.api_keys.iter().fold(None, |found, (key, salt)| {
+        api_keys.iter().fold(None, |found, (key, salt)| {
             let same = same_secret(given.as_bytes(), key.as_bytes());
             found.or(same.then_some(*salt))
         })
     });
     match (given, matched) {
-        (_, Some(salt)) => {
-            if let Some(info) = req.extensions_mut().get_mut::<RequestInfo>() {
-                info.cache_key = Some(salt);
-            }
-            next.run(req).await
-        }
-        (Some(_), None) => ApiError::new(
+        (_, Some(salt)) => Ok(Some(salt)),
+        (Some(_), None) => Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
             "authentication_error",
             "invalid API key",
         )
-        .with_code("invalid_api_key")
-        .into_response(),
-        (None, None) => ApiError::new(
+        .with_code("invalid_api_key")),
+        (None, None) => Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
             "authentication_error",
             "this server needs an API key: send the header `Authorization: Bearer KEY` or `x-api-key: KEY`",
         )
-        .with_code("invalid_api_key")
-        .into_response(),
+        .with_code("invalid_api_key")),
     }
 }
 

@@ -19,6 +19,8 @@
 //! - `router_api`: `/render`, `/get_load` and vLLM's gauges, for routers in front of workers.
 //! - `llama_routes`: llama-server's discovery routes, `/props`, `/apply-template`, `/slots`.
 //! - `embeddings`: `/v1/embeddings` (OpenAI's), `/embedding` and `/embeddings` (llama-server's).
+//! - `multi`, `multi_routes`, `registry`: several models in one server (`--models-dir`), each
+//!   a state of its own behind the front router, loaded on demand.
 //!
 //! Called by `main.rs` (`edge-llm serve`). A sibling of `crate::cli`: neither imports the other;
 //! the flags both take live in `crate::flags`.
@@ -37,8 +39,11 @@ mod messages;
 mod messages_stream;
 mod metrics;
 mod middleware;
+mod multi;
+mod multi_routes;
 mod origin;
 mod planner;
+mod registry;
 mod response;
 mod response_store;
 mod responses;
@@ -46,6 +51,7 @@ mod responses_output;
 mod responses_stream;
 mod router_api;
 mod routes;
+mod state;
 mod stream;
 pub(crate) mod structured;
 mod webui;
@@ -62,7 +68,7 @@ use axum::Router;
 use clap::Args;
 
 use crate::chat_template::ChatTemplate;
-use crate::engine::{EngineHandle, EngineParts};
+use crate::engine::EngineHandle;
 use crate::flags::{EngineArgs, ModelArgs, ThreadArgs};
 use crate::server::kv_publisher::KvEventPublisher;
 
@@ -70,7 +76,7 @@ pub use error::ApiError;
 pub use router_api::LoadFormat;
 
 /// Flags of `serve`.
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
     #[command(flatten)]
     pub model: ModelArgs,
@@ -120,6 +126,22 @@ pub struct ServeArgs {
     /// The model id reported by /v1/models and in responses [default: the file's stem]
     #[arg(long)]
     pub alias: Option<String>,
+    /// Serve every .gguf file in DIR (and every -m), each loaded when a request first names it
+    /// in `model` (its id: the file's stem)
+    #[arg(long = "models-dir", value_name = "DIR")]
+    pub models_dir: Option<PathBuf>,
+    /// With several models: most resident at once; loading one more unloads the least
+    /// recently used idle one
+    #[arg(long = "models-max", value_name = "N", default_value_t = 4)]
+    pub models_max: usize,
+    /// With several models: unload a model idle for SECONDS (a request's `keep_alive` overrides
+    /// it for its model) [default: never]
+    #[arg(
+        long = "keep-alive",
+        value_name = "SECONDS",
+        allow_negative_numbers = true
+    )]
+    pub keep_alive: Option<f64>,
     #[command(flatten)]
     pub limits: listener::LimitArgs,
     #[command(flatten)]
@@ -303,20 +325,10 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         .next()
         .with_context(|| format!("--host {} resolves to no address", args.host))?;
     args.threads.init()?;
+    if let Some(catalog) = registry::Catalog::from_args(args)? {
+        return multi::serve(args, catalog, api_keys, limits, addr);
+    }
     let model = args.model.load()?;
-    let embedding = embeddings::EmbeddingSetup {
-        pooling: args.embedding.pooling(&model.file)?,
-        normalize: args.embedding.embd_normalize,
-    };
-    let template =
-        match ChatTemplate::load(&model.file, &model.tokenizer, args.chat_template.as_deref()) {
-            Ok(t) => Ok(t),
-            Err(e) if args.chat_template.is_some() => return Err(e),
-            Err(e) => {
-                eprintln!("warning: {e:#}; /v1/chat/completions will answer 400");
-                Err(format!("chat is unavailable: {e:#}"))
-            }
-        };
     let model_id = match &args.alias {
         Some(a) => a.clone(),
         None => model
@@ -360,59 +372,35 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         }
         None => None,
     };
-    let sink = kv_events.as_ref().map(|p| p.sink.clone());
-    let disk = args.cache.disk_config()?;
-    if let Some(d) = &disk {
-        eprintln!(
-            "edge-llm serve: prefix cache on disk under {} (at most {} MiB; --no-disk-cache turns it off)",
-            d.root.display(),
-            d.budget_bytes >> 20
-        );
-    }
-    let engine = args.engine.start(
+    let state = Arc::new(state::app_state(
+        args,
         model,
-        true,
-        EngineParts {
-            kv_events: sink,
-            disk,
-            no_prefix_cache: args.cache.no_prefix_cache,
-            ..Default::default()
-        },
-    )?;
-    let pins = args
-        .cache
-        .pin_all(&engine, template.as_ref().ok())?
-        .into_iter()
-        .map(|(source, p)| cache_routes::PinRecord {
-            pin: p.pin,
-            source,
-            prompt_tokens: p.prompt_tokens,
-            owner: None,
-            digest: 0,
-        })
-        .collect();
-    let pin_limit_tokens = engine.config.num_blocks / 2 * engine.config.block_size;
-    let created = unix_now();
-    let state = Arc::new(AppState {
-        engine,
-        template,
-        model_id: model_id.clone(),
-        api_keys,
-        max_body_bytes: args.max_body_bytes,
-        body_timeout: limits.body_timeout,
-        created,
-        instance: random_seed() & 0xffff_ffff,
-        load_format: args.load_format,
+        model_id.clone(),
+        &api_keys,
         kv_events,
-        pins: std::sync::Mutex::new(pins),
-        allowed_hosts: origin::AllowedHosts::new(&args.host, &args.allowed_host),
-        admin_salts: args.admin_api_key.iter().map(|k| cache_salt(k)).collect(),
-        default_temperature: args.temp.unwrap_or(1.0),
-        embedding,
-        pin_budget_tokens: args.pin_budget_tokens.unwrap_or(pin_limit_tokens),
-        planner: planner::Planner::new(args.max_planning, planner::NUM_PLANNER_THREADS),
-        responses: Default::default(),
-    });
+        &limits,
+    )?);
+    let banner = format!("model `{model_id}`");
+    run_http(
+        args,
+        addr,
+        &banner,
+        router(state),
+        !api_keys.is_empty(),
+        limits,
+    )
+}
+
+/// Serves `app` on `addr` until Ctrl+C or SIGTERM, logging `banner` (what is served), the
+/// limits and the planner. `keyed`: whether API keys are required.
+fn run_http(
+    args: &ServeArgs,
+    addr: SocketAddr,
+    banner: &str,
+    app: Router,
+    keyed: bool,
+    limits: listener::Limits,
+) -> Result<()> {
     let max_planning = args.max_planning;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -426,14 +414,10 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
             .with_context(|| format!("binding {addr}"))?;
         let local = listener.local_addr()?;
         eprintln!(
-            "edge-llm serve: model `{model_id}` listening on http://{local}{}",
-            if !state.api_keys.is_empty() {
-                " (API key required)"
-            } else {
-                ""
-            }
+            "edge-llm serve: {banner} listening on http://{local}{}",
+            if keyed { " (API key required)" } else { "" }
         );
-        if state.api_keys.is_empty() && !local.ip().is_loopback() {
+        if !keyed && !local.ip().is_loopback() {
             eprintln!(
                 "warning: listening on {} without --api-key: anyone who can reach this address can use the server",
                 local.ip()
@@ -451,7 +435,7 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
             planner::NUM_PLANNER_THREADS,
             max_planning
         );
-        listener::serve(listener, router(state), limits, shutdown_signal()).await;
+        listener::serve(listener, app, limits, shutdown_signal()).await;
         anyhow::Ok(())
     })?;
     eprintln!("edge-llm serve: stopped");

@@ -109,6 +109,19 @@ pub async fn same_site_only(
     }
 }
 
+/// Why a request to a server with `api_keys` is refused by this guard, if it is (the front
+/// router of several models).
+pub fn refusal_without_keys(
+    api_keys: &[(String, u64)],
+    allowed: &AllowedHosts,
+    req: &Request,
+) -> Option<ApiError> {
+    if !api_keys.is_empty() || req.uri().path() == "/health" {
+        return None;
+    }
+    refusal(allowed, req)
+}
+
 /// Why a request is refused, if it is.
 fn refusal(allowed: &AllowedHosts, req: &Request) -> Option<ApiError> {
     let headers = req.headers();

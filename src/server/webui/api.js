@@ -51,8 +51,9 @@ const Api = (() => {
   }
 
   // `/metrics` as a map from sample name (labels included) to number.
-  async function metrics() {
-    const text = await (await get('/metrics')).text();
+  // With several models, `model` names the one whose figures to read.
+  async function metrics(model) {
+    const text = await (await get(model ? `/metrics?model=${encodeURIComponent(model)}` : '/metrics')).text();
     const samples = new Map();
     for (const line of text.split('\n')) {
       if (!line || line.startsWith('#')) continue;

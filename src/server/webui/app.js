@@ -24,6 +24,8 @@
   let activeId = Store.loadActive();
   let settings = Store.loadSettings();
   let modelId = '';
+  // Whether the server has several models (then the picker chooses `modelId`).
+  let severalModels = false;
   // Conversation id -> the reply being generated: { controller, message, started, firstAt, chunks }.
   const running = new Map();
   // Index of the message being edited in the active conversation, or -1.
@@ -405,9 +407,16 @@
   let engineTimer = 0;
   async function refreshEngine() {
     try {
-      const m = await Api.metrics();
+      const m = await Api.metrics(severalModels ? modelId : '');
       const get = (name) => m.get(name);
       if (!m.has('edge_llm_kv_blocks_total')) {
+        if (m.has('edge_llm_models_loaded')) {
+          for (const id of ['engine-running', 'engine-waiting', 'engine-kv-used', 'engine-kv-cached', 'engine-kv-free', 'engine-hit-rate']) {
+            $(id).textContent = '\u2013';
+          }
+          $('engine-state').textContent = '(not loaded)';
+          return;
+        }
         // A key that is not an admin key sees only its own counters, not the server's.
         for (const id of ['engine-running', 'engine-waiting', 'engine-kv-used', 'engine-kv-cached', 'engine-kv-free', 'engine-hit-rate']) {
           $(id).textContent = '\u2013';
@@ -454,8 +463,23 @@
   async function connect() {
     try {
       const models = await Api.models();
-      modelId = models.length ? models[0].id : '';
+      severalModels = models.length > 1;
+      const ids = models.map((m) => m.id);
+      const saved = localStorage.getItem('edge-llm.model');
+      modelId = ids.includes(saved) ? saved : (ids[0] || '');
       $('model-name').textContent = modelId || 'no model';
+      const picker = $('model-picker');
+      if (severalModels) {
+        picker.replaceChildren(...models.map((m) => {
+          const option = el('option', null, m.status && m.status.failed ? `${m.id} (unavailable)` : m.id);
+          option.value = m.id;
+          option.disabled = !!(m.status && m.status.failed);
+          return option;
+        }));
+        picker.value = modelId;
+        picker.hidden = false;
+        $('model-name').hidden = true;
+      }
       if (models[0] && models[0].meta) {
         $('model-name').title = `${models[0].meta.architecture}, context ${models[0].meta.n_ctx} tokens`;
       }
@@ -540,6 +564,12 @@
 
   $('menu-toggle').addEventListener('click', () => {
     if (toggle('menu-toggle', 'sidebar')) $('new-chat').focus();
+  });
+  $('model-picker').addEventListener('change', () => {
+    modelId = $('model-picker').value;
+    localStorage.setItem('edge-llm.model', modelId);
+    renderMessages();
+    refreshEngine();
   });
   $('settings-toggle').addEventListener('click', () => {
     if (toggle('settings-toggle', 'settings')) $('system').focus();
