@@ -3,23 +3,18 @@
 //! (`crate::model::forward`) runs on it unchanged.
 //!
 //! [`CudaBackend`] owns what lives on the device: the weights, uploaded once from the mmap as
-//! stored (quantized), the KV pool (per layer, keys and values [num_blocks][block_size] rows of
-//! kv_dim in their cache type, f16, q8_0 or q4_0: the CPU `KvCache`'s layout), each step's batch
-//! integers, and an arena of activation
+//! stored (quantized), the KV pool (`super::kv_pool`: f16, q8_0 or q4_0, the CPU `KvCache`'s
+//! layout), each step's batch integers, and an arena of activation
 //! buffers: the forward pass asks for the same buffers in the same order every step, so the
 //! n-th request reuses the n-th buffer, reallocated only when a larger batch needs more.
-//!
-//! A quantized cache is written and read as the CPU backend does (`crate::model::Cpu`): keys less
-//! their layer's center (`crate::model::key_centers`), keys and queries turned by
-//! `KvTypes::k_rotation`, values by `KvTypes::v_rotation` and attention's output turned back, all
-//! by el_cuda_hadamard, bit for bit as `kernels::hadamard_rows`.
 
 use anyhow::{bail, Context, Result};
 
 use super::kernels::{self as k, DevAttentionBatch, MatmulKernel};
+use super::kv_pool::KvPool;
 use super::launch::{CudaDevice, DevPtr};
 use crate::kernels::tensor_type::TensorType;
-use crate::kernels::{Activation, AttentionShape, KvTypes, Rope};
+use crate::kernels::{Activation, KvTypes, Rope};
 use crate::model::kv_cache::BlockId;
 use crate::model::{Backend, Batch, Loaded, Model, WeightStore};
 use std::sync::Arc;
@@ -73,12 +68,7 @@ struct Step<D: CudaDevice> {
 /// The model's KV pool and scratch on one CUDA device.
 pub struct CudaBackend<D: CudaDevice> {
     dev: D,
-    k_cache: Vec<D::Buf>,
-    v_cache: Vec<D::Buf>,
-    kv_types: KvTypes,
-    /// Each layer's key center [kv_dim] (`crate::model::key_centers`), with a quantized K only.
-    key_centers: Vec<Option<D::Buf>>,
-    shape: AttentionShape,
+    kv: KvPool<D>,
     attn_scale: f32,
     /// The frequency factors of each distinct rope with factors or YaRN (all 1 for YaRN alone),
     /// uploaded at load: [rope_dim / 2] f32 each.
@@ -109,9 +99,7 @@ pub fn load<D: CudaDevice>(
     if block_size == 0 || num_blocks == 0 {
         bail!("an empty KV pool");
     }
-    k::check_kv_types(kv_types)?;
-    kv_types.check(c.head_dim).map_err(anyhow::Error::msg)?;
-    let kv_bytes = c.num_layers * num_blocks * block_size * kv_types.token_bytes(c.kv_dim());
+    let kv_bytes = KvPool::<D>::bytes(c, kv_types, block_size, num_blocks);
     let weight_bytes = model.file.file_bytes() as usize;
     let (free, total) = dev.mem_info()?;
     if kv_bytes + weight_bytes > free {
@@ -143,23 +131,7 @@ pub fn load<D: CudaDevice>(
             })
         },
     )?;
-    let caches = |t: TensorType| {
-        let words = num_blocks * block_size * crate::kernels::kv_row_words(t, c.kv_dim());
-        (0..c.num_layers)
-            .map(|_| dev.zeros::<u16>(words))
-            .collect::<Result<Vec<_>>>()
-    };
-    let (k_cache, v_cache) = (caches(kv_types.k)?, caches(kv_types.v)?);
-    // As `Model::on_cpu`: a quantized K stores keys less their layer's center.
-    let key_centers = match kv_types.k.block_size() > 1 {
-        true => model
-            .key_centers()
-            .into_iter()
-            .map(|c| c.map(|c| dev.upload(&c)).transpose())
-            .collect::<Result<Vec<_>>>()
-            .context("uploading the key centers")?,
-        false => Vec::new(),
-    };
+    let kv = KvPool::new(&dev, model, kv_types, block_size, num_blocks)?;
     let mut rope_factors: Vec<(Vec<f32>, D::Buf)> = Vec::new();
     for rope in c.layers.iter().filter_map(|l| l.rope.as_ref()) {
         if !is_extended(rope) {
@@ -175,17 +147,7 @@ pub fn load<D: CudaDevice>(
     }
     Ok(Loaded {
         backend: CudaBackend {
-            k_cache,
-            v_cache,
-            kv_types,
-            key_centers,
-            shape: AttentionShape {
-                n_heads: c.n_heads,
-                n_kv_heads: c.n_kv_heads,
-                head_dim: c.head_dim,
-                block_size,
-                num_blocks,
-            },
+            kv,
             attn_scale: c.attn_scale,
             rope_factors,
             arena: Vec::new(),
@@ -213,16 +175,16 @@ impl<D: CudaDevice> CudaBackend<D> {
     }
 
     pub fn block_size(&self) -> usize {
-        self.shape.block_size
+        self.kv.shape.block_size
     }
 
     /// What the KV pool holds keys and values in.
     pub fn kv_types(&self) -> KvTypes {
-        self.kv_types
+        self.kv.types
     }
 
     fn kv_dim(&self) -> usize {
-        self.shape.n_kv_heads * self.shape.head_dim
+        self.kv.kv_dim()
     }
 
     /// The next buffer of the arena, at least `bytes` long.
@@ -307,7 +269,7 @@ impl<D: CudaDevice> Backend for CudaBackend<D> {
         D: 'a;
 
     fn kv_pool(&self) -> (usize, usize) {
-        (self.shape.block_size, self.shape.num_blocks)
+        (self.kv.shape.block_size, self.kv.shape.num_blocks)
     }
 
     fn begin_step(&mut self, batch: &Batch) -> Result<()> {
@@ -490,53 +452,15 @@ impl<D: CudaDevice> Backend for CudaBackend<D> {
             bail!("kv_write: rows of {}, kv_dim {}", kk.width, self.kv_dim());
         }
         let slots = self.dev.ptr(&self.step()?.slots);
-        let (types, hd, kv_dim) = (self.kv_types, self.shape.head_dim, kk.width);
-        // A quantized cache stores the rows less the key center and turned, as the CPU does.
-        let center = self
-            .key_centers
-            .get(layer)
-            .and_then(Option::as_ref)
-            .map(|b| self.dev.ptr(b));
-        let (kp, vp) = match (types.k_rotation(hd), types.v_rotation(hd), center) {
-            (None, None, None) => (kk.ptr, v.ptr),
-            (rot_k, rot_v, center) => {
-                let bytes = kk.n_rows * kv_dim * F32;
-                let (_, tk) = self.alloc(bytes)?;
-                let (_, tv) = self.alloc(bytes)?;
-                let n_rows = kk.n_rows;
-                k::hadamard(
-                    &self.dev,
-                    kk.ptr,
-                    tk,
-                    center,
-                    n_rows,
-                    kv_dim,
-                    rot_k.unwrap_or(1),
-                )?;
-                k::hadamard(
-                    &self.dev,
-                    v.ptr,
-                    tv,
-                    None,
-                    n_rows,
-                    kv_dim,
-                    rot_v.unwrap_or(1),
-                )?;
-                (tk, tv)
+        let scratch = match self.kv.turns_writes(layer) {
+            true => {
+                let bytes = kk.n_rows * kk.width * F32;
+                Some((self.alloc(bytes)?.1, self.alloc(bytes)?.1))
             }
+            false => None,
         };
-        k::kv_write(
-            &self.dev,
-            types,
-            kp,
-            vp,
-            self.dev.ptr(&self.k_cache[layer]),
-            self.dev.ptr(&self.v_cache[layer]),
-            slots,
-            kk.n_rows,
-            kk.width,
-            self.shape.num_blocks * self.shape.block_size,
-        )
+        self.kv
+            .write(&self.dev, layer, kk.ptr, v.ptr, slots, kk.n_rows, scratch)
     }
 
     fn attention(
@@ -555,33 +479,21 @@ impl<D: CudaDevice> Backend for CudaBackend<D> {
             token_seq: self.dev.ptr(&s.token_seq),
             context_lens: self.dev.ptr(&s.context_lens),
         };
-        let (types, hd) = (self.kv_types, self.shape.head_dim);
-        // Queries turned as the keys were (q . k unchanged), the output turned back.
-        let qp = match types.k_rotation(hd) {
-            None => q.ptr,
-            Some(n) => {
-                let (_, tq) = self.alloc(q.n_rows * q.width * F32)?;
-                k::hadamard(&self.dev, q.ptr, tq, None, q.n_rows, q.width, n)?;
-                tq
-            }
+        let turned_q = match self.kv.types.k_rotation(self.kv.shape.head_dim) {
+            Some(_) => Some(self.alloc(q.n_rows * q.width * F32)?.1),
+            None => None,
         };
-        k::paged_attention(
+        self.kv.attend(
             &self.dev,
-            types,
+            layer,
+            q.ptr,
+            turned_q,
             out.ptr,
-            qp,
-            self.dev.ptr(&self.k_cache[layer]),
-            self.dev.ptr(&self.v_cache[layer]),
-            &self.shape,
             &addressing,
             q.n_rows,
             self.attn_scale,
             window,
-        )?;
-        match types.v_rotation(hd) {
-            Some(n) => k::hadamard(&self.dev, out.ptr, out.ptr, None, out.n_rows, out.width, n),
-            None => Ok(()),
-        }
+        )
     }
 
     fn glu(&mut self, gate: &mut DevActs, up: &DevActs, act: Activation) -> Result<()> {
@@ -660,19 +572,6 @@ impl<D: CudaDevice> Backend for CudaBackend<D> {
 
     fn copy_block(&mut self, src: BlockId, dst: BlockId) -> Result<()> {
         self.dev.bind()?;
-        let words = |t| self.shape.block_size * crate::kernels::kv_row_words(t, self.kv_dim());
-        let (k_words, v_words) = (words(self.kv_types.k), words(self.kv_types.v));
-        let k_blocks = self.k_cache.iter().map(|c| (c, k_words));
-        for (cache, block_words) in k_blocks.chain(self.v_cache.iter().map(|c| (c, v_words))) {
-            k::copy_block(
-                &self.dev,
-                self.dev.ptr(cache),
-                self.shape.num_blocks,
-                block_words,
-                src.index(),
-                dst.index(),
-            )?;
-        }
-        Ok(())
+        self.kv.copy_block(&self.dev, src, dst)
     }
 }
