@@ -206,7 +206,8 @@ fn bad_inputs_give_one_line_errors() {
             ],
             "/nonexistent.txt",
         ),
-        // The CUDA backend keeps an f16 KV cache: refused before any GPU is probed.
+        // The CUDA backend keeps f16, q8_0 or q4_0: another type is refused before any GPU is
+        // probed.
         (
             vec![
                 "run".into(),
@@ -217,9 +218,9 @@ fn bad_inputs_give_one_line_errors() {
                 "--device".into(),
                 "cuda".into(),
                 "-ctk".into(),
-                "q8_0".into(),
+                "q4_1".into(),
             ],
-            "--cache-type-k q8_0 --cache-type-v f16: the CUDA backend keeps an f16 KV cache",
+            "--cache-type-k q4_1 --cache-type-v f16: the CUDA backend keeps f16, q8_0 or q4_0 KV caches",
         ),
     ];
     for (args, needle) in cases {

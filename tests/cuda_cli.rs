@@ -2,7 +2,9 @@
 //! non-zero with one clean line, no panic and no backtrace ("no CUDA GPU found" with the `cuda`
 //! feature, "built without CUDA support" without it), and `--device auto` runs on the CPU with
 //! the same greedy output as `--device cpu`. On a machine with a GPU the first check is skipped
-//! (tests/cuda_kernels.rs and scripts/bench-cuda.sh cover the GPU).
+//! (tests/cuda_kernels.rs and scripts/bench-cuda.sh cover the GPU). A KV cache type the CUDA
+//! kernels do not keep (q4_1 and the others past f16, q8_0, q4_0) is refused in one line before
+//! any GPU is probed, with or without one.
 
 mod support;
 
@@ -55,6 +57,11 @@ fn device_cuda_without_a_gpu_is_one_clean_error() {
             "bench", "-m", &m, "-p", "8", "-n", "2", "-r", "1", "--device", "cuda",
         ],
         vec!["perplexity", "-m", &m, "-f", &file, "--device", "cuda"],
+        // A q8_0 or q4_0 cache is the CUDA backend's too: it goes on to look for the GPU.
+        vec![
+            "run", "-m", &m, "-p", "Hello", "-n", "4", "--device", "cuda", "-ctk", "q8_0", "-ctv",
+            "q4_0",
+        ],
     ] {
         let out = edge_llm(&args);
         let err = String::from_utf8_lossy(&out.stderr);
@@ -78,6 +85,26 @@ fn device_cuda_without_a_gpu_is_one_clean_error() {
         );
     }
     let _ = std::fs::remove_file(&text);
+}
+
+#[test]
+fn a_cache_type_the_cuda_kernels_do_not_keep_is_one_line_on_cuda() {
+    let m = model_arg();
+    for (k, v) in [("q4_1", "f16"), ("q8_0", "iq4_nl")] {
+        let args = [
+            "run", "-m", &m, "-p", "Hello", "-n", "4", "--device", "cuda", "-ctk", k, "-ctv", v,
+        ];
+        let out = edge_llm(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} should fail");
+        let want = format!(
+            "error: --cache-type-k {k} --cache-type-v {v}: the CUDA backend keeps f16, q8_0 or q4_0 KV caches"
+        );
+        assert!(
+            err.starts_with(&want) && err.trim_end().lines().count() == 1,
+            "{args:?}: {err:?}"
+        );
+    }
 }
 
 #[test]

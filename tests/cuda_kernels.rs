@@ -12,7 +12,8 @@
 //! tighter than the CPU tests' quantization budgets (tests/kernels_quant.rs, e.g. 1e-2 for a
 //! Q4_0 dot product), because the GPU computes the same quantized products as the C code and
 //! differs only in the order of float additions:
-//! - dequantization (embedding rows), the activation quantizers and the KV write: bit-identical;
+//! - dequantization (embedding rows), the activation quantizers, the KV write (f16, q8_0, q4_0)
+//!   and the quantized cache's Walsh-Hadamard rotation: bit-identical;
 //! - the two matrix-product kernels (few rows, tiled): bit-identical to each other;
 //! - everything else within the constants below.
 #![cfg(feature = "cuda")]
@@ -29,7 +30,7 @@ use edge_llm::cuda::{CudaDevice, Emu, Gpu, Launch};
 use edge_llm::device::{Device, Executor};
 use edge_llm::kernels::tensor_type::TensorType;
 use edge_llm::kernels::{
-    self, Activation, AttentionBatch, AttentionShape, FreqFactors, Rope, RopeStyle, Yarn,
+    self, Activation, AttentionBatch, AttentionShape, FreqFactors, KvTypes, Rope, RopeStyle, Yarn,
 };
 use edge_llm::model::kv_cache::BlockId;
 use edge_llm::model::Batch;
@@ -42,7 +43,8 @@ const RMS_NORM_BUDGET: f64 = 1e-6;
 const ROPE_BUDGET: f64 = 1e-6;
 /// SwiGLU/GeGLU (exp/tanh from double precision against glibc's expf/tanhf).
 const GLU_BUDGET: f64 = 1e-6;
-/// Paged attention (an online softmax over chunks of 32 keys against one key at a time).
+/// Paged attention (an online softmax over chunks of 32 keys against one key at a time), over
+/// every cache type the CUDA kernels keep (each key and value read as the same f32 values).
 const ATTENTION_BUDGET: f64 = 1e-5;
 /// The whole forward pass of the default model, logits against the CPU path's.
 const FORWARD_LOGITS_BUDGET: f64 = 2e-3;
@@ -454,7 +456,25 @@ fn check_row_ops<D: CudaDevice>(g: &D) -> Outputs {
     outs
 }
 
+/// The KV cache types of the attention check: f16, q8_0, q4_0, and mixed (`CUDA_KV_TYPES`).
+const ATTENTION_KV_TYPES: [(TensorType, TensorType); 5] = [
+    (TensorType::F16, TensorType::F16),
+    (TensorType::Q8_0, TensorType::Q8_0),
+    (TensorType::Q4_0, TensorType::Q4_0),
+    (TensorType::Q8_0, TensorType::Q4_0),
+    (TensorType::Q4_0, TensorType::F16),
+];
+
 fn check_attention<D: CudaDevice>(g: &D) -> Outputs {
+    let mut outs = Outputs::new();
+    for (k, v) in ATTENTION_KV_TYPES {
+        outs.extend(check_attention_as(g, KvTypes { k, v }));
+    }
+    outs
+}
+
+/// kv_write (bit for bit) and paged attention over a cache of `types`.
+fn check_attention_as<D: CudaDevice>(g: &D, types: KvTypes) -> Outputs {
     let mut outs = Outputs::new();
     let mut rng = Rng(5);
     let (n_heads, n_kv_heads, head_dim, block_size, num_blocks) = (6, 2, 64, 16, 24);
@@ -480,19 +500,23 @@ fn check_attention<D: CudaDevice>(g: &D) -> Outputs {
         }
     }
     let n_all = all_slots.len();
-    let (k, v) = (rng.data(n_all * kv_dim), rng.data(n_all * kv_dim));
-    let (mut kc, mut vc) = (
-        vec![0u16; num_slots * kv_dim],
-        vec![0u16; num_slots * kv_dim],
-    );
-    kernels::kv_write(&k, &v, &mut kc, &mut vc, &all_slots, kv_dim);
+    let (mut k, v) = (rng.data(n_all * kv_dim), rng.data(n_all * kv_dim));
+    // Ties for a Q4_0 block's scale: the first of equal magnitudes wins (its sign is d's).
+    k[5] = 40.0;
+    k[17] = -40.0;
+    k[32 + 3] = -40.0;
+    k[32 + 30] = 40.0;
+    let words = |t| num_slots * kernels::kv_row_words(t, kv_dim);
+    let (mut kc, mut vc) = (vec![0u16; words(types.k)], vec![0u16; words(types.v)]);
+    kernels::kv_write_as(types, &k, &v, &mut kc, &mut vc, &all_slots, kv_dim);
     let (dk, dv, ds) = (up(g, &k), up(g, &v), up(g, &all_slots));
     let (dkc, dvc) = (
-        g.zeros::<u16>(num_slots * kv_dim).unwrap(),
-        g.zeros::<u16>(num_slots * kv_dim).unwrap(),
+        g.zeros::<u16>(kc.len()).unwrap(),
+        g.zeros::<u16>(vc.len()).unwrap(),
     );
     ck::kv_write(
         g,
+        types,
         g.ptr(&dk),
         g.ptr(&dv),
         g.ptr(&dkc),
@@ -507,8 +531,8 @@ fn check_attention<D: CudaDevice>(g: &D) -> Outputs {
         g.download::<u16>(&dkc, kc.len()).unwrap(),
         g.download::<u16>(&dvc, vc.len()).unwrap(),
     );
-    assert_eq!(gk, kc, "kv_write keys");
-    assert_eq!(gv, vc, "kv_write values");
+    assert!(gk == kc, "kv_write keys ({types})");
+    assert!(gv == vc, "kv_write values ({types})");
     outs.push(u16_words(&gk));
     outs.push(u16_words(&gv));
 
@@ -556,10 +580,11 @@ fn check_attention<D: CudaDevice>(g: &D) -> Outputs {
             token_seq: &token_seq,
             context_lens: &lens,
         };
-        kernels::paged_attention(&mut want, &q, &kc, &vc, &shape, &b, 0.125, window);
+        kernels::paged_attention_as(types, &mut want, &q, &kc, &vc, &shape, &b, 0.125, window);
         let dout = zeros_f32(g, q.len());
         ck::paged_attention(
             g,
+            types,
             g.ptr(&dout),
             g.ptr(&dq),
             g.ptr(&dkc),
@@ -576,8 +601,44 @@ fn check_attention<D: CudaDevice>(g: &D) -> Outputs {
         let err = rel_err(&got, &want);
         assert!(
             err <= ATTENTION_BUDGET,
-            "attention window {window:?}: {err:.3e}"
+            "attention ({types}) window {window:?}: {err:.3e}"
         );
+    }
+    outs
+}
+
+/// The quantized cache's rotation (el_cuda_hadamard) against `kernels::hadamard_rows`, bit for
+/// bit: runs of 64 and 128 in rows of 256, with and without a center subtracted first, in place
+/// and not; runs of 1 subtract the center alone.
+fn check_hadamard<D: CudaDevice>(g: &D) -> Outputs {
+    let mut outs = Outputs::new();
+    let mut rng = Rng(11);
+    let (n_rows, row) = (7, 256);
+    let x = rng.data(n_rows * row);
+    let center = rng.data(row);
+    for n in [1, 64, 128, 256] {
+        for with_center in [false, true] {
+            let mut want = x.clone();
+            if with_center {
+                for r in want.chunks_exact_mut(row) {
+                    r.iter_mut().zip(&center).for_each(|(a, c)| *a -= c);
+                }
+            }
+            kernels::hadamard_rows(&mut want, n);
+            let (dx, dc, dy) = (up(g, &x), up(g, &center), zeros_f32(g, x.len()));
+            let c = with_center.then(|| g.ptr(&dc));
+            ck::hadamard(g, g.ptr(&dx), g.ptr(&dy), c, n_rows, row, n).unwrap();
+            let got = down(g, &dy, x.len());
+            assert_eq!(
+                bits(&got),
+                bits(&want),
+                "hadamard n {n} center {with_center}"
+            );
+            ck::hadamard(g, g.ptr(&dx), g.ptr(&dx), c, n_rows, row, n).unwrap();
+            let in_place = down(g, &dx, x.len());
+            assert_eq!(bits(&in_place), bits(&want), "hadamard in place, n {n}");
+            outs.push(f32_bits(&got));
+        }
     }
     outs
 }
@@ -609,16 +670,22 @@ fn emu_kv_write_and_paged_attention_match_the_c_reference() {
     check_attention(&Emu::new());
 }
 
+#[test]
+fn emu_kv_rotation_is_bit_identical_to_the_c_reference() {
+    check_hadamard(&Emu::new());
+}
+
 /// Every check again with each block's threads run last first: the same bits.
 #[test]
 fn emu_threads_in_reverse_order_give_the_same_bits() {
     type Check = fn(&Emu) -> Outputs;
-    let checks: [(&str, Check); 5] = [
+    let checks: [(&str, Check); 6] = [
         ("embedding rows", check_embedding_rows::<Emu>),
         ("quantizers", check_quantizers::<Emu>),
         ("matmul", check_matmul::<Emu>),
         ("row operations", check_row_ops::<Emu>),
         ("attention", check_attention::<Emu>),
+        ("rotation", check_hadamard::<Emu>),
     ];
     for (what, check) in checks {
         let forward = check(&Emu::new());
@@ -742,6 +809,7 @@ fn emu_kernels_under_address_sanitizer() {
     check_matmul(&d);
     check_row_ops(&d);
     check_attention(&d);
+    check_hadamard(&d);
     d.finish_trace().unwrap();
     let run = std::process::Command::new(&bin)
         .arg(&trace)
@@ -795,6 +863,7 @@ fn gpu_row_operations_match_the_c_reference() {
 #[ignore = "needs a CUDA GPU"]
 fn gpu_kv_write_and_paged_attention_match_the_c_reference() {
     check_attention(gpu());
+    check_hadamard(gpu());
 }
 
 /// The GPU gives the same bits as the emulator wherever the kernels are exact (the rest

@@ -24,7 +24,7 @@ use edge_llm::cuda::Emu;
 use edge_llm::model::kv_cache::BlockId;
 use std::sync::Arc;
 
-use edge_llm::device::Executor;
+use edge_llm::device::{Device, Executor, Placement};
 use edge_llm::engine::sampler::SamplingParams;
 use edge_llm::engine::{
     EngineConfig, EngineHandle, EngineParts, Event, FinishReason, Metrics, Request, RequestStream,
@@ -32,6 +32,7 @@ use edge_llm::engine::{
 use edge_llm::gguf::{MetaArray, MetaValue};
 use edge_llm::kernels;
 use edge_llm::kernels::tensor_type::TensorType;
+use edge_llm::kernels::KvTypes;
 use edge_llm::model::{Batch, Model};
 use support::gguf_writer::{self, GgufBuilder, TensorSpec};
 
@@ -322,6 +323,11 @@ fn step(
 }
 
 fn run_family(s: Spec, seed: u64) {
+    run_family_as(s, seed, KvTypes::F16);
+}
+
+/// The steps of `run_family` with KV pools of `kv_types` on both backends.
+fn run_family_as(s: Spec, seed: u64, kv_types: KvTypes) {
     let mut rng = Rng(seed);
     let file = write_model(&s, &mut rng);
     let model = Model::load(file.path())
@@ -336,9 +342,14 @@ fn run_family(s: Spec, seed: u64) {
         assert_eq!(c.layers[1].window, None, "layer 1 is global");
         assert!(c.final_logit_softcap.is_some());
     }
-    let mut cpu = Executor::cpu(&model, BLOCK, NUM_BLOCKS);
-    let mut emu = Executor::cuda_emulated(&model, Emu::new(), BLOCK, NUM_BLOCKS)
+    let cpu_placement = Placement {
+        device: Device::Cpu,
+        kv_types,
+    };
+    let mut cpu = Executor::new(&model, cpu_placement, BLOCK, NUM_BLOCKS).unwrap();
+    let mut emu = Executor::cuda_emulated_as(&model, Emu::new(), kv_types, BLOCK, NUM_BLOCKS)
         .expect("the model loads onto the emulator");
+    assert_eq!((cpu.kv_types(), emu.kv_types()), (kv_types, kv_types));
     let mut worst = 0f64;
     let prompt: Vec<u32> = (0..13)
         .map(|i| (i * 37 + 5) as u32 % VOCAB as u32)
@@ -400,7 +411,10 @@ fn run_family(s: Spec, seed: u64) {
         &b,
         &mut worst,
     );
-    eprintln!("{}: largest logits difference {worst:.2e}", s.arch);
+    eprintln!(
+        "{} ({kv_types}): largest logits difference {worst:.2e}",
+        s.arch
+    );
 }
 
 #[test]
@@ -444,6 +458,36 @@ fn gemma3_spec() -> Spec {
 #[test]
 fn gemma3_tiny_model_on_cpu_and_emulated_cuda() {
     run_family(gemma3_spec(), 3);
+}
+
+const KV_Q8_0: KvTypes = KvTypes {
+    k: TensorType::Q8_0,
+    v: TensorType::Q8_0,
+};
+
+/// `-ctk q8_0 -ctv q8_0` on the emulated GPU: the same greedy tokens as the CPU backend, logits
+/// within the f16 cache's budget. Qwen2's key biases give every layer a key center, and a head
+/// size of 64 turns keys, queries, values and the output: the whole quantized path.
+#[test]
+fn qwen2_tiny_model_with_a_q8_0_cache_on_cpu_and_emulated_cuda() {
+    use TensorType::*;
+    let spec = Spec {
+        arch: "qwen2",
+        types: [Q4_1, Q8_0, Q4_1, Q5_0, Q8_0, Q8_0],
+        biases: true,
+        tied: true,
+    };
+    run_family_as(spec, 2, KV_Q8_0);
+}
+
+/// q4_0 keys with f16 values, and gemma3's key norm (no key center) and sliding window.
+#[test]
+fn gemma3_tiny_model_with_q4_0_keys_on_cpu_and_emulated_cuda() {
+    let kv_types = KvTypes {
+        k: TensorType::Q4_0,
+        v: TensorType::F16,
+    };
+    run_family_as(gemma3_spec(), 3, kv_types);
 }
 
 /// One engine's outputs for the requests of `engine_on_emulated_cuda_matches_the_cpu`: per

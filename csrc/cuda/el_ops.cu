@@ -134,6 +134,22 @@ extern "C" __global__ void el_cuda_kv_write(const float *k /* [n_tokens][kv_dim]
     }
 }
 
+/* Element e of a KV cache of `type` (F16, Q8_0 or Q4_0; blocks of 32 along each row) as f32,
+ * exactly as the reference's el_kv_rows_to_f32: the half, or the block's d times its quant. */
+__device__ __forceinline__ float el_kv_elem(const uint8_t *cache, int32_t type, int64_t e) {
+    if (type == EL_TYPE_Q8_0) {
+        const uint8_t *b = cache + (e / EL_QK) * EL_Q8_0_BYTES;
+        return (float)(int8_t)b[2 + e % EL_QK] * el_ldh(b);
+    }
+    if (type == EL_TYPE_Q4_0) {
+        const uint8_t *b = cache + (e / EL_QK) * EL_Q4_0_BYTES;
+        const int j = (int)(e % EL_QK);
+        const int nib = j < EL_QK / 2 ? (b[2 + j] & 0x0F) : (b[2 + j - EL_QK / 2] >> 4);
+        return (float)(nib - 8) * el_ldh(b);
+    }
+    return el_h2f(((const uint16_t *)cache)[e]);
+}
+
 /* Paged attention, as el_paged_attention in csrc/edge_kernels.h: item t * n_heads + h (token t,
  * query head h reading KV head h / (n_heads / n_kv_heads)) sees the keys at positions
  * [max(0, L - window), L), L = context_lens[t] (all of [0, L) when window <= 0), key j of its
@@ -143,13 +159,15 @@ extern "C" __global__ void el_cuda_kv_write(const float *k /* [n_tokens][kv_dim]
  * scores its key (a float sum over head_dim, then times scale), then the chunk joins an online
  * softmax (running max, rescaled sum) and the values are accumulated with lane l holding dims
  * l, l + 32, ... The reference orders its sums and exps differently, so results agree to
- * rounding (tests/cuda_kernels.rs: ATTENTION_BUDGET), not bit for bit. */
+ * rounding (tests/cuda_kernels.rs: ATTENTION_BUDGET), not bit for bit. Keys and values are read
+ * through el_kv_elem, so a q8_0 or q4_0 cache gives the reference's f32 values. */
 #define EL_ATTN_WARPS 4
 #define EL_ATTN_DIMS_PER_LANE (EL_MAX_HEAD_DIM / EL_WARP)
 extern "C" __global__ void __launch_bounds__(EL_ATTN_WARPS * EL_WARP)
     el_cuda_paged_attention(float *out /* [n_tokens][n_heads][head_dim] */, const float *q /* [n_tokens][n_heads][head_dim] */,
-                            const uint16_t *k_cache /* [num_blocks][block_size][n_kv_heads][head_dim] f16 */,
-                            const uint16_t *v_cache /* [num_blocks][block_size][n_kv_heads][head_dim] f16 */,
+                            const uint8_t *k_cache /* [num_blocks][block_size] rows of kv_dim of k_type */,
+                            const uint8_t *v_cache /* [num_blocks][block_size] rows of kv_dim of v_type */,
+                            int32_t k_type, int32_t v_type,
                             const int32_t *block_tables /* [n_seqs][max_blocks_per_seq] */,
                             const int32_t *token_seq /* [n_tokens] */, const int32_t *context_lens /* [n_tokens] */,
                             int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t block_size,
@@ -178,9 +196,9 @@ extern "C" __global__ void __launch_bounds__(EL_ATTN_WARPS * EL_WARP)
         int64_t slot = 0;
         if (j < len) {
             slot = (int64_t)table[j / block_size] * block_size + j % block_size;
-            const uint16_t *kj = k_cache + slot * kv_dim + kvh * head_dim;
+            const int64_t e = slot * kv_dim + kvh * head_dim;
             float dot = 0.0f;
-            for (int64_t d = 0; d < head_dim; d++) dot += qs[d] * el_h2f(kj[d]);
+            for (int64_t d = 0; d < head_dim; d++) dot += qs[d] * el_kv_elem(k_cache, k_type, e + d);
             s = dot * scale;
         }
         const float m_new = fmaxf(m, el_warp_max(s)); /* finite: lane 0's key is always in range */
@@ -193,11 +211,11 @@ extern "C" __global__ void __launch_bounds__(EL_ATTN_WARPS * EL_WARP)
         for (int kk = 0; kk < n_keys; kk++) {
             const float pk = __shfl_sync(0xffffffffu, p, kk);
             const int64_t slot_k = __shfl_sync(0xffffffffu, slot, kk);
-            const uint16_t *vj = v_cache + slot_k * kv_dim + kvh * head_dim;
+            const int64_t e = slot_k * kv_dim + kvh * head_dim;
 #pragma unroll
             for (int i = 0; i < EL_ATTN_DIMS_PER_LANE; i++) {
                 const int64_t d = lane + (int64_t)EL_WARP * i;
-                if (d < head_dim) acc[i] += pk * el_h2f(vj[d]);
+                if (d < head_dim) acc[i] += pk * el_kv_elem(v_cache, v_type, e + d);
             }
         }
         m = m_new;
@@ -208,6 +226,35 @@ extern "C" __global__ void __launch_bounds__(EL_ATTN_WARPS * EL_WARP)
         const int64_t d = lane + (int64_t)EL_WARP * i;
         if (d < head_dim) out[item * head_dim + d] = acc[i] * inv;
     }
+}
+
+/* What a quantized KV cache stores and reads turned (kernels::hadamard_rows, cpu.rs kv_write):
+ * y[r] = (x[r] - center) with every run of n values times the orthonormal Walsh-Hadamard matrix
+ * in Sylvester's order: the difference rounded first, then the butterfly stages h = 1, 2, 4, ...
+ * (y[j], y[j + h]) -> (y[j] + y[j + h], y[j] - y[j + h]) within each run, then times scale
+ * (1 / sqrt(n) in f32, from the host). Each value is the same operations in the same order as
+ * the reference's, so the bits are its bits. n = 1 turns nothing (scale 1): the center alone.
+ * has_center = 0 reads no center. x and y may alias. One block per row, threads over pairs. */
+extern "C" __global__ void el_cuda_hadamard(const float *x /* [n_rows][row] */, float *y /* [n_rows][row] */,
+                                            const float *center /* [row] */, int32_t has_center, int64_t n_rows,
+                                            int64_t row, int64_t n, float scale) {
+    const int64_t r = blockIdx.x;
+    if (r >= n_rows) return;
+    const float *xr = x + r * row;
+    float *yr = y + r * row;
+    for (int64_t i = threadIdx.x; i < row; i += blockDim.x) yr[i] = has_center ? xr[i] - center[i] : xr[i];
+    __syncthreads();
+    for (int64_t h = 1; h < n; h *= 2) {
+        for (int64_t p = threadIdx.x; p < row / 2; p += blockDim.x) {
+            const int64_t run = p / (n / 2), q = p % (n / 2);
+            const int64_t j = run * n + (q / h) * 2 * h + q % h;
+            const float a = yr[j], b = yr[j + h];
+            yr[j] = a + b;
+            yr[j + h] = a - b;
+        }
+        __syncthreads();
+    }
+    for (int64_t i = threadIdx.x; i < row; i += blockDim.x) yr[i] *= scale;
 }
 
 /* x[i] += y[i]: the residual add. */

@@ -420,6 +420,76 @@ extern "C" __global__ void el_cuda_quantize_q8_K(const float *x /* [n_blocks * 2
     if (lane == 0) *(float *)b = d;
 }
 
+/* Q4_0, ggml's quantize_row_q4_0_ref: one warp per block of 32, lane = element. d is the element
+ * of largest magnitude (the first such, as the reference's strict compare) over -8; element j's
+ * nibble is min(15, (int8_t)(x * id + 8.5)), packed j | (j + 16) << 4 in byte j. */
+__device__ void el_quantize_q4_0_block(const float *x /* [32] */, uint8_t *b /* Q4_0 */) {
+    const int lane = threadIdx.x % EL_WARP;
+    const float v = x[lane];
+    float amax = fabsf(v), max = v;
+    int at = lane;
+#pragma unroll
+    for (int o = EL_WARP / 2; o > 0; o /= 2) {
+        const float a2 = __shfl_xor_sync(0xffffffffu, amax, o);
+        const float m2 = __shfl_xor_sync(0xffffffffu, max, o);
+        const int at2 = __shfl_xor_sync(0xffffffffu, at, o);
+        if (a2 > amax || (a2 == amax && at2 < at)) {
+            amax = a2;
+            max = m2;
+            at = at2;
+        }
+    }
+    const float d = max / -8.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const int8_t l = (int8_t)(v * id + 8.5f);
+    const int q = l < 15 ? l : 15;
+    const int hi = __shfl_sync(0xffffffffu, q, (lane + 16) % EL_WARP);
+    if (lane < 16) b[2 + lane] = (uint8_t)((q & 0x0F) | (hi << 4));
+    if (lane == 0) *(uint16_t *)b = el_f2h(d);
+}
+
+/* Q8_0 of one block of 32 by one warp (el_quantize_q8's body). */
+__device__ void el_quantize_q8_0_block(const float *x /* [32] */, uint8_t *b /* Q8_0 */) {
+    const int lane = threadIdx.x % EL_WARP;
+    const float v = x[lane];
+    const float amax = el_warp_max(fabsf(v));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    b[2 + lane] = (uint8_t)(int8_t)(int)roundf(v * id);
+    if (lane == 0) *(uint16_t *)b = el_f2h(d);
+}
+
+/* One block of 32 of a KV row into a cache of `type` (F16, Q8_0 or Q4_0), by one warp. */
+__device__ void el_kv_block(const float *x /* [32] */, uint8_t *row /* one cache row */, int64_t blk, int32_t type) {
+    const int lane = threadIdx.x % EL_WARP;
+    if (type == EL_TYPE_Q8_0) {
+        el_quantize_q8_0_block(x, row + blk * EL_Q8_0_BYTES);
+    } else if (type == EL_TYPE_Q4_0) {
+        el_quantize_q4_0_block(x, row + blk * EL_Q4_0_BYTES);
+    } else {
+        ((uint16_t *)row)[blk * EL_QK + lane] = el_f2h(x[lane]);
+    }
+}
+
+/* The quantized KV write, as el_kv_write in csrc/edge_kernels.h: each token's key and value rows
+ * into the cache rows its slot_mapping entry names (slots < 0 skipped), each block of 32 through
+ * its type's reference quantizer, so the cache bytes are the C kernel's. One warp per block of 32
+ * (blockIdx.x * 4 + warp) of token blockIdx.y; 128 threads. */
+extern "C" __global__ void el_cuda_kv_write_q(const float *k /* [n_tokens][kv_dim] */, const float *v /* [n_tokens][kv_dim] */,
+                                              uint8_t *k_cache /* [num_slots] rows of k_type */,
+                                              uint8_t *v_cache /* [num_slots] rows of v_type */, int32_t k_type,
+                                              int32_t v_type, int64_t k_row_bytes, int64_t v_row_bytes,
+                                              const int64_t *slot_mapping /* [n_tokens] */, int64_t n_tokens,
+                                              int64_t kv_dim) {
+    const int64_t t = blockIdx.y;
+    const int64_t blk = (int64_t)blockIdx.x * (blockDim.x / EL_WARP) + threadIdx.x / EL_WARP;
+    if (t >= n_tokens || blk >= kv_dim / EL_QK) return;
+    const int64_t slot = slot_mapping[t];
+    if (slot < 0) return;
+    el_kv_block(k + t * kv_dim + blk * EL_QK, k_cache + slot * k_row_bytes, blk, k_type);
+    el_kv_block(v + t * kv_dim + blk * EL_QK, v_cache + slot * v_row_bytes, blk, v_type);
+}
+
 extern "C" __global__ void el_cuda_quantize_f16(const float *x /* [n] */, uint16_t *y /* [n] */, int64_t n) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = el_f2h(x[i]);

@@ -3,17 +3,18 @@
 //! (`crate::model::forward`) runs on it unchanged.
 //!
 //! [`CudaBackend`] owns what lives on the device: the weights, uploaded once from the mmap as
-//! stored (quantized), the KV pool (per layer, keys and values [num_blocks][block_size][kv_dim]
-//! f16, the CPU `KvCache`'s layout), each step's batch integers, and an arena of activation
+//! stored (quantized), the KV pool (`super::kv_pool`: f16, q8_0 or q4_0, the CPU `KvCache`'s
+//! layout), each step's batch integers, and an arena of activation
 //! buffers: the forward pass asks for the same buffers in the same order every step, so the
 //! n-th request reuses the n-th buffer, reallocated only when a larger batch needs more.
 
 use anyhow::{bail, Context, Result};
 
 use super::kernels::{self as k, DevAttentionBatch, MatmulKernel};
+use super::kv_pool::KvPool;
 use super::launch::{CudaDevice, DevPtr};
 use crate::kernels::tensor_type::TensorType;
-use crate::kernels::{Activation, AttentionShape, Rope};
+use crate::kernels::{Activation, KvTypes, Rope};
 use crate::model::kv_cache::BlockId;
 use crate::model::{Backend, Batch, Loaded, Model, WeightStore};
 use std::sync::Arc;
@@ -67,9 +68,7 @@ struct Step<D: CudaDevice> {
 /// The model's KV pool and scratch on one CUDA device.
 pub struct CudaBackend<D: CudaDevice> {
     dev: D,
-    k_cache: Vec<D::Buf>,
-    v_cache: Vec<D::Buf>,
-    shape: AttentionShape,
+    kv: KvPool<D>,
     attn_scale: f32,
     /// The frequency factors of each distinct rope with factors or YaRN (all 1 for YaRN alone),
     /// uploaded at load: [rope_dim / 2] f32 each.
@@ -87,11 +86,12 @@ impl<D: CudaDevice> WeightStore for CudaBackend<D> {
     type Vector = DevVector<D>;
 }
 
-/// `model` on `dev`: a KV pool of `num_blocks` blocks of `block_size` tokens (the sizes the CPU
-/// `KvCache` would take) and the weights uploaded.
+/// `model` on `dev`: a KV pool of `num_blocks` blocks of `block_size` tokens of `kv_types` (the
+/// sizes the CPU `KvCache` would take; f16, q8_0 or q4_0) and the weights uploaded.
 pub fn load<D: CudaDevice>(
     dev: D,
     model: &Model,
+    kv_types: KvTypes,
     block_size: usize,
     num_blocks: usize,
 ) -> Result<Loaded<CudaBackend<D>>> {
@@ -99,7 +99,7 @@ pub fn load<D: CudaDevice>(
     if block_size == 0 || num_blocks == 0 {
         bail!("an empty KV pool");
     }
-    let kv_bytes = 2 * c.num_layers * num_blocks * block_size * c.kv_dim() * 2;
+    let kv_bytes = KvPool::<D>::bytes(c, kv_types, block_size, num_blocks);
     let weight_bytes = model.file.file_bytes() as usize;
     let (free, total) = dev.mem_info()?;
     if kv_bytes + weight_bytes > free {
@@ -131,13 +131,7 @@ pub fn load<D: CudaDevice>(
             })
         },
     )?;
-    let cache_len = num_blocks * block_size * c.kv_dim();
-    let caches = || {
-        (0..c.num_layers)
-            .map(|_| dev.zeros::<u16>(cache_len))
-            .collect::<Result<Vec<_>>>()
-    };
-    let (k_cache, v_cache) = (caches()?, caches()?);
+    let kv = KvPool::new(&dev, model, kv_types, block_size, num_blocks)?;
     let mut rope_factors: Vec<(Vec<f32>, D::Buf)> = Vec::new();
     for rope in c.layers.iter().filter_map(|l| l.rope.as_ref()) {
         if !is_extended(rope) {
@@ -153,15 +147,7 @@ pub fn load<D: CudaDevice>(
     }
     Ok(Loaded {
         backend: CudaBackend {
-            k_cache,
-            v_cache,
-            shape: AttentionShape {
-                n_heads: c.n_heads,
-                n_kv_heads: c.n_kv_heads,
-                head_dim: c.head_dim,
-                block_size,
-                num_blocks,
-            },
+            kv,
             attn_scale: c.attn_scale,
             rope_factors,
             arena: Vec::new(),
@@ -189,11 +175,16 @@ impl<D: CudaDevice> CudaBackend<D> {
     }
 
     pub fn block_size(&self) -> usize {
-        self.shape.block_size
+        self.kv.shape.block_size
+    }
+
+    /// What the KV pool holds keys and values in.
+    pub fn kv_types(&self) -> KvTypes {
+        self.kv.types
     }
 
     fn kv_dim(&self) -> usize {
-        self.shape.n_kv_heads * self.shape.head_dim
+        self.kv.kv_dim()
     }
 
     /// The next buffer of the arena, at least `bytes` long.
@@ -278,7 +269,7 @@ impl<D: CudaDevice> Backend for CudaBackend<D> {
         D: 'a;
 
     fn kv_pool(&self) -> (usize, usize) {
-        (self.shape.block_size, self.shape.num_blocks)
+        (self.kv.shape.block_size, self.kv.shape.num_blocks)
     }
 
     fn begin_step(&mut self, batch: &Batch) -> Result<()> {
@@ -461,17 +452,15 @@ impl<D: CudaDevice> Backend for CudaBackend<D> {
             bail!("kv_write: rows of {}, kv_dim {}", kk.width, self.kv_dim());
         }
         let slots = self.dev.ptr(&self.step()?.slots);
-        k::kv_write(
-            &self.dev,
-            kk.ptr,
-            v.ptr,
-            self.dev.ptr(&self.k_cache[layer]),
-            self.dev.ptr(&self.v_cache[layer]),
-            slots,
-            kk.n_rows,
-            kk.width,
-            self.shape.num_blocks * self.shape.block_size,
-        )
+        let scratch = match self.kv.turns_writes(layer) {
+            true => {
+                let bytes = kk.n_rows * kk.width * F32;
+                Some((self.alloc(bytes)?.1, self.alloc(bytes)?.1))
+            }
+            false => None,
+        };
+        self.kv
+            .write(&self.dev, layer, kk.ptr, v.ptr, slots, kk.n_rows, scratch)
     }
 
     fn attention(
@@ -490,13 +479,16 @@ impl<D: CudaDevice> Backend for CudaBackend<D> {
             token_seq: self.dev.ptr(&s.token_seq),
             context_lens: self.dev.ptr(&s.context_lens),
         };
-        k::paged_attention(
+        let turned_q = match self.kv.types.k_rotation(self.kv.shape.head_dim) {
+            Some(_) => Some(self.alloc(q.n_rows * q.width * F32)?.1),
+            None => None,
+        };
+        self.kv.attend(
             &self.dev,
-            out.ptr,
+            layer,
             q.ptr,
-            self.dev.ptr(&self.k_cache[layer]),
-            self.dev.ptr(&self.v_cache[layer]),
-            &self.shape,
+            turned_q,
+            out.ptr,
             &addressing,
             q.n_rows,
             self.attn_scale,
@@ -580,17 +572,6 @@ impl<D: CudaDevice> Backend for CudaBackend<D> {
 
     fn copy_block(&mut self, src: BlockId, dst: BlockId) -> Result<()> {
         self.dev.bind()?;
-        let block_elems = self.shape.block_size * self.kv_dim();
-        for cache in self.k_cache.iter().chain(self.v_cache.iter()) {
-            k::copy_block(
-                &self.dev,
-                self.dev.ptr(cache),
-                self.shape.num_blocks,
-                block_elems,
-                src.index(),
-                dst.index(),
-            )?;
-        }
-        Ok(())
+        self.kv.copy_block(&self.dev, src, dst)
     }
 }

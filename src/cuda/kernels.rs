@@ -7,7 +7,10 @@ use anyhow::{bail, Result};
 
 use super::launch::{Arg, DevPtr, Launch};
 use crate::kernels::tensor_type::{TensorType, QK};
-use crate::kernels::{Activation, AttentionShape, Rope, RopeStyle, Yarn};
+use crate::kernels::{Activation, Rope, RopeStyle, Yarn};
+
+mod kv;
+pub use kv::*;
 
 const F32: usize = 4;
 
@@ -366,96 +369,6 @@ pub fn glu(gpu: &dyn Launch, gate: DevPtr, up: DevPtr, n: usize, act: Activation
     )
 }
 
-/// Keys and values ([n_tokens][kv_dim] f32) into the f16 caches ([num_slots][kv_dim]) at
-/// `slots` (int64 [n_tokens]; the caller checked each is < num_slots).
-#[allow(clippy::too_many_arguments)]
-pub fn kv_write(
-    gpu: &dyn Launch,
-    k: DevPtr,
-    v: DevPtr,
-    k_cache: DevPtr,
-    v_cache: DevPtr,
-    slots: DevPtr,
-    n_tokens: usize,
-    kv_dim: usize,
-    num_slots: usize,
-) -> Result<()> {
-    let cache = num_slots * kv_dim * 2;
-    let args = [
-        Arg::Ptr(k.need(n_tokens * kv_dim * F32, "kv_write k")?),
-        Arg::Ptr(v.need(n_tokens * kv_dim * F32, "kv_write v")?),
-        Arg::Ptr(k_cache.need(cache, "kv_write k cache")?),
-        Arg::Ptr(v_cache.need(cache, "kv_write v cache")?),
-        Arg::Ptr(slots.need(n_tokens * 8, "kv_write slots")?),
-        Arg::I64(n_tokens as i64),
-        Arg::I64(kv_dim as i64),
-    ];
-    gpu.launch("el_cuda_kv_write", (n_tokens as u32, 1, 1), 256, &args)
-}
-
-/// The device side of `crate::kernels::AttentionBatch`: int32 arrays, checked by the caller on
-/// the host (block ids, sequence rows and context lengths in range).
-pub struct DevAttentionBatch {
-    pub block_tables: DevPtr,
-    pub max_blocks_per_seq: usize,
-    pub n_seqs: usize,
-    pub token_seq: DevPtr,
-    pub context_lens: DevPtr,
-}
-
-/// Paged attention of every (token, head); `q` and `out` [n_tokens][n_heads][head_dim].
-#[allow(clippy::too_many_arguments)]
-pub fn paged_attention(
-    gpu: &dyn Launch,
-    out: DevPtr,
-    q: DevPtr,
-    k_cache: DevPtr,
-    v_cache: DevPtr,
-    s: &AttentionShape,
-    b: &DevAttentionBatch,
-    n_tokens: usize,
-    scale: f32,
-    window: Option<usize>,
-) -> Result<()> {
-    if s.head_dim > 512 || s.n_kv_heads == 0 || !s.n_heads.is_multiple_of(s.n_kv_heads) {
-        bail!("attention shape {s:?}");
-    }
-    let qo = n_tokens * s.n_heads * s.head_dim * F32;
-    let cache = s.num_blocks * s.block_size * s.n_kv_heads * s.head_dim * 2;
-    let n_items = n_tokens * s.n_heads;
-    let window = window.map(|w| w.min(i32::MAX as usize) as i32).unwrap_or(0);
-    let args = [
-        Arg::Ptr(out.need(qo, "attention out")?),
-        Arg::Ptr(q.need(qo, "attention q")?),
-        Arg::Ptr(k_cache.need(cache, "attention k cache")?),
-        Arg::Ptr(v_cache.need(cache, "attention v cache")?),
-        Arg::Ptr(b.block_tables.need(
-            b.n_seqs * b.max_blocks_per_seq * 4,
-            "attention block tables",
-        )?),
-        Arg::Ptr(b.token_seq.need(n_tokens * 4, "attention token_seq")?),
-        Arg::Ptr(
-            b.context_lens
-                .need(n_tokens * 4, "attention context_lens")?,
-        ),
-        Arg::I64(s.n_heads as i64),
-        Arg::I64(s.n_kv_heads as i64),
-        Arg::I64(s.head_dim as i64),
-        Arg::I64(s.block_size as i64),
-        Arg::I64(b.max_blocks_per_seq as i64),
-        Arg::F32(scale),
-        Arg::I32(window),
-        Arg::I64(0),
-        Arg::I64(n_items as i64),
-    ];
-    gpu.launch(
-        "el_cuda_paged_attention",
-        (blocks(n_items, 4), 1, 1),
-        128,
-        &args,
-    )
-}
-
 /// `x[i] += y[i]` over `n`.
 pub fn add(gpu: &dyn Launch, x: DevPtr, y: DevPtr, n: usize) -> Result<()> {
     gpu.launch(
@@ -560,30 +473,4 @@ pub fn weighted_sum(
         Arg::I64(n as i64),
     ];
     gpu.launch("el_cuda_weighted_sum", (n_rows as u32, 1, 1), 256, &args)
-}
-
-/// Block `src` onto block `dst` of one layer's keys or values ([num_blocks][block_elems] f16).
-pub fn copy_block(
-    gpu: &dyn Launch,
-    cache: DevPtr,
-    num_blocks: usize,
-    block_elems: usize,
-    src: usize,
-    dst: usize,
-) -> Result<()> {
-    if src >= num_blocks || dst >= num_blocks || src == dst {
-        bail!("copy of KV block {src} onto {dst} in a pool of {num_blocks}");
-    }
-    let args = [
-        Arg::Ptr(cache.need(num_blocks * block_elems * 2, "copy_block")?),
-        Arg::I64(src as i64),
-        Arg::I64(dst as i64),
-        Arg::I64(block_elems as i64),
-    ];
-    gpu.launch(
-        "el_cuda_copy_block",
-        (blocks(block_elems, 256), 1, 1),
-        256,
-        &args,
-    )
 }

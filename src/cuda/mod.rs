@@ -10,6 +10,7 @@
 //! - `device`: finding a GPU without a panic, the context, the stream, launching.
 //! - `emu`: the same kernels compiled for the CPU (csrc/cuda/emu/), a device for tests.
 //! - `kernels`: launch wrappers that check every buffer against the kernel's shapes.
+//! - `kv_pool`: the paged KV pool on a device (f16, q8_0 or q4_0) and its key centers.
 //! - `backend`: [`CudaBackend`], the weights, KV pool and scratch on a device (the GPU, or the
 //!   emulator in tests), and [`load`] to put a model there.
 //!
@@ -19,6 +20,7 @@ pub mod backend;
 pub mod device;
 pub mod emu;
 pub mod kernels;
+pub mod kv_pool;
 pub mod launch;
 pub mod nvrtc;
 

@@ -55,6 +55,7 @@ pub fn entry_points(program: &str) -> Vec<String> {
                 .iter()
                 .map(|t| format!("el_cuda_quantize_{t}"))
                 .collect();
+            v.push("el_cuda_kv_write_q".into());
             for t in QUANT {
                 v.push(format!("el_cuda_mmv_{t}"));
                 v.push(format!("el_cuda_mm_{t}"));
@@ -74,6 +75,7 @@ pub fn entry_points(program: &str) -> Vec<String> {
             "el_cuda_geglu",
             "el_cuda_kv_write",
             "el_cuda_paged_attention",
+            "el_cuda_hadamard",
             "el_cuda_add",
             "el_cuda_add_bias",
             "el_cuda_scale",

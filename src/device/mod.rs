@@ -12,7 +12,7 @@ use std::io::IsTerminal;
 
 use anyhow::{bail, Result};
 
-use crate::kernels::{kv_type_name, KvTypes};
+use crate::kernels::{kv_type_name, KvTypes, CUDA_KV_TYPES};
 use crate::model::kv_cache::BlockId;
 use crate::model::{Batch, Cpu, Loaded, Model, StepOutput};
 
@@ -25,14 +25,17 @@ pub struct Placement {
 }
 
 impl Placement {
-    /// The placement to run on, its device `Cpu` or `Cuda`: the CUDA backend keeps an f16 KV
-    /// cache, so another cache type with `--device cuda` is refused in one line (before any
-    /// GPU is probed), and with `auto` runs on the CPU.
+    /// The placement to run on, its device `Cpu` or `Cuda`: the CUDA backend keeps an f16, q8_0
+    /// or q4_0 KV cache (`CUDA_KV_TYPES`), so another cache type with `--device cuda` is refused
+    /// in one line (before any GPU is probed), and with `auto` runs on the CPU.
     pub fn resolve(self) -> Result<Placement> {
-        let device = match (self.device, self.kv_types == KvTypes::F16) {
+        let on_cuda = [self.kv_types.k, self.kv_types.v]
+            .iter()
+            .all(|t| CUDA_KV_TYPES.contains(t));
+        let device = match (self.device, on_cuda) {
             (Device::Cuda, false) => bail!(
-                "--cache-type-k {} --cache-type-v {}: the CUDA backend keeps an f16 KV cache; \
-                 use f16 on CUDA or --device cpu",
+                "--cache-type-k {} --cache-type-v {}: the CUDA backend keeps f16, q8_0 or q4_0 \
+                 KV caches; use one of those on CUDA or --device cpu",
                 kv_type_name(self.kv_types.k),
                 kv_type_name(self.kv_types.v)
             ),
@@ -129,8 +132,8 @@ impl Executor {
 
     /// An executor on the placement's device (resolved first) with a KV pool of `num_blocks`
     /// blocks of `block_size` tokens of its cache types; on a GPU this uploads the weights.
-    /// Cache types the model's head size cannot hold are refused in one line, and so is a
-    /// quantized cache on CUDA (its kernels keep f16: [`Placement::resolve`]).
+    /// Cache types the model's head size cannot hold are refused in one line, and so is a cache
+    /// type the CUDA kernels do not keep, on CUDA ([`Placement::resolve`]).
     pub fn new(
         model: &Model,
         placement: impl Into<Placement>,
@@ -146,7 +149,7 @@ impl Executor {
             .check(model.config.head_dim)
             .map_err(anyhow::Error::msg)?;
         match placement.resolve()?.device {
-            Device::Cuda => Self::cuda(model, block_size, num_blocks),
+            Device::Cuda => Self::cuda(model, kv_types, block_size, num_blocks),
             _ => Ok(Executor::Cpu(Box::new(
                 model.on_cpu(kv_types, block_size, num_blocks),
             ))),
@@ -154,22 +157,28 @@ impl Executor {
     }
 
     #[cfg(feature = "cuda")]
-    fn cuda(model: &Model, block_size: usize, num_blocks: usize) -> Result<Executor> {
+    fn cuda(
+        model: &Model,
+        kv_types: KvTypes,
+        block_size: usize,
+        num_blocks: usize,
+    ) -> Result<Executor> {
         use anyhow::Context;
         let gpu = crate::cuda::Gpu::new()?;
         let name = gpu.name.clone();
-        let m = crate::cuda::load(gpu, model, block_size, num_blocks)
+        let m = crate::cuda::load(gpu, model, kv_types, block_size, num_blocks)
             .with_context(|| format!("loading the model onto {name}"))?;
         Ok(Executor::Cuda(Box::new(m)))
     }
 
     #[cfg(not(feature = "cuda"))]
-    fn cuda(_: &Model, _: usize, _: usize) -> Result<Executor> {
+    fn cuda(_: &Model, _: KvTypes, _: usize, _: usize) -> Result<Executor> {
         cuda_probe()?;
         bail!("CUDA support is not built in")
     }
 
-    /// The CUDA backend on the emulator of its kernels (`crate::cuda::Emu`), for tests.
+    /// The CUDA backend on the emulator of its kernels (`crate::cuda::Emu`), for tests: an f16
+    /// KV pool.
     #[cfg(feature = "cuda")]
     pub fn cuda_emulated(
         model: &Model,
@@ -177,7 +186,19 @@ impl Executor {
         block_size: usize,
         num_blocks: usize,
     ) -> Result<Executor> {
-        let m = crate::cuda::load(emu, model, block_size, num_blocks)?;
+        Self::cuda_emulated_as(model, emu, KvTypes::F16, block_size, num_blocks)
+    }
+
+    /// [`Executor::cuda_emulated`] with a KV pool of `kv_types` (refused as on a GPU).
+    #[cfg(feature = "cuda")]
+    pub fn cuda_emulated_as(
+        model: &Model,
+        emu: crate::cuda::Emu,
+        kv_types: KvTypes,
+        block_size: usize,
+        num_blocks: usize,
+    ) -> Result<Executor> {
+        let m = crate::cuda::load(emu, model, kv_types, block_size, num_blocks)?;
         Ok(Executor::CudaEmulated(Box::new(m)))
     }
 
@@ -207,12 +228,14 @@ impl Executor {
         }
     }
 
-    /// What the KV pool holds keys and values in (the CUDA pool: f16 only).
+    /// What the KV pool holds keys and values in.
     pub fn kv_types(&self) -> KvTypes {
         match self {
             Executor::Cpu(m) => m.backend.kv().types,
             #[cfg(feature = "cuda")]
-            Executor::Cuda(_) | Executor::CudaEmulated(_) => KvTypes::F16,
+            Executor::Cuda(m) => m.backend.kv_types(),
+            #[cfg(feature = "cuda")]
+            Executor::CudaEmulated(m) => m.backend.kv_types(),
         }
     }
 

@@ -26,6 +26,10 @@ pub const KV_TYPES: [TensorType; 8] = [
     TensorType::IQ4_NL,
 ];
 
+/// The types the CUDA backend's KV cache may hold (src/cuda: el_cuda_kv_write_q quantizes them,
+/// el_cuda_paged_attention reads them); `--device cuda` refuses the others.
+pub const CUDA_KV_TYPES: [TensorType; 3] = [TensorType::F16, TensorType::Q8_0, TensorType::Q4_0];
+
 /// The cache types of keys and of values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct KvTypes {

@@ -52,7 +52,10 @@ pub fn key_centers(
 
 /// The mean over `positions` of `bias` after the rotary embedding at each of them.
 fn mean_after_rope(bias: &[f32], positions: &[i32], n_heads: usize, rope: &Rope) -> Vec<f32> {
-    let mut rows: Vec<f32> = positions.iter().flat_map(|_| bias.iter().copied()).collect();
+    let mut rows: Vec<f32> = positions
+        .iter()
+        .flat_map(|_| bias.iter().copied())
+        .collect();
     kernels::rope(&mut rows, positions, n_heads, rope);
     let mut sum = vec![0.0f64; bias.len()];
     for row in rows.chunks_exact(bias.len()) {
@@ -60,7 +63,9 @@ fn mean_after_rope(bias: &[f32], positions: &[i32], n_heads: usize, rope: &Rope)
             *s += x as f64;
         }
     }
-    sum.iter().map(|s| (s / positions.len() as f64) as f32).collect()
+    sum.iter()
+        .map(|s| (s / positions.len() as f64) as f32)
+        .collect()
 }
 
 #[cfg(test)]
@@ -83,7 +88,10 @@ mod tests {
         let positions: Vec<i32> = (0..1024).map(|i| i * 32).collect();
         let c = mean_after_rope(&bias, &positions, 1, &rope);
         // Pair 31 (dims 31 and 63) turns by about 1.5e-6 per position: nearly the bias.
-        assert!((c[31] - 100.0).abs() < 15.0 && (c[63] - 100.0).abs() < 15.0, "{c:?}");
+        assert!(
+            (c[31] - 100.0).abs() < 15.0 && (c[63] - 100.0).abs() < 15.0,
+            "{c:?}"
+        );
         // Pair 0 turns by one radian per position: its mean is small.
         assert!(c[0].abs() < 5.0 && c[32].abs() < 5.0, "{c:?}");
     }

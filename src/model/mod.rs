@@ -15,6 +15,7 @@ pub mod config;
 pub mod cpu;
 pub mod encoder;
 pub mod forward;
+pub mod key_centers;
 pub mod kv_cache;
 pub mod moe;
 pub mod pooling;
@@ -87,9 +88,22 @@ impl Model {
         block_size: usize,
         num_blocks: usize,
     ) -> Loaded<Cpu> {
+        let mut backend = Cpu::new(&self.config, kv_types, block_size, num_blocks);
+        if kv_types.k.block_size() > 1 {
+            backend.set_key_centers(self.key_centers());
+        }
         Loaded {
-            backend: Cpu::new(&self.config, kv_types, block_size, num_blocks),
+            backend,
             weights: self.cpu_weights(),
         }
+    }
+
+    /// Each layer's key center, [kv_dim] or none (`key_centers`): what a quantized K cache
+    /// subtracts from every key, on any backend.
+    pub fn key_centers(&self) -> Vec<Option<Vec<f32>>> {
+        let layers = &self.weights.layers;
+        let k_biases: Vec<Option<&[f32]>> = layers.iter().map(|l| l.wk.bias.as_deref()).collect();
+        let k_normed: Vec<bool> = layers.iter().map(|l| l.attn_k_norm.is_some()).collect();
+        key_centers::key_centers(&self.config, &k_biases, &k_normed)
     }
 }

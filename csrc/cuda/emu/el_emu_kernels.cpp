@@ -173,6 +173,8 @@ static const el_entry EL_TABLE[] = {
     EL_KERNEL(el_cuda_geglu),
     EL_KERNEL(el_cuda_kv_write),
     EL_KERNEL(el_cuda_paged_attention),
+    EL_KERNEL(el_cuda_hadamard),
+    EL_KERNEL(el_cuda_kv_write_q),
     EL_KERNEL(el_cuda_add),
     EL_KERNEL(el_cuda_add_bias),
     EL_KERNEL(el_cuda_scale),
