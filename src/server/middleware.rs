@@ -111,10 +111,19 @@ impl Drop for HangUpGuard {
 /// (a browser cannot send the header when it opens the page; the page then asks for the key).
 pub async fn require_api_key(
     State(state): State<Arc<AppState>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    check_api_key(&state.api_keys, req, next).await
+}
+
+/// [`require_api_key`] against `api_keys` (the encoder server's guard too).
+pub(super) async fn check_api_key(
+    api_keys: &[(String, u64)],
     mut req: Request,
     next: Next,
 ) -> Response {
-    if state.api_keys.is_empty() {
+    if api_keys.is_empty() {
         return next.run(req).await;
     }
     if req.uri().path() == "/health" || super::webui::is_public(req.uri().path()) {
@@ -135,7 +144,7 @@ pub async fn require_api_key(
         .map(str::trim);
     // Every key is compared, so the time taken does not tell which one matched.
     let matched = given.and_then(|given| {
-        state.api_keys.iter().fold(None, |found, (key, salt)| {
+        api_keys.iter().fold(None, |found, (key, salt)| {
             let same = same_secret(given.as_bytes(), key.as_bytes());
             found.or(same.then_some(*salt))
         })

@@ -19,6 +19,9 @@
 //! - `router_api`: `/render`, `/get_load` and vLLM's gauges, for routers in front of workers.
 //! - `llama_routes`: llama-server's discovery routes, `/props`, `/apply-template`, `/slots`.
 //! - `embeddings`: `/v1/embeddings` (OpenAI's), `/embedding` and `/embeddings` (llama-server's).
+//! - `rerank`: `/v1/rerank` and its aliases (a reranker's; refused on a decoder).
+//! - `encoder_server`: the whole server of an encoder model (bert, nomic-bert): embeddings and
+//!   rerank on the encoder's worker, the generation routes refused.
 //!
 //! Called by `main.rs` (`edge-llm serve`). A sibling of `crate::cli`: neither imports the other;
 //! the flags both take live in `crate::flags`.
@@ -27,6 +30,7 @@ mod beam;
 pub(crate) mod body;
 pub(crate) mod cache_routes;
 mod embeddings;
+mod encoder_server;
 pub(crate) mod error;
 pub mod kv_publisher;
 mod listener;
@@ -39,6 +43,7 @@ mod metrics;
 mod middleware;
 mod origin;
 mod planner;
+mod rerank;
 mod response;
 mod response_store;
 mod responses;
@@ -237,6 +242,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/embeddings", post(embeddings::v1_embeddings))
         .route("/embeddings", post(embeddings::embedding))
         .route("/embedding", post(embeddings::embedding))
+        .route("/v1/rerank", post(rerank::refuse))
+        .route("/rerank", post(rerank::refuse))
+        .route("/v1/reranking", post(rerank::refuse))
+        .route("/reranking", post(rerank::refuse))
         // llama-server's discovery routes (`llama_routes`).
         .route("/props", get(llama_routes::props))
         .route("/completion", post(llama_completion::completion))
@@ -303,6 +312,10 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         .next()
         .with_context(|| format!("--host {} resolves to no address", args.host))?;
     args.threads.init()?;
+    let path = args.model.path()?;
+    if crate::flags::embedding::is_encoder_file(&path)? {
+        return encoder_server::serve(args, &path, addr, limits, api_keys);
+    }
     let model = args.model.load()?;
     let embedding = embeddings::EmbeddingSetup {
         pooling: args.embedding.pooling(&model.file)?,
