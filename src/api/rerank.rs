@@ -64,7 +64,10 @@ pub fn plan(map: &Map<String, Value>) -> Result<RerankPlan, RequestError> {
                 Value::String(s) => Ok(s.clone()),
                 other => Err(RequestError::invalid(
                     field,
-                    format!("\"{field}[{i}]\" must be a string, not {}", type_name(other)),
+                    format!(
+                        "\"{field}[{i}]\" must be a string, not {}",
+                        type_name(other)
+                    ),
                 )),
             })
             .collect::<Result<Vec<_>, _>>()?,
@@ -139,12 +142,19 @@ mod tests {
 
     #[test]
     fn sorts_best_first_and_keeps_top_n() {
-        let p = plan(&body(json!({"query": "q", "documents": ["a", "b", "c"], "top_n": 2,
-            "return_documents": true})))
+        let p = plan(&body(
+            json!({"query": "q", "documents": ["a", "b", "c"], "top_n": 2,
+            "return_documents": true}),
+        ))
         .unwrap();
         let r = response(&p, &[(0.1, 3), (0.9, 4), (0.5, 5)], "m");
         assert_eq!(r["usage"]["prompt_tokens"], 12);
-        let idx: Vec<u64> = r["results"].as_array().unwrap().iter().map(|x| x["index"].as_u64().unwrap()).collect();
+        let idx: Vec<u64> = r["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x["index"].as_u64().unwrap())
+            .collect();
         assert_eq!(idx, [1, 2]);
         assert_eq!(r["results"][0]["document"]["text"], "b");
         assert_eq!(r["model"], "m");
@@ -158,8 +168,14 @@ mod tests {
             (json!({"query": "q", "documents": []}), "documents"),
             (json!({"query": "q"}), "documents"),
             (json!({"query": "q", "documents": ["a", 2]}), "documents"),
-            (json!({"query": "q", "documents": ["a"], "top_n": -1}), "top_n"),
-            (json!({"query": "q", "documents": ["a"], "return_documents": "yes"}), "return_documents"),
+            (
+                json!({"query": "q", "documents": ["a"], "top_n": -1}),
+                "top_n",
+            ),
+            (
+                json!({"query": "q", "documents": ["a"], "return_documents": "yes"}),
+                "return_documents",
+            ),
         ] {
             let e = plan(&body(b.clone())).unwrap_err();
             assert_eq!(e.param.as_deref(), Some(field), "{b}");
@@ -169,8 +185,14 @@ mod tests {
 
     #[test]
     fn tei_shape() {
-        let p = plan(&body(json!({"query": "q", "texts": ["a", "b"], "return_text": true}))).unwrap();
+        let p = plan(&body(
+            json!({"query": "q", "texts": ["a", "b"], "return_text": true}),
+        ))
+        .unwrap();
         let r = response(&p, &[(0.1, 1), (0.2, 1)], "m");
-        assert_eq!(r, json!([{"index": 1, "score": 0.2f32 as f64, "text": "b"}, {"index": 0, "score": 0.1f32 as f64, "text": "a"}]));
+        assert_eq!(
+            r,
+            json!([{"index": 1, "score": 0.2f32 as f64, "text": "b"}, {"index": 0, "score": 0.1f32 as f64, "text": "a"}])
+        );
     }
 }

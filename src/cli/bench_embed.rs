@@ -43,7 +43,11 @@ pub fn run(args: &BenchArgs, num_sentences: usize) -> Result<()> {
         Embedder::Decoder(_) => Pooling::Last,
         Embedder::Encoder(e) => {
             vocab = e.config().vocab_size as u64;
-            if pooling == Pooling::None { Pooling::Mean } else { pooling }
+            if pooling == Pooling::None {
+                Pooling::Mean
+            } else {
+                pooling
+            }
         }
     };
     let mut rng = Rng::new(1234);

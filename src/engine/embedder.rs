@@ -85,9 +85,12 @@ impl Embedding {
                 }
                 Err("the engine ended the request early".into())
             }
-            Embedding::Encoder { ticket, num_tokens } => {
-                vectors_of(ticket.await.map_err(|_| "the encoder stopped".to_string())?, num_tokens)
-            }
+            Embedding::Encoder { ticket, num_tokens } => vectors_of(
+                ticket
+                    .await
+                    .map_err(|_| "the encoder stopped".to_string())?,
+                num_tokens,
+            ),
         }
     }
 

@@ -121,9 +121,9 @@ impl EncoderHandle {
 fn run(encoder: &Encoder, job: Job) {
     let n_embd = encoder.config.n_embd;
     let out = match job.work {
-        Work::Embed(pooling) => encoder.embed(&job.tokens, pooling, -1).map(|v| {
-            EncoderOutput::Vectors(v.chunks_exact(n_embd).map(<[f32]>::to_vec).collect())
-        }),
+        Work::Embed(pooling) => encoder
+            .embed(&job.tokens, pooling, -1)
+            .map(|v| EncoderOutput::Vectors(v.chunks_exact(n_embd).map(<[f32]>::to_vec).collect())),
         Work::Score => encoder.score(&job.tokens).map(EncoderOutput::Score),
     };
     // The caller may have gone (its client hung up): nothing to answer then.

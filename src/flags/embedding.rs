@@ -80,8 +80,7 @@ pub fn encoder_pooling(args: &EmbeddingArgs, encoder: &Encoder, path: &Path) -> 
 /// Whether `path` is an encoder's file (bert, nomic-bert): served by the encoder's worker,
 /// not the engine.
 pub fn is_encoder_file(path: &Path) -> Result<bool> {
-    let file =
-        GgufFile::open(path).with_context(|| format!("opening model {}", path.display()))?;
+    let file = GgufFile::open(path).with_context(|| format!("opening model {}", path.display()))?;
     Ok(crate::model::encoder::is_encoder(&file))
 }
 

@@ -197,7 +197,11 @@ pub fn serve(
         path.display(),
         encoder.config.architecture,
         encoder.config.num_layers,
-        if encoder.head.is_some() { " and rerank" } else { "" },
+        if encoder.head.is_some() {
+            " and rerank"
+        } else {
+            ""
+        },
         pooling.as_str()
     );
     let model_id = match &args.alias {
@@ -234,7 +238,11 @@ pub fn serve(
         let local = listener.local_addr()?;
         eprintln!(
             "edge-llm serve: model `{model_id}` listening on http://{local}{}",
-            if state.api_keys.is_empty() { "" } else { " (API key required)" }
+            if state.api_keys.is_empty() {
+                ""
+            } else {
+                " (API key required)"
+            }
         );
         listener::serve(listener, router(state), limits, super::shutdown_signal()).await;
         anyhow::Ok(())

@@ -105,7 +105,10 @@ impl Encoder {
     /// classifier head over the CLS token's hidden state. Errors on an embedding model.
     pub fn score(&self, tokens: &[u32]) -> Result<f32> {
         let Some(head) = &self.head else {
-            bail!("this model is not a reranker ({}.pooling_type is not rank)", self.config.architecture);
+            bail!(
+                "this model is not a reranker ({}.pooling_type is not rank)",
+                self.config.architecture
+            );
         };
         let hidden = self.encode(tokens)?;
         Ok(head.score(&self.file, &hidden[..self.config.n_embd]))
