@@ -2,9 +2,9 @@
 //! `/v1/embeddings` and `/embedding` with llama.cpp's pooled, normalized vectors
 //! (tests/synth/encoder-<case>.json, scripts/synth/encoder_refs.sh), batched equal to single bit
 //! for bit, to the real `openai` client too; `edge-llm embed` and `bench --embed` run on them;
-//! a reranker (the synthetic bert_rerank.gguf of scripts/synth/reranker.py) answers
-//! `/v1/rerank` and its aliases with llama-server's scores and order
-//! (tests/synth/rerank-bert.json, scripts/synth/reranker_refs.sh); bad rerank bodies are
+//! rerankers (the synthetic bert_rerank.gguf and qwen3_rerank.gguf of scripts/synth/reranker.py)
+//! answer `/v1/rerank` and its aliases with llama-server's scores and order
+//! (tests/synth/rerank-{bert,qwen3}.json, scripts/synth/reranker_refs.sh); bad rerank bodies are
 //! one-line 400s naming the field; a model that is not a reranker refuses the route, an
 //! encoder refuses the generation routes, and `--rerank` on a non-reranker refuses to start.
 
@@ -289,17 +289,10 @@ fn openai_client_embed_pipe_and_bench_on_an_encoder() {
     assert!(text.contains("| 64 |"), "{text}");
 }
 
-/// `/v1/rerank` (and its aliases) on the synthetic reranker: llama-server's scores within
-/// SCORE_BUDGET, its order, its usage; `top_n`, `return_documents`, TEI's `texts`.
-#[test]
-fn rerank_equals_llama_server() {
-    let r = json_file("tests/synth/rerank-bert.json");
-    let Some(path) = synth_file(&r) else {
-        return;
-    };
-    let Some(server) = serve(&path, &["--rerank"]) else {
-        return;
-    };
+/// Each case of a rerank reference through `server`: llama-server's scores within
+/// SCORE_BUDGET, its order and usage, on every alias; one document alone scores as in the
+/// batch, bit for bit. Returns the worst score difference.
+fn check_rerank_reference(server: &Server, r: &Value) -> f64 {
     let mut worst = 0.0f64;
     for case in r["cases"].as_array().unwrap() {
         let (status, got) = server.post("/v1/rerank", &case["request"]);
@@ -324,7 +317,53 @@ fn rerank_equals_llama_server() {
         for alias in ["/rerank", "/v1/reranking", "/reranking"] {
             assert_eq!(server.post(alias, &case["request"]).1, got, "{alias}");
         }
+        let best = &g[0];
+        let i = best["index"].as_u64().unwrap() as usize;
+        let alone = json!({"query": case["request"]["query"], "documents": [case["request"]["documents"][i]]});
+        let (_, one) = server.post("/v1/rerank", &alone);
+        assert_eq!(
+            one["results"][0]["relevance_score"], best["relevance_score"],
+            "a document alone scores differently than in a batch"
+        );
     }
+    worst
+}
+
+/// A decoder reranker (Qwen3-Reranker's layout: the rerank prompt, `cls.output` from the yes/no
+/// rows, softmax) through the engine: llama-server's scores and order.
+#[test]
+fn decoder_rerank_equals_llama_server() {
+    let r = json_file("tests/synth/rerank-qwen3.json");
+    let Some(path) = synth_file(&r) else {
+        return;
+    };
+    let Some(server) = serve(&path, &["--rerank"]) else {
+        return;
+    };
+    let worst = check_rerank_reference(&server, &r);
+    eprintln!("qwen3 rerank: worst |score - llama-server's| = {worst:e}");
+    assert_error(
+        &server,
+        "/v1/rerank",
+        br#"{"query":"q","documents":[]}"#,
+        400,
+        Some("documents"),
+        "non-empty",
+    );
+}
+
+/// `/v1/rerank` (and its aliases) on the synthetic bert reranker: llama-server's scores within
+/// SCORE_BUDGET, its order, its usage; `top_n`, `return_documents`, TEI's `texts`; errors.
+#[test]
+fn rerank_equals_llama_server() {
+    let r = json_file("tests/synth/rerank-bert.json");
+    let Some(path) = synth_file(&r) else {
+        return;
+    };
+    let Some(server) = serve(&path, &["--rerank"]) else {
+        return;
+    };
+    let worst = check_rerank_reference(&server, &r);
     eprintln!("rerank: worst |score - llama-server's| = {worst:e}");
     let req = &r["cases"][0]["request"];
     let mut body = req.clone();

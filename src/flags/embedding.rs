@@ -48,12 +48,16 @@ impl EmbeddingArgs {
     /// else the file's `{arch}.pooling_type`, else last (a decoder's last token has seen the
     /// whole prompt; llama.cpp would pool nothing and refuse `/v1/embeddings`).
     pub fn pooling(&self, file: &GgufFile) -> Result<Pooling> {
-        if self.wants_rank() {
+        let rank = Pooling::is_rank(file);
+        if self.wants_rank() && !rank {
             bail!(
-                "--rerank: {} is not a reranker (rerankers are encoder GGUFs, bert or nomic-bert, \
-                 whose pooling_type is rank)",
+                "--rerank: {} is not a reranker (its pooling_type is not rank)",
                 file.path().display()
             );
+        }
+        // A decoder reranker's embedding is its last token's (what its score reads).
+        if rank && self.pooling.as_deref().is_none_or(|p| p == "rank") {
+            return Ok(Pooling::Last);
         }
         if let Some(p) = &self.pooling {
             return Pooling::parse(p).context("--pooling");

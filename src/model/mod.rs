@@ -18,6 +18,7 @@ pub mod forward;
 pub mod kv_cache;
 pub mod moe;
 pub mod pooling;
+pub mod rank;
 pub mod weights;
 
 use std::path::Path;

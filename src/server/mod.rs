@@ -207,6 +207,8 @@ pub struct AppState {
     pub allowed_hosts: origin::AllowedHosts,
     /// The Responses API's kept responses (`store`, `previous_response_id`).
     pub responses: response_store::ResponseStore,
+    /// A reranker's head (Qwen3-Reranker: pooling_type rank), for `/v1/rerank`.
+    pub reranker: Option<Arc<crate::model::rank::DecoderHead>>,
 }
 
 impl AppState {
@@ -242,10 +244,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/embeddings", post(embeddings::v1_embeddings))
         .route("/embeddings", post(embeddings::embedding))
         .route("/embedding", post(embeddings::embedding))
-        .route("/v1/rerank", post(rerank::refuse))
-        .route("/rerank", post(rerank::refuse))
-        .route("/v1/reranking", post(rerank::refuse))
-        .route("/reranking", post(rerank::refuse))
+        .route("/v1/rerank", post(rerank::decoder))
+        .route("/rerank", post(rerank::decoder))
+        .route("/v1/reranking", post(rerank::decoder))
+        .route("/reranking", post(rerank::decoder))
         // llama-server's discovery routes (`llama_routes`).
         .route("/props", get(llama_routes::props))
         .route("/completion", post(llama_completion::completion))
@@ -317,6 +319,13 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         return encoder_server::serve(args, &path, addr, limits, api_keys);
     }
     let model = args.model.load()?;
+    let reranker = crate::model::rank::DecoderHead::from_gguf(
+        &model.file,
+        &model.tokenizer,
+        model.config.n_embd,
+    )
+    .with_context(|| format!("reading the reranker head of {}", path.display()))?
+    .map(Arc::new);
     let embedding = embeddings::EmbeddingSetup {
         pooling: args.embedding.pooling(&model.file)?,
         normalize: args.embedding.embd_normalize,
@@ -425,6 +434,7 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         pin_budget_tokens: args.pin_budget_tokens.unwrap_or(pin_limit_tokens),
         planner: planner::Planner::new(args.max_planning, planner::NUM_PLANNER_THREADS),
         responses: Default::default(),
+        reranker,
     });
     let max_planning = args.max_planning;
     let runtime = tokio::runtime::Builder::new_multi_thread()

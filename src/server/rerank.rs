@@ -1,64 +1,58 @@
 //! `POST /v1/rerank` (and llama-server's `/rerank`, `/reranking`, `/v1/reranking`): a query
 //! scored against each document by a reranker (`crate::api::rerank` reads the body and writes
-//! the answer). Only an encoder server with a reranking model answers it
-//! (`super::encoder_server`); the decoder server refuses it in one line ([`refuse`]).
+//! the answer). Two kinds: an encoder reranker (bert with a classifier head, on the encoder's
+//! worker: [`answer`], from `super::encoder_server`) and a decoder reranker (Qwen3-Reranker: the
+//! engine computes each pair's last hidden state, batched with whatever else runs, and
+//! `model::rank::DecoderHead` scores it: [`decoder`]). Any other model refuses in one line.
 
 use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::Json;
+use axum::{Extension, Json};
 use serde_json::Value;
 
 use super::body::json_object;
 use super::error::ApiError;
+use super::middleware::RequestInfo;
 use super::planner::Planner;
 use super::AppState;
-use crate::api::rerank;
+use crate::api::rerank::{self, RerankPlan};
 use crate::engine::encoder::EncoderOutput;
-use crate::engine::EncoderHandle;
+use crate::engine::{EncoderHandle, Pooling};
 
 type Body = Result<Bytes, BytesRejection>;
 
 /// Why `model_id` cannot rerank.
 pub(super) fn not_a_reranker(model_id: &str) -> ApiError {
     ApiError::bad_request(format!(
-        "model `{model_id}` is not a reranker: /v1/rerank needs a reranking model (a bert or \
-         nomic-bert GGUF whose pooling_type is rank, with its cls head)"
+        "model `{model_id}` is not a reranker: /v1/rerank needs a reranking model (pooling_type \
+         rank: a bert with its cls head, or a Qwen3-Reranker)"
     ))
     .with_code("not_supported")
 }
 
-/// The decoder server's answer on the rerank routes.
-pub async fn refuse(State(state): State<Arc<AppState>>) -> ApiError {
-    not_a_reranker(&state.model_id)
-}
-
-/// Scores every document against the query on the encoder's worker (all queued at once) and
-/// answers best first.
-pub(super) async fn answer(
-    encoder: &EncoderHandle,
+/// Reads the body on the planner pool and tokenizes every pair with `pair` (at most `max`
+/// tokens each).
+async fn plan_pairs<P>(
     planner: &Planner,
-    model_id: &str,
     max_body_bytes: usize,
+    max: usize,
+    pair: P,
     body: Body,
-) -> Result<Json<Value>, ApiError> {
-    if !encoder.is_reranker() {
-        return Err(not_a_reranker(model_id));
-    }
-    let planned = encoder.clone();
-    let (plan, pairs) = planner
+) -> Result<(RerankPlan, Vec<Vec<u32>>), ApiError>
+where
+    P: Fn(&str, &str) -> anyhow::Result<Vec<u32>> + Send + 'static,
+{
+    planner
         .run(move || {
             let map = json_object(body, max_body_bytes)?;
             let plan = rerank::plan(&map)?;
             let field = if plan.tei { "texts" } else { "documents" };
-            let max = planned.config().n_ctx_train;
             let mut pairs = Vec::with_capacity(plan.documents.len());
             for (i, doc) in plan.documents.iter().enumerate() {
-                let tokens = planned
-                    .encoder()
-                    .pair_tokens(&plan.query, doc)
+                let tokens = pair(&plan.query, doc)
                     .map_err(|e| ApiError::invalid(field, format!("{field}[{i}]: {e:#}")))?;
                 if tokens.len() > max {
                     return Err(ApiError::invalid(
@@ -73,7 +67,58 @@ pub(super) async fn answer(
             }
             Ok((plan, pairs))
         })
-        .await?;
+        .await
+}
+
+/// The decoder server's rerank routes: a Qwen3-style reranker's scores, or the refusal.
+pub async fn decoder(
+    State(state): State<Arc<AppState>>,
+    Extension(info): Extension<RequestInfo>,
+    body: Body,
+) -> Result<Json<Value>, ApiError> {
+    let Some(head) = state.reranker.clone() else {
+        return Err(not_a_reranker(&state.model_id));
+    };
+    let engine = state.engine.clone();
+    let pair = move |q: &str, d: &str| head.format.tokens(engine.tokenizer(), q, d);
+    let max = state.engine.max_seq_len();
+    let (plan, pairs) = plan_pairs(&state.planner, state.max_body_bytes, max, pair, body).await?;
+    let embedder = crate::engine::Embedder::Decoder(state.engine.clone());
+    let mut pending = Vec::with_capacity(pairs.len());
+    for tokens in pairs {
+        let embedding = embedder
+            .submit(tokens, Pooling::Last, info.cache_key)
+            .map_err(|e| ApiError::from_submit(e, "documents"))?;
+        pending.push(embedding);
+    }
+    let head = state.reranker.as_ref().expect("checked above");
+    let mut scores = Vec::with_capacity(pending.len());
+    for embedding in pending {
+        let (vectors, n) = embedding
+            .wait()
+            .await
+            .map_err(|e| ApiError::internal(format!("rerank failed: {e}")))?;
+        scores.push((head.score(&vectors[0]), n));
+    }
+    Ok(Json(rerank::response(&plan, &scores, &state.model_id)))
+}
+
+/// An encoder reranker's answer: every pair scored on the encoder's worker (all queued at once),
+/// best first.
+pub(super) async fn answer(
+    encoder: &EncoderHandle,
+    planner: &Planner,
+    model_id: &str,
+    max_body_bytes: usize,
+    body: Body,
+) -> Result<Json<Value>, ApiError> {
+    if !encoder.is_reranker() {
+        return Err(not_a_reranker(model_id));
+    }
+    let planned = encoder.clone();
+    let pair = move |q: &str, d: &str| planned.encoder().pair_tokens(q, d);
+    let max = encoder.config().n_ctx_train;
+    let (plan, pairs) = plan_pairs(planner, max_body_bytes, max, pair, body).await?;
     let mut pending = Vec::with_capacity(pairs.len());
     for tokens in pairs {
         let n = tokens.len();
