@@ -33,7 +33,8 @@ pub struct EmbeddingArgs {
     )]
     pub embd_normalize: i32,
     /// Serve a reranker's /v1/rerank (llama-server's flag; implies pooling rank): the model
-    /// must be one (an encoder GGUF whose pooling_type is rank); a reranker always serves it
+    /// must be one (pooling_type rank: a bert with a cls head, a Qwen3-Reranker); a reranker
+    /// serves it without the flag too
     #[arg(long = "rerank", alias = "reranking")]
     pub rerank: bool,
 }

@@ -79,8 +79,8 @@ pub async fn decoder(
     let Some(head) = state.reranker.clone() else {
         return Err(not_a_reranker(&state.model_id));
     };
-    let engine = state.engine.clone();
-    let pair = move |q: &str, d: &str| head.format.tokens(engine.tokenizer(), q, d);
+    let (engine, format) = (state.engine.clone(), head.format.clone());
+    let pair = move |q: &str, d: &str| format.tokens(engine.tokenizer(), q, d);
     let max = state.engine.max_seq_len();
     let (plan, pairs) = plan_pairs(&state.planner, state.max_body_bytes, max, pair, body).await?;
     let embedder = crate::engine::Embedder::Decoder(state.engine.clone());
@@ -91,7 +91,6 @@ pub async fn decoder(
             .map_err(|e| ApiError::from_submit(e, "documents"))?;
         pending.push(embedding);
     }
-    let head = state.reranker.as_ref().expect("checked above");
     let mut scores = Vec::with_capacity(pending.len());
     for embedding in pending {
         let (vectors, n) = embedding
