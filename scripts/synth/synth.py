@@ -36,6 +36,7 @@ import numpy as np
 import gguf
 
 import encoder  # scripts/synth/encoder.py: the encoder cases
+import reranker  # scripts/synth/reranker.py: the bert reranker
 
 SMOLLM2 = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 QWEN25 = "models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
@@ -351,6 +352,7 @@ def main():
             build(case, os.path.join(out, f"{case}.gguf"))
             print(os.path.join(out, f"{case}.gguf"))
         encoder.models(out)  # bert.gguf, nomic_bert.gguf (tests/encoder_models.rs)
+        reranker.models(out)  # bert_rerank.gguf (tests/encoder_server.rs)
         for t in IQ_TYPES:
             if os.path.exists(iq_blocks(t)):
                 build("iq_base", os.path.join(out, f"iq_base-{t}.gguf"), iq_blocks(t))

@@ -28,6 +28,7 @@ pub mod reasoning;
 pub mod reply;
 pub mod reply_stream;
 pub mod request;
+pub mod rerank;
 pub mod responses;
 mod responses_tools;
 pub mod sampling_fields;

@@ -2,7 +2,7 @@
 //! `-f FILE`); each is read as the server reads one `input` string (`crate::api::embeddings`),
 //! so a line's vector equals `/v1/embeddings`' for the same text and flags. Lines go to the
 //! engine `--batch` at a time, so they are batched together; each result is one JSON line on
-//! stdout, in input order: `{"index": i, "embedding": [...]}` (with `--pooling none`, a list
+//! stdout, in input order (an encoder model, bert or nomic-bert, embeds on its own worker): `{"index": i, "embedding": [...]}` (with `--pooling none`, a list
 //! of every token's vector), or `{"index": i, "error": "..."}` for a line that cannot be
 //! embedded (an empty one, one longer than the context); the others go on.
 
@@ -14,8 +14,8 @@ use clap::Args;
 use serde_json::{json, Map, Value};
 
 use crate::api::embeddings::{self, EmbeddingSetting, EmbeddingsPlan, Shape};
-use crate::engine::{EngineHandle, EngineParts, Event, Pooling, Request, RequestStream};
-use crate::flags::embedding::EmbeddingArgs;
+use crate::engine::{Embedder, Embedding, EngineParts, Pooling};
+use crate::flags::embedding::{start_embedder, EmbeddingArgs};
 use crate::flags::{EngineArgs, ModelArgs, ThreadArgs};
 
 /// Flags of `embed`.
@@ -39,9 +39,9 @@ pub struct EmbedArgs {
 
 pub fn run(args: &EmbedArgs) -> Result<()> {
     args.threads.init()?;
-    let model = args.model.load()?;
-    let pooling = args.embedding.pooling(&model.file)?;
-    let engine = args.engine.start(model, false, EngineParts::default())?;
+    let (embedder, pooling) = start_embedder(&args.model, &args.embedding, |model| {
+        args.engine.start(model, false, EngineParts::default())
+    })?;
     let input: Box<dyn BufRead> = match &args.file {
         Some(path) => Box::new(std::io::BufReader::new(
             std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?,
@@ -49,11 +49,11 @@ pub fn run(args: &EmbedArgs) -> Result<()> {
         None => Box::new(std::io::stdin().lock()),
     };
     let setting = EmbeddingSetting {
-        tokenizer: engine.tokenizer(),
+        tokenizer: embedder.tokenizer(),
         pooling,
         normalize: args.embedding.embd_normalize,
-        n_embd: engine.model_config().n_embd,
-        max_seq_len: engine.max_seq_len(),
+        n_embd: embedder.n_embd(),
+        max_seq_len: embedder.max_seq_len(),
     };
     let mut out = std::io::stdout().lock();
     let mut lines = input.lines().enumerate().peekable();
@@ -64,12 +64,16 @@ pub fn run(args: &EmbedArgs) -> Result<()> {
             .map(|(i, l)| l.map(|l| (i, l)).context("reading the input"))
             .collect::<Result<_>>()?;
         // Every line of the batch submitted before any is waited for.
-        let submitted: Vec<(usize, Result<(EmbeddingsPlan, RequestStream)>)> = batch
+        let submitted: Vec<(usize, Result<(EmbeddingsPlan, Embedding)>)> = batch
             .into_iter()
-            .map(|(i, line)| (i, submit(&engine, &setting, line)))
+            .map(|(i, line)| (i, submit(&embedder, &setting, line)))
             .collect();
         for (index, job) in submitted {
-            let line = match job.and_then(|(plan, mut stream)| Ok((collect(&mut stream)?, plan))) {
+            let done = job.and_then(|(plan, embedding)| {
+                let (vectors, _) = embedding.wait_blocking().map_err(|e| anyhow!(e))?;
+                Ok((vectors, plan))
+            });
+            let line = match done {
                 Ok((vectors, plan)) => {
                     let mut vectors = embeddings::finish_vectors(&plan, vectors);
                     let embedding = match plan.pooling {
@@ -89,29 +93,14 @@ pub fn run(args: &EmbedArgs) -> Result<()> {
 
 /// Reads one line as the server reads an `input` string and submits it.
 fn submit(
-    engine: &EngineHandle,
+    embedder: &Embedder,
     setting: &EmbeddingSetting,
     line: String,
-) -> Result<(EmbeddingsPlan, RequestStream)> {
+) -> Result<(EmbeddingsPlan, Embedding)> {
     let body: Map<String, Value> = [("input".to_string(), Value::String(line))]
         .into_iter()
         .collect();
     let plan = embeddings::plan(&body, setting, Shape::Llama).map_err(|e| anyhow!(e.message))?;
-    let request = Request::embedding(plan.prompts[0].clone(), plan.pooling);
-    let stream = engine.submit(request)?;
-    Ok((plan, stream))
-}
-
-/// One embedding request's vectors.
-fn collect(stream: &mut RequestStream) -> Result<Vec<Vec<f32>>> {
-    let mut vectors = None;
-    while let Some(event) = stream.next_blocking() {
-        match event {
-            Event::Embedding { vectors: v } => vectors = Some(v),
-            Event::Finished { .. } => break,
-            Event::Error(e) => return Err(anyhow!("embedding failed: {e}")),
-            Event::Prompt { .. } | Event::Token { .. } => {}
-        }
-    }
-    vectors.ok_or_else(|| anyhow!("the engine sent no embedding"))
+    let embedding = embedder.submit(plan.prompts[0].clone(), plan.pooling, None)?;
+    Ok((plan, embedding))
 }

@@ -13,6 +13,8 @@
 //! - `output`: each request's client-side state (sampling, n>1 forks, detokenizing, stop
 //!   strings, logprobs), answering the worker with an outcome it applies to the scheduler;
 //! - `sampler`, `masks` (constraint masks beside the forward pass);
+//! - `encoder`: the worker of an encoder model (bert, nomic-bert), for embeddings and rerank;
+//!   `embedder`: embeddings through either, for every face;
 //! - `embeddings`: embedding requests' hidden rows, pooled and sent once their prompt is computed;
 //! - `prompt_scores`: prompt log-probabilities (echo, lm-eval) and the kept scores of cached
 //!   prompt blocks;
@@ -28,7 +30,9 @@ pub mod batch_builder;
 pub mod block_manager;
 mod config;
 pub mod disk_cache;
+mod embedder;
 mod embeddings;
+pub mod encoder;
 mod handle;
 pub mod kv_events;
 mod least_squares;
@@ -49,6 +53,8 @@ mod worker;
 
 pub use crate::model::Pooling;
 pub use config::EngineConfig;
+pub use embedder::{Embedder, Embedding};
+pub use encoder::EncoderHandle;
 pub use handle::{EngineHandle, EngineParts, RequestStream};
 pub use metrics::{Metrics, SequenceInfo, TenantMetrics};
 pub use request::{Event, FinishReason, Request, SubmitError, TokenLogprobs, Usage};

@@ -19,6 +19,7 @@ pub mod key_centers;
 pub mod kv_cache;
 pub mod moe;
 pub mod pooling;
+pub mod rank;
 pub mod weights;
 
 use std::path::Path;

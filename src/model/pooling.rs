@@ -61,6 +61,16 @@ impl Pooling {
         }))
     }
 
+    /// Whether the file is a reranker's: `{arch}.pooling_type` = 4 (llama.cpp's
+    /// `LLAMA_POOLING_TYPE_RANK`, which [`Pooling::from_gguf`] refuses): its score comes from
+    /// a classifier head over the pooled vector (`crate::model::encoder::rank`).
+    pub fn is_rank(g: &GgufFile) -> bool {
+        g.architecture()
+            .ok()
+            .and_then(|a| g.get_u64(&format!("{a}.pooling_type")).ok())
+            == Some(4)
+    }
+
     /// Whether the token at `pos` of a prompt of `len` tokens contributes to the pooled vector.
     pub fn wants(self, pos: usize, len: usize) -> bool {
         match self {

@@ -1,8 +1,8 @@
 //! `POST /v1/embeddings` (OpenAI's shape) and llama-server's `POST /embedding` and
 //! `/embeddings` (its shape: every token's vector with pooling none). The body is read on the
-//! planner pool by the shared rules (`crate::api::embeddings`); each input is one engine
-//! request (`Request::embedding`), all submitted at once so the engine batches them with
-//! whatever else runs, and the answer waits for them all.
+//! planner pool by the shared rules (`crate::api::embeddings`); each input goes to the
+//! [`Embedder`] (a decoder's engine, or an encoder's worker: `super::encoder_server`), all
+//! submitted at once so they are computed together, and the answer waits for them all.
 
 use std::sync::Arc;
 
@@ -15,9 +15,10 @@ use serde_json::Value;
 use super::body::json_object;
 use super::error::ApiError;
 use super::middleware::RequestInfo;
+use super::planner::Planner;
 use super::AppState;
 use crate::api::embeddings::{self, EmbeddingSetting, Shape};
-use crate::engine::{Event, Pooling, Request, RequestStream};
+use crate::engine::{Embedder, Pooling};
 
 /// How the server pools and normalizes embeddings (`--pooling`, `--embd-normalize`).
 #[derive(Clone, Copy, Debug)]
@@ -53,17 +54,45 @@ async fn answer(
     route: Shape,
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
-    let planned = state.clone();
-    let plan = state
+    let site = Site {
+        embedder: Embedder::Decoder(state.engine.clone()),
+        planner: &state.planner,
+        setup: state.embedding,
+        model_id: &state.model_id,
+        max_body_bytes: state.max_body_bytes,
+    };
+    answer_on(&site, info, route, body).await
+}
+
+/// What an embeddings answer needs of a server: the decoder's or the encoder's.
+pub(super) struct Site<'a> {
+    pub embedder: Embedder,
+    pub planner: &'a Planner,
+    pub setup: EmbeddingSetup,
+    pub model_id: &'a str,
+    pub max_body_bytes: usize,
+}
+
+/// Reads the body on the planner pool, submits every input at once (so they are computed
+/// together), and answers once all are done.
+pub(super) async fn answer_on(
+    site: &Site<'_>,
+    info: RequestInfo,
+    route: Shape,
+    body: Body,
+) -> Result<Json<Value>, ApiError> {
+    let embedder = site.embedder.clone();
+    let (setup, max_body_bytes) = (site.setup, site.max_body_bytes);
+    let plan = site
         .planner
         .run(move || {
-            let map = json_object(body, planned.max_body_bytes)?;
+            let map = json_object(body, max_body_bytes)?;
             let setting = EmbeddingSetting {
-                tokenizer: planned.engine.tokenizer(),
-                pooling: planned.embedding.pooling,
-                normalize: planned.embedding.normalize,
-                n_embd: planned.engine.model_config().n_embd,
-                max_seq_len: planned.engine.max_seq_len(),
+                tokenizer: embedder.tokenizer(),
+                pooling: setup.pooling,
+                normalize: setup.normalize,
+                n_embd: embedder.n_embd(),
+                max_seq_len: embedder.max_seq_len(),
             };
             Ok(embeddings::plan(&map, &setting, route)?)
         })
@@ -73,38 +102,18 @@ async fn answer(
     } else {
         "content"
     };
-    let mut streams = Vec::with_capacity(plan.prompts.len());
+    let mut pending = Vec::with_capacity(plan.prompts.len());
     for prompt in &plan.prompts {
-        let mut request = Request::embedding(prompt.clone(), plan.pooling);
-        request.cache_key = info.cache_key;
-        let stream = state
-            .engine
-            .submit(request)
+        let embedding = site
+            .embedder
+            .submit(prompt.clone(), plan.pooling, info.cache_key)
             .map_err(|e| ApiError::from_submit(e, param))?;
-        streams.push(stream);
+        pending.push(embedding);
     }
-    let mut results = Vec::with_capacity(streams.len());
-    for stream in &mut streams {
-        let (vectors, num_tokens) = collect(stream).await?;
+    let mut results = Vec::with_capacity(pending.len());
+    for embedding in pending {
+        let (vectors, num_tokens) = embedding.wait().await.map_err(ApiError::internal)?;
         results.push((embeddings::finish_vectors(&plan, vectors), num_tokens));
     }
-    Ok(Json(embeddings::response(&plan, results, &state.model_id)))
-}
-
-/// One embedding request's vectors and its prompt's token count.
-async fn collect(stream: &mut RequestStream) -> Result<(Vec<Vec<f32>>, usize), ApiError> {
-    let mut vectors = None;
-    while let Some(event) = stream.next().await {
-        match event {
-            Event::Embedding { vectors: v } => vectors = Some(v),
-            Event::Finished { usage, .. } => {
-                return vectors
-                    .map(|v| (v, usage.prompt_tokens))
-                    .ok_or_else(|| ApiError::internal("the engine sent no embedding"));
-            }
-            Event::Error(e) => return Err(ApiError::internal(format!("embedding failed: {e}"))),
-            Event::Prompt { .. } | Event::Token { .. } => {}
-        }
-    }
-    Err(ApiError::internal("the engine ended the request early"))
+    Ok(Json(embeddings::response(&plan, results, site.model_id)))
 }

@@ -111,10 +111,19 @@ impl Drop for HangUpGuard {
 /// (a browser cannot send the header when it opens the page; the page then asks for the key).
 pub async fn require_api_key(
     State(state): State<Arc<AppState>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    check_api_key(&state.api_keys, req, next).await
+}
+
+/// [`require_api_key`] against `api_keys` (the encoder server's guard too).
+pub(super) async fn check_api_key(
+    api_keys: &[(String, u64)],
     mut req: Request,
     next: Next,
 ) -> Response {
-    match key_salt(&state.api_keys, &req) {
+    match key_salt(api_keys, &req) {
         Ok(salt) => {
             if let (Some(salt), Some(info)) = (salt, req.extensions_mut().get_mut::<RequestInfo>())
             {

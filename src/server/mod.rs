@@ -19,6 +19,9 @@
 //! - `router_api`: `/render`, `/get_load` and vLLM's gauges, for routers in front of workers.
 //! - `llama_routes`: llama-server's discovery routes, `/props`, `/apply-template`, `/slots`.
 //! - `embeddings`: `/v1/embeddings` (OpenAI's), `/embedding` and `/embeddings` (llama-server's).
+//! - `rerank`: `/v1/rerank` and its aliases (a reranker's; refused on a decoder).
+//! - `encoder_server`: the whole server of an encoder model (bert, nomic-bert): embeddings and
+//!   rerank on the encoder's worker, the generation routes refused.
 //! - `multi`, `multi_routes`, `registry`: several models in one server (`--models-dir`), each
 //!   a state of its own behind the front router, loaded on demand.
 //!
@@ -29,6 +32,7 @@ mod beam;
 pub(crate) mod body;
 pub(crate) mod cache_routes;
 mod embeddings;
+mod encoder_server;
 pub(crate) mod error;
 pub mod kv_publisher;
 mod listener;
@@ -44,6 +48,7 @@ mod multi_routes;
 mod origin;
 mod planner;
 mod registry;
+mod rerank;
 mod response;
 mod response_store;
 mod responses;
@@ -224,6 +229,8 @@ pub struct AppState {
     pub allowed_hosts: origin::AllowedHosts,
     /// The Responses API's kept responses (`store`, `previous_response_id`).
     pub responses: response_store::ResponseStore,
+    /// A reranker's head (Qwen3-Reranker: pooling_type rank), for `/v1/rerank`.
+    pub reranker: Option<Arc<crate::model::rank::DecoderHead>>,
 }
 
 impl AppState {
@@ -259,6 +266,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/embeddings", post(embeddings::v1_embeddings))
         .route("/embeddings", post(embeddings::embedding))
         .route("/embedding", post(embeddings::embedding))
+        .route("/v1/rerank", post(rerank::decoder))
+        .route("/rerank", post(rerank::decoder))
+        .route("/v1/reranking", post(rerank::decoder))
+        .route("/reranking", post(rerank::decoder))
         // llama-server's discovery routes (`llama_routes`).
         .route("/props", get(llama_routes::props))
         .route("/completion", post(llama_completion::completion))
@@ -327,6 +338,10 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
     args.threads.init()?;
     if let Some(catalog) = registry::Catalog::from_args(args)? {
         return multi::serve(args, catalog, api_keys, limits, addr);
+    }
+    let path = args.model.path()?;
+    if crate::flags::embedding::is_encoder_file(&path)? {
+        return encoder_server::serve(args, &path, addr, limits, api_keys);
     }
     let model = args.model.load()?;
     let model_id = match &args.alias {

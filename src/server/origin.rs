@@ -100,10 +100,20 @@ pub async fn same_site_only(
     req: Request,
     next: Next,
 ) -> Response {
-    if !state.api_keys.is_empty() || req.uri().path() == "/health" {
+    check_same_site(!state.api_keys.is_empty(), &state.allowed_hosts, req, next).await
+}
+
+/// [`same_site_only`] for a server with or without keys (the encoder server's guard too).
+pub(super) async fn check_same_site(
+    has_keys: bool,
+    allowed_hosts: &AllowedHosts,
+    req: Request,
+    next: Next,
+) -> Response {
+    if has_keys || req.uri().path() == "/health" {
         return next.run(req).await;
     }
-    match refusal(&state.allowed_hosts, &req) {
+    match refusal(allowed_hosts, &req) {
         Some(e) => e.into_response(),
         None => next.run(req).await,
     }

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 use super::kv_publisher::KvEventPublisher;
 use super::{
@@ -25,6 +25,13 @@ pub(super) fn app_state(
     kv_events: Option<Arc<KvEventPublisher>>,
     limits: &listener::Limits,
 ) -> Result<AppState> {
+    let reranker = crate::model::rank::DecoderHead::from_gguf(
+        &model.file,
+        &model.tokenizer,
+        model.config.n_embd,
+    )
+    .with_context(|| format!("reading the reranker head of {model_id}"))?
+    .map(Arc::new);
     let embedding = embeddings::EmbeddingSetup {
         pooling: args.embedding.pooling(&model.file)?,
         normalize: args.embedding.embd_normalize,
@@ -89,5 +96,6 @@ pub(super) fn app_state(
         pin_budget_tokens: args.pin_budget_tokens.unwrap_or(pin_limit_tokens),
         planner: planner::Planner::new(args.max_planning, planner::NUM_PLANNER_THREADS),
         responses: Default::default(),
+        reranker,
     })
 }

@@ -39,6 +39,8 @@ pub struct EncoderConfig {
     pub causal: bool,
     /// `{arch}.pooling_type` (None when absent, as llama.cpp).
     pub pooling: Pooling,
+    /// `{arch}.pooling_type` = 4: a reranker, scored by its classifier head (`rank.rs`).
+    pub rank: bool,
     /// `tokenizer.ggml.token_type_count`: rows of `token_types` (llama.cpp requires it).
     pub n_token_types: usize,
     /// nomic-bert's rotary embedding.
@@ -93,7 +95,13 @@ impl EncoderConfig {
             );
         }
         let causal = g.get_bool_or(&key("attention.causal"), true)?;
-        let pooling = Pooling::from_gguf(g)?.unwrap_or(Pooling::None);
+        // A reranker (pooling_type rank) embeds by its CLS token, as its score reads it.
+        let rank = Pooling::is_rank(g);
+        let pooling = if rank {
+            Pooling::Cls
+        } else {
+            Pooling::from_gguf(g)?.unwrap_or(Pooling::None)
+        };
         let n_token_types = usize_at("tokenizer.ggml.token_type_count")
             .context("an encoder needs tokenizer.ggml.token_type_count")?;
         let n_ctx_train = usize_key("context_length")?;
@@ -147,6 +155,7 @@ impl EncoderConfig {
             norm_eps,
             causal,
             pooling,
+            rank,
             n_token_types,
             rope,
         })

@@ -102,7 +102,7 @@ fn lookup(g: &GgufFile, m: &crate::model::weights::MatrixInfo, r: usize, out: &m
 }
 
 /// `x @ weight^T + bias`: [n_rows][n_out] from x of [n_rows][n_in].
-fn linear(g: &GgufFile, d: &Dense, x: &[f32]) -> Vec<f32> {
+pub(super) fn linear(g: &GgufFile, d: &Dense, x: &[f32]) -> Vec<f32> {
     let m = &d.weight;
     let n_rows = x.len() / m.n_in;
     let a = kernels::quantize_rows(m.ttype.vec_dot_type(), x, m.n_in);

@@ -10,6 +10,7 @@
 
 pub mod config;
 mod forward;
+pub mod rank;
 pub mod weights;
 
 use std::path::Path;
@@ -21,6 +22,7 @@ pub use config::{EncoderConfig, EncoderKind, ENCODER_ARCHITECTURES};
 use crate::gguf::GgufFile;
 use crate::model::pooling::{self, Pooling};
 use crate::tokenizer::Tokenizer;
+use rank::ClassifierHead;
 use weights::EncoderWeights;
 
 /// A loaded encoder: the mapped file, its hyperparameters, its checked weights, its tokenizer.
@@ -29,6 +31,8 @@ pub struct Encoder {
     pub config: EncoderConfig,
     pub weights: EncoderWeights,
     pub tokenizer: Tokenizer,
+    /// A reranker's classifier head (`config.rank`); None for an embedding model.
+    pub head: Option<ClassifierHead>,
 }
 
 /// Whether the file's architecture is an encoder's (then [`Encoder::load`] it, not `Model`).
@@ -56,11 +60,19 @@ impl Encoder {
                 config.vocab_size
             );
         }
+        let head = match config.rank {
+            true => Some(
+                ClassifierHead::from_gguf(&file, config.n_embd)
+                    .with_context(|| format!("reading the classifier of {}", path.display()))?,
+            ),
+            false => None,
+        };
         Ok(Encoder {
             file,
             config,
             weights,
             tokenizer,
+            head,
         })
     }
 
@@ -87,5 +99,23 @@ impl Encoder {
             pooling::normalize(row, norm);
         }
         Ok(out)
+    }
+
+    /// A reranker's relevance score of a pair's tokens ([`Encoder::pair_tokens`]): its
+    /// classifier head over the CLS token's hidden state. Errors on an embedding model.
+    pub fn score(&self, tokens: &[u32]) -> Result<f32> {
+        let Some(head) = &self.head else {
+            bail!(
+                "this model is not a reranker ({}.pooling_type is not rank)",
+                self.config.architecture
+            );
+        };
+        let hidden = self.encode(tokens)?;
+        Ok(head.score(&self.file, &hidden[..self.config.n_embd]))
+    }
+
+    /// The tokens of a (query, document) pair, as llama-server's rerank makes them.
+    pub fn pair_tokens(&self, query: &str, document: &str) -> Result<Vec<u32>> {
+        rank::pair_tokens(&self.file, &self.tokenizer, query, document)
     }
 }

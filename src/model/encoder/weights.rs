@@ -47,7 +47,7 @@ pub struct EncoderWeights {
     pub layers: Vec<EncoderLayer>,
 }
 
-fn dense(g: &GgufFile, name: &str, n_in: usize, n_out: usize) -> Result<Dense> {
+pub(super) fn dense(g: &GgufFile, name: &str, n_in: usize, n_out: usize) -> Result<Dense> {
     Ok(Dense {
         weight: MatrixInfo::load(g, &format!("{name}.weight"), n_in, n_out)?,
         bias: optional_vector(g, &format!("{name}.bias"), n_out)?,
