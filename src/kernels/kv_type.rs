@@ -112,22 +112,47 @@ pub fn hadamard_rows(x: &mut [f32], n: usize) {
         n.is_power_of_two() && x.len().is_multiple_of(n),
         "hadamard shapes"
     );
-    let scale = 1.0 / (n as f32).sqrt();
-    for run in x.chunks_exact_mut(n) {
-        let mut h = 1;
-        while h < n {
-            for i in (0..n).step_by(2 * h) {
-                for j in i..i + h {
-                    let (a, b) = (run[j], run[j + h]);
-                    run[j] = a + b;
-                    run[j + h] = a - b;
-                }
+    // Runs are independent: in tasks of whole runs on the pool (each run's arithmetic is the
+    // same whichever task takes it).
+    const TASK_FLOATS: usize = 16 * 1024;
+    let runs_per_task = (TASK_FLOATS / n).max(1);
+    let n_runs = x.len() / n;
+    if n_runs <= runs_per_task {
+        x.chunks_exact_mut(n).for_each(hadamard_run);
+        return;
+    }
+    let len = x.len();
+    let ptr = super::pool::SharedMut(x.as_mut_ptr());
+    super::pool::for_each_task(n_runs.div_ceil(runs_per_task), &|t| {
+        let begin = t * runs_per_task * n;
+        let end = (begin + runs_per_task * n).min(len);
+        // SAFETY: each task takes the disjoint runs [begin, end) of `x`, borrowed mutably until
+        // for_each_task returns.
+        let part = unsafe { std::slice::from_raw_parts_mut(ptr.ptr().add(begin), end - begin) };
+        part.chunks_exact_mut(n).for_each(hadamard_run);
+    });
+}
+
+/// One run times the orthonormal Walsh-Hadamard matrix: stage h adds and subtracts the halves
+/// of every block of 2h values (each element's operations in the same order however the
+/// compiler vectorizes the stage), then the scale.
+fn hadamard_run(run: &mut [f32]) {
+    let n = run.len();
+    let mut h = 1;
+    while h < n {
+        for block in run.chunks_exact_mut(2 * h) {
+            let (a, b) = block.split_at_mut(h);
+            for (x, y) in a.iter_mut().zip(b.iter_mut()) {
+                let (p, q) = (*x, *y);
+                *x = p + q;
+                *y = p - q;
             }
-            h *= 2;
         }
-        for v in run.iter_mut() {
-            *v *= scale;
-        }
+        h *= 2;
+    }
+    let scale = 1.0 / (n as f32).sqrt();
+    for v in run.iter_mut() {
+        *v *= scale;
     }
 }
 
