@@ -15,14 +15,12 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use edge_llm::gguf::GgufFile;
 use edge_llm::model::encoder::Encoder;
 use edge_llm::model::pooling::Pooling;
 use edge_llm::model::Model;
 use support::gguf_writer::{GgufBuilder, TensorSpec};
-use support::{root, skip_or_fail};
 
 /// 1 - cos(ours, llama.cpp's) for each token's vector and the pooled one. Both sides compute in
 /// f32 with the same F16 rounding of the F16 matrices' inputs and of GELU (ggml's table); they
@@ -32,44 +30,11 @@ use support::{root, skip_or_fail};
 const COSINE_BUDGET: f64 = 1e-4;
 
 fn reference(case: &str) -> serde_json::Value {
-    let p = root().join(format!("tests/synth/encoder-{case}.json"));
-    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+    support::synth::json(&format!("tests/synth/encoder-{case}.json"))
 }
 
-fn sha256(path: &Path) -> String {
-    let out = Command::new("sha256sum")
-        .arg(path)
-        .output()
-        .expect("sha256sum (coreutils)");
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .next()
-        .unwrap_or_default()
-        .to_string()
-}
-
-/// The case's file, checked against its reference's sha256; None when it was not made (skipped
-/// outside CI, a failure under CI=true).
 fn model_file(r: &serde_json::Value) -> Option<PathBuf> {
-    let dir = std::env::var_os("EDGE_LLM_SYNTH_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join("target/synth"));
-    let path = dir.join(r["file"].as_str().unwrap());
-    if !path.is_file() {
-        skip_or_fail(&format!(
-            "{} not made (target/synth-venv/bin/python scripts/synth/synth.py models target/synth)",
-            path.display()
-        ));
-        return None;
-    }
-    assert_eq!(
-        sha256(&path),
-        r["sha256"].as_str().unwrap(),
-        "{}: not the file llama.cpp's reference was computed on (regenerate both with scripts/synth/encoder_refs.sh)",
-        path.display()
-    );
-    Some(path)
+    support::synth::model_file(r, "scripts/synth/encoder_refs.sh")
 }
 
 fn ids(v: &serde_json::Value) -> Vec<u32> {

@@ -24,36 +24,12 @@ const COSINE_BUDGET: f64 = 1e-4;
 const SCORE_BUDGET: f64 = 1e-4;
 
 fn json_file(name: &str) -> Value {
-    let p = support::root().join(name);
-    serde_json::from_str(&std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{name}: {e}")))
-        .unwrap_or_else(|e| panic!("{name}: {e}"))
+    support::synth::json(name)
 }
 
-/// The synthetic file a reference was computed on, checked by its sha256; None (skipped, or a
-/// failure under CI=true) when it was not made.
+/// The synthetic file a reference was computed on, checked by its sha256.
 fn synth_file(r: &Value) -> Option<PathBuf> {
-    let path = support::root()
-        .join("target/synth")
-        .join(r["file"].as_str().unwrap());
-    if !path.is_file() {
-        support::skip_or_fail(&format!(
-            "{} not made (target/synth-venv/bin/python scripts/synth/synth.py models target/synth)",
-            path.display()
-        ));
-        return None;
-    }
-    let out = Command::new("sha256sum")
-        .arg(&path)
-        .output()
-        .expect("sha256sum");
-    let sum = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(
-        sum.split_whitespace().next(),
-        r["sha256"].as_str(),
-        "{}: not the file the reference was computed on",
-        path.display()
-    );
-    Some(path)
+    support::synth::model_file(r, "scripts/synth/encoder_refs.sh or reranker_refs.sh")
 }
 
 fn serve(path: &PathBuf, extra: &[&str]) -> Option<Server> {

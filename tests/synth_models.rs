@@ -20,13 +20,11 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 
 use edge_llm::model::kv_cache::BlockId;
 use edge_llm::model::Model;
 use edge_llm::scoring::runner::SequenceRunner;
-use support::{root, skip_or_fail};
 
 /// |our logit - llama.cpp's| over the magnitude of llama.cpp's top logit at that position (of
 /// order 3 with a separate output matrix, 40 with the output tied to the embedding, whose rows
@@ -52,45 +50,11 @@ fn budget(case: &str) -> f32 {
 }
 
 fn reference(case: &str) -> serde_json::Value {
-    let p = root().join("tests/synth").join(format!("{case}.json"));
-    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+    support::synth::json(&format!("tests/synth/{case}.json"))
 }
 
-fn sha256(path: &Path) -> String {
-    let out = Command::new("sha256sum")
-        .arg(path)
-        .output()
-        .expect("sha256sum (coreutils)");
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .next()
-        .unwrap_or_default()
-        .to_string()
-}
-
-/// The case's model file, checked against its reference's sha256; None when it was not made
-/// (skipped outside CI, a failure under CI=true).
 fn model_file(r: &serde_json::Value) -> Option<PathBuf> {
-    let dir = std::env::var_os("EDGE_LLM_SYNTH_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join("target/synth"));
-    let path = dir.join(r["file"].as_str().unwrap());
-    if !path.is_file() {
-        let reason = format!(
-            "{} not made (target/synth-venv/bin/python scripts/synth/synth.py models target/synth)",
-            path.display()
-        );
-        skip_or_fail(&reason);
-        return None;
-    }
-    assert_eq!(
-        sha256(&path),
-        r["sha256"].as_str().unwrap(),
-        "{}: not the file llama.cpp's reference was computed on (regenerate both with scripts/synth/refs.sh)",
-        path.display()
-    );
-    Some(path)
+    support::synth::model_file(r, "scripts/synth/refs.sh")
 }
 
 fn ids(v: &serde_json::Value) -> Vec<u32> {

@@ -20,6 +20,7 @@ pub mod gguf_writer;
 pub mod harness;
 pub mod isa_lock;
 pub mod splitmix;
+pub mod synth;
 pub mod webdriver;
 
 use std::path::PathBuf;
