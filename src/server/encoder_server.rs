@@ -8,7 +8,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, Request, State};
@@ -225,28 +225,13 @@ pub fn serve(
         body_timeout: limits.body_timeout,
         created: super::unix_now(),
     });
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("edge-llm-http")
-        .enable_all()
-        .build()
-        .context("starting the HTTP runtime")?;
-    runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("binding {addr}"))?;
-        let local = listener.local_addr()?;
-        eprintln!(
-            "edge-llm serve: model `{model_id}` listening on http://{local}{}",
-            if state.api_keys.is_empty() {
-                ""
-            } else {
-                " (API key required)"
-            }
-        );
-        listener::serve(listener, router(state), limits, super::shutdown_signal()).await;
-        anyhow::Ok(())
-    })?;
-    eprintln!("edge-llm serve: stopped");
-    Ok(())
+    let keyed = !state.api_keys.is_empty();
+    super::run_http(
+        args,
+        addr,
+        &format!("model `{model_id}`"),
+        router(state),
+        keyed,
+        limits,
+    )
 }

@@ -408,7 +408,7 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
 
 /// Serves `app` on `addr` until Ctrl+C or SIGTERM, logging `banner` (what is served), the
 /// limits and the planner. `keyed`: whether API keys are required.
-fn run_http(
+pub(super) fn run_http(
     args: &ServeArgs,
     addr: SocketAddr,
     banner: &str,
