@@ -469,3 +469,70 @@ fn a_model_streaming_a_reply_is_not_evicted_the_next_load_waits() {
     assert_eq!(state_of(&server, SMOL), "unloaded");
     assert_eq!(state_of(&server, GEMMA), "loaded");
 }
+
+/// `--models-preset`: each model's flags from an INI file as llama-server reads one (`[*]` for
+/// all, a section per model id, `model = PATH` adding one under a new name), the command line
+/// winning over both (the harness passes `-c 1024`).
+#[test]
+fn a_preset_gives_each_model_its_flags_and_the_command_line_wins() {
+    let Some(models) = three_models() else { return };
+    let dir = ModelsDir::new("preset", &models[..2], &[]);
+    let preset = dir.0.join("models.ini");
+    std::fs::write(
+        &preset,
+        format!(
+            "version = 1\n; every model\n[*]\nblock-size = 32\n\n[{QWEN}]\nblock-size = 16\nctk = q8_0\nctv = q8_0\nc = 768\n\n[tiny]\nmodel = {}\n",
+            models[0].display()
+        ),
+    )
+    .unwrap();
+    let n_ctx = |server: &Server, model: &str| -> u64 {
+        let (status, body) = server.get(&format!("/props?model={model}"));
+        assert_eq!(status, 200, "{body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        v["default_generation_settings"]["n_ctx"].as_u64().unwrap()
+    };
+    let server = Server::start(&[
+        "--models-dir",
+        dir.arg(),
+        "--models-preset",
+        preset.to_str().unwrap(),
+    ])
+    .unwrap();
+    let ids: Vec<String> = statuses(&server).into_iter().map(|(id, _)| id).collect();
+    assert!(ids.contains(&"tiny".to_string()), "{ids:?}");
+    // SmolLM2 from [*]: blocks of 32; Qwen from its section: q8_0 blocks of 16; the command
+    // line's -c 1024 over Qwen's `c = 768`.
+    assert_eq!(n_ctx(&server, SMOL), 1024);
+    assert_eq!(n_ctx(&server, QWEN), 1024);
+    let log = server.log_text();
+    let kv_lines: Vec<&str> = log.lines().filter(|l| l.contains("KV cache on")).collect();
+    assert!(
+        kv_lines
+            .iter()
+            .any(|l| l.contains("(K f16, V f16)") && l.contains("blocks of 32 tokens")),
+        "{kv_lines:?}"
+    );
+    assert!(
+        kv_lines
+            .iter()
+            .any(|l| l.contains("(K q8_0, V q8_0)") && l.contains("blocks of 16 tokens")),
+        "{kv_lines:?}"
+    );
+    assert_eq!(answer(&server, "tiny", "Hi."), answer(&server, SMOL, "Hi."));
+    drop(server);
+    // A preset naming a server flag, or no flag at all, is refused at start-up in one line.
+    for (text, says) in [
+        ("[tiny]\nport = 9\n", "`port` is the server's"),
+        ("[tiny]\nno-such-flag = 1\n", "not a flag of edge-llm serve"),
+    ] {
+        std::fs::write(&preset, text).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_edge-llm"))
+            .args(["serve", "--models-dir", dir.arg(), "--models-preset"])
+            .arg(&preset)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(says), "{err}");
+    }
+}

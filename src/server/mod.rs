@@ -47,6 +47,7 @@ mod multi;
 mod multi_routes;
 mod origin;
 mod planner;
+mod presets;
 mod registry;
 mod rerank;
 mod response;
@@ -139,6 +140,10 @@ pub struct ServeArgs {
     /// recently used idle one
     #[arg(long = "models-max", value_name = "N", default_value_t = 4)]
     pub models_max: usize,
+    /// With several models: an INI file of each model's flags (llama-server's
+    /// `--models-preset`: `[id]` sections, `[*]` for all, `model = PATH` to add one)
+    #[arg(long = "models-preset", value_name = "FILE")]
+    pub models_preset: Option<PathBuf>,
     /// With several models: unload a model idle for SECONDS (a request's `keep_alive` overrides
     /// it for its model) [default: never]
     #[arg(

@@ -53,7 +53,13 @@ pub fn serve(
     let ids: Vec<String> = catalog.entries.iter().map(|e| e.id.clone()).collect();
     let loader = {
         let (args, keys, limits) = (args.clone(), api_keys.clone(), limits.clone());
+        let (presets, command_line) = (catalog.presets.clone(), super::presets::command_line());
         Arc::new(move |path: &std::path::Path, id: &str| {
+            // The model's own flags, where a preset gives them.
+            let args = match &presets {
+                Some(p) => p.args_for(id, &command_line)?,
+                None => args.clone(),
+            };
             let model_args = crate::flags::ModelArgs {
                 model: vec![path.to_path_buf()],
                 mlock: args.model.mlock,

@@ -43,15 +43,22 @@ pub struct Entry {
 /// Every model file of `--models-dir` and the `-m` flags.
 pub struct Catalog {
     pub entries: Vec<Entry>,
+    /// Each model's own flags (`--models-preset`).
+    pub presets: Option<super::presets::Presets>,
 }
 
 impl Catalog {
     /// The catalog when `args` ask for several models (None: the one-model server of today),
     /// refusing the flags that belong to one model.
     pub fn from_args(args: &ServeArgs) -> Result<Option<Catalog>> {
-        if args.models_dir.is_none() && args.model.model.len() <= 1 {
+        if args.models_dir.is_none() && args.model.model.len() <= 1 && args.models_preset.is_none()
+        {
             return Ok(None);
         }
+        let presets = match &args.models_preset {
+            Some(path) => Some(super::presets::Presets::read(path)?),
+            None => None,
+        };
         for (given, flag) in [
             (args.alias.is_some(), "--alias"),
             (args.chat_template.is_some(), "--chat-template"),
@@ -83,12 +90,23 @@ impl Catalog {
             }
             paths.extend(found);
         }
+        let mut named: Vec<(String, PathBuf)> = paths
+            .into_iter()
+            .map(|path| {
+                let id = path
+                    .file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| "model".into());
+                (id, path)
+            })
+            .collect();
+        // A preset's `model = PATH` sections, under their own names.
+        named.extend(presets.iter().flat_map(|p| p.added_models()));
+        if named.is_empty() {
+            bail!("--models-preset names no model file and no --models-dir or -m was given");
+        }
         let mut entries: Vec<Entry> = Vec::new();
-        for path in paths {
-            let id = path
-                .file_stem()
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_else(|| "model".into());
+        for (id, path) in named {
             if let Some(other) = entries.iter().find(|e| e.id == id) {
                 // `-m` naming a file of --models-dir (or a link to it) lists it once.
                 if same_file(&other.path, &path) {
@@ -106,7 +124,7 @@ impl Catalog {
             }
             entries.push(Entry { id, path, info });
         }
-        Ok(Some(Catalog { entries }))
+        Ok(Some(Catalog { entries, presets }))
     }
 }
 
