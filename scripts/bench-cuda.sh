@@ -57,9 +57,12 @@ done
 # 3. Perplexity (8 chunks of 512 tokens).
 TEXT=/usr/share/common-licenses/GPL-3
 [ -f "$TEXT" ] || { cat README.md src/*.rs src/*/*.rs >"$OUT/ppl-text.txt"; TEXT="$OUT/ppl-text.txt"; }
-for d in cpu cuda; do
-  "$BIN" perplexity -m "$MODEL" --device "$d" -f "$TEXT" -c 512 --chunks 8 >"$OUT/ppl-$d.txt" 2>"$OUT/ppl-$d.log"
-done
+# The CPU run writes its log-probabilities; the GPU run reads them: KL divergence, same top.
+"$BIN" perplexity -m "$MODEL" --device cpu -f "$TEXT" -c 512 --chunks 8 \
+  --kl-divergence-base "$OUT/cpu.kld" >"$OUT/ppl-cpu.txt" 2>"$OUT/ppl-cpu.log"
+"$BIN" perplexity -m "$MODEL" --device cuda -f "$TEXT" -c 512 --chunks 8 \
+  --kl-divergence-base "$OUT/cpu.kld" --kl-divergence >"$OUT/ppl-cuda.txt" 2>"$OUT/ppl-cuda.log"
+rm -f "$OUT/cpu.kld"
 
 # 4. Throughput: N sessions, each 400 shared tokens + 16 own, 64 generated; medians of 3.
 for d in cuda cpu; do
@@ -81,9 +84,13 @@ for m in re.finditer(r"^\s*(\S+) rows\s+(\d+): ([0-9.e+-]+)$", log, re.M):
     worst[m.group(1)] = max(worst.get(m.group(1), 0.0), float(m.group(3)))
 for t, e in worst.items():
     rows.append((f"matmul {t} max rel. error vs C", f"{e:.2e}", "budget 2e-5"))
-m = re.search(r"prefill logits: ([0-9.e+-]+)", log)
+m = re.search(r"prefill logits: against the emulator ([0-9.e+-]+), against the CPU ([0-9.e+-]+), mean KLD ([0-9.e+-]+)", log)
 if m:
-    rows.append(("forward prefill logits rel. error", m.group(1), "budget 2e-3"))
+    rows.append(("forward prefill logits rel. error vs emulator", m.group(1), "budget 1e-3"))
+    rows.append(("forward prefill vs CPU: max rel. error, mean KLD", f"{m.group(2)}, {m.group(3)}", "KLD budget 0.01"))
+m = re.search(r"24 decode steps: mean KLD ([0-9.e+-]+), same top (\d+)/24", log)
+if m:
+    rows.append(("forward 24 decode steps vs CPU: mean KLD, same top", f"{m.group(1)}, {m.group(2)}/24", "KLD budget 0.01"))
 for line in open(os.path.join(out, "greedy.tsv")):
     p, c, g = line.rstrip("\n").split("\t")
     c, g = base64.b64decode(c).decode(), base64.b64decode(g).decode()
@@ -95,9 +102,13 @@ for line in open(os.path.join(out, "greedy.tsv")):
     rows.append((f"greedy 64 tokens: {p!r}", verdict, ""))
 ppl = {}
 for d in ("cpu", "cuda"):
-    m = re.search(r"PPL = ([0-9.]+)", open(os.path.join(out, f"ppl-{d}.txt")).read())
+    m = re.search(r"(?:PPL = |Mean PPL\(Q\)\s*:\s*)([0-9.]+)", open(os.path.join(out, f"ppl-{d}.txt")).read())
     ppl[d] = float(m.group(1)) if m else float("nan")
 rows.append(("perplexity 8x512 cpu / cuda", f"{ppl['cpu']:.4f} / {ppl['cuda']:.4f}", f"rel. diff {abs(ppl['cuda'] - ppl['cpu']) / ppl['cpu']:.2e}"))
+kl = open(os.path.join(out, "ppl-cuda.txt")).read()
+for name, label in (("Mean    KLD", "mean KLD"), ("Same top p", "same top")):
+    m = re.search(re.escape(name) + r":\s*([^\n]+)", kl)
+    rows.append((f"perplexity 8x512 cuda against cpu: {label}", m.group(1).strip() if m else "?", ""))
 for d in ("cuda", "cpu"):
     for n in (1, 16, 64):
         text = open(os.path.join(out, f"bench-{d}-{n}.txt")).read().strip().splitlines()
