@@ -966,7 +966,11 @@ fn gpu_forward_pass_matches_the_emulator_and_the_cpu_and_copy_on_write_copies_bl
     let le = emu.forward(model, &b).unwrap();
     let err_emu = rel_err(&lg, &le);
     let kld = kld_rows(&lg, &lc, vocab);
-    for (i, ((e, same), k)) in prefill_errors(&lg, &lc, vocab).into_iter().zip(&kld).enumerate() {
+    for (i, ((e, same), k)) in prefill_errors(&lg, &lc, vocab)
+        .into_iter()
+        .zip(&kld)
+        .enumerate()
+    {
         eprintln!("prefill position {i}: against the CPU {e:.3e}, KLD {k:.5}, same top {same}");
     }
     eprintln!(
@@ -978,7 +982,11 @@ fn gpu_forward_pass_matches_the_emulator_and_the_cpu_and_copy_on_write_copies_bl
         err_emu <= EMULATOR_FORWARD_BUDGET,
         "prefill logits against the emulator {err_emu:.3e} > {EMULATOR_FORWARD_BUDGET:e}"
     );
-    assert!(mean(&kld) <= FORWARD_KLD_BUDGET, "prefill mean KLD {:.5}", mean(&kld));
+    assert!(
+        mean(&kld) <= FORWARD_KLD_BUDGET,
+        "prefill mean KLD {:.5}",
+        mean(&kld)
+    );
     let mut tok = argmax(&lc[(prompt.len() - 1) * vocab..]) as u32;
     let mut decode_kld = Vec::new();
     let mut same_top = 0;

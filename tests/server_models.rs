@@ -536,3 +536,93 @@ fn a_preset_gives_each_model_its_flags_and_the_command_line_wins() {
         assert!(!out.status.success() && err.contains(says), "{err}");
     }
 }
+
+/// The text after `name ` on its own line of a Prometheus page.
+fn metric_in(page: &str, name: &str) -> f64 {
+    page.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} not in the metrics"))
+}
+
+/// A draft model for speculation (a preset's `spec = draft`, `model-draft = PATH`) and an
+/// encoder (the synthetic bert) resident beside chat models: the drafted model answers as it
+/// does alone without speculation, with drafted tokens accepted; the encoder's vectors are the
+/// ones a one-model server of it gives; the encoder refuses chat in one line.
+#[test]
+fn a_draft_model_and_an_encoder_are_resident_beside_the_chat_models() {
+    let Some(models) = three_models() else { return };
+    let r = support::synth::json("tests/synth/encoder-bert.json");
+    let Some(bert) = support::synth::model_file(&r, "scripts/synth/encoder_refs.sh") else {
+        return;
+    };
+    let dir = ModelsDir::new(
+        "draft",
+        &[models[0].clone(), models[1].clone(), bert.clone()],
+        &[],
+    );
+    let bert_id = bert.file_stem().unwrap().to_str().unwrap().to_string();
+    let preset = dir.0.join("models.ini");
+    std::fs::write(
+        &preset,
+        // A fixed window: the adaptive one turns speculation off with a draft as slow as the
+        // target (here the target itself).
+        format!(
+            "[{QWEN}]\nspec = draft\nspec-fixed = true\nmodel-draft = {}\n",
+            models[1].display()
+        ),
+    )
+    .unwrap();
+    const PROMPT: &str = "Write a Python function that adds two numbers.";
+    let body = |model: &str| {
+        json!({"model": model, "messages": [{"role": "user", "content": PROMPT}],
+               "max_tokens": 48, "temperature": 0})
+    };
+    let embed = json!({"model": bert_id, "input": ["edge machines", "a paged KV cache"]});
+    // Each alone: Qwen with no draft, the encoder in its own server.
+    let alone = Server::start(&["-m", models[1].to_str().unwrap()]).unwrap();
+    let (status, want) = alone.post("/v1/chat/completions", &body("any"));
+    assert_eq!(status, 200, "{want}");
+    drop(alone);
+    let alone = Server::start(&["-m", bert.to_str().unwrap()]).unwrap();
+    let (status, want_vectors) = alone.post("/v1/embeddings", &embed);
+    assert_eq!(status, 200, "{want_vectors}");
+    drop(alone);
+
+    let server = Server::start(&[
+        "--models-dir",
+        dir.arg(),
+        "--models-preset",
+        preset.to_str().unwrap(),
+        "--models-max",
+        "3",
+    ])
+    .unwrap();
+    let (status, got) = server.post("/v1/chat/completions", &body(QWEN));
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(
+        got["choices"][0]["message"]["content"], want["choices"][0]["message"]["content"],
+        "speculation changed the greedy answer"
+    );
+    let (status, page) = server.get(&format!("/metrics?model={QWEN}"));
+    assert_eq!(status, 200, "{page}");
+    let accepted = metric_in(&page, "edge_llm_spec_accepted_tokens_total");
+    assert!(accepted > 0.0, "no drafted token accepted:\n{page}");
+    // The default model beside it, without a draft.
+    assert_eq!(answer(&server, SMOL, "Hi."), answer(&server, SMOL, "Hi."));
+    let (status, page) = server.get(&format!("/metrics?model={SMOL}"));
+    assert_eq!(status, 200);
+    assert_eq!(metric_in(&page, "edge_llm_spec_proposed_tokens_total"), 0.0);
+    assert!(!page.contains("edge_llm_draft_kv_blocks"), "{page}");
+    // The encoder.
+    let (status, vectors) = server.post("/v1/embeddings", &embed);
+    assert_eq!(status, 200, "{vectors}");
+    assert_eq!(vectors["data"], want_vectors["data"]);
+    let (status, refusal) = server.post("/v1/chat/completions", &chat_body(&bert_id, "Hi."));
+    assert!((400..500).contains(&status), "{status} {refusal}");
+    for id in [QWEN, SMOL, bert_id.as_str()] {
+        assert_eq!(state_of(&server, id), "loaded", "{id}");
+    }
+    let (status, _) = server.post("/models/unload", &json!({"model": bert_id}));
+    assert_eq!(status, 200);
+    assert_eq!(state_of(&server, &bert_id), "unloaded");
+}

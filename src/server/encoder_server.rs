@@ -182,14 +182,15 @@ fn embedding_only(model_id: &str, path: &str) -> ApiError {
     .with_code("not_supported")
 }
 
-/// Serves the encoder at `path` until Ctrl+C or SIGTERM.
-pub fn serve(
+/// The encoder at `path`, started, under `model_id`: the state its routes share. Called by
+/// [`serve`] and by `multi`'s loader (an encoder among several models).
+pub(super) fn encoder_state(
     args: &ServeArgs,
     path: &std::path::Path,
-    addr: SocketAddr,
-    limits: Limits,
+    model_id: String,
+    limits: &Limits,
     api_keys: Vec<(String, u64)>,
-) -> Result<()> {
+) -> Result<EncoderState> {
     let encoder = Encoder::load(path)?;
     let pooling = crate::flags::embedding::encoder_pooling(&args.embedding, &encoder, path)?;
     eprintln!(
@@ -204,16 +205,9 @@ pub fn serve(
         },
         pooling.as_str()
     );
-    let model_id = match &args.alias {
-        Some(a) => a.clone(),
-        None => path
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "model".into()),
-    };
-    let state = Arc::new(EncoderState {
+    Ok(EncoderState {
         encoder: EncoderHandle::start(encoder)?,
-        model_id: model_id.clone(),
+        model_id,
         embedding: EmbeddingSetup {
             pooling,
             normalize: args.embedding.embd_normalize,
@@ -224,7 +218,31 @@ pub fn serve(
         max_body_bytes: args.max_body_bytes,
         body_timeout: limits.body_timeout,
         created: super::unix_now(),
-    });
+    })
+}
+
+/// Serves the encoder at `path` until Ctrl+C or SIGTERM.
+pub fn serve(
+    args: &ServeArgs,
+    path: &std::path::Path,
+    addr: SocketAddr,
+    limits: Limits,
+    api_keys: Vec<(String, u64)>,
+) -> Result<()> {
+    let model_id = match &args.alias {
+        Some(a) => a.clone(),
+        None => path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into()),
+    };
+    let state = Arc::new(encoder_state(
+        args,
+        path,
+        model_id.clone(),
+        &limits,
+        api_keys,
+    )?);
     let keyed = !state.api_keys.is_empty();
     super::run_http(
         args,

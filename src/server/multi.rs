@@ -22,8 +22,9 @@ use axum::Router;
 use futures_util::StreamExt;
 use serde_json::Value;
 
+use super::encoder_server::encoder_state;
 use super::error::ApiError;
-use super::registry::{Catalog, KeepAlive, Lease, Refusal, Registry};
+use super::registry::{Catalog, KeepAlive, Lease, Refusal, Registry, Served};
 use super::{listener, multi_routes, webui, ServeArgs};
 
 /// What the front router shares.
@@ -60,15 +61,20 @@ pub fn serve(
                 Some(p) => p.args_for(id, &command_line)?,
                 None => args.clone(),
             };
+            if crate::flags::embedding::is_encoder_file(path)? {
+                let state = encoder_state(&args, path, id.to_string(), &limits, keys.clone())?;
+                return Ok(Served::Encoder(Arc::new(state)));
+            }
             let model_args = crate::flags::ModelArgs {
                 model: vec![path.to_path_buf()],
                 mlock: args.model.mlock,
             };
             let model = model_args.load()?;
-            super::state::app_state(&args, model, id.to_string(), &keys, None, &limits)
+            let app = super::state::app_state(&args, model, id.to_string(), &keys, None, &limits)?;
+            Ok(Served::Decoder(Arc::new(app)))
         })
     };
-    let registry = Registry::new(catalog, loader, super::router, args.models_max, keep_alive);
+    let registry = Registry::new(catalog, loader, served_router, args.models_max, keep_alive);
     // The reaper: idle models past their keep-alive unload.
     let reaped = Arc::downgrade(&registry);
     std::thread::Builder::new()
@@ -99,6 +105,14 @@ pub fn serve(
     );
     let app = router(front, args.max_body_bytes, limits.body_timeout);
     super::run_http(args, addr, &banner, app, !api_keys.is_empty(), limits)
+}
+
+/// A resident model's own routes: a decoder's server or an encoder's.
+fn served_router(served: &Served) -> Router {
+    match served {
+        Served::Decoder(app) => super::router(app.clone()),
+        Served::Encoder(enc) => super::encoder_server::router(enc.clone()),
+    }
 }
 
 /// The front routes, behind the same body limit, API-key guard and same-site guard as one

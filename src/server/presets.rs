@@ -2,7 +2,8 @@
 //! llama-server's INI format. A section names a model (its id: the file's stem); `[*]` holds
 //! what every model gets; keys are `serve` flags without their dashes (`ctx-size = 4096`, the
 //! one-letter forms `c = 4096`, llama.cpp's `ctk`/`ctv`; `true`/`false` for switches), and
-//! `model = PATH` in a section that names no listed file adds one under that id. As in
+//! `model = PATH` in a section that names no listed file adds one under that id; `spec = draft`
+//! with `draft-model = PATH` (llama-server's `model-draft`) gives one model its draft. As in
 //! llama-server the command line wins, then the model's section, then `[*]`: a model's flags
 //! are the command line's `serve` arguments parsed after the preset's (the later of a flag wins).
 //! The server's own flags (address, keys, the model list and its limits) are not a model's: a
@@ -92,6 +93,8 @@ impl Presets {
             let long = match key.as_str() {
                 "ctk" => "cache-type-k",
                 "ctv" => "cache-type-v",
+                // llama-server's name of the draft model.
+                "model-draft" | "md" => "draft-model",
                 k => k,
             };
             let arg = command

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use axum::Router;
 
+use super::encoder_server::EncoderState;
 use super::{AppState, ServeArgs};
 
 /// What a model file's header says, read without loading it.
@@ -203,10 +204,39 @@ pub enum Status {
 }
 
 /// Starts one model's server state (its engine) from its file and id; runs on a blocking thread.
-pub type Loader = Arc<dyn Fn(&Path, &str) -> Result<AppState> + Send + Sync>;
+pub type Loader = Arc<dyn Fn(&Path, &str) -> Result<Served> + Send + Sync>;
+
+/// A resident model's server state: a decoder's (generation, and embeddings from its hidden
+/// states) or an encoder's (embeddings and rerank only), each with its own worker.
+#[derive(Clone)]
+pub enum Served {
+    Decoder(Arc<AppState>),
+    Encoder(Arc<EncoderState>),
+}
+
+impl Served {
+    fn same(&self, other: &Served) -> bool {
+        match (self, other) {
+            (Served::Decoder(a), Served::Decoder(b)) => Arc::ptr_eq(a, b),
+            (Served::Encoder(a), Served::Encoder(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+
+    /// Bytes of its KV pool and blocks in use (an encoder keeps no cache).
+    fn kv_figures(&self) -> (usize, usize) {
+        match self {
+            Served::Decoder(app) => (
+                app.engine.kv_bytes(),
+                app.engine.metrics().map(|m| m.blocks_used).unwrap_or(0),
+            ),
+            Served::Encoder(_) => (0, 0),
+        }
+    }
+}
 
 struct Resident {
-    app: Arc<AppState>,
+    served: Served,
     router: Router,
     in_flight: usize,
     last_used: Instant,
@@ -246,7 +276,7 @@ pub struct Registry {
     /// Woken on every change of a slot (a load done, a request finished, an unload).
     changed: tokio::sync::Notify,
     loader: Loader,
-    make_router: fn(Arc<AppState>) -> Router,
+    make_router: fn(&Served) -> Router,
     /// Most models resident (or loading) at once (`--models-max`).
     pub models_max: usize,
     /// `--keep-alive`.
@@ -269,7 +299,7 @@ pub struct View {
 pub struct Lease {
     registry: Arc<Registry>,
     index: usize,
-    pub app: Arc<AppState>,
+    served: Served,
     pub router: Router,
     /// Whether the request counts as a use (its end restarts the idle time); a look at the
     /// figures (`/metrics?model=`) does not.
@@ -280,7 +310,7 @@ impl Drop for Lease {
     fn drop(&mut self) {
         let mut slots = self.registry.lock();
         if let SlotState::Loaded(r) = &mut slots[self.index].state {
-            if Arc::ptr_eq(&r.app, &self.app) {
+            if r.served.same(&self.served) {
                 r.in_flight -= 1;
                 if self.touch {
                     r.last_used = Instant::now();
@@ -303,7 +333,7 @@ impl Registry {
     pub fn new(
         catalog: Catalog,
         loader: Loader,
-        make_router: fn(Arc<AppState>) -> Router,
+        make_router: fn(&Served) -> Router,
         models_max: usize,
         keep_alive: KeepAlive,
     ) -> Arc<Registry> {
@@ -356,7 +386,7 @@ impl Registry {
                         return Ok(Lease {
                             registry: self.clone(),
                             index,
-                            app: r.app.clone(),
+                            served: r.served.clone(),
                             router: r.router.clone(),
                             touch: true,
                         });
@@ -387,7 +417,7 @@ impl Registry {
         Some(Lease {
             registry: self.clone(),
             index,
-            app: r.app.clone(),
+            served: r.served.clone(),
             router: r.router.clone(),
             touch: false,
         })
@@ -453,16 +483,15 @@ impl Registry {
             }
         };
         let state = match loaded {
-            Ok(app) => {
+            Ok(served) => {
                 eprintln!(
                     "edge-llm serve: loaded `{}` in {:.2} s",
                     entry.id,
                     started.elapsed().as_secs_f64()
                 );
-                let app = Arc::new(app);
                 SlotState::Loaded(Resident {
-                    router: (self.make_router)(app.clone()),
-                    app,
+                    router: (self.make_router)(&served),
+                    served,
                     in_flight: 0,
                     last_used: Instant::now(),
                 })
@@ -547,14 +576,17 @@ impl Registry {
                         SlotState::Unloaded => (Status::Unloaded, 0, None, 0, 0, 0),
                         SlotState::Loading => (Status::Loading, 0, None, 0, 0, 0),
                         SlotState::Failed(e) => (Status::Failed(e.clone()), 0, None, 0, 0, 0),
-                        SlotState::Loaded(r) => (
-                            Status::Loaded,
-                            r.in_flight,
-                            Some(r.last_used.elapsed().as_secs_f64()),
-                            r.app.engine.kv_bytes(),
-                            s.entry.info.as_ref().map(|i| i.size_bytes).unwrap_or(0),
-                            r.app.engine.metrics().map(|m| m.blocks_used).unwrap_or(0),
-                        ),
+                        SlotState::Loaded(r) => {
+                            let (kv_bytes, blocks_used) = r.served.kv_figures();
+                            (
+                                Status::Loaded,
+                                r.in_flight,
+                                Some(r.last_used.elapsed().as_secs_f64()),
+                                kv_bytes,
+                                s.entry.info.as_ref().map(|i| i.size_bytes).unwrap_or(0),
+                                blocks_used,
+                            )
+                        }
                     };
                 View {
                     entry: s.entry.clone(),
