@@ -88,6 +88,8 @@ pub struct Gpu {
     functions: HashMap<String, CudaFunction>,
     /// How the kernels were loaded ("PTX from nvcc" or "NVRTC compute_XY").
     pub kernels_from: String,
+    /// `EDGE_LLM_CUDA_PROFILE=1`: per-kernel GPU times.
+    profile: super::profile::Profile,
 }
 
 impl Gpu {
@@ -151,6 +153,7 @@ impl Gpu {
             compute_capability: cc,
             functions,
             kernels_from,
+            profile: super::profile::Profile::from_env(),
         })
     }
 
@@ -192,7 +195,9 @@ impl Launch for Gpu {
         };
         // SAFETY: the wrappers in kernels.rs check every buffer against the shapes the kernel
         // reads and writes before they launch it; argument types follow the kernel signatures.
-        unsafe { b.launch(cfg) }.map_err(|e| anyhow::anyhow!("launching {name}: {e:?}"))?;
+        self.profile
+            .launch(&self.ctx, &self.stream, name, || unsafe { b.launch(cfg) })
+            .map_err(|e| anyhow::anyhow!("launching {name}: {e:?}"))?;
         Ok(())
     }
 }
@@ -245,8 +250,8 @@ impl CudaDevice for Gpu {
     }
 
     fn synchronize(&self) -> Result<()> {
-        self.stream
-            .synchronize()
+        self.profile
+            .synchronize(|| self.stream.synchronize())
             .map_err(|e| anyhow::anyhow!("waiting for the GPU: {e:?}"))
     }
 

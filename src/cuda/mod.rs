@@ -8,6 +8,7 @@
 //! - `nvrtc`: the embedded kernel sources (`csrc/cuda/`) and their compilation.
 //! - `launch`: what every device offers ([`CudaDevice`]): launches by name, byte buffers.
 //! - `device`: finding a GPU without a panic, the context, the stream, launching.
+//! - `profile`: per-kernel GPU times on a real GPU (`EDGE_LLM_CUDA_PROFILE=1`).
 //! - `emu`: the same kernels compiled for the CPU (csrc/cuda/emu/), a device for tests.
 //! - `kernels`: launch wrappers that check every buffer against the kernel's shapes.
 //! - `kv_pool`: the paged KV pool on a device (f16, q8_0 or q4_0) and its key centers.
@@ -23,6 +24,7 @@ pub mod kernels;
 pub mod kv_pool;
 pub mod launch;
 pub mod nvrtc;
+pub mod profile;
 
 pub use backend::{load, CudaBackend};
 pub use device::{probe, Gpu};
