@@ -155,15 +155,20 @@ __device__ __forceinline__ float el_kv_elem(const uint8_t *cache, int32_t type, 
  * [max(0, L - window), L), L = context_lens[t] (all of [0, L) when window <= 0), key j of its
  * sequence in slot block_tables[token_seq[t]][j / block_size] * block_size + j % block_size.
  *
- * One warp per item, EL_ATTN_WARPS items per block. Keys go 32 at a time, one per lane: each lane
- * scores its key (a float sum over head_dim, then times scale), then the chunk joins an online
+ * One block per item, its EL_ATTN_PARTS warps splitting the keys: part p takes the chunks of 32
+ * keys starting at first + 32 * (p + EL_ATTN_PARTS * i), one key per lane: each lane scores its
+ * key (a float sum over head_dim, then times scale), then the chunk joins the part's online
  * softmax (running max, rescaled sum) and the values are accumulated with lane l holding dims
- * l, l + 32, ... The reference orders its sums and exps differently, so results agree to
- * rounding (tests/cuda_kernels.rs: ATTENTION_BUDGET), not bit for bit. Keys and values are read
- * through el_kv_elem, so a q8_0 or q4_0 cache gives the reference's f32 values. */
-#define EL_ATTN_WARPS 4
+ * l, l + 32, ... The parts then meet in shared memory: the largest of their maxima, each part's
+ * sum and values rescaled to it and added in part order. How keys are split depends on the item's
+ * own context length only, so an item's result never depends on the other items of the launch.
+ * A decode step has few items (one per head) over long contexts: split eight ways they keep
+ * eight times as many warps busy. The reference orders its sums and exps differently, so results
+ * agree to rounding (tests/cuda_kernels.rs: ATTENTION_BUDGET), not bit for bit. Keys and values
+ * are read through el_kv_elem, so a q8_0 or q4_0 cache gives the reference's f32 values. */
+#define EL_ATTN_PARTS 8
 #define EL_ATTN_DIMS_PER_LANE (EL_MAX_HEAD_DIM / EL_WARP)
-extern "C" __global__ void __launch_bounds__(EL_ATTN_WARPS * EL_WARP)
+extern "C" __global__ void __launch_bounds__(EL_ATTN_PARTS * EL_WARP)
     el_cuda_paged_attention(float *out /* [n_tokens][n_heads][head_dim] */, const float *q /* [n_tokens][n_heads][head_dim] */,
                             const uint8_t *k_cache /* [num_blocks][block_size] rows of kv_dim of k_type */,
                             const uint8_t *v_cache /* [num_blocks][block_size] rows of kv_dim of v_type */,
@@ -173,16 +178,17 @@ extern "C" __global__ void __launch_bounds__(EL_ATTN_WARPS * EL_WARP)
                             int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t block_size,
                             int64_t max_blocks_per_seq, float scale, int32_t window, int64_t item_begin,
                             int64_t item_end) {
-    __shared__ float sq[EL_ATTN_WARPS][EL_MAX_HEAD_DIM];
-    const int warp = threadIdx.x / EL_WARP, lane = threadIdx.x % EL_WARP;
-    const int64_t item = item_begin + (int64_t)blockIdx.x * EL_ATTN_WARPS + warp;
-    if (item >= item_end) return;
+    __shared__ float qs[EL_MAX_HEAD_DIM];
+    __shared__ float part_acc[EL_ATTN_PARTS][EL_MAX_HEAD_DIM];
+    __shared__ float part_m[EL_ATTN_PARTS], part_l[EL_ATTN_PARTS];
+    const int part = threadIdx.x / EL_WARP, lane = threadIdx.x % EL_WARP;
+    const int64_t item = item_begin + (int64_t)blockIdx.x;
+    if (item >= item_end) return; /* the whole block */
     const int64_t t = item / n_heads, h = item % n_heads;
     const int64_t kvh = h / (n_heads / n_kv_heads);
     const int64_t kv_dim = n_kv_heads * head_dim;
-    float *qs = sq[warp];
-    for (int64_t d = lane; d < head_dim; d += EL_WARP) qs[d] = q[item * head_dim + d];
-    __syncwarp();
+    for (int64_t d = threadIdx.x; d < head_dim; d += blockDim.x) qs[d] = q[item * head_dim + d];
+    __syncthreads();
     const int32_t *table = block_tables + (int64_t)token_seq[t] * max_blocks_per_seq;
     const int64_t len = context_lens[t];
     const int64_t first = (window > 0 && len > window) ? len - window : 0;
@@ -190,7 +196,7 @@ extern "C" __global__ void __launch_bounds__(EL_ATTN_WARPS * EL_WARP)
     float acc[EL_ATTN_DIMS_PER_LANE];
 #pragma unroll
     for (int i = 0; i < EL_ATTN_DIMS_PER_LANE; i++) acc[i] = 0.0f;
-    for (int64_t j0 = first; j0 < len; j0 += EL_WARP) {
+    for (int64_t j0 = first + (int64_t)EL_WARP * part; j0 < len; j0 += (int64_t)EL_WARP * EL_ATTN_PARTS) {
         const int64_t j = j0 + lane;
         float s = -EL_INF;
         int64_t slot = 0;
@@ -220,11 +226,31 @@ extern "C" __global__ void __launch_bounds__(EL_ATTN_WARPS * EL_WARP)
         }
         m = m_new;
     }
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    /* A part with no keys keeps m = -inf, l = 0 and zero values: its weight below is 0. Part 0
+     * always has key `first`, so the largest maximum is finite. */
 #pragma unroll
     for (int i = 0; i < EL_ATTN_DIMS_PER_LANE; i++) {
         const int64_t d = lane + (int64_t)EL_WARP * i;
-        if (d < head_dim) out[item * head_dim + d] = acc[i] * inv;
+        if (d < head_dim) part_acc[part][d] = acc[i];
+    }
+    if (lane == 0) {
+        part_m[part] = m;
+        part_l[part] = l;
+    }
+    __syncthreads();
+    float m_all = part_m[0];
+    for (int p = 1; p < EL_ATTN_PARTS; p++) m_all = fmaxf(m_all, part_m[p]);
+    float w[EL_ATTN_PARTS];
+    float l_all = 0.0f;
+    for (int p = 0; p < EL_ATTN_PARTS; p++) {
+        w[p] = el_expf(part_m[p] - m_all);
+        l_all += part_l[p] * w[p];
+    }
+    const float inv = l_all > 0.0f ? 1.0f / l_all : 0.0f;
+    for (int64_t d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float v = 0.0f;
+        for (int p = 0; p < EL_ATTN_PARTS; p++) v += part_acc[p][d] * w[p];
+        out[item * head_dim + d] = v * inv;
     }
 }
 

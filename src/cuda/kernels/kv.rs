@@ -180,10 +180,11 @@ pub fn paged_attention(
         Arg::I64(0),
         Arg::I64(n_items as i64),
     ];
+    // One block per item, its eight warps splitting the keys (el_ops.cu's EL_ATTN_PARTS).
     gpu.launch(
         "el_cuda_paged_attention",
-        (blocks(n_items, 4), 1, 1),
-        128,
+        (blocks(n_items, 1), 1, 1),
+        256,
         &args,
     )
 }
