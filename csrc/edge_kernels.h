@@ -42,6 +42,7 @@ enum el_isa {
     EL_ISA_SCALAR = 0, /* the references, plain C */
     EL_ISA_AVX2 = 1,   /* x86-64 AVX2 + FMA + F16C */
     EL_ISA_NEON = 2,   /* AArch64 NEON with the dot-product instructions (SDOT) */
+    EL_ISA_AVX512VNNI = 3, /* x86-64 AVX2's kernels, and AVX-512 F/BW/VL + VNNI (vpdpbusd) interleaved products */
 };
 
 /* 1 when this build and CPU can run `isa`, else 0. */
@@ -101,6 +102,9 @@ int32_t el_matmul(int32_t type, const void *w, int64_t w_row_bytes, const void *
 
 /* Whether el_repack_x8 and el_matmul_x8 take `type` (1) or not (0). */
 int32_t el_type_has_x8(int32_t type);
+/* The instruction set whose kernel el_matmul_x8 runs for `type` now (an el_isa), or EL_ERR_TYPE
+ * for a type without x8. */
+int32_t el_matmul_x8_isa(int32_t type);
 /* dst = w (n_out rows of nb blocks of `type`, n_out a multiple of 8) interleaved: group g = rows
  * [8g, 8g + 8), block i at dst + (g * nb + i) * 8 * block_bytes. EL_ERR_TYPE for a type without an
  * interleaved layout, EL_ERR_SHAPE for a bad n_out or nb. */

@@ -716,9 +716,23 @@ static void matvec_x8_ref(int32_t type, const void *w8, const void *a, float *ou
     }
 }
 
+int32_t el_matmul_x8_isa(int32_t type) {
+    if (!el_type_has_x8(type)) return EL_ERR_TYPE;
+    const int32_t isa = el_isa_get();
+#if defined(__x86_64__)
+    if (isa == EL_ISA_AVX2 || isa == EL_ISA_AVX512VNNI) return isa;
+#elif defined(__aarch64__)
+    if (isa == EL_ISA_NEON) return isa;
+#else
+    (void)isa;
+#endif
+    return EL_ISA_SCALAR;
+}
+
 int32_t el_matmul_x8(int32_t type, const void *w8, const void *a, int64_t a_row_bytes, float *out, int64_t out_stride,
                      int64_t n_in, int64_t n_rows, int64_t o_begin, int64_t o_end) {
-    if (!el_type_has_x8(type)) return EL_ERR_TYPE;
+    const int32_t isa = el_matmul_x8_isa(type);
+    if (isa < 0) return EL_ERR_TYPE;
     const int64_t bs = traits_of(type)->block_size;
     if (n_in <= 0 || n_in % bs != 0 || n_rows < 0 || a_row_bytes < 0 || o_begin < 0 || o_end < o_begin ||
         o_begin % 8 != 0 || o_end % 8 != 0) {
@@ -726,7 +740,11 @@ int32_t el_matmul_x8(int32_t type, const void *w8, const void *a, int64_t a_row_
     }
     const int64_t nb = n_in / bs;
 #if defined(__x86_64__)
-    if (el_isa_get() == EL_ISA_AVX2) {
+    if (isa == EL_ISA_AVX512VNNI) {
+        el_matmul_x8_vnni(type, w8, a, a_row_bytes, out, out_stride, nb, n_rows, o_begin / 8, o_end / 8);
+        return EL_OK;
+    }
+    if (isa == EL_ISA_AVX2) {
         if (is_k_x8(type)) {
             el_matmul_x8_k_avx2(type, w8, a, a_row_bytes, out, out_stride, nb, n_rows, o_begin / 8, o_end / 8);
         } else {
@@ -735,7 +753,7 @@ int32_t el_matmul_x8(int32_t type, const void *w8, const void *a, int64_t a_row_
         return EL_OK;
     }
 #elif defined(__aarch64__)
-    if (el_isa_get() == EL_ISA_NEON) {
+    if (isa == EL_ISA_NEON) {
         el_matmul_x8_neon(type, w8, a, a_row_bytes, out, out_stride, nb, n_rows, o_begin / 8, o_end / 8);
         return EL_OK;
     }

@@ -80,6 +80,11 @@ void el_matmul_x8_avx2(int32_t type, const void *w8, const void *a, int64_t a_ro
 void el_matmul_x8_k_avx2(int32_t type, const void *w8, const void *a, int64_t a_row_bytes, float *out,
                          int64_t out_stride, int64_t nb, int64_t n_rows, int64_t g_begin, int64_t g_end);
 
+/* quants_x8_vnni.c: el_matmul_x8 (every type with x8) with AVX-512 VNNI over column groups
+ * [g_begin, g_end) of nb blocks. */
+void el_matmul_x8_vnni(int32_t type, const void *w8, const void *a, int64_t a_row_bytes, float *out,
+                       int64_t out_stride, int64_t nb, int64_t n_rows, int64_t g_begin, int64_t g_end);
+
 /* ops_avx2.c: the row operations, same arguments as their public entry points. */
 void el_rms_norm_avx2(const float *x, const float *w, float *y, int64_t n_rows, int64_t n, float eps);
 void el_rope_avx2(float *x, const int32_t *pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
@@ -117,7 +122,10 @@ void el_matmul_x8_neon(int32_t type, const void *w8, const void *a, int64_t a_ro
 void el_rope_ref(float *x, const int32_t *pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
                  int64_t rope_dim, float freq_base, float freq_scale, int32_t neox);
 
-/* 1 when the row operations should take their AVX2 variants. */
-static inline int el_use_avx2(void) { return el_isa_get() == EL_ISA_AVX2; }
+/* 1 when the row operations should take their AVX2 variants (EL_ISA_AVX512VNNI runs them too). */
+static inline int el_use_avx2(void) {
+    const int32_t isa = el_isa_get();
+    return isa == EL_ISA_AVX2 || isa == EL_ISA_AVX512VNNI;
+}
 
 #endif /* EL_SIMD_INTERNAL_H */

@@ -20,7 +20,7 @@ mod support;
 
 use edge_llm::kernels::tensor_type::TensorType;
 use edge_llm::kernels::{
-    available_isas, current_isa, glu_inplace, isa_available, kv_write, matmul, matmul_x8,
+    available_isas, current_isa, glu_inplace, isa_available, kv_write, matmul, matmul_x8, matmul_x8_isa,
     paged_attention, quantize_rows, repack_x8, rms_norm, rope, set_isa, vec_dot, Activation,
     AttentionBatch, AttentionShape, FreqFactors, Isa, Rope, RopeStyle, Yarn,
 };
@@ -124,6 +124,72 @@ fn avx2_is_chosen_where_the_cpu_has_it() {
         && std::arch::is_x86_feature_detected!("f16c");
     assert_eq!(isa_available(Isa::Avx2), has);
     assert!(!isa_available(Isa::Neon), "NEON on an x86-64 build");
+}
+
+/// Where the CPU has AVX-512 F, BW, VL and VNNI (with AVX2), `avx512vnni` is available and is the
+/// best ISA (the one the kernels start on without EDGE_LLM_ISA), and the interleaved products run
+/// its kernels under it: a machine with VNNI that quietly ran AVX2's fails here.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx512_vnni_is_chosen_where_the_cpu_has_it() {
+    let _guard = lock_isa();
+    let has = isa_available(Isa::Avx2)
+        && std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512vl")
+        && std::arch::is_x86_feature_detected!("avx512vnni");
+    assert_eq!(isa_available(Isa::Avx512Vnni), has);
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    if cpuinfo.contains(" avx512_vnni") {
+        assert!(has, "/proc/cpuinfo lists avx512_vnni but avx512vnni is not available");
+    }
+    let before = current_isa();
+    for isa in available_isas() {
+        set_isa(isa).unwrap();
+        for t in [
+            TensorType::Q4_1,
+            TensorType::Q8_0,
+            TensorType::Q4_K,
+            TensorType::Q5_K,
+            TensorType::Q6_K,
+        ] {
+            assert_eq!(matmul_x8_isa(t), Some(isa), "{t} under {isa}");
+        }
+        assert_eq!(matmul_x8_isa(TensorType::Q4_0), None);
+    }
+    set_isa(before).unwrap();
+    if has && std::env::var_os("EDGE_LLM_ISA").is_none() {
+        assert_eq!(
+            available_isas().last(),
+            Some(&Isa::Avx512Vnni),
+            "VNNI is not the best ISA"
+        );
+        assert_eq!(default_isa_of_a_fresh_process(), "avx512vnni");
+    }
+}
+
+/// The ISA a new process starts on (no set_isa, no EDGE_LLM_ISA): this test binary run again for
+/// the test below alone, which prints it.
+#[cfg(target_arch = "x86_64")]
+fn default_isa_of_a_fresh_process() -> String {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "print_the_starting_isa", "--nocapture", "--include-ignored"])
+        .env_remove("EDGE_LLM_ISA")
+        .output()
+        .expect("run this test binary again");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| l.strip_prefix("starting isa: "))
+        .unwrap_or_else(|| panic!("no ISA printed: {text}"))
+        .to_string()
+}
+
+/// Prints the ISA this process started on; run by `default_isa_of_a_fresh_process` (ignored on
+/// its own: in a full run another test may have set the ISA first).
+#[test]
+#[ignore]
+fn print_the_starting_isa() {
+    println!("starting isa: {}", current_isa());
 }
 
 #[cfg(target_arch = "aarch64")]

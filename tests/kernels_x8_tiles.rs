@@ -4,13 +4,14 @@
 //! last row), row lengths on either side of the tiles' chunks of spread activations (8 blocks for
 //! 8 rows, 16 for 4), and column tasks on either side of the width from which Q4_1 batches use
 //! them. Every output equals the same ISA's vec_dot on the row as stored, bit for bit, on every
-//! ISA this machine has.
+//! ISA this machine has (scalar, AVX2 and, where the CPU has it, AVX-512 VNNI's tiles of 8, 4, 2
+//! and 1 rows; the test checks that the product runs each ISA's own kernel).
 
 mod support;
 
 use edge_llm::kernels::tensor_type::TensorType;
 use edge_llm::kernels::{
-    available_isas, current_isa, matmul_x8, quantize_rows, repack_x8, set_isa, vec_dot,
+    available_isas, current_isa, matmul_x8, matmul_x8_isa, quantize_rows, repack_x8, set_isa, vec_dot,
 };
 
 use support::splitmix::Rng;
@@ -75,6 +76,7 @@ fn x8_tiles_equal_vec_dot_for_every_batch_size_and_chunk_edge() {
                 let (w_rb, a_rb) = (w.len() / n_out, a.len() / MAX_ROWS);
                 for isa in available_isas() {
                     set_isa(isa).expect("an available ISA");
+                    assert_eq!(matmul_x8_isa(t), Some(isa), "{t}'s product does not run {isa}'s kernel");
                     let want: Vec<f32> = (0..MAX_ROWS * n_out)
                         .map(|i| {
                             let (r, o) = (i / n_out, i % n_out);

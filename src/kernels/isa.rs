@@ -9,6 +9,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use super::bindings as ffi;
+use super::tensor_type::TensorType;
 
 /// A set of kernel variants.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -20,11 +21,14 @@ pub enum Isa {
     /// AArch64 NEON with the dot-product instructions (SDOT): the 32-element types' dot
     /// products and the interleaved products; the rest runs the references.
     Neon,
+    /// x86-64 AVX2's kernels, with the interleaved products ([`matmul_x8`](super::matmul_x8))
+    /// on AVX-512 VNNI (`vpdpbusd`; needs AVX-512 F, BW and VL too).
+    Avx512Vnni,
 }
 
 impl Isa {
     /// Every variant this build knows, references first.
-    pub const ALL: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Neon];
+    pub const ALL: [Isa; 4] = [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni, Isa::Neon];
 
     /// The lower-case name used in logs and on the command line.
     pub fn name(self) -> &'static str {
@@ -32,6 +36,7 @@ impl Isa {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
             Isa::Neon => "neon",
+            Isa::Avx512Vnni => "avx512vnni",
         }
     }
 
@@ -40,6 +45,7 @@ impl Isa {
             Isa::Scalar => ffi::el_isa_EL_ISA_SCALAR,
             Isa::Avx2 => ffi::el_isa_EL_ISA_AVX2,
             Isa::Neon => ffi::el_isa_EL_ISA_NEON,
+            Isa::Avx512Vnni => ffi::el_isa_EL_ISA_AVX512VNNI,
         }) as i32
     }
 
@@ -100,6 +106,18 @@ pub fn current_isa() -> Isa {
     // SAFETY: reads one atomic (detecting the CPU on first use).
     let id = unsafe { ffi::el_isa_get() };
     Isa::from_id(id).unwrap_or_else(|| panic!("el_isa_get returned unknown ISA {id}"))
+}
+
+/// The variant [`matmul_x8`](super::matmul_x8) runs for `t` now (the ISA whose interleaved
+/// product `el_matmul_x8` calls: the scalar reference where the current ISA has none); `None` for
+/// a type without an interleaved layout.
+pub fn matmul_x8_isa(t: TensorType) -> Option<Isa> {
+    // SAFETY: reads the current ISA and a type table.
+    let id = unsafe { ffi::el_matmul_x8_isa(t.ggml_id() as i32) };
+    if id < 0 {
+        return None;
+    }
+    Some(Isa::from_id(id).unwrap_or_else(|| panic!("el_matmul_x8_isa returned unknown ISA {id}")))
 }
 
 /// Makes every kernel, on every thread, run `isa` from now on. Kernels already running finish on
