@@ -43,6 +43,7 @@ mod messages;
 mod messages_stream;
 mod metrics;
 mod middleware;
+mod model_file;
 mod multi;
 mod multi_routes;
 mod origin;

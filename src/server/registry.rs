@@ -17,19 +17,9 @@ use anyhow::{bail, Context, Result};
 use axum::Router;
 
 use super::encoder_server::EncoderState;
+pub use super::model_file::FileInfo;
+use super::model_file::read_info;
 use super::{AppState, ServeArgs};
-
-/// What a model file's header says, read without loading it.
-#[derive(Clone, Debug)]
-pub struct FileInfo {
-    /// `general.architecture` (llama, qwen2, gemma3...).
-    pub family: String,
-    /// `<family>.context_length`: the training context.
-    pub context_length: u64,
-    /// `general.file_type` by its llama.cpp name (Q4_K_M...), when known.
-    pub quantization: Option<&'static str>,
-    pub size_bytes: u64,
-}
 
 /// One model file the server may load.
 #[derive(Clone, Debug)]
@@ -145,52 +135,6 @@ fn lru_idle(slots: &[Slot]) -> Option<usize> {
 /// Whether `a` and `b` are the same file (links followed).
 fn same_file(a: &Path, b: &Path) -> bool {
     matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
-}
-
-/// The header of `path` (mapped, not loaded), or why it cannot be read.
-fn read_info(path: &Path) -> std::result::Result<FileInfo, String> {
-    let file = crate::gguf::GgufFile::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let family = file
-        .architecture()
-        .map_err(|e| format!("{}: {e}", path.display()))?
-        .to_string();
-    let context_length = file
-        .get_u64(&format!("{family}.context_length"))
-        .unwrap_or(0);
-    let quantization = file
-        .get_u64("general.file_type")
-        .ok()
-        .and_then(file_type_name);
-    Ok(FileInfo {
-        family,
-        context_length,
-        quantization,
-        size_bytes: file.file_bytes(),
-    })
-}
-
-/// llama.cpp's names of `general.file_type` (`llama_ftype`).
-fn file_type_name(t: u64) -> Option<&'static str> {
-    Some(match t {
-        0 => "F32",
-        1 => "F16",
-        2 => "Q4_0",
-        3 => "Q4_1",
-        7 => "Q8_0",
-        8 => "Q5_0",
-        9 => "Q5_1",
-        10 => "Q2_K",
-        11 => "Q3_K_S",
-        12 => "Q3_K_M",
-        13 => "Q3_K_L",
-        14 => "Q4_K_S",
-        15 => "Q4_K_M",
-        16 => "Q5_K_S",
-        17 => "Q5_K_M",
-        18 => "Q6_K",
-        32 => "BF16",
-        _ => return None,
-    })
 }
 
 /// Where a model stands, as `GET /models` says it (llama-server's router names).
