@@ -99,6 +99,12 @@ pub fn load<D: CudaDevice>(
     if block_size == 0 || num_blocks == 0 {
         bail!("an empty KV pool");
     }
+    if !c.uniform_layers() {
+        bail!(
+            "{}: layers of different head sizes or KV head counts are not supported on --device cuda (its KV pool has one row width for every layer); run it with --device cpu",
+            c.architecture
+        );
+    }
     let kv_bytes = KvPool::<D>::bytes(c, kv_types, block_size, num_blocks);
     let weight_bytes = model.file.file_bytes() as usize;
     let (free, total) = dev.mem_info()?;

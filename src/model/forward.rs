@@ -115,7 +115,9 @@ pub fn forward_rows<B: Backend>(
     let (block_size, num_blocks) = b.kv_pool();
     batch.validate(c.vocab_size, block_size, num_blocks)?;
     b.begin_step(batch)?;
-    let (n_embd, q_dim, kv_dim, eps) = (c.n_embd, c.q_dim(), c.kv_dim(), c.rms_eps);
+    let (n_embd, eps) = (c.n_embd, c.rms_eps);
+    // The attention buffers' widths, remade where a layer's geometry differs (gemma4).
+    let (mut q_dim, mut kv_dim) = (c.layer_q_dim(0), c.layer_kv_dim(0));
     let n_ff = if c.experts.is_some() { 0 } else { c.n_ff }; // the dense block's width
 
     // x: [n][n_embd], the residual stream, starting from the (scaled) token embeddings.
@@ -134,6 +136,18 @@ pub fn forward_rows<B: Backend>(
         b.rms_norm(&x, &first.attn_norm, eps, &mut h)?;
     }
     for (l, (lw, lo)) in w.layers.iter().zip(&c.layers).enumerate() {
+        if (c.layer_q_dim(l), c.layer_kv_dim(l)) != (q_dim, kv_dim) {
+            (q_dim, kv_dim) = (c.layer_q_dim(l), c.layer_kv_dim(l));
+            for (buf, width) in [
+                (&mut q, q_dim),
+                (&mut k, kv_dim),
+                (&mut v, kv_dim),
+                (&mut attn, q_dim),
+            ] {
+                let old = std::mem::replace(buf, b.acts(n, width)?);
+                b.recycle(old);
+            }
+        }
         // Attention block (on `h`, the normed input): q, k, v (each head's q and k normed
         // where the model does so), rotated, k and v cached, attention over the layer's
         // window, output projection.
@@ -151,9 +165,12 @@ pub fn forward_rows<B: Backend>(
         if let Some(norm) = &lw.attn_k_norm {
             b.rms_norm_inplace(&mut k, norm, eps)?;
         }
+        if let Some(norm) = &lw.attn_v_norm {
+            b.rms_norm_inplace(&mut v, norm, eps)?;
+        }
         if let Some(rope) = &lo.rope {
             b.rope(&mut q, c.n_heads, rope)?;
-            b.rope(&mut k, c.n_kv_heads, rope)?;
+            b.rope(&mut k, lo.n_kv_heads, rope)?;
         }
         b.kv_write(l, &k, &v)?;
         b.attention(l, &q, lo.window, &mut attn)?;
@@ -182,9 +199,17 @@ pub fn forward_rows<B: Backend>(
             b.rms_norm_inplace(&mut proj, norm, eps)?;
         }
         scale_if(b, &mut proj, c.residual_scale)?;
-        match w.layers.get(l + 1) {
-            Some(next) => b.add_rms_norm(&mut x, &proj, &next.attn_norm, eps, &mut h)?,
-            None => b.add(&mut x, &proj)?,
+        match (w.layers.get(l + 1), lw.out_scale) {
+            (Some(next), None) => b.add_rms_norm(&mut x, &proj, &next.attn_norm, eps, &mut h)?,
+            (None, None) => b.add(&mut x, &proj)?,
+            // gemma4: the whole residual stream scaled at the layer's end.
+            (next, Some(s)) => {
+                b.add(&mut x, &proj)?;
+                b.scale(&mut x, s)?;
+                if let Some(next) = next {
+                    b.rms_norm(&x, &next.attn_norm, eps, &mut h)?;
+                }
+            }
         }
     }
 

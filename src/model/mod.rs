@@ -17,6 +17,7 @@ pub mod encoder;
 pub mod forward;
 pub mod key_centers;
 pub mod kv_cache;
+pub mod layer_shapes;
 pub mod moe;
 pub mod pooling;
 pub mod rank;

@@ -232,6 +232,23 @@ pub struct LayerWeights<S: WeightStore> {
     pub ffn: FeedForward<S>,
     /// RMSNorm of the feed-forward output before its residual add, [n_embd].
     pub ffn_post_norm: Option<S::Vector>,
+    /// Ones of [head_dim]: the weightless RMSNorm of each head's values (gemma4).
+    pub attn_v_norm: Option<S::Vector>,
+    /// Factor on the residual stream at the end of the layer (gemma4's `layer_output_scale`).
+    pub out_scale: Option<f32>,
+}
+
+/// `blk.{i}.layer_output_scale.weight`, one float, if the file has it.
+fn out_scale(g: &GgufFile, i: usize) -> Result<Option<f32>> {
+    let name = format!("blk.{i}.layer_output_scale.weight");
+    if g.find_tensor(&name).is_none() {
+        return Ok(None);
+    }
+    let s = load_vector(g, &name, 1)?[0];
+    if !s.is_finite() {
+        bail!("tensor '{name}' is {s}, not a finite number");
+    }
+    Ok(Some(s))
 }
 
 pub struct Weights<S: WeightStore> {
@@ -262,18 +279,28 @@ impl Weights<InFile> {
                 // Q, K and V from one fused `attn_qkv` tensor (rows q, then k, then v) where the
                 // file has one, as llama.cpp's create_tensor_qkv; else three tensors.
                 let qkv = format!("blk.{i}.attn_qkv");
+                let (q_dim, kv_dim, head_dim) =
+                    (c.layer_q_dim(i), c.layer_kv_dim(i), c.layers[i].head_dim);
                 let (wq, wk, wv) = if g.find_tensor(&format!("{qkv}.weight")).is_some() {
-                    let (q, kv) = (c.q_dim(), c.kv_dim());
+                    let (q, kv) = (q_dim, kv_dim);
                     (
                         Linear::load_rows(g, &qkv, c.n_embd, 0, q)?,
                         Linear::load_rows(g, &qkv, c.n_embd, q, kv)?,
                         Linear::load_rows(g, &qkv, c.n_embd, q + kv, kv)?,
                     )
                 } else {
+                    // gemma4 (use_alternative_attention): without `attn_v`, the keys' projection
+                    // is the values' too (the same matrix, multiplied twice).
+                    let v_name = match c.v_norm
+                        && g.find_tensor(&format!("blk.{i}.attn_v.weight")).is_none()
+                    {
+                        true => "attn_k",
+                        false => "attn_v",
+                    };
                     (
-                        linear("attn_q", c.n_embd, c.q_dim())?,
-                        linear("attn_k", c.n_embd, c.kv_dim())?,
-                        linear("attn_v", c.n_embd, c.kv_dim())?,
+                        linear("attn_q", c.n_embd, q_dim)?,
+                        linear("attn_k", c.n_embd, kv_dim)?,
+                        linear(v_name, c.n_embd, kv_dim)?,
                     )
                 };
                 let ffn = match &c.experts {
@@ -317,13 +344,15 @@ impl Weights<InFile> {
                     wq,
                     wk,
                     wv,
-                    attn_q_norm: norm_if(c.qk_norm, "attn_q_norm", c.head_dim)?,
-                    attn_k_norm: norm_if(c.qk_norm, "attn_k_norm", c.head_dim)?,
-                    wo: linear("attn_output", c.q_dim(), c.n_embd)?,
+                    attn_q_norm: norm_if(c.qk_norm, "attn_q_norm", head_dim)?,
+                    attn_k_norm: norm_if(c.qk_norm, "attn_k_norm", head_dim)?,
+                    attn_v_norm: c.v_norm.then(|| vec![1.0; head_dim]),
+                    wo: linear("attn_output", q_dim, c.n_embd)?,
                     attn_post_norm: norm_if(c.post_norms, "post_attention_norm", c.n_embd)?,
                     ffn_norm: norm("ffn_norm", c.n_embd)?,
                     ffn,
                     ffn_post_norm: norm_if(c.post_norms, "post_ffw_norm", c.n_embd)?,
+                    out_scale: out_scale(g, i)?,
                 })
             })
             .collect::<Result<Vec<_>>>()
@@ -365,6 +394,8 @@ impl Weights<InFile> {
                 ffn_norm: (s.vector)(&lw.ffn_norm)?,
                 ffn: s.feed_forward(&lw.ffn)?,
                 ffn_post_norm: s.vector_if(&lw.ffn_post_norm)?,
+                attn_v_norm: s.vector_if(&lw.attn_v_norm)?,
+                out_scale: lw.out_scale,
             });
         }
         Ok(Weights {

