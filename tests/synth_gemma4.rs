@@ -6,6 +6,10 @@
 //! rope_freqs; QK-norm, V norm, post-norms, layer_output_scale, soft-capped logits), in F16, and
 //! `gemma4-Q4_K_M` the same with the block matrices llama-quantize wrote in Q4_K_M.
 //!
+//! `gemma4-e2b` is shaped as E2B: per-layer inputs (`per_layer_token_embd`, `per_layer_model_proj`,
+//! each layer's `inp_gate`/`proj`/`post_norm`) and the last 5 of 10 layers reading the KV of
+//! layers 3 and 4 (`attention.shared_kv_layers`).
+//!
 //! Each runs 96 tokens (six times the sliding window of 16) through edge-llm's CPU forward pass
 //! in prefill chunks of 24 (so the window crosses chunk boundaries and reads earlier chunks' KV
 //! blocks). Compared at every position: the mean KL divergence of llama.cpp's distribution from
@@ -71,11 +75,7 @@ fn measure(case: &str, chunk: usize) -> Option<(f64, f64)> {
                 .map(|s| row[s.0 as usize] as f64)
                 .collect::<Vec<_>>(),
         );
-        let kld: f64 = want
-            .iter()
-            .zip(&got)
-            .map(|(w, g)| w.exp() * (w - g))
-            .sum();
+        let kld: f64 = want.iter().zip(&got).map(|(w, g)| w.exp() * (w - g)).sum();
         kld_sum += kld;
         worst = worst.max(kld);
         let ours = row
@@ -112,6 +112,35 @@ fn gemma4_q4_k_m_matches_the_newest_llama_cpp_across_chunks_and_windows() {
     };
     assert!(kld <= 0.01, "gemma4-Q4_K_M: mean KLD {kld}");
     assert!(same_top >= 0.95, "gemma4-Q4_K_M: same top {same_top}");
+}
+
+#[test]
+fn gemma4_e2b_per_layer_inputs_and_shared_kv_match_the_newest_llama_cpp() {
+    let Some((kld, same_top)) = measure("gemma4-e2b", 24) else {
+        return;
+    };
+    assert!(kld <= 0.005, "gemma4-e2b: mean KLD {kld}");
+    assert!(same_top >= 0.97, "gemma4-e2b: same top {same_top}");
+}
+
+/// The layers that read another layer's KV hold no KV blocks of their own: the pool of the E2B
+/// case is that of its first 5 layers.
+#[test]
+fn gemma4_e2b_shared_layers_take_no_kv_memory() {
+    let r = support::synth::json("tests/synth/gemma4-e2b.json");
+    let Some(path) = support::synth::model_file(&r, "scripts/synth/refs.sh") else {
+        return;
+    };
+    let model = Model::load(&path).unwrap();
+    let c = &model.config;
+    let sources: Vec<usize> = c.layers.iter().map(|lo| lo.kv_layer).collect();
+    assert_eq!(sources, [0, 1, 2, 3, 4, 3, 3, 3, 3, 4]);
+    let own: usize = (0..5).map(|l| c.layer_kv_dim(l)).sum();
+    assert_eq!(
+        edge_llm::model::kv_cache::KvCache::bytes_per_block(c, 16),
+        16 * 2 * 2 * own,
+        "f16 keys and values of the first 5 layers only"
+    );
 }
 
 /// The chunking changes nothing: one prefill of all 96 tokens gives what chunks of 24 give.

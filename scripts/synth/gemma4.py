@@ -71,16 +71,29 @@ def build(case, c, out_path, blocks, add_vocab, n_tokens_default):
     n_rot = g["head_dim"] // 8
     add("rope_freqs.weight",
         np.array([1.0] * n_rot + [1e30] * (g["head_dim"] // 2 - n_rot), dtype=np.float32))
+    n_pl = g.get("per_layer", 0)
+    if n_pl:
+        add("per_layer_token_embd.weight",
+            rng.standard_normal((n_vocab, n_layers * n_pl)).astype(np.float16))
+        add("per_layer_model_proj.weight", mat(n_layers * n_pl, n_embd))
+        add("per_layer_proj_norm.weight", norm(n_pl))
+    first_shared = n_layers - g.get("shared_kv", 0)
     for i in range(n_layers):
         p = f"blk.{i}."
         q_dim, kv_dim = n_heads * hd[i], kv[i] * hd[i]
         add(p + "attn_norm.weight", norm(n_embd))
         add(p + "attn_q.weight", mat(q_dim, n_embd))
-        add(p + "attn_k.weight", mat(kv_dim, n_embd))
-        if swa[i]:  # the full layers use K as V (attention_k_eq_v)
-            add(p + "attn_v.weight", mat(kv_dim, n_embd))
+        if i < first_shared:  # the last layers read an earlier layer's KV: no K, V of their own
+            add(p + "attn_k.weight", mat(kv_dim, n_embd))
+            if swa[i] or not g.get("k_eq_v", True):  # else K is V (attention_k_eq_v)
+                add(p + "attn_v.weight", mat(kv_dim, n_embd))
         add(p + "attn_q_norm.weight", norm(hd[i]))
-        add(p + "attn_k_norm.weight", norm(hd[i]))
+        if i < first_shared:
+            add(p + "attn_k_norm.weight", norm(hd[i]))
+        if n_pl:
+            add(p + "inp_gate.weight", mat(n_pl, n_embd))
+            add(p + "proj.weight", mat(n_embd, n_pl))
+            add(p + "post_norm.weight", norm(n_embd))
         add(p + "attn_output.weight", mat(n_embd, q_dim))
         add(p + "post_attention_norm.weight", norm(n_embd))
         add(p + "ffn_norm.weight", norm(n_embd))

@@ -69,6 +69,14 @@ CASES = {
                    tied=True, gemma4=dict(swa=[True] * 5 + [False], head_dim_swa=64, head_dim=128,
                                           kv_swa=2, kv_full=1, window=16),
                    n_tokens=96, llama_cpp="newest"),
+    # Gemma 4 shaped as E2B: per-layer inputs (64 per layer), the last 5 of 10 layers reading
+    # the KV of layers 3 (local) and 4 (global), V projections on every layer that has K.
+    "gemma4-e2b": dict(arch="gemma4", vocab=SMOLLM2, n_embd=256, n_heads=4, n_ff=512,
+                       n_layers=10, tied=True,
+                       gemma4=dict(swa=([True] * 4 + [False]) * 2, head_dim_swa=64,
+                                   head_dim=128, kv_swa=1, kv_full=1, window=16, per_layer=64,
+                                   shared_kv=5, k_eq_v=False),
+                       n_tokens=96, llama_cpp="newest"),
     # The base of the IQ-quantized models: rows of 256 (the IQ super-block), one layer.
     "iq_base": dict(arch="llama", vocab=SMOLLM2, n_embd=256, n_heads=4, n_kv_heads=1, n_ff=256,
                     n_layers=1, tied=True),

@@ -516,6 +516,17 @@ impl<D: CudaDevice> Backend for CudaBackend<D> {
         self.dev.download(&self.arena[x.slot], x.n_rows * x.width)
     }
 
+    fn reshape(&mut self, x: DevActs, n_rows: usize, width: usize) -> Result<DevActs> {
+        if x.n_rows * x.width != n_rows * width {
+            bail!(
+                "reshape of [{}][{}] into [{n_rows}][{width}]",
+                x.n_rows,
+                x.width
+            );
+        }
+        Ok(DevActs { n_rows, width, ..x })
+    }
+
     fn gather_rows(&mut self, x: &DevActs, rows: &[u32], out: &mut DevActs) -> Result<()> {
         check_rows("gather", x, rows, out, out.n_rows, x.n_rows)?;
         let rows = self.keep(self.dev.upload(&as_i32(rows))?);

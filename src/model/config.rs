@@ -155,6 +155,9 @@ pub struct LayerOptions {
     /// ones: `super::layer_shapes`).
     pub head_dim: usize,
     pub n_kv_heads: usize,
+    /// The layer whose KV cache this one attends over: itself, or an earlier one (gemma4's
+    /// `attention.shared_kv_layers`: this layer then writes no keys or values).
+    pub kv_layer: usize,
 }
 
 #[derive(Clone, Debug)]
@@ -193,6 +196,8 @@ pub struct ModelConfig {
     pub experts: Option<Experts>,
     /// Each head's values go through an RMSNorm without a weight (gemma4).
     pub v_norm: bool,
+    /// Width of each layer's per-layer input (gemma4's E2B/E4B; 0: none).
+    pub per_layer_embd: usize,
 }
 
 impl ModelConfig {
@@ -388,6 +393,7 @@ impl ModelConfig {
                     window,
                     head_dim,
                     n_kv_heads,
+                    kv_layer: l,
                 }
             })
             .collect();
@@ -452,6 +458,7 @@ impl ModelConfig {
             layers,
             experts,
             v_norm: false,
+            per_layer_embd: 0,
         };
         super::layer_shapes::apply(g, &mut c, &is_local)?;
         Ok(c)

@@ -478,6 +478,15 @@ impl Backend for Cpu {
         Ok(())
     }
 
+    fn reshape(&mut self, x: Vec<f32>, n_rows: usize, width: usize) -> Result<Vec<f32>> {
+        anyhow::ensure!(
+            x.len() == n_rows * width,
+            "reshape of {} into [{n_rows}][{width}]",
+            x.len()
+        );
+        Ok(x)
+    }
+
     fn logits(&mut self, x: Vec<f32>) -> Result<Vec<f32>> {
         Ok(x)
     }

@@ -52,7 +52,7 @@ impl KvCache {
     /// Bytes one block takes over all layers, keys and values, in `types`.
     pub fn bytes_per_block_as(types: KvTypes, c: &ModelConfig, block_size: usize) -> usize {
         (0..c.num_layers)
-            .map(|l| block_size * types.token_bytes(c.layer_kv_dim(l)))
+            .map(|l| block_size * types.token_bytes(c.layer_cache_dim(l)))
             .sum()
     }
 
@@ -71,7 +71,7 @@ impl KvCache {
         assert!(block_size > 0 && num_blocks > 0);
         let rows: Vec<(usize, usize)> = (0..c.num_layers)
             .map(|l| {
-                let kv_dim = c.layer_kv_dim(l);
+                let kv_dim = c.layer_cache_dim(l);
                 (kv_row_words(types.k, kv_dim), kv_row_words(types.v, kv_dim))
             })
             .collect();

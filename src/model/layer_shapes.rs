@@ -116,6 +116,46 @@ pub(super) fn apply(g: &GgufFile, c: &mut ModelConfig, is_local: &[bool]) -> Res
         // without a weight.
         c.attn_scale = 1.0;
         c.v_norm = true;
+        c.per_layer_embd = match g.get(&key("embedding_length_per_layer_input")) {
+            None => 0,
+            Some(_) => g.get_usize(&key("embedding_length_per_layer_input"))?,
+        };
+        if c.per_layer_embd >= 1 << 16 {
+            bail!(
+                "{} = {} is out of range",
+                key("embedding_length_per_layer_input"),
+                c.per_layer_embd
+            );
+        }
+        let shared = match g.get(&key("attention.shared_kv_layers")) {
+            None => 0,
+            Some(_) => g.get_usize(&key("attention.shared_kv_layers"))?,
+        };
+        share_kv(c, is_local, shared)?;
+    }
+    Ok(())
+}
+
+/// The last `shared` layers attend over an earlier layer's KV cache (llama.cpp's reuse for
+/// gemma3n/gemma4): a local layer over layer `first - 2`'s, a global one over `first - 1`'s,
+/// `first` the first sharing layer; each must have the geometry and kind of the layer it reads.
+fn share_kv(c: &mut ModelConfig, is_local: &[bool], shared: usize) -> Result<()> {
+    if shared == 0 {
+        return Ok(());
+    }
+    let n = c.num_layers;
+    if shared + 2 > n {
+        bail!("{shared} KV-sharing layers of {n}: at least two must keep their own KV");
+    }
+    let first = n - shared;
+    for l in first..n {
+        let src = first - if is_local[l] { 2 } else { 1 };
+        let (a, b) = (&c.layers[l], &c.layers[src]);
+        if is_local[src] != is_local[l] || a.head_dim != b.head_dim || a.n_kv_heads != b.n_kv_heads
+        {
+            bail!("layer {l} would read layer {src}'s KV cache, which is of another kind or shape");
+        }
+        c.layers[l].kv_layer = src;
     }
     Ok(())
 }
@@ -125,6 +165,15 @@ impl ModelConfig {
     pub fn layer_kv_dim(&self, l: usize) -> usize {
         let lo = &self.layers[l];
         lo.n_kv_heads * lo.head_dim
+    }
+
+    /// Width of one token's keys (or values) in layer `l`'s own KV cache: 0 for a layer that
+    /// reads another's.
+    pub fn layer_cache_dim(&self, l: usize) -> usize {
+        match self.layers[l].kv_layer == l {
+            true => self.layer_kv_dim(l),
+            false => 0,
+        }
     }
 
     /// Width of one token's queries in layer `l`.

@@ -8,6 +8,7 @@
 use anyhow::{bail, Context, Result};
 
 use super::backend::WeightStore;
+use super::per_layer::{PerLayerBlock, PerLayerInputs};
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::kernels;
 use crate::kernels::tensor_type::TensorType;
@@ -236,6 +237,8 @@ pub struct LayerWeights<S: WeightStore> {
     pub attn_v_norm: Option<S::Vector>,
     /// Factor on the residual stream at the end of the layer (gemma4's `layer_output_scale`).
     pub out_scale: Option<f32>,
+    /// gemma4's per-layer-input block (E2B, E4B).
+    pub per_layer: Option<PerLayerBlock<S>>,
 }
 
 /// `blk.{i}.layer_output_scale.weight`, one float, if the file has it.
@@ -260,6 +263,8 @@ pub struct Weights<S: WeightStore> {
     /// The output projection, [n_embd] -> [vocab_size]; `None` when the file ties it to the
     /// token embedding (which is then multiplied by).
     pub output: Option<Linear<S>>,
+    /// gemma4's per-layer inputs (E2B, E4B).
+    pub per_layer: Option<PerLayerInputs<S>>,
 }
 
 impl Weights<InFile> {
@@ -290,17 +295,28 @@ impl Weights<InFile> {
                     )
                 } else {
                     // gemma4 (use_alternative_attention): without `attn_v`, the keys' projection
-                    // is the values' too (the same matrix, multiplied twice).
-                    let v_name = match c.v_norm
-                        && g.find_tensor(&format!("blk.{i}.attn_v.weight")).is_none()
-                    {
-                        true => "attn_k",
-                        false => "attn_v",
+                    // is the values' too (the same matrix, multiplied twice). A layer reading an
+                    // earlier layer's KV (shared_kv_layers) computes neither: without its own
+                    // K/V tensors it holds that layer's, never multiplied.
+                    let has =
+                        |b: usize, t: &str| g.find_tensor(&format!("blk.{b}.{t}.weight")).is_some();
+                    let src = c.layers[i].kv_layer;
+                    let kb = if src != i && !has(i, "attn_k") {
+                        src
+                    } else {
+                        i
                     };
+                    let v = if c.v_norm && !has(kb, "attn_v") {
+                        "attn_k"
+                    } else {
+                        "attn_v"
+                    };
+                    let kv_linear =
+                        |name: &str| Linear::read(g, &format!("blk.{kb}.{name}"), c.n_embd, kv_dim);
                     (
                         linear("attn_q", c.n_embd, q_dim)?,
-                        linear("attn_k", c.n_embd, kv_dim)?,
-                        linear(v_name, c.n_embd, kv_dim)?,
+                        kv_linear("attn_k")?,
+                        kv_linear(v)?,
                     )
                 };
                 let ffn = match &c.experts {
@@ -345,7 +361,14 @@ impl Weights<InFile> {
                     wk,
                     wv,
                     attn_q_norm: norm_if(c.qk_norm, "attn_q_norm", head_dim)?,
-                    attn_k_norm: norm_if(c.qk_norm, "attn_k_norm", head_dim)?,
+                    attn_k_norm: norm_if(
+                        c.qk_norm
+                            && (c.layers[i].kv_layer == i
+                                || g.find_tensor(&format!("blk.{i}.attn_k_norm.weight"))
+                                    .is_some()),
+                        "attn_k_norm",
+                        head_dim,
+                    )?,
                     attn_v_norm: c.v_norm.then(|| vec![1.0; head_dim]),
                     wo: linear("attn_output", q_dim, c.n_embd)?,
                     attn_post_norm: norm_if(c.post_norms, "post_attention_norm", c.n_embd)?,
@@ -353,6 +376,7 @@ impl Weights<InFile> {
                     ffn,
                     ffn_post_norm: norm_if(c.post_norms, "post_ffw_norm", c.n_embd)?,
                     out_scale: out_scale(g, i)?,
+                    per_layer: PerLayerBlock::read(g, c, i)?,
                 })
             })
             .collect::<Result<Vec<_>>>()
@@ -369,6 +393,7 @@ impl Weights<InFile> {
             layers,
             output_norm,
             output,
+            per_layer: PerLayerInputs::read(g, c)?,
         })
     }
 
@@ -396,6 +421,14 @@ impl Weights<InFile> {
                 ffn_post_norm: s.vector_if(&lw.ffn_post_norm)?,
                 attn_v_norm: s.vector_if(&lw.attn_v_norm)?,
                 out_scale: lw.out_scale,
+                per_layer: match &lw.per_layer {
+                    Some(p) => Some(PerLayerBlock {
+                        inp_gate: (s.matrix)(&p.inp_gate)?,
+                        proj: (s.matrix)(&p.proj)?,
+                        post_norm: (s.vector)(&p.post_norm)?,
+                    }),
+                    None => None,
+                },
             });
         }
         Ok(Weights {
@@ -403,6 +436,14 @@ impl Weights<InFile> {
             layers,
             output_norm: (s.vector)(&self.output_norm)?,
             output: self.output.as_ref().map(|o| s.linear(o)).transpose()?,
+            per_layer: match &self.per_layer {
+                Some(p) => Some(PerLayerInputs {
+                    token_embd: (s.matrix)(&p.token_embd)?,
+                    model_proj: (s.matrix)(&p.model_proj)?,
+                    proj_norm: (s.vector)(&p.proj_norm)?,
+                }),
+                None => None,
+            },
         })
     }
 }
