@@ -151,3 +151,29 @@ fn gemma4_in_one_prefill_matches_the_chunked_run() {
     };
     assert_eq!(a, b, "the same logits in one prefill and in chunks");
 }
+
+/// The CUDA backend's KV pool has one row width for every layer: gemma4 (head sizes 64 and 128)
+/// is refused at load with one line naming that, not run wrong.
+#[cfg(feature = "cuda")]
+#[test]
+fn gemma4_is_refused_on_the_emulated_cuda_backend_with_the_reason() {
+    use edge_llm::cuda::Emu;
+    use edge_llm::device::Executor;
+    let r = support::synth::json("tests/synth/gemma4.json");
+    let Some(path) = support::synth::model_file(&r, "scripts/synth/refs.sh") else {
+        return;
+    };
+    let model = Model::load(&path).unwrap();
+    match Executor::cuda_emulated(&model, Emu::new(), 16, 8) {
+        Ok(_) => panic!("gemma4 loaded onto the emulated GPU"),
+        Err(e) => {
+            let msg = format!("{e:#}");
+            assert!(
+                msg.contains(
+                    "different head sizes or KV head counts are not supported on --device cuda"
+                ) && !msg.contains('\n'),
+                "{msg}"
+            );
+        }
+    }
+}
