@@ -10,6 +10,9 @@
 //! each layer's `inp_gate`/`proj`/`post_norm`) and the last 5 of 10 layers reading the KV of
 //! layers 3 and 4 (`attention.shared_kv_layers`).
 //!
+//! `gemma4-moe` is shaped as 26B-A4B: the dense case's layers with 8 experts of 128 (2 used) beside
+//! the dense network (router input norm and scale, per-expert output scales, fused gate/up).
+//!
 //! Each runs 96 tokens (six times the sliding window of 16) through edge-llm's CPU forward pass
 //! in prefill chunks of 24 (so the window crosses chunk boundaries and reads earlier chunks' KV
 //! blocks). Compared at every position: the mean KL divergence of llama.cpp's distribution from
@@ -121,6 +124,15 @@ fn gemma4_e2b_per_layer_inputs_and_shared_kv_match_the_newest_llama_cpp() {
     };
     assert!(kld <= 0.005, "gemma4-e2b: mean KLD {kld}");
     assert!(same_top >= 0.97, "gemma4-e2b: same top {same_top}");
+}
+
+#[test]
+fn gemma4_moe_shared_and_routed_experts_match_the_newest_llama_cpp() {
+    let Some((kld, same_top)) = measure("gemma4-moe", 24) else {
+        return;
+    };
+    assert!(kld <= 0.005, "gemma4-moe: mean KLD {kld}");
+    assert!(same_top >= 0.97, "gemma4-moe: same top {same_top}");
 }
 
 /// The layers that read another layer's KV hold no KV blocks of their own: the pool of the E2B

@@ -48,6 +48,12 @@ def build(case, c, out_path, blocks, add_vocab, n_tokens_default):
     w.add_shared_kv_layers(g.get("shared_kv", 0))
     w.add_embedding_length_per_layer_input(g.get("per_layer", 0))
     w.add_final_logit_softcapping(30.0)
+    moe = g.get("moe")
+    if moe:
+        n_expert, n_expert_used, n_ff_exp = moe
+        w.add_uint32(f"{arch}.expert_count", n_expert)
+        w.add_uint32(f"{arch}.expert_used_count", n_expert_used)
+        w.add_uint32(f"{arch}.expert_feed_forward_length", n_ff_exp)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     n_vocab = add_vocab(w, c["vocab"])
     add_tensor = w.add_tensor
@@ -101,6 +107,16 @@ def build(case, c, out_path, blocks, add_vocab, n_tokens_default):
         add(p + "ffn_up.weight", mat(n_ff, n_embd))
         add(p + "ffn_down.weight", mat(n_embd, n_ff))
         add(p + "post_ffw_norm.weight", norm(n_embd))
+        if moe:  # 26B-A4B: experts beside the dense network (the shared expert)
+            stack = lambda n_out, n_in: np.stack([mat(n_out, n_in) for _ in range(n_expert)])
+            add(p + "ffn_gate_inp.weight", mat(n_expert, n_embd))
+            add(p + "ffn_gate_inp.scale", norm(n_embd))
+            add(p + "ffn_gate_up_exps.weight", stack(2 * n_ff_exp, n_embd))
+            add(p + "ffn_down_exps.weight", stack(n_embd, n_ff_exp))
+            add(p + "ffn_down_exps.scale", norm(n_expert))
+            add(p + "pre_ffw_norm_2.weight", norm(n_embd))
+            add(p + "post_ffw_norm_1.weight", norm(n_embd))
+            add(p + "post_ffw_norm_2.weight", norm(n_embd))
         add(p + "layer_output_scale.weight",
             np.array([rng.uniform(0.6, 1.2)], dtype=np.float32))
     add("output_norm.weight", norm(n_embd))

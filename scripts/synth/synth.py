@@ -69,6 +69,13 @@ CASES = {
                    tied=True, gemma4=dict(swa=[True] * 5 + [False], head_dim_swa=64, head_dim=128,
                                           kv_swa=2, kv_full=1, window=16),
                    n_tokens=96, llama_cpp="newest"),
+    # Gemma 4 shaped as 26B-A4B: the dense case's layers with 8 experts of 128 (2 used) beside
+    # the dense network, a router with its input scale, per-expert output scales, fused gate/up.
+    "gemma4-moe": dict(arch="gemma4", vocab=SMOLLM2, n_embd=256, n_heads=4, n_ff=256, n_layers=6,
+                       tied=True, gemma4=dict(swa=[True] * 5 + [False], head_dim_swa=64,
+                                              head_dim=128, kv_swa=2, kv_full=1, window=16,
+                                              moe=(8, 2, 128)),
+                       n_tokens=96, llama_cpp="newest"),
     # Gemma 4 shaped as E2B: per-layer inputs (64 per layer), the last 5 of 10 layers reading
     # the KV of layers 3 (local) and 4 (global), V projections on every layer that has K.
     "gemma4-e2b": dict(arch="gemma4", vocab=SMOLLM2, n_embd=256, n_heads=4, n_ff=512,

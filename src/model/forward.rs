@@ -20,6 +20,7 @@ use anyhow::Result;
 
 use super::backend::Backend;
 use super::moe::experts_ffn;
+use super::moe_gemma4;
 use super::per_layer;
 use super::weights::{FeedForward, Linear, Weights};
 use super::{Batch, ModelConfig};
@@ -119,7 +120,13 @@ pub fn forward_rows<B: Backend>(
     let (n_embd, eps) = (c.n_embd, c.rms_eps);
     // The attention buffers' widths, remade where a layer's geometry differs (gemma4).
     let (mut q_dim, mut kv_dim) = (c.layer_q_dim(0), c.layer_kv_dim(0));
-    let n_ff = if c.experts.is_some() { 0 } else { c.n_ff }; // the dense block's width
+    // The dense block's width (none when every layer is a mixture of experts alone).
+    let dense = |l: &super::weights::LayerWeights<B>| matches!(l.ffn, FeedForward::Dense(_));
+    let n_ff = if w.layers.iter().any(dense) {
+        c.n_ff
+    } else {
+        0
+    };
 
     // x: [n][n_embd], the residual stream, starting from the (scaled) token embeddings.
     let mut x = b.acts(n, n_embd)?;
@@ -212,6 +219,7 @@ pub fn forward_rows<B: Backend>(
             FeedForward::Experts { router, experts } => {
                 experts_ffn(b, router, experts, c, &h, n, &mut proj)?;
             }
+            FeedForward::SharedExperts(m) => moe_gemma4::ffn(b, m, c, &x, &h, n, &mut proj)?,
         }
         if let Some(norm) = &lw.ffn_post_norm {
             b.rms_norm_inplace(&mut proj, norm, eps)?;

@@ -132,6 +132,29 @@ pub(super) fn apply(g: &GgufFile, c: &mut ModelConfig, is_local: &[bool]) -> Res
             Some(_) => g.get_usize(&key("attention.shared_kv_layers"))?,
         };
         share_kv(c, is_local, shared)?;
+        // 26B-A4B: experts beside the dense network (`super::moe_gemma4`).
+        if g.get(&key("expert_count")).is_some() {
+            let n = |k: &str| -> Result<usize> {
+                let v = g.get_usize(&key(k))?;
+                if v == 0 || v > super::config::MAX_EXPERTS.max(1 << 16) {
+                    bail!("{} = {v} is out of range", key(k));
+                }
+                Ok(v)
+            };
+            let (num_experts, num_experts_used) = (n("expert_count")?, n("expert_used_count")?);
+            if num_experts > super::config::MAX_EXPERTS || num_experts_used > num_experts {
+                bail!(
+                    "{} = {num_experts_used} of {} = {num_experts}: not supported",
+                    key("expert_used_count"),
+                    key("expert_count")
+                );
+            }
+            c.experts = Some(super::config::Experts {
+                num_experts,
+                num_experts_used,
+                n_ff_exp: n("expert_feed_forward_length")?,
+            });
+        }
     }
     Ok(())
 }

@@ -19,6 +19,7 @@ pub mod key_centers;
 pub mod kv_cache;
 pub mod layer_shapes;
 pub mod moe;
+pub mod moe_gemma4;
 pub mod per_layer;
 pub mod pooling;
 pub mod rank;

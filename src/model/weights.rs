@@ -8,6 +8,7 @@
 use anyhow::{bail, Context, Result};
 
 use super::backend::WeightStore;
+use super::moe_gemma4::Gemma4Moe;
 use super::per_layer::{PerLayerBlock, PerLayerInputs};
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::kernels;
@@ -75,7 +76,7 @@ impl MatrixInfo {
 
     /// Expert `e` of the stacked expert matrices `name` (GGUF dims [n_in, n_out, num_experts]),
     /// as a matrix of its own: the same bytes in the file, a narrower view.
-    fn load_expert(
+    pub(crate) fn load_expert(
         g: &GgufFile,
         name: &str,
         n_in: usize,
@@ -100,6 +101,27 @@ impl MatrixInfo {
             n_bytes: bytes,
         };
         MatrixInfo::from_info(view, n_in, n_out)
+    }
+
+    /// Rows `[row0, row0 + n_out)` of this matrix, as a matrix of its own (a view).
+    pub(crate) fn rows(&self, row0: usize, n_out: usize) -> Result<MatrixInfo> {
+        let rb = self.row_bytes();
+        let view = TensorInfo {
+            name: format!("{}[rows {row0}..{}]", self.info.name, row0 + n_out),
+            dims: vec![self.n_in as u64, n_out as u64],
+            ttype: self.ttype,
+            offset: self.info.offset + (row0 * rb) as u64,
+            n_bytes: (n_out * rb) as u64,
+        };
+        if row0 + n_out > self.n_out {
+            bail!(
+                "rows {row0}..{} of '{}' of {} rows",
+                row0 + n_out,
+                self.info.name,
+                self.n_out
+            );
+        }
+        MatrixInfo::from_info(view, self.n_in, n_out)
     }
 
     fn from_info(info: TensorInfo, n_in: usize, n_out: usize) -> Result<MatrixInfo> {
@@ -210,6 +232,8 @@ pub enum FeedForward<S: WeightStore> {
         /// [num_experts] networks of n_ff_exp (views of the stacked `ffn_*_exps` tensors).
         experts: Vec<Mlp<S>>,
     },
+    /// gemma4's dense network beside its experts (`super::moe_gemma4`).
+    SharedExperts(Box<Gemma4Moe<S>>),
 }
 
 /// The weights of one transformer block. The optional norms are there exactly when the
@@ -320,6 +344,14 @@ impl Weights<InFile> {
                     )
                 };
                 let ffn = match &c.experts {
+                    Some(_) if c.architecture == "gemma4" => {
+                        let mlp = Mlp {
+                            gate: m("ffn_gate", c.n_embd, c.n_ff)?,
+                            up: m("ffn_up", c.n_embd, c.n_ff)?,
+                            down: m("ffn_down", c.n_ff, c.n_embd)?,
+                        };
+                        FeedForward::SharedExperts(Box::new(Gemma4Moe::read(g, c, i, mlp)?))
+                    }
                     Some(x) => {
                         let exps = |name: &str, n_in, n_out, e| {
                             let name = format!("blk.{i}.{name}.weight");
@@ -483,6 +515,9 @@ impl<S: WeightStore, E> Loader<'_, S, E> {
                     .map(|m| self.mlp(m))
                     .collect::<Result<_, E>>()?,
             },
+            FeedForward::SharedExperts(m) => {
+                FeedForward::SharedExperts(Box::new(m.load(self.matrix, self.vector)?))
+            }
         })
     }
 
