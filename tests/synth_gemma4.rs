@@ -189,3 +189,102 @@ fn gemma4_is_refused_on_the_emulated_cuda_backend_with_the_reason() {
         }
     }
 }
+
+/// A gemma4 header (metadata and a token embedding only) with the keys of `bad` replacing or
+/// added to the good ones, read by `ModelConfig::from_gguf`: its error as one line.
+fn config_error(bad: &[(&str, edge_llm::gguf::MetaValue)]) -> String {
+    use edge_llm::gguf::{GgufFile, MetaArray, MetaValue};
+    use edge_llm::kernels::tensor_type::TensorType;
+    use edge_llm::model::ModelConfig;
+    let mut kvs: Vec<(String, MetaValue)> = vec![(
+        "general.architecture".into(),
+        MetaValue::String("gemma4".into()),
+    )];
+    for (k, v) in [
+        ("embedding_length", 64),
+        ("block_count", 6),
+        ("feed_forward_length", 128),
+        ("attention.head_count", 4),
+        ("attention.key_length", 32),
+        ("attention.value_length", 32),
+        ("attention.key_length_swa", 16),
+        ("attention.value_length_swa", 16),
+        ("attention.sliding_window", 8),
+        ("rope.dimension_count_swa", 16),
+        ("context_length", 256),
+    ] {
+        kvs.push((format!("gemma4.{k}"), MetaValue::U32(v)));
+    }
+    kvs.push((
+        "gemma4.attention.layer_norm_rms_epsilon".into(),
+        MetaValue::F32(1e-6),
+    ));
+    kvs.push((
+        "gemma4.attention.head_count_kv".into(),
+        MetaValue::Array(MetaArray::U32(vec![2, 2, 2, 2, 2, 1])),
+    ));
+    kvs.push((
+        "gemma4.attention.sliding_window_pattern".into(),
+        MetaValue::Array(MetaArray::Bool(vec![true, true, true, true, true, false])),
+    ));
+    for (k, v) in bad {
+        kvs.retain(|(key, _)| key != k);
+        kvs.push((k.to_string(), v.clone()));
+    }
+    let mut b = support::gguf_writer::GgufBuilder::new(3);
+    for (k, v) in &kvs {
+        b.kv(k, v);
+    }
+    b.tensor("token_embd.weight", &[64, 100], TensorType::F32);
+    let g = GgufFile::from_bytes("gemma4 header", &b.build()).unwrap();
+    match ModelConfig::from_gguf(&g) {
+        Ok(_) => panic!("a hostile gemma4 header was accepted: {bad:?}"),
+        Err(e) => {
+            let msg = format!("{e:#}");
+            assert!(!msg.contains('\n'), "{msg}");
+            msg
+        }
+    }
+}
+
+/// Bad per-layer geometry is refused with a one-line error naming it, never a panic.
+#[test]
+fn hostile_gemma4_headers_are_refused_with_one_line() {
+    use edge_llm::gguf::{MetaArray, MetaValue};
+    let kv_heads = |v: Vec<u32>| {
+        (
+            "gemma4.attention.head_count_kv",
+            MetaValue::Array(MetaArray::U32(v)),
+        )
+    };
+    let swa = |n: u32| {
+        vec![
+            ("gemma4.attention.key_length_swa", MetaValue::U32(n)),
+            ("gemma4.attention.value_length_swa", MetaValue::U32(n)),
+        ]
+    };
+    let shared = |n: u32| vec![("gemma4.attention.shared_kv_layers", MetaValue::U32(n))];
+    let cases = [
+        (vec![kv_heads(vec![2, 2, 2])], "has 3 entries for 6 layers"),
+        (vec![kv_heads(vec![2, 2, 0, 2, 2, 1])], "out of range"),
+        (
+            vec![kv_heads(vec![4, 2, 3, 2, 2, 1])],
+            "not a multiple of its 3 KV heads",
+        ),
+        (swa(15), "sliding-window head size 15"),
+        (
+            vec![("gemma4.attention.value_length_swa", MetaValue::U32(8))],
+            "differs from",
+        ),
+        (shared(5), "at least two must keep their own KV"),
+        // The last layer is global: it would read layer 4's KV, a local layer's.
+        (shared(1), "of another kind or shape"),
+    ];
+    for (bad, want) in cases {
+        let msg = config_error(&bad);
+        assert!(msg.contains(want), "{msg} (expected: {want})");
+    }
+    // The good header itself is accepted (so each refusal above is the bad key's).
+    let ok = std::panic::catch_unwind(|| config_error(&[]));
+    assert!(ok.is_err(), "the unchanged header is accepted");
+}
