@@ -36,6 +36,7 @@ import numpy as np
 import gguf
 
 import encoder  # scripts/synth/encoder.py: the encoder cases
+import gemma4  # scripts/synth/gemma4.py: the gemma4 cases
 import reranker  # scripts/synth/reranker.py: the bert reranker
 
 SMOLLM2 = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -60,6 +61,29 @@ CASES = {
     "qwen3moe": dict(arch="qwen3moe", vocab=QWEN25, qk_norm=True, n_embd=256, n_heads=4,
                      n_kv_heads=2, n_ff=256, n_layers=3, tied=True, moe=(8, 2, 128),
                      llama_cpp="newest"),
+    # Gemma 4 shaped as the 31B (dense): 5 sliding-window layers of head size 64 and 2 KV heads,
+    # then a full layer of head size 128 and 1 KV head, with no V projection (K is V), partial
+    # "proportional" rope through rope_freqs, a layer_output_scale per layer, soft-capped logits.
+    # 96 tokens: past the window of 16 many times over.
+    "gemma4": dict(arch="gemma4", vocab=SMOLLM2, n_embd=256, n_heads=4, n_ff=512, n_layers=6,
+                   tied=True, gemma4=dict(swa=[True] * 5 + [False], head_dim_swa=64, head_dim=128,
+                                          kv_swa=2, kv_full=1, window=16),
+                   n_tokens=96, llama_cpp="newest"),
+    # Gemma 4 shaped as 26B-A4B: the dense case's layers with 8 experts of 128 (2 used) beside
+    # the dense network, a router with its input scale, per-expert output scales, fused gate/up.
+    "gemma4-moe": dict(arch="gemma4", vocab=SMOLLM2, n_embd=256, n_heads=4, n_ff=256, n_layers=6,
+                       tied=True, gemma4=dict(swa=[True] * 5 + [False], head_dim_swa=64,
+                                              head_dim=128, kv_swa=2, kv_full=1, window=16,
+                                              moe=(8, 2, 128)),
+                       n_tokens=96, llama_cpp="newest"),
+    # Gemma 4 shaped as E2B: per-layer inputs (64 per layer), the last 5 of 10 layers reading
+    # the KV of layers 3 (local) and 4 (global), V projections on every layer that has K.
+    "gemma4-e2b": dict(arch="gemma4", vocab=SMOLLM2, n_embd=256, n_heads=4, n_ff=512,
+                       n_layers=10, tied=True,
+                       gemma4=dict(swa=([True] * 4 + [False]) * 2, head_dim_swa=64,
+                                   head_dim=128, kv_swa=1, kv_full=1, window=16, per_layer=64,
+                                   shared_kv=5, k_eq_v=False),
+                       n_tokens=96, llama_cpp="newest"),
     # The base of the IQ-quantized models: rows of 256 (the IQ super-block), one layer.
     "iq_base": dict(arch="llama", vocab=SMOLLM2, n_embd=256, n_heads=4, n_kv_heads=1, n_ff=256,
                     n_layers=1, tied=True),
@@ -69,7 +93,7 @@ CASES = {
 # blocks kept in tests/synth/quant/, as the IQ ones). Not Q4_K_M: with its coarser matrices the
 # two sides route 3 of the 40 rows of qwen3moe to different experts (the rows whose 2nd and 3rd
 # expert probabilities are closest, within 8e-4), which no per-logit budget covers.
-QUANTIZED = {"qwen3moe": ["Q8_0"]}
+QUANTIZED = {"qwen3moe": ["Q8_0"], "gemma4": ["Q4_K_M"]}
 
 IQ_TYPES = ["IQ4_NL", "IQ4_XS", "IQ3_S", "IQ3_XXS", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ1_M", "IQ1_S"]
 
@@ -107,6 +131,8 @@ def build(case, out_path, blocks=None):
     """Writes the case's GGUF; returns (n_vocab, the case's sequence of token ids). `blocks`: a
     GGUF whose tensors replace the random ones of the same name, bytes and type as they are."""
     c = CASES[case]
+    if c.get("gemma4"):
+        return gemma4.build(case, c, out_path, blocks, add_vocab, N_TOKENS)
     replace = {}
     if blocks:
         for t in gguf.GGUFReader(blocks).tensors:
@@ -247,8 +273,9 @@ def picked_ids(n_vocab):
 
 
 def llama_logits(tool, model, tokens, picked):
+    n_ctx = max(128, len(tokens))
     out = subprocess.run([tool, model, ",".join(map(str, tokens)), ",".join(map(str, picked)),
-                          str(TOP_K), "128"], check=True, capture_output=True, text=True)
+                          str(TOP_K), str(n_ctx)], check=True, capture_output=True, text=True)
     return json.loads(out.stdout)
 
 

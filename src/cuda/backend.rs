@@ -99,6 +99,12 @@ pub fn load<D: CudaDevice>(
     if block_size == 0 || num_blocks == 0 {
         bail!("an empty KV pool");
     }
+    if !c.uniform_layers() {
+        bail!(
+            "{}: layers of different head sizes or KV head counts are not supported on --device cuda (its KV pool has one row width for every layer); run it with --device cpu",
+            c.architecture
+        );
+    }
     let kv_bytes = KvPool::<D>::bytes(c, kv_types, block_size, num_blocks);
     let weight_bytes = model.file.file_bytes() as usize;
     let (free, total) = dev.mem_info()?;
@@ -508,6 +514,17 @@ impl<D: CudaDevice> Backend for CudaBackend<D> {
 
     fn read(&mut self, x: &DevActs) -> Result<Vec<f32>> {
         self.dev.download(&self.arena[x.slot], x.n_rows * x.width)
+    }
+
+    fn reshape(&mut self, x: DevActs, n_rows: usize, width: usize) -> Result<DevActs> {
+        if x.n_rows * x.width != n_rows * width {
+            bail!(
+                "reshape of [{}][{}] into [{n_rows}][{width}]",
+                x.n_rows,
+                x.width
+            );
+        }
+        Ok(DevActs { n_rows, width, ..x })
     }
 
     fn gather_rows(&mut self, x: &DevActs, rows: &[u32], out: &mut DevActs) -> Result<()> {

@@ -145,6 +145,8 @@ pub trait Backend: WeightStore {
     fn logits(&mut self, x: Self::Acts) -> Result<Vec<f32>>;
     /// Ends a step that wants no logits.
     fn end_step(&mut self) -> Result<()>;
+    /// The same values seen as `[n_rows][width]` (as many elements as `x` holds).
+    fn reshape(&mut self, x: Self::Acts, n_rows: usize, width: usize) -> Result<Self::Acts>;
 
     /// Copies KV block `src` onto `dst` in every layer (copy-on-write of a shared block).
     fn copy_block(&mut self, src: BlockId, dst: BlockId) -> Result<()>;

@@ -10,7 +10,7 @@ use crate::kernels::{Activation, FreqFactors, Rope, RopeStyle, Yarn};
 
 /// Architectures the forward pass implements (`general.architecture`).
 pub const SUPPORTED_ARCHITECTURES: &[&str] = &[
-    "llama", "qwen2", "qwen3", "gemma3", "phi3", "smollm3", "granite", "qwen3moe",
+    "llama", "qwen2", "qwen3", "gemma3", "phi3", "smollm3", "granite", "qwen3moe", "gemma4",
 ];
 
 /// What sets one family of models apart, as llama.cpp 0c1e57098 builds them
@@ -116,6 +116,18 @@ const FAMILIES: &[Family] = &[
         experts: true,
         ..LLAMA
     },
+    // Dense Gemma 4 (31B's shape): per-layer geometry and its other changes in `layer_shapes`.
+    Family {
+        architecture: "gemma4",
+        rope_style: RopeStyle::Neox,
+        activation: Activation::GeGlu,
+        scale_embeddings: true,
+        qk_norm: true,
+        post_norms: true,
+        swa_pattern: Some(0),
+        rope_freqs: true,
+        ..LLAMA
+    },
 ];
 
 /// The most experts a layer may have (llama.cpp's LLAMA_MAX_EXPERTS).
@@ -139,6 +151,13 @@ pub struct LayerOptions {
     pub rope: Option<Rope>,
     /// A query at position p sees keys at positions (p - window, p]; None: all before it.
     pub window: Option<usize>,
+    /// This layer's head size and KV head count (the model's unless the file gives per-layer
+    /// ones: `super::layer_shapes`).
+    pub head_dim: usize,
+    pub n_kv_heads: usize,
+    /// The layer whose KV cache this one attends over: itself, or an earlier one (gemma4's
+    /// `attention.shared_kv_layers`: this layer then writes no keys or values).
+    pub kv_layer: usize,
 }
 
 #[derive(Clone, Debug)]
@@ -175,6 +194,10 @@ pub struct ModelConfig {
     pub layers: Vec<LayerOptions>,
     /// The feed-forward blocks are mixtures of these experts (else dense, of `n_ff`).
     pub experts: Option<Experts>,
+    /// Each head's values go through an RMSNorm without a weight (gemma4).
+    pub v_norm: bool,
+    /// Width of each layer's per-layer input (gemma4's E2B/E4B; 0: none).
+    pub per_layer_embd: usize,
 }
 
 impl ModelConfig {
@@ -211,7 +234,7 @@ impl ModelConfig {
         let n_ff = usize_key("feed_forward_length")?;
         let n_heads = usize_key("attention.head_count")?;
         let n_kv_heads = if has("attention.head_count_kv") {
-            usize_key("attention.head_count_kv")?
+            super::layer_shapes::kv_heads_or_max(g, &key("attention.head_count_kv"), num_layers)?
         } else {
             n_heads
         };
@@ -368,6 +391,9 @@ impl ModelConfig {
                 LayerOptions {
                     rope: (!nope).then_some(rope),
                     window,
+                    head_dim,
+                    n_kv_heads,
+                    kv_layer: l,
                 }
             })
             .collect();
@@ -409,7 +435,7 @@ impl ModelConfig {
         } else {
             None
         };
-        Ok(ModelConfig {
+        let mut c = ModelConfig {
             architecture: arch,
             num_layers,
             n_embd,
@@ -431,7 +457,11 @@ impl ModelConfig {
             fused_gate_up: family.fused_gate_up,
             layers,
             experts,
-        })
+            v_norm: false,
+            per_layer_embd: 0,
+        };
+        super::layer_shapes::apply(g, &mut c, &is_local)?;
+        Ok(c)
     }
 
     /// Width of one token's keys (or values) in one layer.

@@ -17,7 +17,7 @@ use super::weights::{InFile, MatrixInfo, Weights};
 use super::{Batch, ModelConfig};
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::kernels::tensor_type::TensorType;
-use crate::kernels::{self, rows, Activation, AttentionBatch, AttentionShape, KvTypes, Rope};
+use crate::kernels::{self, rows, Activation, AttentionBatch, KvTypes, Rope};
 use crate::model::kv_cache::{BlockId, KvCache};
 
 /// A weight matrix on the CPU: its bytes in the mapped file, and the interleaved copy its
@@ -136,7 +136,6 @@ struct Step {
 /// The CPU backend: the KV pool and the current step's batch.
 pub struct Cpu {
     kv: KvCache,
-    shape: AttentionShape,
     attn_scale: f32,
     step: Step,
     /// The steps' activation buffers, reused from layer to layer and step to step.
@@ -163,7 +162,6 @@ impl Cpu {
     pub fn new(c: &ModelConfig, kv_types: KvTypes, block_size: usize, num_blocks: usize) -> Cpu {
         let kv = KvCache::new_as(kv_types, c, block_size, num_blocks);
         Cpu {
-            shape: kv.shape(c),
             kv,
             attn_scale: c.attn_scale,
             step: Step::default(),
@@ -318,7 +316,8 @@ impl Backend for Cpu {
 
     fn kv_write(&mut self, layer: usize, k: &Vec<f32>, v: &Vec<f32>) -> Result<()> {
         let types = self.kv.types;
-        let hd = self.shape.head_dim;
+        let shape = *self.kv.layer_shape(layer);
+        let hd = shape.head_dim;
         // A quantized cache stores the rows turned (kernels::hadamard_rows), each once.
         let mut turned = std::mem::take(&mut self.turned);
         let center = self.key_centers.get(layer).and_then(Option::as_deref);
@@ -344,7 +343,7 @@ impl Backend for Cpu {
             }
         };
         let (k_cache, v_cache) = self.kv.layer_mut(layer);
-        let kv_dim = self.shape.n_kv_heads * hd;
+        let kv_dim = shape.n_kv_heads * hd;
         kernels::kv_write_as(
             types,
             k,
@@ -373,7 +372,8 @@ impl Backend for Cpu {
             context_lens: &self.step.context_lens,
         };
         let types = self.kv.types;
-        let hd = self.shape.head_dim;
+        let shape = *self.kv.layer_shape(layer);
+        let hd = shape.head_dim;
         // Queries turned as the keys were (q . k unchanged), the output turned back.
         let mut turned = std::mem::take(&mut self.turned);
         let q = match types.k_rotation(hd) {
@@ -392,7 +392,7 @@ impl Backend for Cpu {
             q,
             k_cache,
             v_cache,
-            &self.shape,
+            &shape,
             &addressing,
             self.attn_scale,
             window,
@@ -476,6 +476,15 @@ impl Backend for Cpu {
     fn softcap(&mut self, x: &mut Vec<f32>, cap: f32) -> Result<()> {
         x.iter_mut().for_each(|z| *z = cap * (*z / cap).tanh());
         Ok(())
+    }
+
+    fn reshape(&mut self, x: Vec<f32>, n_rows: usize, width: usize) -> Result<Vec<f32>> {
+        anyhow::ensure!(
+            x.len() == n_rows * width,
+            "reshape of {} into [{n_rows}][{width}]",
+            x.len()
+        );
+        Ok(x)
     }
 
     fn logits(&mut self, x: Vec<f32>) -> Result<Vec<f32>> {

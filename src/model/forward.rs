@@ -20,6 +20,8 @@ use anyhow::Result;
 
 use super::backend::Backend;
 use super::moe::experts_ffn;
+use super::moe_gemma4;
+use super::per_layer;
 use super::weights::{FeedForward, Linear, Weights};
 use super::{Batch, ModelConfig};
 
@@ -115,12 +117,25 @@ pub fn forward_rows<B: Backend>(
     let (block_size, num_blocks) = b.kv_pool();
     batch.validate(c.vocab_size, block_size, num_blocks)?;
     b.begin_step(batch)?;
-    let (n_embd, q_dim, kv_dim, eps) = (c.n_embd, c.q_dim(), c.kv_dim(), c.rms_eps);
-    let n_ff = if c.experts.is_some() { 0 } else { c.n_ff }; // the dense block's width
+    let (n_embd, eps) = (c.n_embd, c.rms_eps);
+    // The attention buffers' widths, remade where a layer's geometry differs (gemma4).
+    let (mut q_dim, mut kv_dim) = (c.layer_q_dim(0), c.layer_kv_dim(0));
+    // The dense block's width (none when every layer is a mixture of experts alone).
+    let dense = |l: &super::weights::LayerWeights<B>| matches!(l.ffn, FeedForward::Dense(_));
+    let n_ff = if w.layers.iter().any(dense) {
+        c.n_ff
+    } else {
+        0
+    };
 
     // x: [n][n_embd], the residual stream, starting from the (scaled) token embeddings.
     let mut x = b.acts(n, n_embd)?;
     b.embed(&w.token_embd, c.embd_scale, &mut x)?;
+    // gemma4 E2B/E4B: every layer's per-layer input, [n][n_layer * n_pl].
+    let mut ple = match &w.per_layer {
+        Some(p) => Some(per_layer::inputs(b, p, c, &x, n)?),
+        None => None,
+    };
 
     let mut h = b.acts(n, n_embd)?; // normed input
     let (mut q, mut k, mut v) = (b.acts(n, q_dim)?, b.acts(n, kv_dim)?, b.acts(n, kv_dim)?);
@@ -134,29 +149,56 @@ pub fn forward_rows<B: Backend>(
         b.rms_norm(&x, &first.attn_norm, eps, &mut h)?;
     }
     for (l, (lw, lo)) in w.layers.iter().zip(&c.layers).enumerate() {
+        if (c.layer_q_dim(l), c.layer_kv_dim(l)) != (q_dim, kv_dim) {
+            (q_dim, kv_dim) = (c.layer_q_dim(l), c.layer_kv_dim(l));
+            for (buf, width) in [
+                (&mut q, q_dim),
+                (&mut k, kv_dim),
+                (&mut v, kv_dim),
+                (&mut attn, q_dim),
+            ] {
+                let old = std::mem::replace(buf, b.acts(n, width)?);
+                b.recycle(old);
+            }
+        }
         // Attention block (on `h`, the normed input): q, k, v (each head's q and k normed
         // where the model does so), rotated, k and v cached, attention over the layer's
         // window, output projection.
+        // A layer sharing an earlier layer's KV (gemma4) computes only its queries.
+        let own_kv = lo.kv_layer == l;
         let mut hq = b.input(&h); // quantized once for q, k and v, multiplied in one call
-        let qkv = [(&lw.wq, &mut q), (&lw.wk, &mut k), (&lw.wv, &mut v)];
-        let mut products = qkv.map(|(l, out)| (&l.weight, out));
-        b.matmul_many(&mut hq, &mut products)?;
+        if own_kv {
+            let qkv = [(&lw.wq, &mut q), (&lw.wk, &mut k), (&lw.wv, &mut v)];
+            let mut products = qkv.map(|(l, out)| (&l.weight, out));
+            b.matmul_many(&mut hq, &mut products)?;
+        } else {
+            b.matmul(&mut hq, &lw.wq.weight, &mut q)?;
+        }
         drop(hq);
-        for (l, out) in [(&lw.wq, &mut q), (&lw.wk, &mut k), (&lw.wv, &mut v)] {
-            add_bias_of(b, l, out)?;
+        add_bias_of(b, &lw.wq, &mut q)?;
+        if own_kv {
+            add_bias_of(b, &lw.wk, &mut k)?;
+            add_bias_of(b, &lw.wv, &mut v)?;
         }
         if let Some(norm) = &lw.attn_q_norm {
             b.rms_norm_inplace(&mut q, norm, eps)?;
         }
-        if let Some(norm) = &lw.attn_k_norm {
-            b.rms_norm_inplace(&mut k, norm, eps)?;
-        }
         if let Some(rope) = &lo.rope {
             b.rope(&mut q, c.n_heads, rope)?;
-            b.rope(&mut k, c.n_kv_heads, rope)?;
         }
-        b.kv_write(l, &k, &v)?;
-        b.attention(l, &q, lo.window, &mut attn)?;
+        if own_kv {
+            if let Some(norm) = &lw.attn_k_norm {
+                b.rms_norm_inplace(&mut k, norm, eps)?;
+            }
+            if let Some(norm) = &lw.attn_v_norm {
+                b.rms_norm_inplace(&mut v, norm, eps)?;
+            }
+            if let Some(rope) = &lo.rope {
+                b.rope(&mut k, lo.n_kv_heads, rope)?;
+            }
+            b.kv_write(l, &k, &v)?;
+        }
+        b.attention(lo.kv_layer, &q, lo.window, &mut attn)?;
         linear_of(b, &attn, &lw.wo, &mut proj)?;
         if let Some(norm) = &lw.attn_post_norm {
             b.rms_norm_inplace(&mut proj, norm, eps)?;
@@ -177,18 +219,32 @@ pub fn forward_rows<B: Backend>(
             FeedForward::Experts { router, experts } => {
                 experts_ffn(b, router, experts, c, &h, n, &mut proj)?;
             }
+            FeedForward::SharedExperts(m) => moe_gemma4::ffn(b, m, c, &x, &h, n, &mut proj)?,
         }
         if let Some(norm) = &lw.ffn_post_norm {
             b.rms_norm_inplace(&mut proj, norm, eps)?;
         }
         scale_if(b, &mut proj, c.residual_scale)?;
-        match w.layers.get(l + 1) {
-            Some(next) => b.add_rms_norm(&mut x, &proj, &next.attn_norm, eps, &mut h)?,
-            None => b.add(&mut x, &proj)?,
+        match (w.layers.get(l + 1), lw.out_scale, &lw.per_layer) {
+            (Some(next), None, None) => {
+                b.add_rms_norm(&mut x, &proj, &next.attn_norm, eps, &mut h)?
+            }
+            (None, None, None) => b.add(&mut x, &proj)?,
+            // gemma4: the per-layer input's block, then the whole residual stream scaled.
+            (next, scale, per_layer) => {
+                b.add(&mut x, &proj)?;
+                if let (Some(blk), Some(all)) = (per_layer, ple.take()) {
+                    ple = Some(per_layer::block(b, blk, c, l, all, &mut x, n)?);
+                }
+                scale_if(b, &mut x, scale.unwrap_or(1.0))?;
+                if let Some(next) = next {
+                    b.rms_norm(&x, &next.attn_norm, eps, &mut h)?;
+                }
+            }
         }
     }
 
-    for buffer in [h, q, k, v, attn, proj, gate, up] {
+    for buffer in [h, q, k, v, attn, proj, gate, up].into_iter().chain(ple) {
         b.recycle(buffer);
     }
 

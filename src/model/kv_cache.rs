@@ -32,12 +32,13 @@ pub struct KvCache {
     pub block_size: usize,
     pub num_blocks: usize,
     pub types: KvTypes,
-    /// 16-bit words of one token's key row and value row.
-    k_row: usize,
-    v_row: usize,
+    /// Per layer: 16-bit words of one token's key row and value row (layers may differ in
+    /// head size and KV head count: `ModelConfig::layer_kv_dim`).
+    rows: Vec<(usize, usize)>,
+    /// Per layer: the attention geometry its rows hold.
+    shapes: Vec<AttentionShape>,
     /// Per layer: keys and values, each [num_blocks][block_size] rows of [n_kv_heads][head_dim]
-    /// elements of their type (f16 words, or ggml blocks along head_dim), `k_row` and `v_row`
-    /// words each.
+    /// elements of their type (f16 words, or ggml blocks along head_dim), `rows[l]` words each.
     k: Vec<Vec<u16>>,
     v: Vec<Vec<u16>>,
 }
@@ -50,7 +51,9 @@ impl KvCache {
 
     /// Bytes one block takes over all layers, keys and values, in `types`.
     pub fn bytes_per_block_as(types: KvTypes, c: &ModelConfig, block_size: usize) -> usize {
-        c.num_layers * block_size * types.token_bytes(c.kv_dim())
+        (0..c.num_layers)
+            .map(|l| block_size * types.token_bytes(c.layer_cache_dim(l)))
+            .sum()
     }
 
     /// An f16 pool.
@@ -66,23 +69,29 @@ impl KvCache {
         num_blocks: usize,
     ) -> KvCache {
         assert!(block_size > 0 && num_blocks > 0);
-        let (k_row, v_row) = (
-            kv_row_words(types.k, c.kv_dim()),
-            kv_row_words(types.v, c.kv_dim()),
-        );
+        let rows: Vec<(usize, usize)> = (0..c.num_layers)
+            .map(|l| {
+                let kv_dim = c.layer_cache_dim(l);
+                (kv_row_words(types.k, kv_dim), kv_row_words(types.v, kv_dim))
+            })
+            .collect();
         let slots = num_blocks * block_size;
         KvCache {
             block_size,
             num_blocks,
             types,
-            k_row,
-            v_row,
-            k: (0..c.num_layers)
-                .map(|_| vec![0u16; slots * k_row])
+            k: rows.iter().map(|r| vec![0u16; slots * r.0]).collect(),
+            v: rows.iter().map(|r| vec![0u16; slots * r.1]).collect(),
+            shapes: (0..c.num_layers)
+                .map(|l| AttentionShape {
+                    n_heads: c.n_heads,
+                    n_kv_heads: c.layers[l].n_kv_heads,
+                    head_dim: c.layers[l].head_dim,
+                    block_size,
+                    num_blocks,
+                })
                 .collect(),
-            v: (0..c.num_layers)
-                .map(|_| vec![0u16; slots * v_row])
-                .collect(),
+            rows,
         }
     }
 
@@ -104,19 +113,28 @@ impl KvCache {
         }
     }
 
+    /// Layer `l`'s attention geometry (its head size and KV head count may be its own).
+    pub fn layer_shape(&self, l: usize) -> &AttentionShape {
+        &self.shapes[l]
+    }
+
     /// Bytes of one block over all layers (`bytes_per_block_as`), as `read_block` returns them.
     pub fn block_bytes(&self) -> usize {
-        2 * self.k.len() * self.block_size * (self.k_row + self.v_row)
+        let words: usize = self.rows.iter().map(|(k, v)| k + v).sum();
+        2 * self.block_size * words
     }
 
     /// Block `id`'s keys and values as bytes: per layer its keys, then its values
     /// ([block_size] rows of their type each, f16 little-endian or ggml blocks). The disk tier's
     /// format (which records the types beside it).
     pub fn read_block(&self, id: BlockId) -> Vec<u8> {
-        let (nk, nv) = (self.block_size * self.k_row, self.block_size * self.v_row);
-        let (ak, av) = (id.index() * nk, id.index() * nv);
         let mut out = Vec::with_capacity(self.block_bytes());
         for l in 0..self.k.len() {
+            let (nk, nv) = (
+                self.block_size * self.rows[l].0,
+                self.block_size * self.rows[l].1,
+            );
+            let (ak, av) = (id.index() * nk, id.index() * nv);
             for cache in [&self.k[l][ak..ak + nk], &self.v[l][av..av + nv]] {
                 out.extend(cache.iter().flat_map(|x| x.to_le_bytes()));
             }
@@ -134,12 +152,15 @@ impl KvCache {
                 self.block_bytes()
             );
         }
-        let (nk, nv) = (self.block_size * self.k_row, self.block_size * self.v_row);
-        let (ak, av) = (id.index() * nk, id.index() * nv);
         let mut src = bytes
             .chunks_exact(2)
             .map(|b| u16::from_le_bytes([b[0], b[1]]));
         for l in 0..self.k.len() {
+            let (nk, nv) = (
+                self.block_size * self.rows[l].0,
+                self.block_size * self.rows[l].1,
+            );
+            let (ak, av) = (id.index() * nk, id.index() * nv);
             for dst in [&mut self.k[l][ak..ak + nk], &mut self.v[l][av..av + nv]] {
                 for (d, s) in dst.iter_mut().zip(&mut src) {
                     *d = s;
@@ -151,10 +172,10 @@ impl KvCache {
 
     /// Copies block `src` onto block `dst` in every layer (copy-on-write of a shared block).
     pub fn copy_block(&mut self, src: BlockId, dst: BlockId) {
-        for (caches, row) in [(&mut self.k, self.k_row), (&mut self.v, self.v_row)] {
-            let n = self.block_size * row;
-            let (s, d) = (src.index() * n, dst.index() * n);
-            for cache in caches.iter_mut() {
+        for (l, &(k_row, v_row)) in self.rows.iter().enumerate() {
+            for (cache, row) in [(&mut self.k[l], k_row), (&mut self.v[l], v_row)] {
+                let n = self.block_size * row;
+                let (s, d) = (src.index() * n, dst.index() * n);
                 cache.copy_within(s..s + n, d);
             }
         }

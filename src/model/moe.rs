@@ -114,17 +114,46 @@ pub fn experts_ffn<B: Backend>(
     n: usize,
     out: &mut B::Acts,
 ) -> Result<()> {
+    let routing = route(b, router, c, h, n)?;
+    run_experts(b, &routing, experts, c, h, n, out)
+}
+
+/// Each row of `x` ([n][n_embd]) routed by the router's logits (`Routing::new`).
+pub fn route<B: Backend>(
+    b: &mut B,
+    router: &B::Matrix,
+    c: &ModelConfig,
+    x: &B::Acts,
+    n: usize,
+) -> Result<Routing> {
+    let Some(shape) = &c.experts else {
+        bail!("a mixture of experts in a model of no experts");
+    };
+    // logits: [n][num_experts], each expert's score for each row.
+    let mut logits = b.acts(n, shape.num_experts)?;
+    let mut hq = b.input(x);
+    b.matmul(&mut hq, router, &mut logits)?;
+    drop(hq);
+    let routing = Routing::new(&b.read(&logits)?, shape.num_experts, shape.num_experts_used);
+    b.recycle(logits);
+    Ok(routing)
+}
+
+/// `out = sum over each row's chosen experts of weight * down(act(gate(h)) * up(h))` for a
+/// routing made already.
+pub fn run_experts<B: Backend>(
+    b: &mut B,
+    routing: &Routing,
+    experts: &[Mlp<B>],
+    c: &ModelConfig,
+    h: &B::Acts,
+    n: usize,
+    out: &mut B::Acts,
+) -> Result<()> {
     let Some(shape) = &c.experts else {
         bail!("a mixture of experts in a model of no experts");
     };
     let (k, n_ff, n_embd) = (shape.num_experts_used, shape.n_ff_exp, c.n_embd);
-    // logits: [n][num_experts], each expert's score for each row.
-    let mut logits = b.acts(n, shape.num_experts)?;
-    let mut hq = b.input(h);
-    b.matmul(&mut hq, router, &mut logits)?;
-    drop(hq);
-    let routing = Routing::new(&b.read(&logits)?, shape.num_experts, k);
-    b.recycle(logits);
 
     // slots: [n][k][n_embd], each row's experts' outputs in the order of its ranking.
     let mut slots = b.acts(n * k, n_embd)?;

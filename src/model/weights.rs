@@ -8,6 +8,8 @@
 use anyhow::{bail, Context, Result};
 
 use super::backend::WeightStore;
+use super::moe_gemma4::Gemma4Moe;
+use super::per_layer::{PerLayerBlock, PerLayerInputs};
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::kernels;
 use crate::kernels::tensor_type::TensorType;
@@ -74,7 +76,7 @@ impl MatrixInfo {
 
     /// Expert `e` of the stacked expert matrices `name` (GGUF dims [n_in, n_out, num_experts]),
     /// as a matrix of its own: the same bytes in the file, a narrower view.
-    fn load_expert(
+    pub(crate) fn load_expert(
         g: &GgufFile,
         name: &str,
         n_in: usize,
@@ -99,6 +101,27 @@ impl MatrixInfo {
             n_bytes: bytes,
         };
         MatrixInfo::from_info(view, n_in, n_out)
+    }
+
+    /// Rows `[row0, row0 + n_out)` of this matrix, as a matrix of its own (a view).
+    pub(crate) fn rows(&self, row0: usize, n_out: usize) -> Result<MatrixInfo> {
+        let rb = self.row_bytes();
+        let view = TensorInfo {
+            name: format!("{}[rows {row0}..{}]", self.info.name, row0 + n_out),
+            dims: vec![self.n_in as u64, n_out as u64],
+            ttype: self.ttype,
+            offset: self.info.offset + (row0 * rb) as u64,
+            n_bytes: (n_out * rb) as u64,
+        };
+        if row0 + n_out > self.n_out {
+            bail!(
+                "rows {row0}..{} of '{}' of {} rows",
+                row0 + n_out,
+                self.info.name,
+                self.n_out
+            );
+        }
+        MatrixInfo::from_info(view, self.n_in, n_out)
     }
 
     fn from_info(info: TensorInfo, n_in: usize, n_out: usize) -> Result<MatrixInfo> {
@@ -209,6 +232,8 @@ pub enum FeedForward<S: WeightStore> {
         /// [num_experts] networks of n_ff_exp (views of the stacked `ffn_*_exps` tensors).
         experts: Vec<Mlp<S>>,
     },
+    /// gemma4's dense network beside its experts (`super::moe_gemma4`).
+    SharedExperts(Box<Gemma4Moe<S>>),
 }
 
 /// The weights of one transformer block. The optional norms are there exactly when the
@@ -232,6 +257,25 @@ pub struct LayerWeights<S: WeightStore> {
     pub ffn: FeedForward<S>,
     /// RMSNorm of the feed-forward output before its residual add, [n_embd].
     pub ffn_post_norm: Option<S::Vector>,
+    /// Ones of [head_dim]: the weightless RMSNorm of each head's values (gemma4).
+    pub attn_v_norm: Option<S::Vector>,
+    /// Factor on the residual stream at the end of the layer (gemma4's `layer_output_scale`).
+    pub out_scale: Option<f32>,
+    /// gemma4's per-layer-input block (E2B, E4B).
+    pub per_layer: Option<PerLayerBlock<S>>,
+}
+
+/// `blk.{i}.layer_output_scale.weight`, one float, if the file has it.
+fn out_scale(g: &GgufFile, i: usize) -> Result<Option<f32>> {
+    let name = format!("blk.{i}.layer_output_scale.weight");
+    if g.find_tensor(&name).is_none() {
+        return Ok(None);
+    }
+    let s = load_vector(g, &name, 1)?[0];
+    if !s.is_finite() {
+        bail!("tensor '{name}' is {s}, not a finite number");
+    }
+    Ok(Some(s))
 }
 
 pub struct Weights<S: WeightStore> {
@@ -243,6 +287,8 @@ pub struct Weights<S: WeightStore> {
     /// The output projection, [n_embd] -> [vocab_size]; `None` when the file ties it to the
     /// token embedding (which is then multiplied by).
     pub output: Option<Linear<S>>,
+    /// gemma4's per-layer inputs (E2B, E4B).
+    pub per_layer: Option<PerLayerInputs<S>>,
 }
 
 impl Weights<InFile> {
@@ -262,21 +308,50 @@ impl Weights<InFile> {
                 // Q, K and V from one fused `attn_qkv` tensor (rows q, then k, then v) where the
                 // file has one, as llama.cpp's create_tensor_qkv; else three tensors.
                 let qkv = format!("blk.{i}.attn_qkv");
+                let (q_dim, kv_dim, head_dim) =
+                    (c.layer_q_dim(i), c.layer_kv_dim(i), c.layers[i].head_dim);
                 let (wq, wk, wv) = if g.find_tensor(&format!("{qkv}.weight")).is_some() {
-                    let (q, kv) = (c.q_dim(), c.kv_dim());
+                    let (q, kv) = (q_dim, kv_dim);
                     (
                         Linear::load_rows(g, &qkv, c.n_embd, 0, q)?,
                         Linear::load_rows(g, &qkv, c.n_embd, q, kv)?,
                         Linear::load_rows(g, &qkv, c.n_embd, q + kv, kv)?,
                     )
                 } else {
+                    // gemma4 (use_alternative_attention): without `attn_v`, the keys' projection
+                    // is the values' too (the same matrix, multiplied twice). A layer reading an
+                    // earlier layer's KV (shared_kv_layers) computes neither: without its own
+                    // K/V tensors it holds that layer's, never multiplied.
+                    let has =
+                        |b: usize, t: &str| g.find_tensor(&format!("blk.{b}.{t}.weight")).is_some();
+                    let src = c.layers[i].kv_layer;
+                    let kb = if src != i && !has(i, "attn_k") {
+                        src
+                    } else {
+                        i
+                    };
+                    let v = if c.v_norm && !has(kb, "attn_v") {
+                        "attn_k"
+                    } else {
+                        "attn_v"
+                    };
+                    let kv_linear =
+                        |name: &str| Linear::read(g, &format!("blk.{kb}.{name}"), c.n_embd, kv_dim);
                     (
-                        linear("attn_q", c.n_embd, c.q_dim())?,
-                        linear("attn_k", c.n_embd, c.kv_dim())?,
-                        linear("attn_v", c.n_embd, c.kv_dim())?,
+                        linear("attn_q", c.n_embd, q_dim)?,
+                        kv_linear("attn_k")?,
+                        kv_linear(v)?,
                     )
                 };
                 let ffn = match &c.experts {
+                    Some(_) if c.architecture == "gemma4" => {
+                        let mlp = Mlp {
+                            gate: m("ffn_gate", c.n_embd, c.n_ff)?,
+                            up: m("ffn_up", c.n_embd, c.n_ff)?,
+                            down: m("ffn_down", c.n_ff, c.n_embd)?,
+                        };
+                        FeedForward::SharedExperts(Box::new(Gemma4Moe::read(g, c, i, mlp)?))
+                    }
                     Some(x) => {
                         let exps = |name: &str, n_in, n_out, e| {
                             let name = format!("blk.{i}.{name}.weight");
@@ -317,13 +392,23 @@ impl Weights<InFile> {
                     wq,
                     wk,
                     wv,
-                    attn_q_norm: norm_if(c.qk_norm, "attn_q_norm", c.head_dim)?,
-                    attn_k_norm: norm_if(c.qk_norm, "attn_k_norm", c.head_dim)?,
-                    wo: linear("attn_output", c.q_dim(), c.n_embd)?,
+                    attn_q_norm: norm_if(c.qk_norm, "attn_q_norm", head_dim)?,
+                    attn_k_norm: norm_if(
+                        c.qk_norm
+                            && (c.layers[i].kv_layer == i
+                                || g.find_tensor(&format!("blk.{i}.attn_k_norm.weight"))
+                                    .is_some()),
+                        "attn_k_norm",
+                        head_dim,
+                    )?,
+                    attn_v_norm: c.v_norm.then(|| vec![1.0; head_dim]),
+                    wo: linear("attn_output", q_dim, c.n_embd)?,
                     attn_post_norm: norm_if(c.post_norms, "post_attention_norm", c.n_embd)?,
                     ffn_norm: norm("ffn_norm", c.n_embd)?,
                     ffn,
                     ffn_post_norm: norm_if(c.post_norms, "post_ffw_norm", c.n_embd)?,
+                    out_scale: out_scale(g, i)?,
+                    per_layer: PerLayerBlock::read(g, c, i)?,
                 })
             })
             .collect::<Result<Vec<_>>>()
@@ -340,6 +425,7 @@ impl Weights<InFile> {
             layers,
             output_norm,
             output,
+            per_layer: PerLayerInputs::read(g, c)?,
         })
     }
 
@@ -365,6 +451,16 @@ impl Weights<InFile> {
                 ffn_norm: (s.vector)(&lw.ffn_norm)?,
                 ffn: s.feed_forward(&lw.ffn)?,
                 ffn_post_norm: s.vector_if(&lw.ffn_post_norm)?,
+                attn_v_norm: s.vector_if(&lw.attn_v_norm)?,
+                out_scale: lw.out_scale,
+                per_layer: match &lw.per_layer {
+                    Some(p) => Some(PerLayerBlock {
+                        inp_gate: (s.matrix)(&p.inp_gate)?,
+                        proj: (s.matrix)(&p.proj)?,
+                        post_norm: (s.vector)(&p.post_norm)?,
+                    }),
+                    None => None,
+                },
             });
         }
         Ok(Weights {
@@ -372,6 +468,14 @@ impl Weights<InFile> {
             layers,
             output_norm: (s.vector)(&self.output_norm)?,
             output: self.output.as_ref().map(|o| s.linear(o)).transpose()?,
+            per_layer: match &self.per_layer {
+                Some(p) => Some(PerLayerInputs {
+                    token_embd: (s.matrix)(&p.token_embd)?,
+                    model_proj: (s.matrix)(&p.model_proj)?,
+                    proj_norm: (s.vector)(&p.proj_norm)?,
+                }),
+                None => None,
+            },
         })
     }
 }
@@ -411,6 +515,9 @@ impl<S: WeightStore, E> Loader<'_, S, E> {
                     .map(|m| self.mlp(m))
                     .collect::<Result<_, E>>()?,
             },
+            FeedForward::SharedExperts(m) => {
+                FeedForward::SharedExperts(Box::new(m.load(self.matrix, self.vector)?))
+            }
         })
     }
 
