@@ -99,6 +99,12 @@ pub fn load<D: CudaDevice>(
     if block_size == 0 || num_blocks == 0 {
         bail!("an empty KV pool");
     }
+    if c.is_recurrent() {
+        bail!(
+            "'{}' has recurrent layers (short convolutions), which the CUDA backend does not run yet; use --device cpu",
+            c.architecture
+        );
+    }
     let kv_bytes = KvPool::<D>::bytes(c, kv_types, block_size, num_blocks);
     let weight_bytes = model.file.file_bytes() as usize;
     let (free, total) = dev.mem_info()?;

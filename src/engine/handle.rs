@@ -149,8 +149,28 @@ impl Drop for RequestStream {
     }
 }
 
+/// What a model with recurrent layers cannot run with yet, refused at start-up in one line:
+/// speculation (a recurrent state cannot roll back rejected proposals) and a pool with no state
+/// slot.
+fn check_recurrent(model: &Model, config: &EngineConfig, spec: &SpecConfig) -> Result<()> {
+    let arch = &model.config.architecture;
+    if spec.draft.as_ref().is_some_and(|d| d.model.config.is_recurrent()) {
+        bail!("--spec draft: the draft model has recurrent layers, which cannot roll back rejected proposals");
+    }
+    if !model.config.is_recurrent() {
+        return Ok(());
+    }
+    if spec.enabled {
+        bail!("speculative decoding is not supported on '{arch}': its recurrent layers cannot roll back rejected proposals; use --spec off");
+    }
+    if config.num_state_slots == 0 {
+        bail!("'{arch}' has recurrent layers, but the memory budget holds no state slot for them; raise --parallel");
+    }
+    Ok(())
+}
+
 impl EngineHandle {
-    /// Bytes of the KV pool in its cache types.
+    /// Bytes of the KV pool and of the recurrent state slots.
     pub fn kv_bytes(&self) -> usize {
         self.config.kv_bytes(&self.model)
     }
@@ -174,6 +194,7 @@ impl EngineHandle {
             no_prefix_cache,
         } = parts;
         spec.validate().map_err(anyhow::Error::msg)?;
+        check_recurrent(&model, &config, &spec)?;
         let exec = match executor {
             Some(exec) => exec,
             None => {
@@ -202,6 +223,8 @@ impl EngineHandle {
                 Executor::new(&model, placement, config.block_size, config.num_blocks)?
             }
         };
+        let mut exec = exec;
+        exec.set_state_slots(&model, config.state_slots_for(&model))?;
         if exec.block_size() != config.block_size {
             bail!(
                 "the executor's KV blocks hold {} tokens, the engine's {}",

@@ -10,6 +10,7 @@ use std::collections::{HashMap, VecDeque};
 use super::block_manager::{BlockCopy, BlockId, BlockManager};
 use super::pins::PinTable;
 use super::sequence::{SeqId, SeqStatus, Sequence};
+use super::state_slots::{StateCopy, StateSlots};
 use super::step_time::{PrefillAllowance, StepShape, StepTime};
 
 #[derive(Clone, Debug)]
@@ -27,6 +28,8 @@ pub struct SchedulerOutput {
     pub scheduled: Vec<(SeqId, usize)>,
     /// Block copies to make before the step (copy-on-write).
     pub copies: Vec<BlockCopy>,
+    /// State copies to make before the step (forks of a model with recurrent layers).
+    pub state_copies: Vec<StateCopy>,
     /// Sequences preempted while scheduling this step.
     pub preempted: Vec<SeqId>,
     /// Whether the time cap cut this step's prefill (`--max-step-ms`).
@@ -68,6 +71,11 @@ pub struct Scheduler {
     pub max_score_rows: usize,
     /// Whether a new sequence reuses cached prompt blocks (off: `--no-prefix-cache`).
     pub prefix_cache: bool,
+    /// Recurrent state slots (`StateSlots::new(0)`: the model has no recurrent layers). While
+    /// on, every running sequence holds one, and prompts are computed from token 0: cached
+    /// blocks hold keys and values but no state to resume from, so none is registered or
+    /// matched.
+    pub states: StateSlots,
 }
 
 impl Scheduler {
@@ -87,6 +95,7 @@ impl Scheduler {
             in_flight: HashMap::new(),
             pins: PinTable::default(),
             step_time: StepTime::new(None),
+            states: StateSlots::default(),
         }
     }
 
@@ -154,7 +163,10 @@ impl Scheduler {
 
     /// Picks the work of one step.
     pub fn schedule(&mut self) -> SchedulerOutput {
-        let mut out = SchedulerOutput::default();
+        let mut out = SchedulerOutput {
+            state_copies: self.states.take_copies(),
+            ..SchedulerOutput::default()
+        };
         let mut budget = self.config.max_batched_tokens;
         let mut prefill = self.prefill_allowance();
 
@@ -222,6 +234,7 @@ impl Scheduler {
         while out.preempted.is_empty()
             && budget > 0
             && self.running.len() < self.config.max_seqs
+            && self.states.has_room()
             && w < self.waiting.len()
         {
             let id = self.waiting[w];
@@ -229,7 +242,7 @@ impl Scheduler {
             let hashes = self
                 .blocks
                 .prompt_block_hashes_keyed(seq.cache_key, &seq.tokens);
-            seq.block_table = if seq.cache_prompt {
+            seq.block_table = if seq.cache_prompt && !self.states.is_on() {
                 self.blocks.match_prefix_keyed(seq.cache_key, &seq.tokens)
             } else {
                 Vec::new()
@@ -247,6 +260,7 @@ impl Scheduler {
             }
             let matched = seq.block_table.len();
             if seq.cache_prompt
+                && !self.states.is_on()
                 && hashes
                     .get(matched)
                     .is_some_and(|h| self.in_flight.get(h).is_some_and(|&owner| owner != id))
@@ -288,6 +302,7 @@ impl Scheduler {
                     out.scheduled.push((id, n));
                     budget -= n + reread;
                     seq.status = SeqStatus::Running;
+                    seq.state_slot = self.states.take();
                     self.blocks.record_lookup(seq.tokens.len(), matched);
                     seq.pending_hashes = hashes.into_iter().enumerate().skip(matched).collect();
                     for &(_, h) in &seq.pending_hashes {
@@ -328,6 +343,7 @@ impl Scheduler {
         self.clear_in_flight(seq_id, usize::MAX);
         let seq = self.seqs.get_mut(&seq_id).expect("live");
         self.blocks.free(&mut seq.block_table);
+        self.states.give(seq.state_slot.take());
         seq.draft.clear();
         seq.num_computed = 0;
         seq.num_cached = 0;
@@ -355,12 +371,14 @@ impl Scheduler {
                 continue;
             };
             seq.num_computed += n.min(seq.num_uncomputed());
-            self.blocks.register_full_blocks_keyed(
-                seq.cache_key,
-                &seq.block_table,
-                &seq.tokens,
-                seq.num_computed,
-            );
+            if !self.states.is_on() {
+                self.blocks.register_full_blocks_keyed(
+                    seq.cache_key,
+                    &seq.block_table,
+                    &seq.tokens,
+                    seq.num_computed,
+                );
+            }
             let full = seq.num_computed / self.blocks.block_size;
             self.clear_in_flight(id, full);
             let seq = &self.seqs[&id];
@@ -404,6 +422,16 @@ impl Scheduler {
         seq.seq_id = child;
         seq.pending_hashes.clear();
         seq.block_table = self.blocks.fork(&p.block_table);
+        if let Some(parent_slot) = p.state_slot {
+            seq.state_slot = self.states.fork(parent_slot);
+            if seq.state_slot.is_none() {
+                // No slot for it now: it waits and is recomputed from token 0, as if preempted.
+                self.seqs.insert(child, seq);
+                self.running.push(child);
+                self.preempt(child);
+                return;
+            }
+        }
         let pos = self
             .running
             .iter()
@@ -420,6 +448,7 @@ impl Scheduler {
         self.clear_in_flight(seq_id, usize::MAX);
         let mut seq = self.seqs.remove(&seq_id)?;
         self.blocks.free(&mut seq.block_table);
+        self.states.give(seq.state_slot.take());
         self.running.retain(|&r| r != seq_id);
         self.waiting.retain(|&w| w != seq_id);
         seq.status = SeqStatus::Finished;
@@ -513,6 +542,15 @@ impl Scheduler {
             return Err(format!(
                 "queues {all:?} differ from live sequences {live:?}"
             ));
+        }
+        if self.states.is_on() {
+            for s in self.seqs.values() {
+                if (s.status == SeqStatus::Running) != s.state_slot.is_some() {
+                    return Err(format!("sequence {} is {:?} with state slot {:?}", s.seq_id, s.status, s.state_slot));
+                }
+            }
+            let held = self.seqs.values().filter_map(|s| s.state_slot);
+            self.states.check_invariants(held)?;
         }
         for id in &self.waiting {
             if self.seqs[id].status != SeqStatus::Waiting {

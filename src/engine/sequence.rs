@@ -3,6 +3,7 @@
 //! has tokens not yet computed, and a step schedules some of them.
 
 use crate::model::kv_cache::BlockId;
+use crate::model::state_pool::StateSlot;
 use crate::model::Pooling;
 
 /// A live sequence's id: the key the scheduler, the output side (`engine::output`), speculation
@@ -37,6 +38,8 @@ pub struct Sequence {
     /// Prompt tokens served from the prefix cache when the sequence (last) started.
     pub num_cached: usize,
     pub block_table: Vec<BlockId>,
+    /// Its recurrent state's slot while it runs, for a model with recurrent layers.
+    pub state_slot: Option<StateSlot>,
     pub status: SeqStatus,
     /// Hashes of prompt blocks this sequence is computing that others may wait for:
     /// (block index, hash).
@@ -70,6 +73,7 @@ impl Sequence {
             num_computed: 0,
             num_cached: 0,
             block_table: Vec::new(),
+            state_slot: None,
             status: SeqStatus::Waiting,
             pending_hashes: Vec::new(),
             num_preemptions: 0,

@@ -8,9 +8,11 @@ use crate::gguf::{GgufFile, MetaArray, MetaValue};
 use crate::kernels::tensor_type::TensorType;
 use crate::kernels::{Activation, FreqFactors, Rope, RopeStyle, Yarn};
 
+pub use super::hybrid::LayerKind;
+
 /// Architectures the forward pass implements (`general.architecture`).
 pub const SUPPORTED_ARCHITECTURES: &[&str] = &[
-    "llama", "qwen2", "qwen3", "gemma3", "phi3", "smollm3", "granite", "qwen3moe",
+    "llama", "qwen2", "qwen3", "gemma3", "phi3", "smollm3", "granite", "qwen3moe", "lfm2",
 ];
 
 /// What sets one family of models apart, as llama.cpp 0c1e57098 builds them
@@ -46,6 +48,11 @@ struct Family {
     /// The feed-forward block is a mixture of experts (`{arch}.expert_count` and friends):
     /// a softmax router choosing the top `expert_used_count`, their weights renormalised.
     experts: bool,
+    /// Layers with no KV heads (`{arch}.attention.head_count_kv` per layer) are LFM2's short
+    /// convolutions (`super::hybrid`).
+    short_conv: bool,
+    /// The final norm's tensor (LFM2 names it `token_embd_norm.weight`).
+    output_norm: &'static str,
 }
 
 /// A llama-like family: the defaults the others change.
@@ -62,6 +69,8 @@ const LLAMA: Family = Family {
     multipliers: false,
     rope_freqs: true,
     experts: false,
+    short_conv: false,
+    output_norm: "output_norm.weight",
 };
 
 const FAMILIES: &[Family] = &[
@@ -116,6 +125,15 @@ const FAMILIES: &[Family] = &[
         experts: true,
         ..LLAMA
     },
+    Family {
+        architecture: "lfm2",
+        rope_style: RopeStyle::Neox,
+        qk_norm: true,
+        rope_freqs: false,
+        short_conv: true,
+        output_norm: "token_embd_norm.weight",
+        ..LLAMA
+    },
 ];
 
 /// The most experts a layer may have (llama.cpp's LLAMA_MAX_EXPERTS).
@@ -139,6 +157,8 @@ pub struct LayerOptions {
     pub rope: Option<Rope>,
     /// A query at position p sees keys at positions (p - window, p]; None: all before it.
     pub window: Option<usize>,
+    /// Attention, or a recurrent layer (which has no KV cache; `rope` and `window` unused).
+    pub kind: LayerKind,
 }
 
 #[derive(Clone, Debug)]
@@ -175,6 +195,10 @@ pub struct ModelConfig {
     pub layers: Vec<LayerOptions>,
     /// The feed-forward blocks are mixtures of these experts (else dense, of `n_ff`).
     pub experts: Option<Experts>,
+    /// The short convolution's window where the model has such layers (else 0).
+    pub conv_l_cache: usize,
+    /// The final norm's tensor name.
+    pub output_norm: &'static str,
 }
 
 impl ModelConfig {
@@ -210,7 +234,17 @@ impl ModelConfig {
         let num_layers = usize_key("block_count")?;
         let n_ff = usize_key("feed_forward_length")?;
         let n_heads = usize_key("attention.head_count")?;
-        let n_kv_heads = if has("attention.head_count_kv") {
+        let hybrid = if family.short_conv {
+            if has("attention.sliding_window") {
+                bail!("{} on a hybrid model is not supported", key("attention.sliding_window"));
+            }
+            Some(super::hybrid::read_lfm2(g, &arch, num_layers, n_heads)?)
+        } else {
+            None
+        };
+        let n_kv_heads = if let Some(h) = &hybrid {
+            h.n_kv_heads
+        } else if has("attention.head_count_kv") {
             usize_key("attention.head_count_kv")?
         } else {
             n_heads
@@ -368,6 +402,7 @@ impl ModelConfig {
                 LayerOptions {
                     rope: (!nope).then_some(rope),
                     window,
+                    kind: hybrid.as_ref().map_or(LayerKind::Attention, |h| h.kinds[l]),
                 }
             })
             .collect();
@@ -431,8 +466,11 @@ impl ModelConfig {
             fused_gate_up: family.fused_gate_up,
             layers,
             experts,
+            conv_l_cache: hybrid.as_ref().map_or(0, |h| h.l_cache),
+            output_norm: family.output_norm,
         })
     }
+
 
     /// Width of one token's keys (or values) in one layer.
     pub fn kv_dim(&self) -> usize {

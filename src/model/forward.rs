@@ -16,11 +16,11 @@
 
 use std::sync::Arc;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 
 use super::backend::Backend;
 use super::moe::experts_ffn;
-use super::weights::{FeedForward, Linear, Weights};
+use super::weights::{FeedForward, Linear, Mixer, Weights};
 use super::{Batch, ModelConfig};
 
 /// A backend with the model's weights loaded on it: what runs steps.
@@ -114,6 +114,12 @@ pub fn forward_rows<B: Backend>(
     }
     let (block_size, num_blocks) = b.kv_pool();
     batch.validate(c.vocab_size, block_size, num_blocks)?;
+    if c.is_recurrent() && batch.state_slots.len() != batch.n_seqs() {
+        bail!("a model with recurrent layers needs a state slot for each sequence of the batch");
+    }
+    if !batch.state_slots.is_empty() && b.state_pool() == 0 {
+        bail!("the batch names state slots, but the backend has no state pool");
+    }
     b.begin_step(batch)?;
     let (n_embd, q_dim, kv_dim, eps) = (c.n_embd, c.q_dim(), c.kv_dim(), c.rms_eps);
     let n_ff = if c.experts.is_some() { 0 } else { c.n_ff }; // the dense block's width
@@ -127,6 +133,11 @@ pub fn forward_rows<B: Backend>(
     let mut attn = b.acts(n, q_dim)?;
     let mut proj = b.acts(n, n_embd)?; // a block's output before its residual add
     let (mut gate, mut up) = (b.acts(n, n_ff)?, b.acts(n, n_ff)?);
+    // A short convolution's in_proj output (b, c, x) and its gated output, where the model
+    // has such layers.
+    let conv_width = if c.is_recurrent() { n_embd } else { 0 };
+    let (mut bcx, mut conv) = (b.acts(n, 3 * conv_width)?, b.acts(n, conv_width)?);
+    let mut r = 0; // recurrent layers so far: the index of a layer's state in a slot
 
     // Each block's input norm runs with the residual add before it (`add_rms_norm`), the
     // first layer's alone.
@@ -134,32 +145,44 @@ pub fn forward_rows<B: Backend>(
         b.rms_norm(&x, &first.attn_norm, eps, &mut h)?;
     }
     for (l, (lw, lo)) in w.layers.iter().zip(&c.layers).enumerate() {
-        // Attention block (on `h`, the normed input): q, k, v (each head's q and k normed
-        // where the model does so), rotated, k and v cached, attention over the layer's
-        // window, output projection.
-        let mut hq = b.input(&h); // quantized once for q, k and v, multiplied in one call
-        let qkv = [(&lw.wq, &mut q), (&lw.wk, &mut k), (&lw.wv, &mut v)];
-        let mut products = qkv.map(|(l, out)| (&l.weight, out));
-        b.matmul_many(&mut hq, &mut products)?;
-        drop(hq);
-        for (l, out) in [(&lw.wq, &mut q), (&lw.wk, &mut k), (&lw.wv, &mut v)] {
-            add_bias_of(b, l, out)?;
-        }
-        if let Some(norm) = &lw.attn_q_norm {
-            b.rms_norm_inplace(&mut q, norm, eps)?;
-        }
-        if let Some(norm) = &lw.attn_k_norm {
-            b.rms_norm_inplace(&mut k, norm, eps)?;
-        }
-        if let Some(rope) = &lo.rope {
-            b.rope(&mut q, c.n_heads, rope)?;
-            b.rope(&mut k, c.n_kv_heads, rope)?;
-        }
-        b.kv_write(l, &k, &v)?;
-        b.attention(l, &q, lo.window, &mut attn)?;
-        linear_of(b, &attn, &lw.wo, &mut proj)?;
-        if let Some(norm) = &lw.attn_post_norm {
-            b.rms_norm_inplace(&mut proj, norm, eps)?;
+        match &lw.mixer {
+            // Attention block (on `h`, the normed input): q, k, v (each head's q and k normed
+            // where the model does so), rotated, k and v cached, attention over the layer's
+            // window, output projection.
+            Mixer::Attention(a) => {
+                let mut hq = b.input(&h); // quantized once for q, k and v, multiplied in one call
+                let qkv = [(&a.wq, &mut q), (&a.wk, &mut k), (&a.wv, &mut v)];
+                let mut products = qkv.map(|(l, out)| (&l.weight, out));
+                b.matmul_many(&mut hq, &mut products)?;
+                drop(hq);
+                for (l, out) in [(&a.wq, &mut q), (&a.wk, &mut k), (&a.wv, &mut v)] {
+                    add_bias_of(b, l, out)?;
+                }
+                if let Some(norm) = &a.attn_q_norm {
+                    b.rms_norm_inplace(&mut q, norm, eps)?;
+                }
+                if let Some(norm) = &a.attn_k_norm {
+                    b.rms_norm_inplace(&mut k, norm, eps)?;
+                }
+                if let Some(rope) = &lo.rope {
+                    b.rope(&mut q, c.n_heads, rope)?;
+                    b.rope(&mut k, c.n_kv_heads, rope)?;
+                }
+                b.kv_write(l, &k, &v)?;
+                b.attention(l, &q, lo.window, &mut attn)?;
+                linear_of(b, &attn, &a.wo, &mut proj)?;
+                if let Some(norm) = &a.attn_post_norm {
+                    b.rms_norm_inplace(&mut proj, norm, eps)?;
+                }
+            }
+            // Short convolution block (LFM2): b, c, x from one product; y = c * conv(b * x)
+            // over each sequence's state and tokens; output projection.
+            Mixer::ShortConv(sc) => {
+                matmul_of(b, &h, &sc.in_proj, &mut bcx)?;
+                b.short_conv(r, &bcx, &sc.conv, &mut conv)?;
+                matmul_of(b, &conv, &sc.out_proj, &mut proj)?;
+                r += 1;
+            }
         }
         scale_if(b, &mut proj, c.residual_scale)?;
         b.add_rms_norm(&mut x, &proj, &lw.ffn_norm, eps, &mut h)?;
@@ -188,7 +211,7 @@ pub fn forward_rows<B: Backend>(
         }
     }
 
-    for buffer in [h, q, k, v, attn, proj, gate, up] {
+    for buffer in [h, q, k, v, attn, proj, gate, up, bcx, conv] {
         b.recycle(buffer);
     }
 

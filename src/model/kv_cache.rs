@@ -50,7 +50,7 @@ impl KvCache {
 
     /// Bytes one block takes over all layers, keys and values, in `types`.
     pub fn bytes_per_block_as(types: KvTypes, c: &ModelConfig, block_size: usize) -> usize {
-        c.num_layers * block_size * types.token_bytes(c.kv_dim())
+        c.num_kv_layers() * block_size * types.token_bytes(c.kv_dim())
     }
 
     /// An f16 pool.
@@ -71,17 +71,19 @@ impl KvCache {
             kv_row_words(types.v, c.kv_dim()),
         );
         let slots = num_blocks * block_size;
+        let attends = |l: usize| c.layers[l].kind == crate::model::config::LayerKind::Attention;
         KvCache {
             block_size,
             num_blocks,
             types,
             k_row,
             v_row,
+            // Recurrent layers keep no keys or values (their state lives in `state_pool`).
             k: (0..c.num_layers)
-                .map(|_| vec![0u16; slots * k_row])
+                .map(|l| vec![0u16; if attends(l) { slots * k_row } else { 0 }])
                 .collect(),
             v: (0..c.num_layers)
-                .map(|_| vec![0u16; slots * v_row])
+                .map(|l| vec![0u16; if attends(l) { slots * v_row } else { 0 }])
                 .collect(),
         }
     }
@@ -104,9 +106,14 @@ impl KvCache {
         }
     }
 
+    /// Layers with keys and values (not the recurrent ones).
+    fn num_kv_layers(&self) -> usize {
+        self.k.iter().filter(|k| !k.is_empty()).count()
+    }
+
     /// Bytes of one block over all layers (`bytes_per_block_as`), as `read_block` returns them.
     pub fn block_bytes(&self) -> usize {
-        2 * self.k.len() * self.block_size * (self.k_row + self.v_row)
+        2 * self.num_kv_layers() * self.block_size * (self.k_row + self.v_row)
     }
 
     /// Block `id`'s keys and values as bytes: per layer its keys, then its values
@@ -116,7 +123,7 @@ impl KvCache {
         let (nk, nv) = (self.block_size * self.k_row, self.block_size * self.v_row);
         let (ak, av) = (id.index() * nk, id.index() * nv);
         let mut out = Vec::with_capacity(self.block_bytes());
-        for l in 0..self.k.len() {
+        for l in (0..self.k.len()).filter(|&l| !self.k[l].is_empty()) {
             for cache in [&self.k[l][ak..ak + nk], &self.v[l][av..av + nv]] {
                 out.extend(cache.iter().flat_map(|x| x.to_le_bytes()));
             }
@@ -139,7 +146,8 @@ impl KvCache {
         let mut src = bytes
             .chunks_exact(2)
             .map(|b| u16::from_le_bytes([b[0], b[1]]));
-        for l in 0..self.k.len() {
+        let layers: Vec<usize> = (0..self.k.len()).filter(|&l| !self.k[l].is_empty()).collect();
+        for l in layers {
             for dst in [&mut self.k[l][ak..ak + nk], &mut self.v[l][av..av + nv]] {
                 for (d, s) in dst.iter_mut().zip(&mut src) {
                     *d = s;
@@ -154,7 +162,7 @@ impl KvCache {
         for (caches, row) in [(&mut self.k, self.k_row), (&mut self.v, self.v_row)] {
             let n = self.block_size * row;
             let (s, d) = (src.index() * n, dst.index() * n);
-            for cache in caches.iter_mut() {
+            for cache in caches.iter_mut().filter(|c| !c.is_empty()) {
                 cache.copy_within(s..s + n, d);
             }
         }
