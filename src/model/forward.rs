@@ -1,7 +1,9 @@
 //! The forward pass over a batch, written once for every backend and reading like the paper:
-//! embedding, then per layer RMSNorm, attention (through the paged KV cache), residual,
-//! RMSNorm, gated feed-forward, residual; then the final norm and the logits of the rows that
-//! asked for them, and the normed hidden states (embeddings) of the rows that asked for those.
+//! embedding, then per layer RMSNorm, attention (through the paged KV cache) or, in a hybrid
+//! model's recurrent layers, LFM2's short convolution (through each sequence's state slot),
+//! residual, RMSNorm, gated feed-forward, residual; then the final norm and the logits of the
+//! rows that asked for them, and the normed hidden states (embeddings) of the rows that asked
+//! for those.
 //!
 //! One function runs every family: what differs (Q/K/V biases, fused QKV and gate/up tensors,
 //! QK-norm, post-norms, a mixture of experts in place of the dense feed-forward block
