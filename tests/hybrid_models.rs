@@ -12,8 +12,10 @@
 //!   the top 64 is also held within a budget of llama.cpp's (LOGIT_BUDGET, Q4_K_M_LOGIT_BUDGET).
 //! - The chunked (prefill) and one-token (decode) forms give the same logits, bit for bit.
 //! - Through the engine: greedy output identical alone, among 16 concurrent sessions, at other
-//!   --max-batched-tokens, with n = 2 (a fork: the state copied), and under preemption; every
-//!   state slot and KV block back after; no prompt resumes from cached blocks (cached_tokens 0).
+//!   --max-batched-tokens, with n = 3 (forks: the state copied, or recomputed when no slot is
+//!   free), under preemption, and resumed from a snapshot of the state (a repeated prompt, and a
+//!   longer one continuing it: `cached_tokens` counts the skipped tokens); every state slot and
+//!   KV block back after.
 //! - The CUDA backend refuses the architecture in one line.
 
 mod support;
@@ -46,7 +48,10 @@ fn reference(case: &str) -> serde_json::Value {
 
 fn load(case: &str) -> Option<(Model, serde_json::Value)> {
     let r = reference(case);
-    let path = support::synth::model_file(&r, "LLAMA_CPP=newest scripts/synth/refs.sh lfm2 lfm2-Q4_K_M")?;
+    let path = support::synth::model_file(
+        &r,
+        "LLAMA_CPP=newest scripts/synth/refs.sh lfm2 lfm2-Q4_K_M",
+    )?;
     let model = Model::load(&path).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
     Some((model, r))
 }
@@ -77,7 +82,12 @@ fn compare(r: &serde_json::Value, ours: &[f32], vocab: usize) -> (f64, f64, f32,
         let worst_before = std::mem::take(&mut worst);
         let row = &ours[p * vocab..(p + 1) * vocab];
         let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) as f64;
-        let lse = max + row.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
+        let lse = max
+            + row
+                .iter()
+                .map(|&x| (x as f64 - max).exp())
+                .sum::<f64>()
+                .ln();
         let ref_lse = pos["logsumexp"].as_f64().unwrap();
         let top: Vec<(usize, f64)> = pos["top"]
             .as_array()
@@ -96,7 +106,9 @@ fn compare(r: &serde_json::Value, ours: &[f32], vocab: usize) -> (f64, f64, f32,
         if p_rest > 0.0 && q_rest > 0.0 {
             kld += p_rest * (p_rest / q_rest).ln();
         }
-        let argmax = (0..vocab).max_by(|&a, &b| row[a].total_cmp(&row[b])).unwrap();
+        let argmax = (0..vocab)
+            .max_by(|&a, &b| row[a].total_cmp(&row[b]))
+            .unwrap();
         same += usize::from(argmax == top[0].0);
         for (k, &id) in picked.iter().enumerate() {
             let l = pos["picked"][k].as_f64().unwrap();
@@ -107,7 +119,12 @@ fn compare(r: &serde_json::Value, ours: &[f32], vocab: usize) -> (f64, f64, f32,
     }
     per_position.sort_by(f32::total_cmp);
     let n = positions.len();
-    (kld / n as f64, same as f64 / n as f64, worst, per_position[n / 2])
+    (
+        kld / n as f64,
+        same as f64 / n as f64,
+        worst,
+        per_position[n / 2],
+    )
 }
 
 fn check_against_llama_cpp(case: &str, max_kld: f64, min_same: f64, logit_budget: f32) {
@@ -124,18 +141,27 @@ fn check_against_llama_cpp(case: &str, max_kld: f64, min_same: f64, logit_budget
     );
     assert!(kld <= max_kld, "{case}: mean KLD {kld} over {max_kld}");
     assert!(same >= min_same, "{case}: same top {same} under {min_same}");
-    assert!(worst <= logit_budget, "{case}: logit error {worst} over {logit_budget}");
+    assert!(
+        worst <= logit_budget,
+        "{case}: logit error {worst} over {logit_budget}"
+    );
 }
 
 #[test]
 fn lfm2_layers_are_read_from_the_file() {
-    let Some((model, _)) = load("lfm2") else { return };
+    let Some((model, _)) = load("lfm2") else {
+        return;
+    };
     let c = &model.config;
     let kinds: Vec<LayerKind> = c.layers.iter().map(|l| l.kind).collect();
     use LayerKind::{Attention as A, ShortConv as S};
     assert_eq!(kinds, [S, S, A, S, S, A]);
     assert_eq!((c.conv_l_cache, c.n_kv_heads, c.num_kv_layers()), (3, 2, 2));
-    assert_eq!(c.state_floats(), 4 * 2 * 256, "4 conv layers of 2 rows of 256");
+    assert_eq!(
+        c.state_floats(),
+        4 * 2 * 256,
+        "4 conv layers of 2 rows of 256"
+    );
     assert!(model.weights.layers[2].attention().is_some());
     assert!(model.weights.layers[0].attention().is_none());
 }
@@ -152,7 +178,9 @@ fn lfm2_q4_k_m_matches_llama_cpp() {
 
 #[test]
 fn chunked_and_one_token_forms_give_the_same_logits() {
-    let Some((model, r)) = load("lfm2") else { return };
+    let Some((model, r)) = load("lfm2") else {
+        return;
+    };
     let tokens = &ids(&r["tokens"])[..64];
     let whole = logits(&model, tokens, 64);
     for chunk in [1, 5, 16] {
@@ -163,7 +191,12 @@ fn chunked_and_one_token_forms_give_the_same_logits() {
     }
 }
 
-fn engine(model: &Arc<Model>, num_blocks: usize, max_batched_tokens: usize, slots: usize) -> EngineHandle {
+fn engine(
+    model: &Arc<Model>,
+    num_blocks: usize,
+    max_batched_tokens: usize,
+    slots: usize,
+) -> EngineHandle {
     let config = EngineConfig {
         block_size: 16,
         num_blocks,
@@ -198,28 +231,98 @@ fn alone(e: &EngineHandle, prompts: &[(Vec<u32>, usize)]) -> Vec<Vec<u32>> {
         .collect()
 }
 
-/// Every slot and block back, nothing served from the prefix cache.
+/// Every slot and block back.
 fn assert_all_back(e: &EngineHandle, slots: usize) {
     let m = wait_idle(e);
     assert_eq!(m.blocks_used, 0, "every KV block back");
-    assert_eq!((m.state_slots_total, m.state_slots_free), (slots, slots), "every state slot back");
-    assert_eq!(m.prefix_cache.hit_tokens, 0, "no prompt resumed from cached blocks");
-    assert_eq!(m.blocks_cached, 0, "no block registered in the prefix cache");
+    assert_eq!(
+        (m.state_slots_total, m.state_slots_free),
+        (slots, slots),
+        "every state slot back"
+    );
+}
+
+/// A greedy completion of `prompt` and its `cached_tokens`.
+fn run(e: &EngineHandle, prompt: &[u32], n: usize, cache_prompt: bool) -> (Vec<u32>, usize) {
+    let mut req = request(prompt, n, SamplingParams::greedy());
+    req.cache_prompt = cache_prompt;
+    let mut stream = e.submit(req).unwrap();
+    let mut out = Vec::new();
+    while let Some(ev) = stream.next_blocking() {
+        match ev {
+            Event::Token { token, .. } => out.push(token),
+            Event::Finished { usage, .. } => return (out, usage.cached_tokens),
+            Event::Error(err) => panic!("{err}"),
+            _ => {}
+        }
+    }
+    panic!("no Finished event")
+}
+
+#[test]
+fn a_repeated_or_continued_prompt_resumes_from_a_snapshot() {
+    let Some((model, r)) = load("lfm2") else {
+        return;
+    };
+    let model = Arc::new(model);
+    let t = ids(&r["tokens"]);
+    let (prompt, longer) = (t[..50].to_vec(), t[..90].to_vec());
+    for budget in [512, 20] {
+        let e = engine(&model, 128, budget, 4);
+        let want = run(&e, &prompt, 12, false);
+        let want_longer = run(&e, &longer, 12, false);
+        assert_eq!(want.1, 0, "cache_prompt false: nothing cached");
+        assert_eq!(e.metrics().unwrap().state_snapshots, 0, "nor kept");
+        // First: computed, its state kept at token 48 (its last full block of 16).
+        assert_eq!(run(&e, &prompt, 12, true), want);
+        assert_eq!(e.metrics().unwrap().state_snapshots, 1);
+        // Again: resumed at 48; a longer prompt continuing it too.
+        assert_eq!(
+            run(&e, &prompt, 12, true),
+            (want.0.clone(), 48),
+            "budget {budget}"
+        );
+        assert_eq!(
+            run(&e, &longer, 12, true),
+            (want_longer.0.clone(), 48),
+            "budget {budget}"
+        );
+        assert_eq!(
+            run(&e, &longer, 12, true),
+            (want_longer.0, 80),
+            "its own snapshot"
+        );
+        let m = wait_idle(&e);
+        assert_eq!(m.prefix_cache.hit_tokens, 48 + 48 + 80);
+        assert_all_back(&e, 4);
+    }
 }
 
 #[test]
 fn greedy_output_is_the_same_alone_among_sessions_and_chunked() {
-    let Some((model, r)) = load("lfm2") else { return };
+    let Some((model, r)) = load("lfm2") else {
+        return;
+    };
     let model = Arc::new(model);
     let prompts = prompts(&r);
     let e = engine(&model, 128, 512, 16);
     let expected = alone(&e, &prompts);
-    assert_greedy_among_sessions(&e, &prompts, &expected, 16, "batching with 15 other sessions");
+    assert_greedy_among_sessions(
+        &e,
+        &prompts,
+        &expected,
+        16,
+        "batching with 15 other sessions",
+    );
     assert_all_back(&e, 16);
     drop(e);
     for budget in [7, 32] {
         let e = engine(&model, 128, budget, 16);
-        assert_eq!(alone(&e, &prompts), expected, "--max-batched-tokens {budget}");
+        assert_eq!(
+            alone(&e, &prompts),
+            expected,
+            "--max-batched-tokens {budget}"
+        );
         assert_greedy_among_sessions(&e, &prompts, &expected, 16, "chunking among sessions");
         assert_all_back(&e, 16);
     }
@@ -231,7 +334,9 @@ fn greedy_output_is_the_same_alone_among_sessions_and_chunked() {
 
 #[test]
 fn a_fork_continues_its_parents_state() {
-    let Some((model, r)) = load("lfm2") else { return };
+    let Some((model, r)) = load("lfm2") else {
+        return;
+    };
     let model = Arc::new(model);
     let prompts = prompts(&r);
     for slots in [4, 1] {
@@ -254,16 +359,20 @@ fn a_fork_continues_its_parents_state() {
             }
         }
         for (i, out) in outs.iter().enumerate() {
-            assert_eq!(out, &expected[0], "completion {i} of n = 3 with {slots} slots");
+            assert_eq!(
+                out, &expected[0],
+                "completion {i} of n = 3 with {slots} slots"
+            );
         }
-        assert_eq!(cached, [0, 0, 0], "cached_tokens");
         assert_all_back(&e, slots);
     }
 }
 
 #[test]
 fn a_preempted_sequence_gives_the_same_output() {
-    let Some((model, r)) = load("lfm2") else { return };
+    let Some((model, r)) = load("lfm2") else {
+        return;
+    };
     let model = Arc::new(model);
     let prompts = prompts(&r);
     let expected = alone(&engine(&model, 128, 512, 16), &prompts);
@@ -277,7 +386,9 @@ fn a_preempted_sequence_gives_the_same_output() {
 
 #[test]
 fn speculation_and_a_pool_without_slots_are_refused_at_start_up() {
-    let Some((model, _)) = load("lfm2") else { return };
+    let Some((model, _)) = load("lfm2") else {
+        return;
+    };
     let model = Arc::new(model);
     let config = |slots| EngineConfig {
         block_size: 16,
@@ -301,14 +412,22 @@ fn speculation_and_a_pool_without_slots_are_refused_at_start_up() {
         },
         ..EngineParts::default()
     };
-    let e = EngineHandle::start(model, config(4), parts).err().expect("spec refused").to_string();
-    assert!(e.contains("speculative decoding is not supported on 'lfm2'"), "{e}");
+    let e = EngineHandle::start(model, config(4), parts)
+        .err()
+        .expect("spec refused")
+        .to_string();
+    assert!(
+        e.contains("speculative decoding is not supported on 'lfm2'"),
+        "{e}"
+    );
 }
 
 #[cfg(feature = "cuda")]
 #[test]
 fn the_cuda_backend_refuses_recurrent_layers_in_one_line() {
-    let Some((model, _)) = load("lfm2") else { return };
+    let Some((model, _)) = load("lfm2") else {
+        return;
+    };
     let e = edge_llm::device::Executor::cuda_emulated(&model, edge_llm::cuda::Emu::new(), 16, 4)
         .err()
         .expect("refused")

@@ -60,7 +60,14 @@ fn short_conv_is_the_formula_and_chunks_equal_single_tokens() {
         let mut y1 = Vec::new();
         for t in 0..n {
             let mut yt = vec![f32::NAN; d];
-            short_conv(&bcx[t * 3 * d..(t + 1) * 3 * d], &w, &mut state1, false, d, &mut yt);
+            short_conv(
+                &bcx[t * 3 * d..(t + 1) * 3 * d],
+                &w,
+                &mut state1,
+                false,
+                d,
+                &mut yt,
+            );
             y1.extend(yt);
         }
         assert_eq!(y1, want_y, "case {case}: single tokens");
@@ -70,6 +77,10 @@ fn short_conv_is_the_formula_and_chunks_equal_single_tokens() {
         let (zero_y, zero_state) = naive(&bcx, &w, &vec![0.0; (l - 1) * d], d, l);
         let mut state2 = state0.clone();
         short_conv(&bcx, &w, &mut state2, true, d, &mut y);
-        assert_eq!((y.clone(), state2), (zero_y, zero_state), "case {case}: reset");
+        assert_eq!(
+            (y.clone(), state2),
+            (zero_y, zero_state),
+            "case {case}: reset"
+        );
     }
 }

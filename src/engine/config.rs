@@ -3,6 +3,7 @@
 
 use anyhow::{bail, Context, Result};
 
+use super::state_slots::StateSlots;
 use crate::kernels::KvTypes;
 use crate::model::kv_cache::KvCache;
 use crate::model::state_pool::StatePool;
@@ -33,7 +34,8 @@ pub struct EngineConfig {
     /// What the KV pool's keys and values are held in (`--cache-type-k`, `--cache-type-v`).
     pub kv_types: KvTypes,
     /// Recurrent state slots (`crate::model::state_pool`), for a model with recurrent layers:
-    /// the most sequences that run at once. Taken from the same memory budget as the blocks.
+    /// the most sequences that run at once; as many again hold snapshots. Taken from the same
+    /// memory budget as the blocks.
     /// Ignored (none allocated) for a model without.
     pub num_state_slots: usize,
 }
@@ -75,10 +77,11 @@ impl EngineConfig {
             .check(model.config.head_dim)
             .map_err(anyhow::Error::msg)?;
         let per_block = KvCache::bytes_per_block_as(kv_types, &model.config, block_size);
-        // A model with recurrent layers: one state slot per sequence of --parallel, first.
+        // A model with recurrent layers: one state slot per sequence of --parallel and as many
+        // for snapshots (`StateSlots::pool_slots`), first.
         let slot_bytes = StatePool::slot_bytes(&model.config);
         let num_state_slots = if slot_bytes > 0 { parallel } else { 0 };
-        let state_bytes = num_state_slots.saturating_mul(slot_bytes);
+        let state_bytes = StateSlots::pool_slots(num_state_slots).saturating_mul(slot_bytes);
         let num_blocks = match kv_mem_mib {
             Some(mib) => {
                 let budget = mib.checked_mul(1 << 20).with_context(|| {
@@ -130,9 +133,9 @@ impl EngineConfig {
         }
     }
 
-    /// Bytes of the recurrent state slots.
+    /// Bytes of the recurrent state slots, the snapshots' included.
     pub fn state_bytes(&self, model: &Model) -> usize {
-        self.state_slots_for(model) * StatePool::slot_bytes(&model.config)
+        StateSlots::pool_slots(self.state_slots_for(model)) * StatePool::slot_bytes(&model.config)
     }
 
     /// What this engine will hold in host memory: the KV pool, the weights and an estimate of

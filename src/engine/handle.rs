@@ -154,7 +154,11 @@ impl Drop for RequestStream {
 /// slot.
 fn check_recurrent(model: &Model, config: &EngineConfig, spec: &SpecConfig) -> Result<()> {
     let arch = &model.config.architecture;
-    if spec.draft.as_ref().is_some_and(|d| d.model.config.is_recurrent()) {
+    if spec
+        .draft
+        .as_ref()
+        .is_some_and(|d| d.model.config.is_recurrent())
+    {
         bail!("--spec draft: the draft model has recurrent layers, which cannot roll back rejected proposals");
     }
     if !model.config.is_recurrent() {
@@ -224,7 +228,8 @@ impl EngineHandle {
             }
         };
         let mut exec = exec;
-        exec.set_state_slots(&model, config.state_slots_for(&model))?;
+        let pool_slots = super::state_slots::StateSlots::pool_slots(config.state_slots_for(&model));
+        exec.set_state_slots(&model, pool_slots)?;
         if exec.block_size() != config.block_size {
             bail!(
                 "the executor's KV blocks hold {} tokens, the engine's {}",

@@ -72,9 +72,8 @@ pub struct Scheduler {
     /// Whether a new sequence reuses cached prompt blocks (off: `--no-prefix-cache`).
     pub prefix_cache: bool,
     /// Recurrent state slots (`StateSlots::new(0)`: the model has no recurrent layers). While
-    /// on, every running sequence holds one, and prompts are computed from token 0: cached
-    /// blocks hold keys and values but no state to resume from, so none is registered or
-    /// matched.
+    /// on, every running sequence holds one, and a prompt reuses cached blocks only as far as a
+    /// snapshot of the state reaches (`StateSlots::resume_blocks`).
     pub states: StateSlots,
 }
 
@@ -163,10 +162,7 @@ impl Scheduler {
 
     /// Picks the work of one step.
     pub fn schedule(&mut self) -> SchedulerOutput {
-        let mut out = SchedulerOutput {
-            state_copies: self.states.take_copies(),
-            ..SchedulerOutput::default()
-        };
+        let mut out = SchedulerOutput::default();
         let mut budget = self.config.max_batched_tokens;
         let mut prefill = self.prefill_allowance();
 
@@ -183,6 +179,7 @@ impl Scheduler {
             if n > 1 {
                 // A prompt (or a recomputation) in chunks: as much as the step's time allows.
                 n = prefill.take(seq.num_computed, n, seq.tokens.len());
+                n = seq.snapshot_cut(n);
             }
             if n == 0 {
                 i += 1;
@@ -242,7 +239,7 @@ impl Scheduler {
             let hashes = self
                 .blocks
                 .prompt_block_hashes_keyed(seq.cache_key, &seq.tokens);
-            seq.block_table = if seq.cache_prompt && !self.states.is_on() {
+            seq.block_table = if seq.cache_prompt {
                 self.blocks.match_prefix_keyed(seq.cache_key, &seq.tokens)
             } else {
                 Vec::new()
@@ -257,6 +254,17 @@ impl Scheduler {
                     .take_while(|h| self.scored.get(h).is_some_and(|&kept| kept >= k))
                     .count();
                 self.blocks.truncate(&mut seq.block_table, keep);
+            }
+            if self.states.is_on() {
+                let (bs, caching) = (
+                    self.blocks.block_size,
+                    seq.cache_prompt && self.prefix_cache,
+                );
+                let scoring = seq.prompt_logprobs.is_some();
+                let (keep, at) =
+                    (self.states).plan(&hashes, seq.block_table.len(), bs, scoring, caching);
+                self.blocks.truncate(&mut seq.block_table, keep);
+                seq.snapshot_at = at;
             }
             let matched = seq.block_table.len();
             if seq.cache_prompt
@@ -285,6 +293,7 @@ impl Scheduler {
                 ),
                 seq.tokens.len(),
             );
+            let n = seq.snapshot_cut(n);
             if n == 0 {
                 // The step's prefill time is spent: it starts in a later step.
                 self.blocks.free(&mut seq.block_table);
@@ -303,6 +312,11 @@ impl Scheduler {
                     budget -= n + reread;
                     seq.status = SeqStatus::Running;
                     seq.state_slot = self.states.take();
+                    if let (Some(slot), Some(&h)) =
+                        (seq.state_slot, hashes.get(matched.wrapping_sub(1)))
+                    {
+                        self.states.resume(h, slot);
+                    }
                     self.blocks.record_lookup(seq.tokens.len(), matched);
                     seq.pending_hashes = hashes.into_iter().enumerate().skip(matched).collect();
                     for &(_, h) in &seq.pending_hashes {
@@ -321,6 +335,8 @@ impl Scheduler {
             }
         }
         out.prefill_capped = prefill.cut();
+        // Forks' and snapshots' copies since the last step, then this step's resumes.
+        out.state_copies = self.states.take_copies();
         out
     }
 
@@ -371,13 +387,16 @@ impl Scheduler {
                 continue;
             };
             seq.num_computed += n.min(seq.num_uncomputed());
-            if !self.states.is_on() {
-                self.blocks.register_full_blocks_keyed(
-                    seq.cache_key,
-                    &seq.block_table,
-                    &seq.tokens,
-                    seq.num_computed,
-                );
+            self.blocks.register_full_blocks_keyed(
+                seq.cache_key,
+                &seq.block_table,
+                &seq.tokens,
+                seq.num_computed,
+            );
+            if let (Some((at, h)), Some(slot)) = (seq.snapshot_at, seq.state_slot) {
+                if seq.num_computed == at {
+                    self.states.snapshot(h, slot);
+                }
             }
             let full = seq.num_computed / self.blocks.block_size;
             self.clear_in_flight(id, full);
@@ -543,15 +562,8 @@ impl Scheduler {
                 "queues {all:?} differ from live sequences {live:?}"
             ));
         }
-        if self.states.is_on() {
-            for s in self.seqs.values() {
-                if (s.status == SeqStatus::Running) != s.state_slot.is_some() {
-                    return Err(format!("sequence {} is {:?} with state slot {:?}", s.seq_id, s.status, s.state_slot));
-                }
-            }
-            let held = self.seqs.values().filter_map(|s| s.state_slot);
-            self.states.check_invariants(held)?;
-        }
+        let held = self.seqs.values();
+        (self.states).check_held(held.map(|s| (s.status == SeqStatus::Running, s.state_slot)))?;
         for id in &self.waiting {
             if self.seqs[id].status != SeqStatus::Waiting {
                 return Err(format!(

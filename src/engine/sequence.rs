@@ -40,6 +40,9 @@ pub struct Sequence {
     pub block_table: Vec<BlockId>,
     /// Its recurrent state's slot while it runs, for a model with recurrent layers.
     pub state_slot: Option<StateSlot>,
+    /// Where its state is snapshotted (`engine::state_slots`): the tokens of its prompt's
+    /// last full block and that block's hash; the prefill stops there once.
+    pub snapshot_at: Option<(usize, u64)>,
     pub status: SeqStatus,
     /// Hashes of prompt blocks this sequence is computing that others may wait for:
     /// (block index, hash).
@@ -74,6 +77,7 @@ impl Sequence {
             num_cached: 0,
             block_table: Vec::new(),
             state_slot: None,
+            snapshot_at: None,
             status: SeqStatus::Waiting,
             pending_hashes: Vec::new(),
             num_preemptions: 0,
@@ -95,6 +99,16 @@ impl Sequence {
 
     pub fn num_uncomputed(&self) -> usize {
         self.tokens.len() - self.num_computed
+    }
+
+    /// `n` tokens from its computed ones, cut to end at its snapshot point if they cross it.
+    pub fn snapshot_cut(&self, n: usize) -> usize {
+        match self.snapshot_at {
+            Some((at, _)) if self.num_computed < at && at < self.num_computed + n => {
+                at - self.num_computed
+            }
+            _ => n,
+        }
     }
 
     pub fn generated(&self) -> &[u32] {

@@ -20,10 +20,10 @@ use super::kv_events::{coalesce, KvCacheEvent, KvEventSink};
 use super::masks;
 use super::output::{Notice, Outputs};
 use super::prompt_scores::{PromptScores, SCORE_LOGITS_BYTES};
-use super::state_slots::StateSlots;
 use super::scheduler::{Scheduler, SchedulerConfig};
 use super::sequence::SeqId;
 use super::speculative::Speculator;
+use super::state_slots::StateSlots;
 use super::step_time::StepShape;
 use super::{EngineConfig, FinishReason, Metrics};
 use crate::device::Executor;
@@ -275,6 +275,7 @@ impl Worker {
             blocks_free: b.num_free(),
             state_slots_total: self.sched.states.num_total(),
             state_slots_free: self.sched.states.num_free(),
+            state_snapshots: self.sched.states.num_snapshots(),
             num_running: self.sched.num_running(),
             num_waiting: self.sched.num_waiting() + self.parking.num_parked(),
             blocks_pinned: self.sched.num_pinned(),

@@ -254,7 +254,7 @@ impl EngineArgs {
         let state_note = match config.state_slots_for(&model) {
             0 => String::new(),
             n => format!(
-                ", {n} recurrent state slots ({:.1} MiB) in it",
+                ", {n} recurrent state slots and {n} snapshot slots ({:.1} MiB) in it",
                 config.state_bytes(&model) as f64 / (1 << 20) as f64
             ),
         };

@@ -236,7 +236,10 @@ impl ModelConfig {
         let n_heads = usize_key("attention.head_count")?;
         let hybrid = if family.short_conv {
             if has("attention.sliding_window") {
-                bail!("{} on a hybrid model is not supported", key("attention.sliding_window"));
+                bail!(
+                    "{} on a hybrid model is not supported",
+                    key("attention.sliding_window")
+                );
             }
             Some(super::hybrid::read_lfm2(g, &arch, num_layers, n_heads)?)
         } else {
@@ -470,7 +473,6 @@ impl ModelConfig {
             output_norm: family.output_norm,
         })
     }
-
 
     /// Width of one token's keys (or values) in one layer.
     pub fn kv_dim(&self) -> usize {

@@ -34,7 +34,10 @@ pub const MAX_L_CACHE: usize = 64;
 impl super::ModelConfig {
     /// Layers with a KV cache (the others carry a recurrent state).
     pub fn num_kv_layers(&self) -> usize {
-        self.layers.iter().filter(|l| l.kind == LayerKind::Attention).count()
+        self.layers
+            .iter()
+            .filter(|l| l.kind == LayerKind::Attention)
+            .count()
     }
 
     /// Layers that carry a recurrent state.
@@ -55,7 +58,12 @@ impl super::ModelConfig {
 }
 
 /// LFM2's layers: per-layer KV heads (0: a short-convolution layer) and the window.
-pub fn read_lfm2(g: &GgufFile, arch: &str, num_layers: usize, n_heads: usize) -> Result<HybridLayers> {
+pub fn read_lfm2(
+    g: &GgufFile,
+    arch: &str,
+    num_layers: usize,
+    n_heads: usize,
+) -> Result<HybridLayers> {
     let key = format!("{arch}.attention.head_count_kv");
     let per_layer: Vec<u64> = match g.get(&key) {
         Some(MetaValue::Array(a)) => integers(a)
@@ -64,7 +72,10 @@ pub fn read_lfm2(g: &GgufFile, arch: &str, num_layers: usize, n_heads: usize) ->
         None => bail!("{key} is missing: it tells attention layers from convolution layers"),
     };
     if per_layer.len() != num_layers {
-        bail!("{key} has {} entries for {num_layers} layers", per_layer.len());
+        bail!(
+            "{key} has {} entries for {num_layers} layers",
+            per_layer.len()
+        );
     }
     let kinds: Vec<LayerKind> = per_layer
         .iter()

@@ -146,7 +146,9 @@ impl KvCache {
         let mut src = bytes
             .chunks_exact(2)
             .map(|b| u16::from_le_bytes([b[0], b[1]]));
-        let layers: Vec<usize> = (0..self.k.len()).filter(|&l| !self.k[l].is_empty()).collect();
+        let layers: Vec<usize> = (0..self.k.len())
+            .filter(|&l| !self.k[l].is_empty())
+            .collect();
         for l in layers {
             for dst in [&mut self.k[l][ak..ak + nk], &mut self.v[l][av..av + nv]] {
                 for (d, s) in dst.iter_mut().zip(&mut src) {

@@ -83,7 +83,10 @@ impl StatePool {
     pub fn copy(&mut self, src: StateSlot, dst: StateSlot) -> Result<()> {
         let n = self.num_layers * self.layer_floats;
         if src.index() >= self.num_slots() || dst.index() >= self.num_slots() {
-            bail!("state slot copy {src} -> {dst} outside a pool of {}", self.num_slots());
+            bail!(
+                "state slot copy {src} -> {dst} outside a pool of {}",
+                self.num_slots()
+            );
         }
         self.state
             .copy_within(src.index() * n..(src.index() + 1) * n, dst.index() * n);
@@ -128,7 +131,11 @@ impl StatePool {
         for run in &runs {
             let s = run.slot.index();
             if s >= self.num_slots() || std::mem::replace(&mut seen[s], true) {
-                bail!("state slot {} is outside the pool of {} or used twice", run.slot, self.num_slots());
+                bail!(
+                    "state slot {} is outside the pool of {} or used twice",
+                    run.slot,
+                    self.num_slots()
+                );
             }
             let start = batch.positions[run.first] as usize;
             if !run.reset && self.covers[s] != start {

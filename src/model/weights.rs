@@ -296,29 +296,29 @@ impl Weights<InFile> {
                 // file has one, as llama.cpp's create_tensor_qkv; else three tensors.
                 let qkv = format!("blk.{i}.attn_qkv");
                 let attention = || -> Result<Mixer<InFile>> {
-                let (wq, wk, wv) = if g.find_tensor(&format!("{qkv}.weight")).is_some() {
-                    let (q, kv) = (c.q_dim(), c.kv_dim());
-                    (
-                        Linear::load_rows(g, &qkv, c.n_embd, 0, q)?,
-                        Linear::load_rows(g, &qkv, c.n_embd, q, kv)?,
-                        Linear::load_rows(g, &qkv, c.n_embd, q + kv, kv)?,
-                    )
-                } else {
-                    (
-                        linear("attn_q", c.n_embd, c.q_dim())?,
-                        linear("attn_k", c.n_embd, c.kv_dim())?,
-                        linear("attn_v", c.n_embd, c.kv_dim())?,
-                    )
-                };
-                Ok(Mixer::Attention(Attention {
-                    wq,
-                    wk,
-                    wv,
-                    attn_q_norm: norm_if(c.qk_norm, "attn_q_norm", c.head_dim)?,
-                    attn_k_norm: norm_if(c.qk_norm, "attn_k_norm", c.head_dim)?,
-                    wo: linear("attn_output", c.q_dim(), c.n_embd)?,
-                    attn_post_norm: norm_if(c.post_norms, "post_attention_norm", c.n_embd)?,
-                }))
+                    let (wq, wk, wv) = if g.find_tensor(&format!("{qkv}.weight")).is_some() {
+                        let (q, kv) = (c.q_dim(), c.kv_dim());
+                        (
+                            Linear::load_rows(g, &qkv, c.n_embd, 0, q)?,
+                            Linear::load_rows(g, &qkv, c.n_embd, q, kv)?,
+                            Linear::load_rows(g, &qkv, c.n_embd, q + kv, kv)?,
+                        )
+                    } else {
+                        (
+                            linear("attn_q", c.n_embd, c.q_dim())?,
+                            linear("attn_k", c.n_embd, c.kv_dim())?,
+                            linear("attn_v", c.n_embd, c.kv_dim())?,
+                        )
+                    };
+                    Ok(Mixer::Attention(Attention {
+                        wq,
+                        wk,
+                        wv,
+                        attn_q_norm: norm_if(c.qk_norm, "attn_q_norm", c.head_dim)?,
+                        attn_k_norm: norm_if(c.qk_norm, "attn_k_norm", c.head_dim)?,
+                        wo: linear("attn_output", c.q_dim(), c.n_embd)?,
+                        attn_post_norm: norm_if(c.post_norms, "post_attention_norm", c.n_embd)?,
+                    }))
                 };
                 let mixer = match c.layers[i].kind {
                     LayerKind::Attention => attention()?,

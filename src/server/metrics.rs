@@ -371,6 +371,12 @@ pub fn prometheus(m: &Metrics) -> String {
                 ("{state=\"free\"}", m.state_slots_free as f64),
             ],
         );
+        metric(
+            "state_snapshots",
+            "gauge",
+            "Snapshots of recurrent states kept at the end of cached prompts (a later prompt resumes from one).",
+            &[("", m.state_snapshots as f64)],
+        );
     }
     if let Some((total, free)) = m.draft_blocks {
         metric(
