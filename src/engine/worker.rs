@@ -76,6 +76,9 @@ impl Worker {
         speculator: Speculator,
         disk: Option<DiskCacheConfig>,
     ) -> Self {
+        // The disk tier keeps blocks, not recurrent states: a hybrid model could not resume
+        // from what it loads, so it is off for one.
+        let disk = disk.filter(|_| !model.config.is_recurrent());
         let (parking, salt) = Parking::open(disk, &model, config.block_size, &exec);
         let mut blocks = BlockManager::new(config.num_blocks, config.block_size, salt);
         if parking.is_on() {
