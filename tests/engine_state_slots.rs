@@ -140,6 +140,36 @@ fn prompts_resume_only_from_a_snapshot_of_the_state() {
 }
 
 #[test]
+fn snapshots_every_k_blocks_let_a_shared_prefix_resume() {
+    let mut s = scheduler(64, 4, 256, 4);
+    s.snapshot_every = 2; // blocks of 4: every 8 tokens
+    let mut covers = Covers::default();
+    let system: Vec<u32> = (0..20).collect();
+    s.add(SeqId(1), system.iter().copied().chain(500..505).collect());
+    // Cut at 8, 16 and 24 (the last full block of 25 tokens), each a snapshot.
+    for n in [8, 8, 8, 1] {
+        let out = s.schedule();
+        assert_eq!(out.scheduled, vec![(SeqId(1), n)]);
+        covers.step(&s, &out);
+        s.step_done(&out);
+        s.check_invariants().unwrap();
+    }
+    assert_eq!(s.states.num_snapshots(), 3);
+    // Another question after the same 20 tokens: blocks 0..5 match, the deepest snapshot among
+    // them ends at token 16.
+    s.add(SeqId(2), system.iter().copied().chain(900..905).collect());
+    let out = s.schedule();
+    assert_eq!(s.get(SeqId(2)).unwrap().num_cached, 16);
+    assert!(
+        out.scheduled.contains(&(SeqId(2), 8)),
+        "{:?}",
+        out.scheduled
+    );
+    covers.step(&s, &out);
+    s.check_invariants().unwrap();
+}
+
+#[test]
 fn a_fork_copies_its_parents_state_or_waits_for_a_slot() {
     let mut s = scheduler(64, 4, 256, 2);
     s.prefix_cache = false; // no snapshots: the fork's copy alone
@@ -234,6 +264,7 @@ fn random_operations_keep_the_slots_exact() {
         let num_blocks = 8 + rng.below(40);
         let num_slots = 1 + rng.below(6);
         let mut s = scheduler(num_blocks, block_size, 4 + rng.below(40), num_slots);
+        s.snapshot_every = rng.below(4);
         let mut covers = Covers::default();
         let prefixes: Vec<Vec<u32>> = (0..3)
             .map(|p| (0..rng.below(20) as u32).map(|t| p * 100 + t).collect())

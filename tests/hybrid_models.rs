@@ -260,6 +260,43 @@ fn run(e: &EngineHandle, prompt: &[u32], n: usize, cache_prompt: bool) -> (Vec<u
 }
 
 #[test]
+fn a_shared_prefix_resumes_from_a_snapshot_every_k_blocks() {
+    let Some((model, r)) = load("lfm2") else {
+        return;
+    };
+    let model = Arc::new(model);
+    let t = ids(&r["tokens"]);
+    // Two prompts sharing their first 70 tokens, then each its own question.
+    let (a, b): (Vec<u32>, Vec<u32>) = (
+        t[..70].iter().chain(&t[100..110]).copied().collect(),
+        t[..70].iter().chain(&t[200..212]).copied().collect(),
+    );
+    let config = EngineConfig {
+        block_size: 16,
+        num_blocks: 128,
+        max_seq_len: 256,
+        max_batched_tokens: 512,
+        max_seqs: 8,
+        max_queue: 8,
+        max_step_ms: None,
+        mask_budget_ms: EngineConfig::DEFAULT_MASK_BUDGET_MS,
+        kv_types: edge_llm::kernels::KvTypes::F16,
+        num_state_slots: 4,
+    };
+    let parts = EngineParts {
+        state_snapshot_every: 2, // every 32 tokens
+        ..EngineParts::default()
+    };
+    let e = EngineHandle::start(Arc::clone(&model), config, parts).unwrap();
+    let want_b = run(&e, &b, 12, false);
+    assert_eq!(run(&e, &a, 12, true).1, 0);
+    // b resumes after 64 of the 70 shared tokens (snapshots of a at 32, 64, and 64 is the
+    // deepest inside the shared blocks), and gives what it gives computed whole.
+    assert_eq!(run(&e, &b, 12, true), (want_b.0, 64));
+    assert_all_back(&e, 4);
+}
+
+#[test]
 fn a_repeated_or_continued_prompt_resumes_from_a_snapshot() {
     let Some((model, r)) = load("lfm2") else {
         return;

@@ -39,6 +39,9 @@ pub struct EngineParts {
     pub disk: Option<DiskCacheConfig>,
     /// Reuse no cached prompt block (`--no-prefix-cache`: every prompt is computed whole).
     pub no_prefix_cache: bool,
+    /// A model with recurrent layers: besides at each prompt's last full block, snapshot the
+    /// state every this many blocks of a prompt (`--state-snapshot-every`; 0: only there).
+    pub state_snapshot_every: usize,
 }
 
 impl Default for EngineParts {
@@ -51,6 +54,7 @@ impl Default for EngineParts {
             spec: SpecConfig::default(),
             disk: None,
             no_prefix_cache: false,
+            state_snapshot_every: super::state_slots::DEFAULT_SNAPSHOT_EVERY,
         }
     }
 }
@@ -196,6 +200,7 @@ impl EngineHandle {
             spec,
             disk,
             no_prefix_cache,
+            state_snapshot_every,
         } = parts;
         spec.validate().map_err(anyhow::Error::msg)?;
         check_recurrent(&model, &config, &spec)?;
@@ -268,6 +273,7 @@ impl EngineHandle {
         );
         let disk_stats = worker.disk_stats();
         worker.sched.prefix_cache = !no_prefix_cache;
+        worker.sched.snapshot_every = state_snapshot_every;
         std::thread::Builder::new()
             .name("edge-llm-engine".into())
             .spawn(move || worker.run(rx))?;

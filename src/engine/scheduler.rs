@@ -71,10 +71,11 @@ pub struct Scheduler {
     pub max_score_rows: usize,
     /// Whether a new sequence reuses cached prompt blocks (off: `--no-prefix-cache`).
     pub prefix_cache: bool,
-    /// Recurrent state slots (`StateSlots::new(0)`: the model has no recurrent layers). While
-    /// on, every running sequence holds one, and a prompt reuses cached blocks only as far as a
-    /// snapshot of the state reaches (`StateSlots::resume_blocks`).
+    /// Recurrent state slots (none: no recurrent layers): each running sequence holds one; a
+    /// prompt reuses cached blocks only as far as a state snapshot reaches (`StateSlots::plan`).
     pub states: StateSlots,
+    /// Blocks between a prompt's state snapshots (0: only at its last full block).
+    pub snapshot_every: usize,
 }
 
 impl Scheduler {
@@ -95,6 +96,7 @@ impl Scheduler {
             pins: PinTable::default(),
             step_time: StepTime::new(None),
             states: StateSlots::default(),
+            snapshot_every: 0,
         }
     }
 
@@ -179,7 +181,7 @@ impl Scheduler {
             if n > 1 {
                 // A prompt (or a recomputation) in chunks: as much as the step's time allows.
                 n = prefill.take(seq.num_computed, n, seq.tokens.len());
-                n = seq.snapshot_cut(n);
+                n = seq.snapshot_cut(n, self.snapshot_every * self.blocks.block_size);
             }
             if n == 0 {
                 i += 1;
@@ -293,7 +295,7 @@ impl Scheduler {
                 ),
                 seq.tokens.len(),
             );
-            let n = seq.snapshot_cut(n);
+            let n = seq.snapshot_cut(n, self.snapshot_every * self.blocks.block_size);
             if n == 0 {
                 // The step's prefill time is spent: it starts in a later step.
                 self.blocks.free(&mut seq.block_table);
@@ -393,11 +395,9 @@ impl Scheduler {
                 &seq.tokens,
                 seq.num_computed,
             );
-            if let (Some((at, h)), Some(slot)) = (seq.snapshot_at, seq.state_slot) {
-                if seq.num_computed == at {
-                    self.states.snapshot(h, slot);
-                }
-            }
+            let (bs, blocks) = (self.blocks.block_size, &self.blocks);
+            let hash = |c: usize| blocks.registered(seq.block_table[c / bs - 1]).map(|r| r.0);
+            (self.states).after_step(seq, self.snapshot_every * bs, hash);
             let full = seq.num_computed / self.blocks.block_size;
             self.clear_in_flight(id, full);
             let seq = &self.seqs[&id];

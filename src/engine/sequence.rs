@@ -101,13 +101,21 @@ impl Sequence {
         self.tokens.len() - self.num_computed
     }
 
-    /// `n` tokens from its computed ones, cut to end at its snapshot point if they cross it.
-    pub fn snapshot_cut(&self, n: usize) -> usize {
-        match self.snapshot_at {
-            Some((at, _)) if self.num_computed < at && at < self.num_computed + n => {
-                at - self.num_computed
-            }
-            _ => n,
+    /// `n` tokens from its computed ones, cut to end at its next snapshot point if they cross
+    /// it: its prompt's last full block, or before it a multiple of `every` tokens (0: none).
+    pub fn snapshot_cut(&self, n: usize, every: usize) -> usize {
+        let Some((at, _)) = self.snapshot_at else {
+            return n;
+        };
+        let c = self.num_computed;
+        let next = match every {
+            0 => at,
+            e => at.min((c / e + 1) * e),
+        };
+        if c < next && next < c + n {
+            next - c
+        } else {
+            n
         }
     }
 

@@ -17,7 +17,11 @@
 
 use std::collections::HashMap;
 
+use super::sequence::Sequence;
 pub use crate::model::state_pool::StateSlot;
+
+/// Blocks between a prompt's snapshots before its last full block (`--state-snapshot-every`).
+pub const DEFAULT_SNAPSHOT_EVERY: usize = 16;
 
 /// A state copy the caller must make before the next forward step (a fork).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,6 +95,31 @@ impl StateSlots {
         self.copies.push(StateCopy { src: running, dst });
         self.next_use += 1;
         self.snapshots.insert(hash, (dst, self.next_use));
+    }
+
+    /// After a step: snapshots `seq`'s state if its computed tokens end at one of its snapshot
+    /// points (`Sequence::snapshot_cut`; `every` in tokens), `block_hash(c)` being the hash of
+    /// its block that ends at token `c`.
+    pub fn after_step(
+        &mut self,
+        seq: &Sequence,
+        every: usize,
+        block_hash: impl Fn(usize) -> Option<u64>,
+    ) {
+        let (Some((at, h)), Some(slot)) = (seq.snapshot_at, seq.state_slot) else {
+            return;
+        };
+        let c = seq.num_computed;
+        let hash = if c == at {
+            Some(h)
+        } else if every > 0 && c > 0 && c < at && c % every == 0 {
+            block_hash(c)
+        } else {
+            None
+        };
+        if let Some(h) = hash {
+            self.snapshot(h, slot);
+        }
     }
 
     /// Starts `running` from the snapshot of the block of `hash` (which must exist).
