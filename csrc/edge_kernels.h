@@ -189,6 +189,18 @@ void el_paged_attention(float *out /* [n_tokens][n_heads][head_dim] */,
                         int64_t max_blocks_per_seq, float scale, int32_t window, int64_t item_begin,
                         int64_t item_end);
 
+/* ---- Recurrent layers ------------------------------------------------------------------------ */
+
+/* LFM2's short convolution of one sequence's n_tokens consecutive tokens (the reference only).
+ * bcx holds each token's in_proj output: b, c and x, d floats each. With bx = b * x and the window
+ * of token t the rows t .. t + l_cache - 1 of [state; bx] (state: the l_cache - 1 inputs before
+ * the first token, zeros when reset != 0), y[t][ch] = c[t][ch] * sum_k window[k][ch] * w[ch][k],
+ * summed in k order from 0.0f; state then holds the last l_cache - 1 rows of [state; bx]. Chunks
+ * give bit for bit what single tokens give. l_cache >= 2. */
+void el_short_conv(const float *bcx /* [n_tokens][3][d] */, const float *w /* [d][l_cache] */,
+                   float *state /* [l_cache - 1][d] */, int32_t reset, int64_t n_tokens, int64_t d,
+                   int64_t l_cache, float *y /* [n_tokens][d] */);
+
 #ifdef __cplusplus
 }
 #endif

@@ -505,6 +505,7 @@ fn engine_run(model: &Arc<Model>, exec: Executor) -> (Vec<Completion>, Metrics) 
         max_step_ms: None,
         mask_budget_ms: EngineConfig::DEFAULT_MASK_BUDGET_MS,
         kv_types: edge_llm::kernels::KvTypes::F16,
+        num_state_slots: 0,
     };
     let engine = EngineHandle::start(
         Arc::clone(model),

@@ -508,6 +508,7 @@ fn small_engine(num_blocks: usize, max_batched_tokens: usize) -> edge_llm::engin
         max_step_ms: None,
         mask_budget_ms: EngineConfig::DEFAULT_MASK_BUDGET_MS,
         kv_types: edge_llm::kernels::KvTypes::F16,
+        num_state_slots: 0,
     };
     EngineHandle::start(support::shared_model(), config, EngineParts::default())
         .expect("the engine starts")

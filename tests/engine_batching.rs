@@ -22,6 +22,7 @@ fn engine(num_blocks: usize) -> EngineHandle {
         max_step_ms: None,
         mask_budget_ms: EngineConfig::DEFAULT_MASK_BUDGET_MS,
         kv_types: edge_llm::kernels::KvTypes::F16,
+        num_state_slots: 0,
     };
     EngineHandle::start(shared_model(), config, EngineParts::default()).unwrap()
 }

@@ -52,6 +52,7 @@ fn engine_with(
         max_step_ms: None,
         mask_budget_ms: EngineConfig::DEFAULT_MASK_BUDGET_MS,
         kv_types,
+        num_state_slots: 0,
     };
     EngineHandle::start(shared_model(), config, parts).unwrap()
 }

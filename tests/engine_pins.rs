@@ -23,6 +23,7 @@ fn engine() -> EngineHandle {
         max_step_ms: None,
         mask_budget_ms: EngineConfig::DEFAULT_MASK_BUDGET_MS,
         kv_types: edge_llm::kernels::KvTypes::F16,
+        num_state_slots: 0,
     };
     EngineHandle::start(support::shared_model(), config, EngineParts::default()).unwrap()
 }

@@ -147,6 +147,7 @@ fn run(max_step_ms: Option<u64>) -> (Vec<Vec<u32>>, u64) {
         max_step_ms,
         mask_budget_ms: EngineConfig::DEFAULT_MASK_BUDGET_MS,
         kv_types: edge_llm::kernels::KvTypes::F16,
+        num_state_slots: 0,
     };
     let engine = EngineHandle::start(model.clone(), config, EngineParts::default()).unwrap();
     let text = std::fs::read_to_string("/usr/share/common-licenses/GPL-3")

@@ -66,6 +66,7 @@ fn config(num_blocks: usize) -> EngineConfig {
         max_step_ms: None,
         mask_budget_ms: EngineConfig::DEFAULT_MASK_BUDGET_MS,
         kv_types: edge_llm::kernels::KvTypes::F16,
+        num_state_slots: 0,
     }
 }
 

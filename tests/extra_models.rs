@@ -491,6 +491,7 @@ fn gemma3_prefix_cache_past_the_window() {
         max_step_ms: None,
         mask_budget_ms: EngineConfig::DEFAULT_MASK_BUDGET_MS,
         kv_types: edge_llm::kernels::KvTypes::F16,
+        num_state_slots: 0,
     };
     let engine = EngineHandle::start(model.clone(), config, EngineParts::default()).unwrap();
     let run = |p: &[u32]| {

@@ -20,9 +20,9 @@ mod support;
 
 use edge_llm::kernels::tensor_type::TensorType;
 use edge_llm::kernels::{
-    available_isas, current_isa, glu_inplace, isa_available, kv_write, matmul, matmul_x8, matmul_x8_isa,
-    paged_attention, quantize_rows, repack_x8, rms_norm, rope, set_isa, vec_dot, Activation,
-    AttentionBatch, AttentionShape, FreqFactors, Isa, Rope, RopeStyle, Yarn,
+    available_isas, current_isa, glu_inplace, isa_available, kv_write, matmul, matmul_x8,
+    matmul_x8_isa, paged_attention, quantize_rows, repack_x8, rms_norm, rope, set_isa, vec_dot,
+    Activation, AttentionBatch, AttentionShape, FreqFactors, Isa, Rope, RopeStyle, Yarn,
 };
 use edge_llm::scoring::runner::SequenceRunner;
 
@@ -141,7 +141,10 @@ fn avx512_vnni_is_chosen_where_the_cpu_has_it() {
     assert_eq!(isa_available(Isa::Avx512Vnni), has);
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     if cpuinfo.contains(" avx512_vnni") {
-        assert!(has, "/proc/cpuinfo lists avx512_vnni but avx512vnni is not available");
+        assert!(
+            has,
+            "/proc/cpuinfo lists avx512_vnni but avx512vnni is not available"
+        );
     }
     let before = current_isa();
     for isa in available_isas() {
@@ -173,7 +176,12 @@ fn avx512_vnni_is_chosen_where_the_cpu_has_it() {
 #[cfg(target_arch = "x86_64")]
 fn default_isa_of_a_fresh_process() -> String {
     let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "print_the_starting_isa", "--nocapture", "--include-ignored"])
+        .args([
+            "--exact",
+            "print_the_starting_isa",
+            "--nocapture",
+            "--include-ignored",
+        ])
         .env_remove("EDGE_LLM_ISA")
         .output()
         .expect("run this test binary again");

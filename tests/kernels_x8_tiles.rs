@@ -11,7 +11,8 @@ mod support;
 
 use edge_llm::kernels::tensor_type::TensorType;
 use edge_llm::kernels::{
-    available_isas, current_isa, matmul_x8, matmul_x8_isa, quantize_rows, repack_x8, set_isa, vec_dot,
+    available_isas, current_isa, matmul_x8, matmul_x8_isa, quantize_rows, repack_x8, set_isa,
+    vec_dot,
 };
 
 use support::splitmix::Rng;
@@ -76,7 +77,11 @@ fn x8_tiles_equal_vec_dot_for_every_batch_size_and_chunk_edge() {
                 let (w_rb, a_rb) = (w.len() / n_out, a.len() / MAX_ROWS);
                 for isa in available_isas() {
                     set_isa(isa).expect("an available ISA");
-                    assert_eq!(matmul_x8_isa(t), Some(isa), "{t}'s product does not run {isa}'s kernel");
+                    assert_eq!(
+                        matmul_x8_isa(t),
+                        Some(isa),
+                        "{t}'s product does not run {isa}'s kernel"
+                    );
                     let want: Vec<f32> = (0..MAX_ROWS * n_out)
                         .map(|i| {
                             let (r, o) = (i / n_out, i % n_out);

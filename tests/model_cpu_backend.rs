@@ -37,11 +37,12 @@ fn interleaved_copies_are_made_at_load_and_shared() {
         let FeedForward::Dense(mlp) = &lw.ffn else {
             panic!("layer {l}: SmolLM2 has a dense feed-forward block");
         };
+        let a = lw.attention().expect("SmolLM2's layers all attend");
         for m in [
-            &lw.wq.weight,
-            &lw.wk.weight,
-            &lw.wv.weight,
-            &lw.wo.weight,
+            &a.wq.weight,
+            &a.wk.weight,
+            &a.wv.weight,
+            &a.wo.weight,
             &mlp.gate,
             &mlp.up,
             &mlp.down,

@@ -87,13 +87,25 @@ CASES = {
     # The base of the IQ-quantized models: rows of 256 (the IQ super-block), one layer.
     "iq_base": dict(arch="llama", vocab=SMOLLM2, n_embd=256, n_heads=4, n_kv_heads=1, n_ff=256,
                     n_layers=1, tied=True),
+    # LFM2 (hybrid: short convolutions and attention) in LFM2-350M's proportions, smaller: six
+    # layers, attention at 2 and 5 (head_count_kv 0 marks a convolution layer), a window of 3
+    # (shortconv.l_cache), QK-norm, neox rope, the final norm named token_embd_norm; block
+    # matrices in F16. Its output matrix is separate (llama.cpp's lfm2 takes one when the file
+    # has it) and scaled so the logits spread about 3 (a top token of some 20-40%, not the
+    # one-hot of a tied embedding): KLD and same-top then measure something. A sequence of 256
+    # tokens (tests/hybrid_models.rs runs it in chunks), the top 64 of each position kept (a KLD
+    # over them and the rest).
+    "lfm2": dict(arch="lfm2", vocab=SMOLLM2, n_embd=256, n_heads=4, n_kv_heads=2, n_ff=512,
+                 n_layers=6, tied=False, output_scale=3.0, qk_norm=True, f16=True,
+                 conv_layers=[0, 1, 3, 4], l_cache=3, n_tokens=256, top_k=64, n_picked=32,
+                 llama_cpp="newest"),
 }
 
 # Cases also written with the block matrices llama-quantize made of them in these types (the
 # blocks kept in tests/synth/quant/, as the IQ ones). Not Q4_K_M: with its coarser matrices the
 # two sides route 3 of the 40 rows of qwen3moe to different experts (the rows whose 2nd and 3rd
 # expert probabilities are closest, within 8e-4), which no per-logit budget covers.
-QUANTIZED = {"qwen3moe": ["Q8_0"], "gemma4": ["Q4_K_M"]}
+QUANTIZED = {"qwen3moe": ["Q8_0"], "gemma4": ["Q4_K_M"], "lfm2": ["Q4_K_M"]}
 
 IQ_TYPES = ["IQ4_NL", "IQ4_XS", "IQ3_S", "IQ3_XXS", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ1_M", "IQ1_S"]
 
@@ -157,7 +169,13 @@ def build(case, out_path, blocks=None):
     w.add_block_count(n_layers)
     w.add_feed_forward_length(n_ff)
     w.add_head_count(n_heads)
-    w.add_head_count_kv(n_kv_heads)
+    conv_layers = c.get("conv_layers", [])
+    if conv_layers:
+        # Per layer: 0 KV heads marks a short-convolution layer (llama.cpp's lfm2 loader).
+        w.add_head_count_kv([0 if i in conv_layers else n_kv_heads for i in range(n_layers)])
+        w.add_uint32(f"{arch}.shortconv.l_cache", c["l_cache"])
+    else:
+        w.add_head_count_kv(n_kv_heads)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(c.get("freq_base", 10000.0))
     if head_dim != n_embd // n_heads:
@@ -179,7 +197,7 @@ def build(case, out_path, blocks=None):
         w.add_uint32(f"{arch}.expert_count", n_expert)
         w.add_uint32(f"{arch}.expert_used_count", n_expert_used)
         w.add_uint32(f"{arch}.expert_feed_forward_length", n_ff_exp)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if c.get("f16") else gguf.LlamaFileType.ALL_F32)
     n_vocab = add_vocab(w, c["vocab"])
     add_tensor = w.add_tensor
 
@@ -192,7 +210,8 @@ def build(case, out_path, blocks=None):
     w.add_tensor = add
 
     def mat(n_out, n_in):  # [n_out][n_in], GGUF dims [n_in, n_out]
-        return (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
+        m = (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
+        return m.astype(np.float16) if c.get("f16") else m
 
     def norm(n):
         return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
@@ -216,20 +235,30 @@ def build(case, out_path, blocks=None):
     for i in range(n_layers):
         p = f"blk.{i}."
         w.add_tensor(p + "attn_norm.weight", norm(n_embd))
-        if c.get("fused_qkv"):
+        if i in conv_layers:
+            # in_proj: b, c, x rows; the depthwise kernel [n_embd][l_cache] (f32, as
+            # llama-quantize leaves it); out_proj.
+            w.add_tensor(p + "shortconv.in_proj.weight", mat(3 * n_embd, n_embd))
+            w.add_tensor(p + "shortconv.conv.weight",
+                         (rng.standard_normal((n_embd, c["l_cache"])) * 0.5).astype(np.float32))
+            w.add_tensor(p + "shortconv.out_proj.weight", mat(n_embd, n_embd))
+        elif c.get("fused_qkv"):
             w.add_tensor(p + "attn_qkv.weight", mat(q_dim + 2 * kv_dim, n_embd))
         else:
             w.add_tensor(p + "attn_q.weight", mat(q_dim, n_embd))
             w.add_tensor(p + "attn_k.weight", mat(kv_dim, n_embd))
             w.add_tensor(p + "attn_v.weight", mat(kv_dim, n_embd))
-        if c.get("biases"):
+        if i in conv_layers:
+            pass
+        elif c.get("biases"):
             w.add_tensor(p + "attn_q.bias", vec(q_dim))
             w.add_tensor(p + "attn_k.bias", vec(kv_dim))
             w.add_tensor(p + "attn_v.bias", vec(kv_dim))
-        if c.get("qk_norm"):
+        if c.get("qk_norm") and i not in conv_layers:
             w.add_tensor(p + "attn_q_norm.weight", norm(head_dim))
             w.add_tensor(p + "attn_k_norm.weight", norm(head_dim))
-        w.add_tensor(p + "attn_output.weight", mat(n_embd, q_dim))
+        if i not in conv_layers:
+            w.add_tensor(p + "attn_output.weight", mat(n_embd, q_dim))
         w.add_tensor(p + "ffn_norm.weight", norm(n_embd))
         if c.get("moe"):
             # The router ([n_expert][n_embd]) and each expert's matrices, stacked: numpy
@@ -246,9 +275,10 @@ def build(case, out_path, blocks=None):
             w.add_tensor(p + "ffn_up.weight", mat(n_ff, n_embd))
         if not c.get("moe"):
             w.add_tensor(p + "ffn_down.weight", mat(n_embd, n_ff))
-    w.add_tensor("output_norm.weight", norm(n_embd))
+    w.add_tensor("token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight", norm(n_embd))
     if not c.get("tied"):
-        w.add_tensor("output.weight", mat(n_vocab, n_embd).astype(np.float16))
+        w.add_tensor("output.weight",
+                     (c.get("output_scale", 1.0) * mat(n_vocab, n_embd)).astype(np.float16))
     if replace:
         sys.exit(f"{blocks}: tensors not in {case}: {sorted(replace)}")
     w.write_header_to_file()
@@ -256,7 +286,7 @@ def build(case, out_path, blocks=None):
     w.write_tensors_to_file()
     w.close()
     # Ordinary text tokens (ids past the control tokens), the same for every run.
-    tokens = rng.integers(100, min(n_vocab, 40000), size=N_TOKENS).tolist()
+    tokens = rng.integers(100, min(n_vocab, 40000), size=c.get("n_tokens", N_TOKENS)).tolist()
     return n_vocab, tokens
 
 
@@ -268,14 +298,14 @@ def sha256(path):
     return h.hexdigest()
 
 
-def picked_ids(n_vocab):
-    return np.linspace(0, n_vocab - 1, N_PICKED).round().astype(int).tolist()
+def picked_ids(n_vocab, n=N_PICKED):
+    return np.linspace(0, n_vocab - 1, n).round().astype(int).tolist()
 
 
-def llama_logits(tool, model, tokens, picked):
+def llama_logits(tool, model, tokens, picked, top_k=TOP_K):
     n_ctx = max(128, len(tokens))
     out = subprocess.run([tool, model, ",".join(map(str, tokens)), ",".join(map(str, picked)),
-                          str(TOP_K), str(n_ctx)], check=True, capture_output=True, text=True)
+                          str(top_k), str(n_ctx)], check=True, capture_output=True, text=True)
     return json.loads(out.stdout)
 
 
@@ -285,7 +315,8 @@ def llama_commit():
 
 
 def write_ref(case, model_path, file_case, n_vocab, tokens, tool, extra):
-    picked = picked_ids(n_vocab)
+    c = CASES[file_case]
+    picked = picked_ids(n_vocab, c.get("n_picked", N_PICKED))
     ref = {
         "case": case,
         "file": os.path.basename(model_path),
@@ -296,7 +327,7 @@ def write_ref(case, model_path, file_case, n_vocab, tokens, tool, extra):
         "tokens": tokens,
         "picked_ids": picked,
         **extra,
-        **llama_logits(tool, model_path, tokens, picked),
+        **llama_logits(tool, model_path, tokens, picked, c.get("top_k", TOP_K)),
     }
     os.makedirs("tests/synth", exist_ok=True)
     with open(f"tests/synth/{case}.json", "w") as f:

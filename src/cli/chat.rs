@@ -108,6 +108,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
         EngineParts {
             disk,
             no_prefix_cache: args.cache.no_prefix_cache,
+            state_snapshot_every: args.cache.state_snapshot_every,
             ..Default::default()
         },
     )?;

@@ -99,6 +99,12 @@ pub fn load<D: CudaDevice>(
     if block_size == 0 || num_blocks == 0 {
         bail!("an empty KV pool");
     }
+    if c.is_recurrent() {
+        bail!(
+            "'{}' has recurrent layers (short convolutions), which the CUDA backend does not run yet; use --device cpu",
+            c.architecture
+        );
+    }
     if !c.uniform_layers() {
         bail!(
             "{}: layers of different head sizes or KV head counts are not supported on --device cuda (its KV pool has one row width for every layer); run it with --device cpu",

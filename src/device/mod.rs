@@ -14,6 +14,7 @@ use anyhow::{bail, Result};
 
 use crate::kernels::{kv_type_name, KvTypes, CUDA_KV_TYPES};
 use crate::model::kv_cache::BlockId;
+use crate::model::state_pool::StateSlot;
 use crate::model::{Batch, Cpu, Loaded, Model, StepOutput};
 
 /// Where a model runs and what its KV pool holds: `--device` with `--cache-type-k` and
@@ -284,6 +285,34 @@ impl Executor {
             Executor::Cuda(m) => m.backend.copy_block(src, dst),
             #[cfg(feature = "cuda")]
             Executor::CudaEmulated(m) => m.backend.copy_block(src, dst),
+        }
+    }
+
+    /// A recurrent state pool of `num_slots` slots (`crate::model::state_pool`) for a model with
+    /// recurrent layers, replacing the one before; nothing for a model without (0 slots).
+    pub fn set_state_slots(&mut self, model: &Model, num_slots: usize) -> Result<()> {
+        match self {
+            Executor::Cpu(m) => {
+                m.backend.set_state_slots(&model.config, num_slots);
+                Ok(())
+            }
+            #[cfg(feature = "cuda")]
+            Executor::Cuda(_) | Executor::CudaEmulated(_) => match model.config.is_recurrent() {
+                true => bail!("the CUDA backend has no recurrent state pool"),
+                false => Ok(()),
+            },
+        }
+    }
+
+    /// Copies state slot `src` onto `dst` (a forked sequence of a model with recurrent layers).
+    pub fn copy_state(&mut self, src: StateSlot, dst: StateSlot) -> Result<()> {
+        use crate::model::Backend;
+        match self {
+            Executor::Cpu(m) => m.backend.copy_state(src, dst),
+            #[cfg(feature = "cuda")]
+            Executor::Cuda(m) => m.backend.copy_state(src, dst),
+            #[cfg(feature = "cuda")]
+            Executor::CudaEmulated(m) => m.backend.copy_state(src, dst),
         }
     }
 

@@ -57,6 +57,10 @@ pub fn build_batch(sched: &Scheduler, out: &SchedulerOutput) -> (Batch, Vec<Scor
         };
         let positions = seq.num_computed..seq.num_computed + n;
         let row = batch.push_block_table(&seq.block_table);
+        if sched.states.is_on() {
+            let slot = seq.state_slot.expect("running sequences hold a state slot");
+            batch.state_slots.push(slot.0 as i32);
+        }
         let mut first = positions.start;
         let scoring = seq.prompt_logprobs.is_some();
         if scoring && seq.num_cached > 0 && seq.num_computed == seq.num_cached {

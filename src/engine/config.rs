@@ -3,8 +3,10 @@
 
 use anyhow::{bail, Context, Result};
 
+use super::state_slots::StateSlots;
 use crate::kernels::KvTypes;
 use crate::model::kv_cache::KvCache;
+use crate::model::state_pool::StatePool;
 use crate::model::Model;
 
 /// Sizes fixed at start-up.
@@ -31,6 +33,11 @@ pub struct EngineConfig {
     pub mask_budget_ms: u64,
     /// What the KV pool's keys and values are held in (`--cache-type-k`, `--cache-type-v`).
     pub kv_types: KvTypes,
+    /// Recurrent state slots (`crate::model::state_pool`), for a model with recurrent layers:
+    /// the most sequences that run at once; as many again hold snapshots. Taken from the same
+    /// memory budget as the blocks.
+    /// Ignored (none allocated) for a model without.
+    pub num_state_slots: usize,
 }
 
 impl EngineConfig {
@@ -70,10 +77,21 @@ impl EngineConfig {
             .check(model.config.head_dim)
             .map_err(anyhow::Error::msg)?;
         let per_block = KvCache::bytes_per_block_as(kv_types, &model.config, block_size);
+        // A model with recurrent layers: one state slot per sequence of --parallel and as many
+        // for snapshots (`StateSlots::pool_slots`), first.
+        let slot_bytes = StatePool::slot_bytes(&model.config);
+        let num_state_slots = if slot_bytes > 0 { parallel } else { 0 };
+        let state_bytes = StateSlots::pool_slots(num_state_slots).saturating_mul(slot_bytes);
         let num_blocks = match kv_mem_mib {
             Some(mib) => {
-                mib.checked_mul(1 << 20).with_context(|| {
+                let budget = mib.checked_mul(1 << 20).with_context(|| {
                     format!("--kv-mem {mib} MiB is more memory than can be addressed")
+                })?;
+                budget.checked_sub(state_bytes).with_context(|| {
+                    format!(
+                        "--kv-mem {mib} MiB does not hold the recurrent state of {parallel} sequences ({}); raise --kv-mem or lower --parallel",
+                        super::memory::size(state_bytes as u64)
+                    )
                 })? / per_block
             }
             None => ctx_size
@@ -97,11 +115,27 @@ impl EngineConfig {
             max_step_ms: Some(Self::DEFAULT_MAX_STEP_MS),
             mask_budget_ms: Self::DEFAULT_MASK_BUDGET_MS,
             kv_types,
+            num_state_slots,
         })
     }
 
+    /// Bytes of the KV pool and, for a model with recurrent layers, its state slots.
     pub fn kv_bytes(&self, model: &Model) -> usize {
         self.num_blocks * KvCache::bytes_per_block_as(self.kv_types, &model.config, self.block_size)
+            + self.state_bytes(model)
+    }
+
+    /// State slots this engine allocates for `model` (none without recurrent layers).
+    pub fn state_slots_for(&self, model: &Model) -> usize {
+        match model.config.is_recurrent() {
+            true => self.num_state_slots,
+            false => 0,
+        }
+    }
+
+    /// Bytes of the recurrent state slots, the snapshots' included.
+    pub fn state_bytes(&self, model: &Model) -> usize {
+        StateSlots::pool_slots(self.state_slots_for(model)) * StatePool::slot_bytes(&model.config)
     }
 
     /// What this engine will hold in host memory: the KV pool, the weights and an estimate of
@@ -123,6 +157,7 @@ impl EngineConfig {
                 c,
                 self.block_size,
             ) as u64),
+            state: self.state_bytes(model) as u64,
             weights: model.file.file_bytes(),
             scratch,
         }

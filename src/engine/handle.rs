@@ -39,6 +39,9 @@ pub struct EngineParts {
     pub disk: Option<DiskCacheConfig>,
     /// Reuse no cached prompt block (`--no-prefix-cache`: every prompt is computed whole).
     pub no_prefix_cache: bool,
+    /// A model with recurrent layers: besides at each prompt's last full block, snapshot the
+    /// state every this many blocks of a prompt (`--state-snapshot-every`; 0: only there).
+    pub state_snapshot_every: usize,
 }
 
 impl Default for EngineParts {
@@ -51,6 +54,7 @@ impl Default for EngineParts {
             spec: SpecConfig::default(),
             disk: None,
             no_prefix_cache: false,
+            state_snapshot_every: super::state_slots::DEFAULT_SNAPSHOT_EVERY,
         }
     }
 }
@@ -149,8 +153,32 @@ impl Drop for RequestStream {
     }
 }
 
+/// What a model with recurrent layers cannot run with yet, refused at start-up in one line:
+/// speculation (a recurrent state cannot roll back rejected proposals) and a pool with no state
+/// slot.
+fn check_recurrent(model: &Model, config: &EngineConfig, spec: &SpecConfig) -> Result<()> {
+    let arch = &model.config.architecture;
+    if spec
+        .draft
+        .as_ref()
+        .is_some_and(|d| d.model.config.is_recurrent())
+    {
+        bail!("--spec draft: the draft model has recurrent layers, which cannot roll back rejected proposals");
+    }
+    if !model.config.is_recurrent() {
+        return Ok(());
+    }
+    if spec.enabled {
+        bail!("speculative decoding is not supported on '{arch}': its recurrent layers cannot roll back rejected proposals; use --spec off");
+    }
+    if config.num_state_slots == 0 {
+        bail!("'{arch}' has recurrent layers, but the memory budget holds no state slot for them; raise --parallel");
+    }
+    Ok(())
+}
+
 impl EngineHandle {
-    /// Bytes of the KV pool in its cache types.
+    /// Bytes of the KV pool and of the recurrent state slots.
     pub fn kv_bytes(&self) -> usize {
         self.config.kv_bytes(&self.model)
     }
@@ -172,8 +200,10 @@ impl EngineHandle {
             spec,
             disk,
             no_prefix_cache,
+            state_snapshot_every,
         } = parts;
         spec.validate().map_err(anyhow::Error::msg)?;
+        check_recurrent(&model, &config, &spec)?;
         let exec = match executor {
             Some(exec) => exec,
             None => {
@@ -202,6 +232,9 @@ impl EngineHandle {
                 Executor::new(&model, placement, config.block_size, config.num_blocks)?
             }
         };
+        let mut exec = exec;
+        let pool_slots = super::state_slots::StateSlots::pool_slots(config.state_slots_for(&model));
+        exec.set_state_slots(&model, pool_slots)?;
         if exec.block_size() != config.block_size {
             bail!(
                 "the executor's KV blocks hold {} tokens, the engine's {}",
@@ -240,6 +273,7 @@ impl EngineHandle {
         );
         let disk_stats = worker.disk_stats();
         worker.sched.prefix_cache = !no_prefix_cache;
+        worker.sched.snapshot_every = state_snapshot_every;
         std::thread::Builder::new()
             .name("edge-llm-engine".into())
             .spawn(move || worker.run(rx))?;

@@ -13,6 +13,8 @@ use anyhow::{bail, Result};
 #[derive(Clone, Copy, Debug)]
 pub struct Footprint {
     pub kv: u64,
+    /// The recurrent state slots (a model with recurrent layers; else 0).
+    pub state: u64,
     /// The mapped file (the interleaved copies replace its pages as they are made).
     pub weights: u64,
     pub scratch: u64,
@@ -23,6 +25,7 @@ impl Footprint {
     pub fn plus(&self, other: &Footprint) -> Footprint {
         Footprint {
             kv: self.kv.saturating_add(other.kv),
+            state: self.state.saturating_add(other.state),
             weights: self.weights.saturating_add(other.weights),
             scratch: self.scratch.saturating_add(other.scratch),
         }
@@ -30,6 +33,7 @@ impl Footprint {
 
     pub fn total(&self) -> u64 {
         self.kv
+            .saturating_add(self.state)
             .saturating_add(self.weights)
             .saturating_add(self.scratch)
     }
@@ -86,8 +90,12 @@ pub fn admit(f: &Footprint, limits: &[Limit], flag: &str) -> Result<()> {
         };
         if need > limit.bytes {
             bail!(
-                "not enough memory: the KV pool ({}), the weights ({}) and scratch buffers ({}) need {}{}, but {} allows {}; lower {flag}",
+                "not enough memory: the KV pool ({}){}, the weights ({}) and scratch buffers ({}) need {}{}, but {} allows {}; lower {flag}",
                 size(f.kv),
+                match f.state {
+                    0 => String::new(),
+                    s => format!(", the recurrent state slots ({})", size(s)),
+                },
                 size(f.weights),
                 size(f.scratch),
                 size(need),
@@ -150,6 +158,7 @@ mod tests {
     fn admits_what_fits_and_names_the_limit_and_flag_otherwise() {
         let f = Footprint {
             kv: 3 << 30,
+            state: 0,
             weights: 100 << 20,
             scratch: 10 << 20,
         };

@@ -27,6 +27,11 @@ pub struct Metrics {
     /// Free blocks that still hold a cached prefix.
     pub blocks_cached: usize,
     pub blocks_free: usize,
+    /// Recurrent state slots (a model with recurrent layers; else 0), and those free.
+    pub state_slots_total: usize,
+    pub state_slots_free: usize,
+    /// Snapshots of recurrent states kept for prefix reuse (`engine::state_slots`).
+    pub state_snapshots: usize,
     pub num_running: usize,
     pub num_waiting: usize,
     /// Time to first token of every finished request, in ms (the most recent 4096).

@@ -48,6 +48,7 @@ pub mod sampler;
 pub mod scheduler;
 pub mod sequence;
 pub mod speculative;
+pub mod state_slots;
 pub mod step_time;
 mod worker;
 

@@ -10,6 +10,7 @@ use std::collections::{HashMap, VecDeque};
 use super::block_manager::{BlockCopy, BlockId, BlockManager};
 use super::pins::PinTable;
 use super::sequence::{SeqId, SeqStatus, Sequence};
+use super::state_slots::{StateCopy, StateSlots};
 use super::step_time::{PrefillAllowance, StepShape, StepTime};
 
 #[derive(Clone, Debug)]
@@ -27,6 +28,8 @@ pub struct SchedulerOutput {
     pub scheduled: Vec<(SeqId, usize)>,
     /// Block copies to make before the step (copy-on-write).
     pub copies: Vec<BlockCopy>,
+    /// State copies to make before the step (forks of a model with recurrent layers).
+    pub state_copies: Vec<StateCopy>,
     /// Sequences preempted while scheduling this step.
     pub preempted: Vec<SeqId>,
     /// Whether the time cap cut this step's prefill (`--max-step-ms`).
@@ -68,6 +71,11 @@ pub struct Scheduler {
     pub max_score_rows: usize,
     /// Whether a new sequence reuses cached prompt blocks (off: `--no-prefix-cache`).
     pub prefix_cache: bool,
+    /// Recurrent state slots (none: no recurrent layers): each running sequence holds one; a
+    /// prompt reuses cached blocks only as far as a state snapshot reaches (`StateSlots::plan`).
+    pub states: StateSlots,
+    /// Blocks between a prompt's state snapshots (0: only at its last full block).
+    pub snapshot_every: usize,
 }
 
 impl Scheduler {
@@ -87,6 +95,8 @@ impl Scheduler {
             in_flight: HashMap::new(),
             pins: PinTable::default(),
             step_time: StepTime::new(None),
+            states: StateSlots::default(),
+            snapshot_every: 0,
         }
     }
 
@@ -171,6 +181,7 @@ impl Scheduler {
             if n > 1 {
                 // A prompt (or a recomputation) in chunks: as much as the step's time allows.
                 n = prefill.take(seq.num_computed, n, seq.tokens.len());
+                n = seq.snapshot_cut(n, self.snapshot_every * self.blocks.block_size);
             }
             if n == 0 {
                 i += 1;
@@ -222,6 +233,7 @@ impl Scheduler {
         while out.preempted.is_empty()
             && budget > 0
             && self.running.len() < self.config.max_seqs
+            && self.states.has_room()
             && w < self.waiting.len()
         {
             let id = self.waiting[w];
@@ -245,8 +257,20 @@ impl Scheduler {
                     .count();
                 self.blocks.truncate(&mut seq.block_table, keep);
             }
+            if self.states.is_on() {
+                let (bs, caching) = (
+                    self.blocks.block_size,
+                    seq.cache_prompt && self.prefix_cache,
+                );
+                let scoring = seq.prompt_logprobs.is_some();
+                let (keep, at) =
+                    (self.states).plan(&hashes, seq.block_table.len(), bs, scoring, caching);
+                self.blocks.truncate(&mut seq.block_table, keep);
+                seq.snapshot_at = at;
+            }
             let matched = seq.block_table.len();
             if seq.cache_prompt
+                && !self.states.is_on()
                 && hashes
                     .get(matched)
                     .is_some_and(|h| self.in_flight.get(h).is_some_and(|&owner| owner != id))
@@ -271,6 +295,7 @@ impl Scheduler {
                 ),
                 seq.tokens.len(),
             );
+            let n = seq.snapshot_cut(n, self.snapshot_every * self.blocks.block_size);
             if n == 0 {
                 // The step's prefill time is spent: it starts in a later step.
                 self.blocks.free(&mut seq.block_table);
@@ -288,6 +313,12 @@ impl Scheduler {
                     out.scheduled.push((id, n));
                     budget -= n + reread;
                     seq.status = SeqStatus::Running;
+                    seq.state_slot = self.states.take();
+                    if let (Some(slot), Some(&h)) =
+                        (seq.state_slot, hashes.get(matched.wrapping_sub(1)))
+                    {
+                        self.states.resume(h, slot);
+                    }
                     self.blocks.record_lookup(seq.tokens.len(), matched);
                     seq.pending_hashes = hashes.into_iter().enumerate().skip(matched).collect();
                     for &(_, h) in &seq.pending_hashes {
@@ -306,6 +337,8 @@ impl Scheduler {
             }
         }
         out.prefill_capped = prefill.cut();
+        // Forks' and snapshots' copies since the last step, then this step's resumes.
+        out.state_copies = self.states.take_copies();
         out
     }
 
@@ -328,6 +361,7 @@ impl Scheduler {
         self.clear_in_flight(seq_id, usize::MAX);
         let seq = self.seqs.get_mut(&seq_id).expect("live");
         self.blocks.free(&mut seq.block_table);
+        self.states.give(seq.state_slot.take());
         seq.draft.clear();
         seq.num_computed = 0;
         seq.num_cached = 0;
@@ -361,6 +395,9 @@ impl Scheduler {
                 &seq.tokens,
                 seq.num_computed,
             );
+            let (bs, blocks) = (self.blocks.block_size, &self.blocks);
+            let hash = |c: usize| blocks.registered(seq.block_table[c / bs - 1]).map(|r| r.0);
+            (self.states).after_step(seq, self.snapshot_every * bs, hash);
             let full = seq.num_computed / self.blocks.block_size;
             self.clear_in_flight(id, full);
             let seq = &self.seqs[&id];
@@ -404,6 +441,16 @@ impl Scheduler {
         seq.seq_id = child;
         seq.pending_hashes.clear();
         seq.block_table = self.blocks.fork(&p.block_table);
+        if let Some(parent_slot) = p.state_slot {
+            seq.state_slot = self.states.fork(parent_slot);
+            if seq.state_slot.is_none() {
+                // No slot for it now: it waits and is recomputed from token 0, as if preempted.
+                self.seqs.insert(child, seq);
+                self.running.push(child);
+                self.preempt(child);
+                return;
+            }
+        }
         let pos = self
             .running
             .iter()
@@ -420,6 +467,7 @@ impl Scheduler {
         self.clear_in_flight(seq_id, usize::MAX);
         let mut seq = self.seqs.remove(&seq_id)?;
         self.blocks.free(&mut seq.block_table);
+        self.states.give(seq.state_slot.take());
         self.running.retain(|&r| r != seq_id);
         self.waiting.retain(|&w| w != seq_id);
         seq.status = SeqStatus::Finished;
@@ -514,6 +562,8 @@ impl Scheduler {
                 "queues {all:?} differ from live sequences {live:?}"
             ));
         }
+        let held = self.seqs.values();
+        (self.states).check_held(held.map(|s| (s.status == SeqStatus::Running, s.state_slot)))?;
         for id in &self.waiting {
             if self.seqs[id].status != SeqStatus::Waiting {
                 return Err(format!(

@@ -3,6 +3,7 @@
 //! has tokens not yet computed, and a step schedules some of them.
 
 use crate::model::kv_cache::BlockId;
+use crate::model::state_pool::StateSlot;
 use crate::model::Pooling;
 
 /// A live sequence's id: the key the scheduler, the output side (`engine::output`), speculation
@@ -37,6 +38,11 @@ pub struct Sequence {
     /// Prompt tokens served from the prefix cache when the sequence (last) started.
     pub num_cached: usize,
     pub block_table: Vec<BlockId>,
+    /// Its recurrent state's slot while it runs, for a model with recurrent layers.
+    pub state_slot: Option<StateSlot>,
+    /// Where its state is snapshotted (`engine::state_slots`): the tokens of its prompt's
+    /// last full block and that block's hash; the prefill stops there once.
+    pub snapshot_at: Option<(usize, u64)>,
     pub status: SeqStatus,
     /// Hashes of prompt blocks this sequence is computing that others may wait for:
     /// (block index, hash).
@@ -70,6 +76,8 @@ impl Sequence {
             num_computed: 0,
             num_cached: 0,
             block_table: Vec::new(),
+            state_slot: None,
+            snapshot_at: None,
             status: SeqStatus::Waiting,
             pending_hashes: Vec::new(),
             num_preemptions: 0,
@@ -91,6 +99,24 @@ impl Sequence {
 
     pub fn num_uncomputed(&self) -> usize {
         self.tokens.len() - self.num_computed
+    }
+
+    /// `n` tokens from its computed ones, cut to end at its next snapshot point if they cross
+    /// it: its prompt's last full block, or before it a multiple of `every` tokens (0: none).
+    pub fn snapshot_cut(&self, n: usize, every: usize) -> usize {
+        let Some((at, _)) = self.snapshot_at else {
+            return n;
+        };
+        let c = self.num_computed;
+        let next = match every {
+            0 => at,
+            e => at.min((c / e + 1) * e),
+        };
+        if c < next && next < c + n {
+            next - c
+        } else {
+            n
+        }
     }
 
     pub fn generated(&self) -> &[u32] {

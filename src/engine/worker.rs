@@ -23,6 +23,7 @@ use super::prompt_scores::{PromptScores, SCORE_LOGITS_BYTES};
 use super::scheduler::{Scheduler, SchedulerConfig};
 use super::sequence::SeqId;
 use super::speculative::Speculator;
+use super::state_slots::StateSlots;
 use super::step_time::StepShape;
 use super::{EngineConfig, FinishReason, Metrics};
 use crate::device::Executor;
@@ -75,6 +76,9 @@ impl Worker {
         speculator: Speculator,
         disk: Option<DiskCacheConfig>,
     ) -> Self {
+        // The disk tier keeps blocks, not recurrent states: a hybrid model could not resume
+        // from what it loads, so it is off for one.
+        let disk = disk.filter(|_| !model.config.is_recurrent());
         let (parking, salt) = Parking::open(disk, &model, config.block_size, &exec);
         let mut blocks = BlockManager::new(config.num_blocks, config.block_size, salt);
         if parking.is_on() {
@@ -92,6 +96,9 @@ impl Worker {
             blocks,
         );
         sched.set_max_step_ms(config.max_step_ms);
+        if model.config.is_recurrent() {
+            sched.states = StateSlots::new(config.num_state_slots);
+        }
         sched.max_score_rows = (SCORE_LOGITS_BYTES / (4 * model.config.vocab_size)).max(16);
         Worker {
             model,
@@ -269,6 +276,9 @@ impl Worker {
             blocks_used: b.num_used(),
             blocks_cached: b.num_cached_free(),
             blocks_free: b.num_free(),
+            state_slots_total: self.sched.states.num_total(),
+            state_slots_free: self.sched.states.num_free(),
+            state_snapshots: self.sched.states.num_snapshots(),
             num_running: self.sched.num_running(),
             num_waiting: self.sched.num_waiting() + self.parking.num_parked(),
             blocks_pinned: self.sched.num_pinned(),
@@ -308,7 +318,10 @@ impl Worker {
         let copied = out
             .copies
             .iter()
-            .try_for_each(|c| self.exec.copy_block(c.src, c.dst));
+            .try_for_each(|c| self.exec.copy_block(c.src, c.dst))
+            .and_then(|()| {
+                (out.state_copies.iter()).try_for_each(|c| self.exec.copy_state(c.src, c.dst))
+            });
         self.start_prompt_scores(&out.scheduled);
         let (batch, scores, embd_rows) = build_batch(&self.sched, &out);
         let started = Instant::now();

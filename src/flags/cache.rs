@@ -29,6 +29,12 @@ pub struct CacheArgs {
     /// cache saves)
     #[arg(long = "no-prefix-cache")]
     pub no_prefix_cache: bool,
+    /// A model with recurrent layers (LFM2): keep a snapshot of the state every this many KV
+    /// blocks of a prompt, besides at its last full block, for later prompts sharing a prefix to
+    /// resume from (0: only at the last full block)
+    #[arg(long = "state-snapshot-every", value_name = "BLOCKS",
+          default_value_t = crate::engine::state_slots::DEFAULT_SNAPSHOT_EVERY)]
+    pub state_snapshot_every: usize,
     /// Compute this prompt at start-up (or load it from disk) and never evict it: a text file,
     /// or a JSON array of chat messages rendered through the chat template. Repeatable; pinned
     /// prompts are shared by every API key

@@ -251,6 +251,13 @@ impl EngineArgs {
             None => "-c/--ctx-size or --parallel",
         };
         let kv_bytes = config.kv_bytes(&model);
+        let state_note = match config.state_slots_for(&model) {
+            0 => String::new(),
+            n => format!(
+                ", {n} recurrent state slots and {n} snapshot slots ({:.1} MiB) in it",
+                config.state_bytes(&model) as f64 / (1 << 20) as f64
+            ),
+        };
         let engine = EngineHandle::start(
             std::sync::Arc::new(model),
             config,
@@ -271,7 +278,7 @@ impl EngineArgs {
         if verbose || std::io::stderr().is_terminal() {
             let tokens = config.num_blocks * config.block_size;
             eprintln!(
-                "KV cache on {} ({}): {} blocks of {} tokens ({} tokens, {:.1} MiB, {} sequences of {}); max {} tokens per sequence, {} per step",
+                "KV cache on {} ({}): {} blocks of {} tokens ({} tokens, {:.1} MiB{state_note}, {} sequences of {}); max {} tokens per sequence, {} per step",
                 engine.device(),
                 config.kv_types,
                 config.num_blocks,

@@ -19,6 +19,7 @@ mod kv_type;
 mod ops;
 mod pool;
 mod quant;
+pub mod recurrent;
 pub mod rows;
 pub mod tensor_type;
 
@@ -28,3 +29,4 @@ pub use kv_type::*;
 pub use ops::*;
 pub use pool::{init_threads, num_threads, serial};
 pub use quant::*;
+pub use recurrent::*;

@@ -13,6 +13,7 @@
 use anyhow::Result;
 
 use super::kv_cache::BlockId;
+use super::state_pool::StateSlot;
 use super::Batch;
 use crate::kernels::{Activation, Rope};
 
@@ -150,4 +151,28 @@ pub trait Backend: WeightStore {
 
     /// Copies KV block `src` onto `dst` in every layer (copy-on-write of a shared block).
     fn copy_block(&mut self, src: BlockId, dst: BlockId) -> Result<()>;
+
+    /// Slots of the recurrent state pool (`super::state_pool`; 0: none), to check a batch of a
+    /// model with recurrent layers against.
+    fn state_pool(&self) -> usize {
+        0
+    }
+    /// LFM2's short convolution in recurrent layer `r` (counting recurrent layers only): `bcx`
+    /// `[n_tokens][3][n_embd]` (b, c, x) -> `out` `[n_tokens][n_embd]`, each sequence row
+    /// continuing its slot's state and leaving it at its last token (`kernels::short_conv`).
+    fn short_conv(
+        &mut self,
+        r: usize,
+        bcx: &Self::Acts,
+        conv: &Self::Vector,
+        out: &mut Self::Acts,
+    ) -> Result<()> {
+        let _ = (r, bcx, conv, out);
+        anyhow::bail!("this backend has no recurrent layers")
+    }
+    /// Copies state slot `src` onto `dst` (a forked sequence).
+    fn copy_state(&mut self, src: StateSlot, dst: StateSlot) -> Result<()> {
+        let _ = (src, dst);
+        anyhow::bail!("this backend has no recurrent state")
+    }
 }

@@ -25,6 +25,9 @@ pub struct Batch {
     pub max_blocks_per_seq: usize,
     /// Indices of the tokens whose logits are wanted, in output order.
     pub logits_rows: Vec<usize>,
+    /// State slot of each sequence row (`super::state_pool`), [n_seqs], for a model with
+    /// recurrent layers; empty for one without.
+    pub state_slots: Vec<i32>,
     /// Indices of the tokens whose embedding is wanted (the final hidden state after the
     /// output norm, `n_embd` floats), in output order; independent of `logits_rows`.
     pub embd_rows: Vec<usize>,
@@ -79,6 +82,12 @@ impl Batch {
         }
         if let Some(&r) = self.logits_rows.iter().find(|&&r| r >= n) {
             bail!("logits row {r} of a batch of {n} tokens");
+        }
+        if !self.state_slots.is_empty() && self.state_slots.len() != n_seqs {
+            bail!(
+                "{} state slots for {n_seqs} sequence rows",
+                self.state_slots.len()
+            );
         }
         if let Some(&r) = self.embd_rows.iter().find(|&&r| r >= n) {
             bail!("embedding row {r} of a batch of {n} tokens");

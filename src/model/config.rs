@@ -8,9 +8,11 @@ use crate::gguf::{GgufFile, MetaArray, MetaValue};
 use crate::kernels::tensor_type::TensorType;
 use crate::kernels::{Activation, FreqFactors, Rope, RopeStyle, Yarn};
 
+pub use super::hybrid::LayerKind;
+
 /// Architectures the forward pass implements (`general.architecture`).
 pub const SUPPORTED_ARCHITECTURES: &[&str] = &[
-    "llama", "qwen2", "qwen3", "gemma3", "phi3", "smollm3", "granite", "qwen3moe", "gemma4",
+    "llama", "qwen2", "qwen3", "gemma3", "phi3", "smollm3", "granite", "qwen3moe", "gemma4", "lfm2",
 ];
 
 /// What sets one family of models apart, as llama.cpp 0c1e57098 builds them
@@ -46,6 +48,11 @@ struct Family {
     /// The feed-forward block is a mixture of experts (`{arch}.expert_count` and friends):
     /// a softmax router choosing the top `expert_used_count`, their weights renormalised.
     experts: bool,
+    /// Layers with no KV heads (`{arch}.attention.head_count_kv` per layer) are LFM2's short
+    /// convolutions (`super::hybrid`).
+    short_conv: bool,
+    /// The final norm's tensor (LFM2 names it `token_embd_norm.weight`).
+    output_norm: &'static str,
 }
 
 /// A llama-like family: the defaults the others change.
@@ -62,6 +69,8 @@ const LLAMA: Family = Family {
     multipliers: false,
     rope_freqs: true,
     experts: false,
+    short_conv: false,
+    output_norm: "output_norm.weight",
 };
 
 const FAMILIES: &[Family] = &[
@@ -128,6 +137,15 @@ const FAMILIES: &[Family] = &[
         rope_freqs: true,
         ..LLAMA
     },
+    Family {
+        architecture: "lfm2",
+        rope_style: RopeStyle::Neox,
+        qk_norm: true,
+        rope_freqs: false,
+        short_conv: true,
+        output_norm: "token_embd_norm.weight",
+        ..LLAMA
+    },
 ];
 
 /// The most experts a layer may have (llama.cpp's LLAMA_MAX_EXPERTS).
@@ -158,6 +176,8 @@ pub struct LayerOptions {
     /// The layer whose KV cache this one attends over: itself, or an earlier one (gemma4's
     /// `attention.shared_kv_layers`: this layer then writes no keys or values).
     pub kv_layer: usize,
+    /// Attention, or a recurrent layer (which has no KV cache; `rope` and `window` unused).
+    pub kind: LayerKind,
 }
 
 #[derive(Clone, Debug)]
@@ -198,6 +218,10 @@ pub struct ModelConfig {
     pub v_norm: bool,
     /// Width of each layer's per-layer input (gemma4's E2B/E4B; 0: none).
     pub per_layer_embd: usize,
+    /// The short convolution's window where the model has such layers (else 0).
+    pub conv_l_cache: usize,
+    /// The final norm's tensor name.
+    pub output_norm: &'static str,
 }
 
 impl ModelConfig {
@@ -233,7 +257,20 @@ impl ModelConfig {
         let num_layers = usize_key("block_count")?;
         let n_ff = usize_key("feed_forward_length")?;
         let n_heads = usize_key("attention.head_count")?;
-        let n_kv_heads = if has("attention.head_count_kv") {
+        let hybrid = if family.short_conv {
+            if has("attention.sliding_window") {
+                bail!(
+                    "{} on a hybrid model is not supported",
+                    key("attention.sliding_window")
+                );
+            }
+            Some(super::hybrid::read_lfm2(g, &arch, num_layers, n_heads)?)
+        } else {
+            None
+        };
+        let n_kv_heads = if let Some(h) = &hybrid {
+            h.n_kv_heads
+        } else if has("attention.head_count_kv") {
             super::layer_shapes::kv_heads_or_max(g, &key("attention.head_count_kv"), num_layers)?
         } else {
             n_heads
@@ -394,6 +431,7 @@ impl ModelConfig {
                     head_dim,
                     n_kv_heads,
                     kv_layer: l,
+                    kind: hybrid.as_ref().map_or(LayerKind::Attention, |h| h.kinds[l]),
                 }
             })
             .collect();
@@ -459,6 +497,8 @@ impl ModelConfig {
             experts,
             v_norm: false,
             per_layer_embd: 0,
+            conv_l_cache: hybrid.as_ref().map_or(0, |h| h.l_cache),
+            output_norm: family.output_norm,
         };
         super::layer_shapes::apply(g, &mut c, &is_local)?;
         Ok(c)

@@ -19,6 +19,7 @@ use crate::gguf::{GgufFile, TensorInfo};
 use crate::kernels::tensor_type::TensorType;
 use crate::kernels::{self, rows, Activation, AttentionBatch, KvTypes, Rope};
 use crate::model::kv_cache::{BlockId, KvCache};
+use crate::model::state_pool::{StatePool, StateRun, StateSlot};
 
 /// A weight matrix on the CPU: its bytes in the mapped file, and the interleaved copy its
 /// products read when it has one.
@@ -131,6 +132,8 @@ struct Step {
     batch: Batch,
     /// Keys each token attends to, [n_tokens].
     context_lens: Vec<i32>,
+    /// Each sequence row's tokens and state slot, for the recurrent layers.
+    state_runs: Vec<StateRun>,
 }
 
 /// The CPU backend: the KV pool and the current step's batch.
@@ -146,6 +149,8 @@ pub struct Cpu {
     turned: Vec<f32>,
     /// What a quantized cache subtracts from each layer's keys (`super::key_centers`).
     key_centers: Vec<Option<Vec<f32>>>,
+    /// The recurrent layers' states, one slot per sequence (none until `set_state_slots`).
+    states: StatePool,
 }
 
 impl Cpu {
@@ -169,7 +174,14 @@ impl Cpu {
             spare_inputs: Arc::default(),
             turned: Vec::new(),
             key_centers: Vec::new(),
+            states: StatePool::default(),
         }
+    }
+
+    /// A recurrent state pool of `num_slots` slots for a model of `c` (none if it has no
+    /// recurrent layers), replacing the one before.
+    pub fn set_state_slots(&mut self, c: &ModelConfig, num_slots: usize) {
+        self.states = StatePool::new(c, num_slots);
     }
 
     /// Sets what each layer's keys lose before a quantized cache stores them: softmax gives the
@@ -236,9 +248,11 @@ impl Backend for Cpu {
     }
 
     fn begin_step(&mut self, batch: &Batch) -> Result<()> {
+        let state_runs = self.states.begin_step(batch)?;
         self.step = Step {
             batch: batch.clone(),
             context_lens: batch.context_lens(),
+            state_runs,
         };
         Ok(())
     }
@@ -498,5 +512,35 @@ impl Backend for Cpu {
     fn copy_block(&mut self, src: BlockId, dst: BlockId) -> Result<()> {
         self.kv.copy_block(src, dst);
         Ok(())
+    }
+
+    fn state_pool(&self) -> usize {
+        self.states.num_slots()
+    }
+
+    fn short_conv(
+        &mut self,
+        r: usize,
+        bcx: &Vec<f32>,
+        conv: &Vec<f32>,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        let d = out.len() / self.step.batch.n_tokens().max(1);
+        for run in &self.step.state_runs {
+            let rows = run.first..run.first + run.len;
+            kernels::short_conv(
+                &bcx[rows.start * 3 * d..rows.end * 3 * d],
+                conv,
+                self.states.layer_mut(run.slot, r),
+                run.reset,
+                d,
+                &mut out[rows.start * d..rows.end * d],
+            );
+        }
+        Ok(())
+    }
+
+    fn copy_state(&mut self, src: StateSlot, dst: StateSlot) -> Result<()> {
+        self.states.copy(src, dst)
     }
 }

@@ -1,7 +1,9 @@
 //! The forward pass over a batch, written once for every backend and reading like the paper:
-//! embedding, then per layer RMSNorm, attention (through the paged KV cache), residual,
-//! RMSNorm, gated feed-forward, residual; then the final norm and the logits of the rows that
-//! asked for them, and the normed hidden states (embeddings) of the rows that asked for those.
+//! embedding, then per layer RMSNorm, attention (through the paged KV cache) or, in a hybrid
+//! model's recurrent layers, LFM2's short convolution (through each sequence's state slot),
+//! residual, RMSNorm, gated feed-forward, residual; then the final norm and the logits of the
+//! rows that asked for them, and the normed hidden states (embeddings) of the rows that asked
+//! for those.
 //!
 //! One function runs every family: what differs (Q/K/V biases, fused QKV and gate/up tensors,
 //! QK-norm, post-norms, a mixture of experts in place of the dense feed-forward block
@@ -16,13 +18,13 @@
 
 use std::sync::Arc;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 
 use super::backend::Backend;
 use super::moe::experts_ffn;
 use super::moe_gemma4;
 use super::per_layer;
-use super::weights::{FeedForward, Linear, Weights};
+use super::weights::{FeedForward, Linear, Mixer, Weights};
 use super::{Batch, ModelConfig};
 
 /// A backend with the model's weights loaded on it: what runs steps.
@@ -116,6 +118,12 @@ pub fn forward_rows<B: Backend>(
     }
     let (block_size, num_blocks) = b.kv_pool();
     batch.validate(c.vocab_size, block_size, num_blocks)?;
+    if c.is_recurrent() && batch.state_slots.len() != batch.n_seqs() {
+        bail!("a model with recurrent layers needs a state slot for each sequence of the batch");
+    }
+    if !batch.state_slots.is_empty() && b.state_pool() == 0 {
+        bail!("the batch names state slots, but the backend has no state pool");
+    }
     b.begin_step(batch)?;
     let (n_embd, eps) = (c.n_embd, c.rms_eps);
     // The attention buffers' widths, remade where a layer's geometry differs (gemma4).
@@ -142,6 +150,11 @@ pub fn forward_rows<B: Backend>(
     let mut attn = b.acts(n, q_dim)?;
     let mut proj = b.acts(n, n_embd)?; // a block's output before its residual add
     let (mut gate, mut up) = (b.acts(n, n_ff)?, b.acts(n, n_ff)?);
+    // A short convolution's in_proj output (b, c, x) and its gated output, where the model
+    // has such layers.
+    let conv_width = if c.is_recurrent() { n_embd } else { 0 };
+    let (mut bcx, mut conv) = (b.acts(n, 3 * conv_width)?, b.acts(n, conv_width)?);
+    let mut r = 0; // recurrent layers so far: the index of a layer's state in a slot
 
     // Each block's input norm runs with the residual add before it (`add_rms_norm`), the
     // first layer's alone.
@@ -161,47 +174,59 @@ pub fn forward_rows<B: Backend>(
                 b.recycle(old);
             }
         }
-        // Attention block (on `h`, the normed input): q, k, v (each head's q and k normed
-        // where the model does so), rotated, k and v cached, attention over the layer's
-        // window, output projection.
-        // A layer sharing an earlier layer's KV (gemma4) computes only its queries.
-        let own_kv = lo.kv_layer == l;
-        let mut hq = b.input(&h); // quantized once for q, k and v, multiplied in one call
-        if own_kv {
-            let qkv = [(&lw.wq, &mut q), (&lw.wk, &mut k), (&lw.wv, &mut v)];
-            let mut products = qkv.map(|(l, out)| (&l.weight, out));
-            b.matmul_many(&mut hq, &mut products)?;
-        } else {
-            b.matmul(&mut hq, &lw.wq.weight, &mut q)?;
-        }
-        drop(hq);
-        add_bias_of(b, &lw.wq, &mut q)?;
-        if own_kv {
-            add_bias_of(b, &lw.wk, &mut k)?;
-            add_bias_of(b, &lw.wv, &mut v)?;
-        }
-        if let Some(norm) = &lw.attn_q_norm {
-            b.rms_norm_inplace(&mut q, norm, eps)?;
-        }
-        if let Some(rope) = &lo.rope {
-            b.rope(&mut q, c.n_heads, rope)?;
-        }
-        if own_kv {
-            if let Some(norm) = &lw.attn_k_norm {
-                b.rms_norm_inplace(&mut k, norm, eps)?;
+        match &lw.mixer {
+            // Attention block (on `h`, the normed input): q, k, v (each head's q and k normed
+            // where the model does so), rotated, k and v cached, attention over the layer's
+            // window, output projection.
+            // A layer sharing an earlier layer's KV (gemma4) computes only its queries.
+            Mixer::Attention(a) => {
+                let own_kv = lo.kv_layer == l;
+                let mut hq = b.input(&h); // quantized once for q, k and v, multiplied in one call
+                if own_kv {
+                    let qkv = [(&a.wq, &mut q), (&a.wk, &mut k), (&a.wv, &mut v)];
+                    let mut products = qkv.map(|(l, out)| (&l.weight, out));
+                    b.matmul_many(&mut hq, &mut products)?;
+                } else {
+                    b.matmul(&mut hq, &a.wq.weight, &mut q)?;
+                }
+                drop(hq);
+                add_bias_of(b, &a.wq, &mut q)?;
+                if own_kv {
+                    add_bias_of(b, &a.wk, &mut k)?;
+                    add_bias_of(b, &a.wv, &mut v)?;
+                }
+                if let Some(norm) = &a.attn_q_norm {
+                    b.rms_norm_inplace(&mut q, norm, eps)?;
+                }
+                if let Some(rope) = &lo.rope {
+                    b.rope(&mut q, c.n_heads, rope)?;
+                }
+                if own_kv {
+                    if let Some(norm) = &a.attn_k_norm {
+                        b.rms_norm_inplace(&mut k, norm, eps)?;
+                    }
+                    if let Some(norm) = &a.attn_v_norm {
+                        b.rms_norm_inplace(&mut v, norm, eps)?;
+                    }
+                    if let Some(rope) = &lo.rope {
+                        b.rope(&mut k, lo.n_kv_heads, rope)?;
+                    }
+                    b.kv_write(l, &k, &v)?;
+                }
+                b.attention(lo.kv_layer, &q, lo.window, &mut attn)?;
+                linear_of(b, &attn, &a.wo, &mut proj)?;
+                if let Some(norm) = &a.attn_post_norm {
+                    b.rms_norm_inplace(&mut proj, norm, eps)?;
+                }
             }
-            if let Some(norm) = &lw.attn_v_norm {
-                b.rms_norm_inplace(&mut v, norm, eps)?;
+            // Short convolution block (LFM2): b, c, x from one product; y = c * conv(b * x)
+            // over each sequence's state and tokens; output projection.
+            Mixer::ShortConv(sc) => {
+                matmul_of(b, &h, &sc.in_proj, &mut bcx)?;
+                b.short_conv(r, &bcx, &sc.conv, &mut conv)?;
+                matmul_of(b, &conv, &sc.out_proj, &mut proj)?;
+                r += 1;
             }
-            if let Some(rope) = &lo.rope {
-                b.rope(&mut k, lo.n_kv_heads, rope)?;
-            }
-            b.kv_write(l, &k, &v)?;
-        }
-        b.attention(lo.kv_layer, &q, lo.window, &mut attn)?;
-        linear_of(b, &attn, &lw.wo, &mut proj)?;
-        if let Some(norm) = &lw.attn_post_norm {
-            b.rms_norm_inplace(&mut proj, norm, eps)?;
         }
         scale_if(b, &mut proj, c.residual_scale)?;
         b.add_rms_norm(&mut x, &proj, &lw.ffn_norm, eps, &mut h)?;
@@ -244,7 +269,10 @@ pub fn forward_rows<B: Backend>(
         }
     }
 
-    for buffer in [h, q, k, v, attn, proj, gate, up].into_iter().chain(ple) {
+    for buffer in [h, q, k, v, attn, proj, gate, up, bcx, conv]
+        .into_iter()
+        .chain(ple)
+    {
         b.recycle(buffer);
     }
 

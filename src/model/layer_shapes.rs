@@ -6,6 +6,7 @@
 //! once its uniform reading is done; the forward pass, the weights and the KV cache then read
 //! each layer's [`LayerOptions`](super::config::LayerOptions).
 
+use super::hybrid::LayerKind;
 use anyhow::{bail, Result};
 
 use super::config::ModelConfig;
@@ -86,9 +87,11 @@ pub(super) fn apply(g: &GgufFile, c: &mut ModelConfig, is_local: &[bool]) -> Res
         bail!("sliding-window head size {head_dim_swa} is not supported (even, at most {max})");
     }
     for (l, lo) in c.layers.iter_mut().enumerate() {
-        if let Some(v) = &kv_heads {
+        // A recurrent layer (LFM2's zero KV heads) keeps the attention layers' count: it has no
+        // cache (`layer_cache_dim` is 0 there).
+        if let (Some(v), LayerKind::Attention) = (&kv_heads, lo.kind) {
             lo.n_kv_heads = v[l];
-            if c.n_heads % lo.n_kv_heads != 0 {
+            if lo.n_kv_heads == 0 || c.n_heads % lo.n_kv_heads != 0 {
                 bail!(
                     "layer {l}: {} heads are not a multiple of its {} KV heads",
                     c.n_heads,
@@ -193,7 +196,8 @@ impl ModelConfig {
     /// Width of one token's keys (or values) in layer `l`'s own KV cache: 0 for a layer that
     /// reads another's.
     pub fn layer_cache_dim(&self, l: usize) -> usize {
-        match self.layers[l].kv_layer == l {
+        let lo = &self.layers[l];
+        match lo.kv_layer == l && lo.kind == LayerKind::Attention {
             true => self.layer_kv_dim(l),
             false => 0,
         }

@@ -15,6 +15,7 @@ pub mod config;
 pub mod cpu;
 pub mod encoder;
 pub mod forward;
+pub mod hybrid;
 pub mod key_centers;
 pub mod kv_cache;
 pub mod layer_shapes;
@@ -23,6 +24,7 @@ pub mod moe_gemma4;
 pub mod per_layer;
 pub mod pooling;
 pub mod rank;
+pub mod state_pool;
 pub mod weights;
 
 use std::path::Path;
@@ -106,8 +108,14 @@ impl Model {
     /// subtracts from every key, on any backend.
     pub fn key_centers(&self) -> Vec<Option<Vec<f32>>> {
         let layers = &self.weights.layers;
-        let k_biases: Vec<Option<&[f32]>> = layers.iter().map(|l| l.wk.bias.as_deref()).collect();
-        let k_normed: Vec<bool> = layers.iter().map(|l| l.attn_k_norm.is_some()).collect();
+        let k_biases: Vec<Option<&[f32]>> = layers
+            .iter()
+            .map(|l| l.attention().and_then(|a| a.wk.bias.as_deref()))
+            .collect();
+        let k_normed: Vec<bool> = layers
+            .iter()
+            .map(|l| l.attention().is_some_and(|a| a.attn_k_norm.is_some()))
+            .collect();
         key_centers::key_centers(&self.config, &k_biases, &k_normed)
     }
 }

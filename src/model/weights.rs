@@ -13,6 +13,7 @@ use super::per_layer::{PerLayerBlock, PerLayerInputs};
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::kernels;
 use crate::kernels::tensor_type::TensorType;
+use crate::model::config::LayerKind;
 use crate::model::ModelConfig;
 
 /// The store of [`Weights<InFile>`]: matrices as [`MatrixInfo`], vectors in f32.
@@ -241,6 +242,47 @@ pub enum FeedForward<S: WeightStore> {
 pub struct LayerWeights<S: WeightStore> {
     /// [n_embd]
     pub attn_norm: S::Vector,
+    /// What mixes the tokens: attention, or a recurrent layer (`ModelConfig::layers[l].kind`).
+    pub mixer: Mixer<S>,
+    /// [n_embd]
+    pub ffn_norm: S::Vector,
+    pub ffn: FeedForward<S>,
+    /// RMSNorm of the feed-forward output before its residual add, [n_embd].
+    pub ffn_post_norm: Option<S::Vector>,
+    /// Factor on the residual stream at the end of the layer (gemma4's `layer_output_scale`).
+    pub out_scale: Option<f32>,
+    /// gemma4's per-layer-input block (E2B, E4B).
+    pub per_layer: Option<PerLayerBlock<S>>,
+}
+
+impl<S: WeightStore> LayerWeights<S> {
+    /// The attention weights, on an attention layer.
+    pub fn attention(&self) -> Option<&Attention<S>> {
+        match &self.mixer {
+            Mixer::Attention(a) => Some(a),
+            Mixer::ShortConv(_) => None,
+        }
+    }
+}
+
+/// A block's token mixer.
+pub enum Mixer<S: WeightStore> {
+    Attention(Attention<S>),
+    ShortConv(ShortConv<S>),
+}
+
+/// LFM2's short convolution block: in_proj to b, c and x; y = c * conv(b * x); out_proj.
+pub struct ShortConv<S: WeightStore> {
+    /// [n_embd] -> [3 * n_embd]: b, then c, then x.
+    pub in_proj: S::Matrix,
+    /// The depthwise causal kernel, [n_embd][l_cache] (f32).
+    pub conv: S::Vector,
+    /// [n_embd] -> [n_embd]
+    pub out_proj: S::Matrix,
+}
+
+/// An attention block's weights.
+pub struct Attention<S: WeightStore> {
     /// [n_embd] -> [q_dim], [kv_dim], [kv_dim]
     pub wq: Linear<S>,
     pub wk: Linear<S>,
@@ -252,17 +294,8 @@ pub struct LayerWeights<S: WeightStore> {
     pub wo: Linear<S>,
     /// RMSNorm of the attention output before its residual add, [n_embd].
     pub attn_post_norm: Option<S::Vector>,
-    /// [n_embd]
-    pub ffn_norm: S::Vector,
-    pub ffn: FeedForward<S>,
-    /// RMSNorm of the feed-forward output before its residual add, [n_embd].
-    pub ffn_post_norm: Option<S::Vector>,
     /// Ones of [head_dim]: the weightless RMSNorm of each head's values (gemma4).
     pub attn_v_norm: Option<S::Vector>,
-    /// Factor on the residual stream at the end of the layer (gemma4's `layer_output_scale`).
-    pub out_scale: Option<f32>,
-    /// gemma4's per-layer-input block (E2B, E4B).
-    pub per_layer: Option<PerLayerBlock<S>>,
 }
 
 /// `blk.{i}.layer_output_scale.weight`, one float, if the file has it.
@@ -308,40 +341,73 @@ impl Weights<InFile> {
                 // Q, K and V from one fused `attn_qkv` tensor (rows q, then k, then v) where the
                 // file has one, as llama.cpp's create_tensor_qkv; else three tensors.
                 let qkv = format!("blk.{i}.attn_qkv");
-                let (q_dim, kv_dim, head_dim) =
-                    (c.layer_q_dim(i), c.layer_kv_dim(i), c.layers[i].head_dim);
-                let (wq, wk, wv) = if g.find_tensor(&format!("{qkv}.weight")).is_some() {
-                    let (q, kv) = (q_dim, kv_dim);
-                    (
-                        Linear::load_rows(g, &qkv, c.n_embd, 0, q)?,
-                        Linear::load_rows(g, &qkv, c.n_embd, q, kv)?,
-                        Linear::load_rows(g, &qkv, c.n_embd, q + kv, kv)?,
-                    )
-                } else {
-                    // gemma4 (use_alternative_attention): without `attn_v`, the keys' projection
-                    // is the values' too (the same matrix, multiplied twice). A layer reading an
-                    // earlier layer's KV (shared_kv_layers) computes neither: without its own
-                    // K/V tensors it holds that layer's, never multiplied.
-                    let has =
-                        |b: usize, t: &str| g.find_tensor(&format!("blk.{b}.{t}.weight")).is_some();
-                    let src = c.layers[i].kv_layer;
-                    let kb = if src != i && !has(i, "attn_k") {
-                        src
+                let attention = || -> Result<Mixer<InFile>> {
+                    let (q_dim, kv_dim, head_dim) =
+                        (c.layer_q_dim(i), c.layer_kv_dim(i), c.layers[i].head_dim);
+                    let (wq, wk, wv) = if g.find_tensor(&format!("{qkv}.weight")).is_some() {
+                        let (q, kv) = (q_dim, kv_dim);
+                        (
+                            Linear::load_rows(g, &qkv, c.n_embd, 0, q)?,
+                            Linear::load_rows(g, &qkv, c.n_embd, q, kv)?,
+                            Linear::load_rows(g, &qkv, c.n_embd, q + kv, kv)?,
+                        )
                     } else {
-                        i
+                        // gemma4 (use_alternative_attention): without `attn_v`, the keys' projection
+                        // is the values' too (the same matrix, multiplied twice). A layer reading an
+                        // earlier layer's KV (shared_kv_layers) computes neither: without its own
+                        // K/V tensors it holds that layer's, never multiplied.
+                        let has = |b: usize, t: &str| {
+                            g.find_tensor(&format!("blk.{b}.{t}.weight")).is_some()
+                        };
+                        let src = c.layers[i].kv_layer;
+                        let kb = if src != i && !has(i, "attn_k") {
+                            src
+                        } else {
+                            i
+                        };
+                        let v = if c.v_norm && !has(kb, "attn_v") {
+                            "attn_k"
+                        } else {
+                            "attn_v"
+                        };
+                        let kv_linear = |name: &str| {
+                            Linear::read(g, &format!("blk.{kb}.{name}"), c.n_embd, kv_dim)
+                        };
+                        (
+                            linear("attn_q", c.n_embd, q_dim)?,
+                            kv_linear("attn_k")?,
+                            kv_linear(v)?,
+                        )
                     };
-                    let v = if c.v_norm && !has(kb, "attn_v") {
-                        "attn_k"
-                    } else {
-                        "attn_v"
-                    };
-                    let kv_linear =
-                        |name: &str| Linear::read(g, &format!("blk.{kb}.{name}"), c.n_embd, kv_dim);
-                    (
-                        linear("attn_q", c.n_embd, q_dim)?,
-                        kv_linear("attn_k")?,
-                        kv_linear(v)?,
-                    )
+                    Ok(Mixer::Attention(Attention {
+                        wq,
+                        wk,
+                        wv,
+                        attn_q_norm: norm_if(c.qk_norm, "attn_q_norm", head_dim)?,
+                        attn_k_norm: norm_if(
+                            c.qk_norm
+                                && (c.layers[i].kv_layer == i
+                                    || g.find_tensor(&format!("blk.{i}.attn_k_norm.weight"))
+                                        .is_some()),
+                            "attn_k_norm",
+                            head_dim,
+                        )?,
+                        attn_v_norm: c.v_norm.then(|| vec![1.0; head_dim]),
+                        wo: linear("attn_output", q_dim, c.n_embd)?,
+                        attn_post_norm: norm_if(c.post_norms, "post_attention_norm", c.n_embd)?,
+                    }))
+                };
+                let mixer = match c.layers[i].kind {
+                    LayerKind::Attention => attention()?,
+                    LayerKind::ShortConv => Mixer::ShortConv(ShortConv {
+                        in_proj: m("shortconv.in_proj", c.n_embd, 3 * c.n_embd)?,
+                        conv: load_vector(
+                            g,
+                            &format!("blk.{i}.shortconv.conv.weight"),
+                            c.n_embd * c.conv_l_cache,
+                        )?,
+                        out_proj: m("shortconv.out_proj", c.n_embd, c.n_embd)?,
+                    }),
                 };
                 let ffn = match &c.experts {
                     Some(_) if c.architecture == "gemma4" => {
@@ -389,21 +455,7 @@ impl Weights<InFile> {
                 };
                 Ok(LayerWeights {
                     attn_norm: norm("attn_norm", c.n_embd)?,
-                    wq,
-                    wk,
-                    wv,
-                    attn_q_norm: norm_if(c.qk_norm, "attn_q_norm", head_dim)?,
-                    attn_k_norm: norm_if(
-                        c.qk_norm
-                            && (c.layers[i].kv_layer == i
-                                || g.find_tensor(&format!("blk.{i}.attn_k_norm.weight"))
-                                    .is_some()),
-                        "attn_k_norm",
-                        head_dim,
-                    )?,
-                    attn_v_norm: c.v_norm.then(|| vec![1.0; head_dim]),
-                    wo: linear("attn_output", q_dim, c.n_embd)?,
-                    attn_post_norm: norm_if(c.post_norms, "post_attention_norm", c.n_embd)?,
+                    mixer,
                     ffn_norm: norm("ffn_norm", c.n_embd)?,
                     ffn,
                     ffn_post_norm: norm_if(c.post_norms, "post_ffw_norm", c.n_embd)?,
@@ -413,7 +465,7 @@ impl Weights<InFile> {
             })
             .collect::<Result<Vec<_>>>()
             .context("loading transformer blocks")?;
-        let output_norm = load_vector(g, "output_norm.weight", c.n_embd)?;
+        let output_norm = load_vector(g, c.output_norm, c.n_embd)?;
         let output = if g.find_tensor("output.weight").is_some() {
             Some(Linear::read(g, "output", c.n_embd, c.vocab_size)?)
         } else {
@@ -439,19 +491,29 @@ impl Weights<InFile> {
         let mut s = Loader::<S, E> { matrix, vector };
         let mut layers = Vec::with_capacity(self.layers.len());
         for lw in &self.layers {
+            let mixer = match &lw.mixer {
+                Mixer::Attention(a) => Mixer::Attention(Attention {
+                    wq: s.linear(&a.wq)?,
+                    wk: s.linear(&a.wk)?,
+                    wv: s.linear(&a.wv)?,
+                    attn_q_norm: s.vector_if(&a.attn_q_norm)?,
+                    attn_k_norm: s.vector_if(&a.attn_k_norm)?,
+                    attn_v_norm: s.vector_if(&a.attn_v_norm)?,
+                    wo: s.linear(&a.wo)?,
+                    attn_post_norm: s.vector_if(&a.attn_post_norm)?,
+                }),
+                Mixer::ShortConv(sc) => Mixer::ShortConv(ShortConv {
+                    in_proj: (s.matrix)(&sc.in_proj)?,
+                    conv: (s.vector)(&sc.conv)?,
+                    out_proj: (s.matrix)(&sc.out_proj)?,
+                }),
+            };
             layers.push(LayerWeights {
                 attn_norm: (s.vector)(&lw.attn_norm)?,
-                wq: s.linear(&lw.wq)?,
-                wk: s.linear(&lw.wk)?,
-                wv: s.linear(&lw.wv)?,
-                attn_q_norm: s.vector_if(&lw.attn_q_norm)?,
-                attn_k_norm: s.vector_if(&lw.attn_k_norm)?,
-                wo: s.linear(&lw.wo)?,
-                attn_post_norm: s.vector_if(&lw.attn_post_norm)?,
+                mixer,
                 ffn_norm: (s.vector)(&lw.ffn_norm)?,
                 ffn: s.feed_forward(&lw.ffn)?,
                 ffn_post_norm: s.vector_if(&lw.ffn_post_norm)?,
-                attn_v_norm: s.vector_if(&lw.attn_v_norm)?,
                 out_scale: lw.out_scale,
                 per_layer: match &lw.per_layer {
                     Some(p) => Some(PerLayerBlock {

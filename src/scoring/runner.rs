@@ -47,7 +47,10 @@ impl<'m> SequenceRunner<'m> {
         ))
     }
 
-    fn with_executor(model: &'m Model, n_ctx: usize, exec: Executor) -> Self {
+    fn with_executor(model: &'m Model, n_ctx: usize, mut exec: Executor) -> Self {
+        // One sequence: one recurrent state slot, if the model has recurrent layers. Only
+        // the CUDA backend refuses it, and it refuses such a model at load already.
+        let _ = exec.set_state_slots(model, 1);
         SequenceRunner {
             model,
             exec,
@@ -105,6 +108,9 @@ impl<'m> SequenceRunner<'m> {
             };
             let token_at = |pos: usize| chunk[pos - start];
             batch.push_sequence(&self.block_table, bs, start..end, token_at, logits_from);
+            if self.model.config.is_recurrent() {
+                batch.state_slots.push(0);
+            }
             logits.extend(self.exec.forward(self.model, &batch)?);
             self.num_computed = end;
         }

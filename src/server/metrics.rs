@@ -361,6 +361,23 @@ pub fn prometheus(m: &Metrics) -> String {
         "The most KV blocks used at once since the server started.",
         &[("", m.blocks_used_peak as f64)],
     );
+    if m.state_slots_total > 0 {
+        metric(
+            "state_slots",
+            "gauge",
+            "Recurrent state slots (one per running sequence of a model with recurrent layers): used and free.",
+            &[
+                ("{state=\"used\"}", (m.state_slots_total - m.state_slots_free) as f64),
+                ("{state=\"free\"}", m.state_slots_free as f64),
+            ],
+        );
+        metric(
+            "state_snapshots",
+            "gauge",
+            "Snapshots of recurrent states kept at the end of cached prompts (a later prompt resumes from one).",
+            &[("", m.state_snapshots as f64)],
+        );
+    }
     if let Some((total, free)) = m.draft_blocks {
         metric(
             "draft_kv_blocks",

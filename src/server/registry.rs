@@ -17,8 +17,8 @@ use anyhow::{bail, Context, Result};
 use axum::Router;
 
 use super::encoder_server::EncoderState;
-pub use super::model_file::FileInfo;
 use super::model_file::read_info;
+pub use super::model_file::FileInfo;
 use super::{AppState, ServeArgs};
 
 /// One model file the server may load.

@@ -61,6 +61,7 @@ pub(super) fn app_state(
             kv_events: sink,
             disk,
             no_prefix_cache: args.cache.no_prefix_cache,
+            state_snapshot_every: args.cache.state_snapshot_every,
             ..Default::default()
         },
     )?;

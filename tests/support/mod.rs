@@ -156,6 +156,7 @@ pub fn engine_greedy(
         max_step_ms: None,
         mask_budget_ms: EngineConfig::DEFAULT_MASK_BUDGET_MS,
         kv_types: edge_llm::kernels::KvTypes::F16,
+        num_state_slots: 0,
     };
     let engine = EngineHandle::start(shared_model(), config, EngineParts::default())
         .expect("the engine starts");
