@@ -47,9 +47,18 @@ EL_AI __m256i dp4(__m256i acc, const __m256i u, const uint8_t *a) {
     __asm__("vpdpbusd %2%{1to8%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const uint32_t *)a));
     return acc;
 }
+/* acc += each lane's two signed 16-bit halves of v times the two int16 at a (vpdpwssd, the pair
+ * broadcast from memory). */
+EL_AI __m256i dp2x16(__m256i acc, const __m256i v, const uint8_t *a) {
+    __asm__("vpdpwssd %2%{1to8%}, %1, %0" : "+v"(acc) : "v"(v), "m"(*(const uint32_t *)a));
+    return acc;
+}
 #else
 EL_AI __m256i dp4(const __m256i acc, const __m256i u, const uint8_t *a) {
     return _mm256_dpbusd_epi32(acc, u, _mm256_set1_epi32((int)el_load_u32(a)));
+}
+EL_AI __m256i dp2x16(const __m256i acc, const __m256i v, const uint8_t *a) {
+    return _mm256_dpwssd_epi32(acc, v, _mm256_set1_epi32((int)el_load_u32(a)));
 }
 #endif
 
@@ -293,18 +302,17 @@ EL_AI void tile_k4(const int q5, const int R, const uint8_t *grp, const uint8_t 
                                                                      _mm256_mullo_epi32(hi[r], sc_hi)));
             }
         }
-        /* min pairs (j, j + 1) of each row against (bsums[2j] + bsums[2j + 1], the same of j + 1) */
-        const __m256i mins[4] = {row_bytes16(mn[0], 0, 1, 0), row_bytes16(mn[0], 2, 3, 0), row_bytes16(mn[1], 0, 1, 0),
-                                 row_bytes16(mn[1], 2, 3, 0)};
+        /* min j of each row (in both halves of its lane) against (bsums[2j], bsums[2j + 1]) */
+        __m256i mins[8];
+        UNROLL(8) for (int j = 0; j < 8; j++) mins[j] = row_bytes16(mn[j / 4], j % 4, j % 4, 0);
         for (int r = 0; r < R; r++) {
             const uint8_t *bsums = act[r] + offsetof(el_block_q8_K, bsums);
-            const __m128i pairs = _mm_hadd_epi16(el_loadu_128(bsums), el_loadu_128(bsums + 16));
-            const __m256i bp = _mm256_broadcastsi128_si256(pairs);
-            const __m256i m01 = _mm256_madd_epi16(mins[0], _mm256_shuffle_epi32(bp, 0x00));
-            const __m256i m23 = _mm256_madd_epi16(mins[1], _mm256_shuffle_epi32(bp, 0x55));
-            const __m256i m45 = _mm256_madd_epi16(mins[2], _mm256_shuffle_epi32(bp, 0xAA));
-            const __m256i m67 = _mm256_madd_epi16(mins[3], _mm256_shuffle_epi32(bp, 0xFF));
-            msum[r] = _mm256_add_epi32(_mm256_add_epi32(m01, m23), _mm256_add_epi32(m45, m67));
+            __m256i m0 = _mm256_setzero_si256(), m1 = _mm256_setzero_si256();
+            UNROLL(4) for (int j = 0; j < 8; j += 2) {
+                m0 = dp2x16(m0, mins[j], bsums + 4 * j);
+                m1 = dp2x16(m1, mins[j + 1], bsums + 4 * j + 4);
+            }
+            msum[r] = _mm256_add_epi32(m0, m1);
         }
         const uint16_t *d = ((const el_block_q4_Kx8 *)b)->d, *dmin = ((const el_block_q4_Kx8 *)b)->dmin;
         add_block(R, _mm256_cvtph_ps(el_loadu_128(d)), _mm256_cvtph_ps(el_loadu_128(dmin)), act, isum, msum, sum);
@@ -372,12 +380,9 @@ EL_AI void tile_q6(const int R, const uint8_t *grp, const uint8_t *const *rows, 
         /* scale pairs (2q, 2q + 1) of each row against (bsums[2q], bsums[2q + 1]) */
         __m256i osum[X8V_RMAX];
         for (int r = 0; r < R; r++) osum[r] = _mm256_setzero_si256();
-        for (int q = 0; q < 8; q++) {
+        UNROLL(8) for (int q = 0; q < 8; q++) {
             const __m256i pair = row_bytes16(el_loadu_256(b->scales[q / 2]), 2 * (q % 2), 2 * (q % 2) + 1, 1);
-            for (int r = 0; r < R; r++) {
-                const uint8_t *bsums = act[r] + offsetof(el_block_q8_K, bsums);
-                osum[r] = _mm256_add_epi32(osum[r], _mm256_madd_epi16(pair, _mm256_set1_epi32((int)el_load_u32(bsums + 4 * q))));
-            }
+            for (int r = 0; r < R; r++) osum[r] = dp2x16(osum[r], pair, act[r] + offsetof(el_block_q8_K, bsums) + 4 * q);
         }
         for (int r = 0; r < R; r++) isum[r] = _mm256_sub_epi32(isum[r], _mm256_slli_epi32(osum[r], 5));
         add_block(R, _mm256_cvtph_ps(el_loadu_128(b->d)), _mm256_setzero_ps(), act, isum, msum, sum);
