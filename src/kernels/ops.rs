@@ -247,7 +247,14 @@ pub enum Activation {
     SwiGlu,
     /// gelu_tanh(gate) * up (gemma).
     GeGlu,
+    /// gpt-oss's clamped SwiGLU (ggml's `swiglu_oai`, alpha 1.702, limit 7):
+    /// min(gate, 7) * sigmoid(1.702 min(gate, 7)) * (clamp(up, -7, 7) + 1).
+    SwiGluOai,
 }
+
+/// gpt-oss's SwiGLU constants (llama.cpp's `LLM_FFN_SWIGLU_OAI_MOE`).
+pub const SWIGLU_OAI_ALPHA: f32 = 1.702;
+pub const SWIGLU_OAI_LIMIT: f32 = 7.0;
 
 /// `gate[i] = act(gate[i]) * up[i]`, in place in `gate`. Large batches run in runs of whole
 /// vectors (8 floats; the tail in the last run) over the pool.
@@ -270,6 +277,14 @@ pub fn glu_inplace(gate: &mut [f32], up: &[f32], act: Activation) {
             match act {
                 Activation::SwiGlu => ffi::el_swiglu(p, u, p, len as i64),
                 Activation::GeGlu => ffi::el_geglu(p, u, p, len as i64),
+                Activation::SwiGluOai => ffi::el_swiglu_oai(
+                    p,
+                    u,
+                    p,
+                    len as i64,
+                    SWIGLU_OAI_ALPHA,
+                    SWIGLU_OAI_LIMIT,
+                ),
             }
         }
     });
@@ -403,7 +418,31 @@ pub fn paged_attention_as(
     scale: f32,
     window: Option<usize>,
 ) {
+    paged_attention_sinks(
+        types, out, q, k_cache, v_cache, shape, batch, scale, window, None,
+    )
+}
+
+/// [`paged_attention_as`] with attention sinks (gpt-oss): `sinks[h]` is one more logit in head
+/// h's softmax, with a zero value row.
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention_sinks(
+    types: KvTypes,
+    out: &mut [f32],
+    q: &[f32],
+    k_cache: &[u16],
+    v_cache: &[u16],
+    shape: &AttentionShape,
+    batch: &AttentionBatch<'_>,
+    scale: f32,
+    window: Option<usize>,
+    sinks: Option<&[f32]>,
+) {
     let s = shape;
+    if let Some(sinks) = sinks {
+        assert_eq!(sinks.len(), s.n_heads, "one attention sink per head");
+    }
+
     let n_tokens = batch.token_seq.len();
     assert!(
         s.head_dim <= EL_MAX_HEAD_DIM && s.n_kv_heads > 0 && s.n_heads.is_multiple_of(s.n_kv_heads)
@@ -486,6 +525,7 @@ pub fn paged_attention_as(
                 batch.max_blocks_per_seq as i64,
                 scale,
                 window,
+                sinks.map_or(std::ptr::null(), |v| v.as_ptr()),
                 begin as i64,
                 end as i64,
             )
