@@ -106,7 +106,11 @@ fn run(c: &Case, window: Option<usize>, sinks: Option<&[f32]>) -> Vec<f32> {
 /// f64 softmax attention with one more logit per head, `sinks[h]`, whose value row is zero.
 fn naive(c: &Case, window: Option<usize>, sinks: &[f32]) -> Vec<f64> {
     let s = &c.shape;
-    let (hd, kv_dim, group) = (s.head_dim, s.n_kv_heads * s.head_dim, s.n_heads / s.n_kv_heads);
+    let (hd, kv_dim, group) = (
+        s.head_dim,
+        s.n_kv_heads * s.head_dim,
+        s.n_heads / s.n_kv_heads,
+    );
     let f = |bits: u16| half::f16::from_bits(bits).to_f64();
     let mut out = vec![0.0; c.q.len()];
     for (t, (&seq, &len)) in c.token_seq.iter().zip(&c.context_lens).enumerate() {
@@ -121,7 +125,9 @@ fn naive(c: &Case, window: Option<usize>, sinks: &[f32]) -> Vec<f64> {
             };
             let scores: Vec<f64> = (first..len)
                 .map(|j| {
-                    (0..hd).map(|d| q[d] as f64 * f(c.k[at(j) + d])).sum::<f64>()
+                    (0..hd)
+                        .map(|d| q[d] as f64 * f(c.k[at(j) + d]))
+                        .sum::<f64>()
                         * scale(c) as f64
                 })
                 .collect();
@@ -199,7 +205,10 @@ fn sinks_of_minus_infinity_change_nothing() {
         let plain = on(isa, || run(&c, Some(9), None));
         let with = on(isa, || run(&c, Some(9), Some(&none)));
         assert!(
-            plain.iter().zip(&with).all(|(a, b)| a.to_bits() == b.to_bits()),
+            plain
+                .iter()
+                .zip(&with)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
             "{isa}"
         );
     }
@@ -219,7 +228,11 @@ fn swiglu_oai_matches_its_definition() {
     let mut up: Vec<f32> = (0..4096).map(|_| rng.normal() * 6.0).collect();
     gate.extend([7.0, 7.5, 100.0, -100.0, -7.5, 0.0]);
     up.extend([7.0, -7.5, 100.0, -100.0, 9.0, 3.0]);
-    let want: Vec<f64> = gate.iter().zip(&up).map(|(&x, &y)| swiglu_oai(x, y)).collect();
+    let want: Vec<f64> = gate
+        .iter()
+        .zip(&up)
+        .map(|(&x, &y)| swiglu_oai(x, y))
+        .collect();
     glu_inplace(&mut gate, &up, Activation::SwiGluOai);
     for (i, (&g, &w)) in gate.iter().zip(&want).enumerate() {
         let err = (g as f64 - w).abs() / w.abs().max(1.0);

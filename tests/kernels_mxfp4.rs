@@ -2,7 +2,8 @@
 //! references:
 //! - dequantization bit for bit against the `gguf` package's numpy dequantizer (`gguf.quants`,
 //!   through scripts/synth/dequant_ref.py) on random blocks with every scale byte 0..=255, and on
-//!   the MXFP4 blocks llama.cpp's `llama-quantize` wrote into the synthetic gpt-oss file;
+//!   the MXFP4 blocks llama.cpp's `llama-quantize` wrote for the synthetic gpt-oss file
+//!   (tests/synth/quant/gpt-oss-MXFP4.gguf);
 //! - the quantizer byte for byte against gguf.quants' (a port of ggml's quantize_row_mxfp4_ref);
 //! - the dot product against Q8_0 activations within a named budget of the f64 dot of the
 //!   dequantized weights with the unquantized activations, and the matrix product equal to
@@ -19,8 +20,8 @@ use std::process::Command;
 
 use edge_llm::gguf::GgufFile;
 use edge_llm::kernels::tensor_type::TensorType;
-use edge_llm::kernels::{available_isas, dequantize_row, matmul, quantize_rows, set_isa, vec_dot};
 use edge_llm::kernels::Isa;
+use edge_llm::kernels::{available_isas, dequantize_row, matmul, quantize_rows, set_isa, vec_dot};
 
 use support::isa_lock::lock_isa;
 use support::splitmix::Rng;
@@ -57,8 +58,7 @@ fn python() -> Option<PathBuf> {
 fn gguf_ref(py: &Path, args: &[&str], input: &[u8]) -> Vec<u8> {
     static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let dir =
-        std::env::temp_dir().join(format!("edge-llm-mxfp4-{}-{call}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("edge-llm-mxfp4-{}-{call}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (inp, out) = (dir.join("in.bin"), dir.join("out.bin"));
     std::fs::write(&inp, input).unwrap();
@@ -136,7 +136,13 @@ fn mxfp4_quantizer_is_byte_identical_to_gguf_quants() {
     let mut rng = Rng(40);
     // Normal data, data with outliers, exact grid values and ties between two codes.
     let mut x: Vec<f32> = (0..4096).map(|_| rng.normal()).collect();
-    x.extend((0..1024).map(|i| if i % 37 == 0 { 40.0 } else { rng.normal() * 0.01 }));
+    x.extend((0..1024).map(|i| {
+        if i % 37 == 0 {
+            40.0
+        } else {
+            rng.normal() * 0.01
+        }
+    }));
     x.extend((0..1024).map(|i| [0.5f32, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -6.0][i % 8]));
     x.extend((0..1024).map(|i| [0.25f32, 1.25, 2.5, 5.0, -3.5, 6.0, 0.0, 0.75][i % 8]));
     let input: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -144,21 +150,24 @@ fn mxfp4_quantizer_is_byte_identical_to_gguf_quants() {
     let got = quantize_rows(T, &x, x.len());
     assert_eq!(got.len(), want.len());
     let diff = got.iter().zip(&want).position(|(a, b)| a != b);
-    assert_eq!(diff, None, "first differing byte (block {:?})", diff.map(|i| i / 17));
-    eprintln!("MXFP4: {} blocks quantized byte-identical to gguf.quants", x.len() / 32);
+    assert_eq!(
+        diff,
+        None,
+        "first differing byte (block {:?})",
+        diff.map(|i| i / 17)
+    );
+    eprintln!(
+        "MXFP4: {} blocks quantized byte-identical to gguf.quants",
+        x.len() / 32
+    );
 }
 
 #[test]
 fn mxfp4_dequantization_is_bit_identical_to_gguf_quants_on_llama_quantize_blocks() {
     let Some(py) = python() else { return };
-    let path = root().join("tests/synth/gpt-oss-MXFP4.gguf");
-    if !path.exists() {
-        skip_or_fail(&format!(
-            "{} (scripts/synth/synth.py gpt-oss and llama-quantize MXFP4_MOE make it)",
-            path.display()
-        ));
-        return;
-    }
+    // The block matrices llama-quantize MXFP4_MOE wrote, committed (LLAMA_CPP=newest
+    // scripts/synth/refs.sh gpt-oss-MXFP4 rewrites them).
+    let path = root().join("tests/synth/quant/gpt-oss-MXFP4.gguf");
     let g = GgufFile::open(&path).unwrap();
     let mut blocks = Vec::new();
     for info in g.tensors().iter().filter(|i| i.ttype == T) {
@@ -168,7 +177,11 @@ fn mxfp4_dequantization_is_bit_identical_to_gguf_quants_on_llama_quantize_blocks
     assert!(!blocks.is_empty(), "{}: no MXFP4 tensor", path.display());
     let want = f32s(&gguf_ref(&py, &["MXFP4"], &blocks));
     let got = ours(&blocks);
-    assert_eq!(first_difference(&got, &want), None, "(element, ours, gguf.quants)");
+    assert_eq!(
+        first_difference(&got, &want),
+        None,
+        "(element, ours, gguf.quants)"
+    );
     assert!(got.iter().any(|&v| v != 0.0));
     eprintln!(
         "MXFP4: {} llama-quantize blocks bit-identical",
@@ -210,7 +223,11 @@ fn mxfp4_dot_within_budget_and_matmul_equals_vec_dot_on_every_isa() {
                     let got = on(isa, || vec_dot(T, N_IN, wr, ar));
                     let (m, want) = (out[r * N_OUT + o], reference[r * N_OUT + o]);
                     assert_eq!(got.to_bits(), m.to_bits(), "{isa}: matmul row {r} col {o}");
-                    assert_eq!(got.to_bits(), want.to_bits(), "{isa} vs scalar: row {r} col {o}");
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "{isa} vs scalar: row {r} col {o}"
+                    );
                     let (wd, af) = (&w_deq[o * N_IN..][..N_IN], &a[r * N_IN..][..N_IN]);
                     let exact: f64 = wd.iter().zip(af).map(|(&x, &y)| x as f64 * y as f64).sum();
                     let norm =
@@ -219,7 +236,9 @@ fn mxfp4_dot_within_budget_and_matmul_equals_vec_dot_on_every_isa() {
                 }
             }
         }
-        eprintln!("MXFP4 {n_rows} rows: dot error {worst:.2e} of |w| |a| (budget {DOT_BUDGET:.0e})");
+        eprintln!(
+            "MXFP4 {n_rows} rows: dot error {worst:.2e} of |w| |a| (budget {DOT_BUDGET:.0e})"
+        );
         assert!(worst < DOT_BUDGET, "dot error {worst:.3e}");
     }
 }

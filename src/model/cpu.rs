@@ -9,7 +9,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 
 use super::arena::Arena;
 use super::backend::{Backend, WeightStore};
@@ -363,8 +363,12 @@ impl Backend for Cpu {
         layer: usize,
         q: &Vec<f32>,
         window: Option<usize>,
+        sinks: Option<&Vec<f32>>,
         out: &mut Vec<f32>,
     ) -> Result<()> {
+        if sinks.is_some_and(|s| s.len() != self.shape.n_heads) {
+            bail!("attention sinks of {} heads", self.shape.n_heads);
+        }
         let b = &self.step.batch;
         let addressing = AttentionBatch {
             block_tables: &b.block_tables,
@@ -386,7 +390,7 @@ impl Backend for Cpu {
             }
         };
         let (k_cache, v_cache) = self.kv.layer(layer);
-        kernels::paged_attention_as(
+        kernels::paged_attention_sinks(
             types,
             out,
             q,
@@ -396,6 +400,7 @@ impl Backend for Cpu {
             &addressing,
             self.attn_scale,
             window,
+            sinks.map(Vec::as_slice),
         );
         if let Some(n) = types.v_rotation(hd) {
             kernels::hadamard_rows(out, n);
