@@ -49,7 +49,7 @@ const ATTENTION_BUDGET: f64 = 1e-5;
 /// The whole forward pass of the default model, logits against the CPU path's.
 const FORWARD_LOGITS_BUDGET: f64 = 2e-3;
 
-const WEIGHT_TYPES: [TensorType; 22] = [
+const WEIGHT_TYPES: [TensorType; 23] = [
     TensorType::F32,
     TensorType::F16,
     TensorType::BF16,
@@ -72,6 +72,7 @@ const WEIGHT_TYPES: [TensorType; 22] = [
     TensorType::IQ2_S,
     TensorType::IQ1_S,
     TensorType::IQ1_M,
+    TensorType::MXFP4,
 ];
 
 fn gpu() -> &'static Gpu {
@@ -110,7 +111,7 @@ fn weights(t: TensorType, n_in: usize, n_rows: usize, rng: &mut Rng) -> Vec<u8> 
     } else {
         vec![0u8; t.row_bytes(n_in).unwrap() * n_rows]
     };
-    let iq = t.name().starts_with("IQ");
+    let iq = t.name().starts_with("IQ") || t == TensorType::MXFP4;
     let rb = t.row_bytes(n_in).unwrap();
     for (r, row) in w.chunks_exact_mut(rb).enumerate() {
         if iq && (!t.has_quantizer() || r % 2 == 1) {
@@ -132,6 +133,8 @@ fn random_iq_blocks(t: TensorType, out: &mut [u8], rng: &mut Rng) {
                 let word = (word & 0x0fff) | (((d >> (4 * k)) & 0xf) << 12);
                 scales[2 * k..2 * k + 2].copy_from_slice(&word.to_le_bytes());
             }
+        } else if t == TensorType::MXFP4 {
+            block[0] = 110 + rng.below(30) as u8; // the E8M0 scale: 2^-18 .. 2^11
         } else {
             block[..2].copy_from_slice(&d.to_le_bytes());
         }

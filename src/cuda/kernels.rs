@@ -44,9 +44,7 @@ fn type_name(t: TensorType) -> Result<&'static str> {
         IQ1_S => "iq1_s",
         IQ1_M => "iq1_m",
         Q8_1 | Q8_K => bail!("{t} is not a weight type the GPU kernels take"),
-        MXFP4 => {
-            bail!("{t} weights (gpt-oss's experts) have no GPU kernels yet; run with --device cpu")
-        }
+        MXFP4 => "mxfp4",
     })
 }
 
