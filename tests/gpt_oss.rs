@@ -17,6 +17,8 @@
 //!   concurrent greedy sessions give what each gives alone, every KV block back after.
 //! - The CUDA backend refuses the architecture at load, in one line (no sink or clamped-SwiGLU
 //!   kernel there yet).
+//! - Hostile files (the window key missing, a sink tensor missing, an expert bias misshapen,
+//!   written by synth.py with a mutation) stop the load with a one-line error naming it.
 
 mod support;
 
@@ -293,4 +295,75 @@ fn the_cuda_backend_refuses_gpt_oss_in_one_line() {
         !err.contains('\n') && err.contains("gpt-oss") && err.contains("--device cpu"),
         "{err}"
     );
+}
+
+/// A gpt-oss file written by scripts/synth/synth.py with `mutation` (Python run before the
+/// build, with `synth`, `gguf` and `np` in scope), or None when the venv is missing.
+fn mutated(tag: &str, mutation: &str) -> Option<PathBuf> {
+    let py = root().join("target/synth-venv/bin/python");
+    if !py.is_file() {
+        support::skip_or_fail(&format!("{} (scripts/test.sh makes it)", py.display()));
+        return None;
+    }
+    let out = std::env::temp_dir().join(format!(
+        "edge-llm-gpt-oss-{}-{tag}.gguf",
+        std::process::id()
+    ));
+    let script = format!(
+        "import sys; sys.path.insert(0, 'scripts/synth'); sys.argv = ['x']\n\
+         import synth, gguf, numpy as np\n\
+         synth.CASES['bad'] = dict(synth.CASES['gpt-oss'])\n\
+         {mutation}\n\
+         synth.build('bad', {:?})\n",
+        out.to_str().unwrap()
+    );
+    let status = std::process::Command::new(&py)
+        .args(["-c", &script])
+        .current_dir(root())
+        .status()
+        .expect("python runs");
+    assert!(status.success(), "{tag}: the mutated file was not written");
+    Some(out)
+}
+
+/// Python that drops tensor DROP and cuts the last column of tensor SHRINK from the files built
+/// after it (DROP and SHRINK set before it).
+const WRAP_ADD_TENSOR: &str = "orig = gguf.GGUFWriter.add_tensor\n\
+def add(self, name, value, **kw):\n    \
+    if name == DROP: return\n    \
+    if name == SHRINK: value = value[..., :-1]\n    \
+    return orig(self, name, value, **kw)\n\
+gguf.GGUFWriter.add_tensor = add";
+
+#[test]
+fn hostile_gpt_oss_files_give_one_line_errors() {
+    let cases = [
+        (
+            "no-window",
+            "del synth.CASES['bad']['sliding_window']".to_string(),
+            "gpt-oss.attention.sliding_window is missing",
+        ),
+        (
+            "no-sinks",
+            format!("DROP, SHRINK = 'blk.1.attn_sinks.weight', None\n{WRAP_ADD_TENSOR}"),
+            "blk.1.attn_sinks.weight",
+        ),
+        (
+            "short-expert-bias",
+            format!("DROP, SHRINK = None, 'blk.0.ffn_up_exps.bias'\n{WRAP_ADD_TENSOR}"),
+            "tensor 'blk.0.ffn_up_exps.bias' has shape [255, 8], expected [256, 8]",
+        ),
+    ];
+    for (tag, mutation, want) in cases {
+        let Some(path) = mutated(tag, &mutation) else {
+            return;
+        };
+        let err = match Model::load(&path) {
+            Ok(_) => panic!("{tag}: loaded"),
+            Err(e) => format!("{e:#}"),
+        };
+        let _ = std::fs::remove_file(&path);
+        assert!(!err.contains('\n') && err.contains(want), "{tag}: {err}");
+        eprintln!("{tag}: {err}");
+    }
 }

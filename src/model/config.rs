@@ -348,6 +348,10 @@ impl ModelConfig {
             freq_factors,
             yarn,
         };
+        // gpt-oss's local layers are part of the model (llama.cpp requires the key).
+        if family.swa_global_rope && !has("attention.sliding_window") {
+            bail!("{} is missing", key("attention.sliding_window"));
+        }
         let window = match family.swa_pattern {
             Some(_) if has("attention.sliding_window") => {
                 Some(g.get_usize(&key("attention.sliding_window"))?).filter(|&w| w > 0)

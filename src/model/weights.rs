@@ -226,8 +226,15 @@ fn expert_bias(
     n: usize,
     num_experts: usize,
 ) -> Result<Option<Vec<Vec<f32>>>> {
-    if g.find_tensor(name).is_none() {
+    let Some(info) = g.find_tensor(name) else {
         return Ok(None);
+    };
+    let want = [n as u64, num_experts as u64];
+    if info.dims != want {
+        bail!(
+            "tensor '{name}' has shape {:?}, expected {want:?}",
+            info.dims
+        );
     }
     let all = load_vector(g, name, n * num_experts)?;
     Ok(Some(all.chunks_exact(n).map(<[f32]>::to_vec).collect()))
