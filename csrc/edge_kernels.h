@@ -61,7 +61,7 @@ int64_t el_type_block_size(int32_t type);
 /* Bytes per block of `type`; 0 for an unknown type. */
 int64_t el_type_block_bytes(int32_t type);
 /* The activation type a dot product with a `type` weight row consumes (llama.cpp's vec_dot_type):
- * F32->F32, F16->F16, BF16->BF16, Q4_0/Q5_0/Q8_0/IQ4_NL->Q8_0, Q4_1/Q5_1->Q8_1, K-quants and the
+ * F32->F32, F16->F16, BF16->BF16, Q4_0/Q5_0/Q8_0/IQ4_NL/MXFP4->Q8_0, Q4_1/Q5_1->Q8_1, K-quants and the
  * other IQ types->Q8_K.
  * -1 for an unknown type. */
 int32_t el_type_vec_dot_type(int32_t type);
@@ -146,6 +146,11 @@ void el_rope_ext(float *x /* [n_tokens][n_heads][head_dim] */, const int32_t *po
 void el_swiglu(const float *gate /* [n] */, const float *up /* [n] */, float *y /* [n] */, int64_t n);
 /* y[i] = gelu_tanh(gate[i]) * up[i]. y may alias gate or up. */
 void el_geglu(const float *gate /* [n] */, const float *up /* [n] */, float *y /* [n] */, int64_t n);
+/* gpt-oss's clamped SwiGLU (ggml's swiglu_oai, the reference only): with g = min(gate[i], limit)
+ * and u = clamp(up[i], -limit, limit), y[i] = g / (1 + expf(-alpha g)) * (u + 1). y may alias gate
+ * or up. */
+void el_swiglu_oai(const float *gate /* [n] */, const float *up /* [n] */, float *y /* [n] */, int64_t n,
+                   float alpha, float limit);
 /* y[i] = expf(x[i]), bit for bit glibc's expf on a CPU with FMA (expf_glibc.h): the exp SwiGLU's
  * AVX2 variant uses, exported so tests can check it against the process's libm. y may alias x. */
 void el_expf(const float *x /* [n] */, float *y /* [n] */, int64_t n);
@@ -176,6 +181,8 @@ void el_kv_write(const float *k /* [n_tokens][kv_dim] */, const float *v /* [n_t
  * Query head h reads KV head h / (n_heads / n_kv_heads) (grouped-query attention).
  * out[t][h] = softmax(scale * q[t][h] . K) V, an online softmax over the blocks in key order, with
  * each key and value head row first converted to f32 as el_dequantize_row converts it.
+ * With sinks (gpt-oss), head h's softmax has one more logit, sinks[h], whose value row is zero: it
+ * only adds exp(sinks[h] - max) to the normaliser (ggml's attention sinks); NULL: none.
  * Work items are (token, head) pairs t * n_heads + h in [item_begin, item_end), for threading.
  * head_dim <= EL_MAX_HEAD_DIM. */
 #define EL_MAX_HEAD_DIM 512
@@ -186,8 +193,8 @@ void el_paged_attention(float *out /* [n_tokens][n_heads][head_dim] */,
                         int32_t v_type, const int32_t *block_tables /* [n_seqs][max_blocks_per_seq] */,
                         const int32_t *token_seq /* [n_tokens] */, const int32_t *context_lens /* [n_tokens] */,
                         int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t block_size,
-                        int64_t max_blocks_per_seq, float scale, int32_t window, int64_t item_begin,
-                        int64_t item_end);
+                        int64_t max_blocks_per_seq, float scale, int32_t window,
+                        const float *sinks /* [n_heads] or NULL */, int64_t item_begin, int64_t item_end);
 
 /* ---- Recurrent layers ------------------------------------------------------------------------ */
 

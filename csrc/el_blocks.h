@@ -183,6 +183,16 @@ typedef struct {
 } el_block_iq4_nl;
 _Static_assert(sizeof(el_block_iq4_nl) == EL_IQ4_NL_BYTES, "block_iq4_nl layout");
 
+#define QK_MXFP4 EL_MXFP4_ELEMS /* elements per MXFP4 block */
+
+/* x[i] = 2^(e - 128) * kvalues_mxfp4[q[i]] (the E2M1 values doubled, so the E8M0 scale 2^(e - 127)
+ * is halved), q a nibble laid out as q4_0. OCP microscaling FP4, gpt-oss's expert weights. */
+typedef struct {
+    uint8_t e;
+    uint8_t qs[QK_MXFP4 / 2];
+} el_block_mxfp4;
+_Static_assert(sizeof(el_block_mxfp4) == EL_MXFP4_BYTES, "block_mxfp4 layout");
+
 /* x = d * (ls[s] - 32) * kvalues_iq4nl[q], 8 sub-blocks of 32 with 6-bit scales ls: low 4 bits in
  * the nibbles of scales_l, high 2 bits at bits 2s of scales_h; quants as q4_0 per sub-block. */
 typedef struct {

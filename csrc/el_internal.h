@@ -5,6 +5,7 @@
 #ifndef EL_INTERNAL_H
 #define EL_INTERNAL_H
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -55,6 +56,12 @@ static inline uint16_t el_fp32_to_bf16(float f) {
     return (uint16_t)((u + (0x7fff + ((u >> 16) & 1))) >> 16);
 }
 
+/* An E8M0 scale byte halved: 2^(e - 128), as ggml's ggml_e8m0_to_fp32_half (e = 0 and 1 give the
+ * subnormals 2^-128 and 2^-127; e = 255, NaN in E8M0, gives 2^127 as there). */
+static inline float el_e8m0_to_fp32_half(uint8_t e) {
+    return el_bits_to_f32(e < 2 ? UINT32_C(0x00200000) << e : (uint32_t)(e - 1) << 23);
+}
+
 /* ---- Attention's arithmetic, shared by ops.c's reference and its SIMD versions -------------------
  * Keys are taken EL_ATTN_CHUNK at a time, from the first key the window lets in; a SIMD version
  * holds a chunk's scores in its lanes and computes, bit for bit, what the reference does. */
@@ -80,5 +87,40 @@ static inline float el_tree8(const float p[8]) {
 #define EL_EXP_P3 4.1665795894e-2f
 #define EL_EXP_P4 1.6666665459e-1f
 #define EL_EXP_P5 5.0000001201e-1f
+
+/* exp(x) for x <= 0 as above, scalar (fmaf: one rounding per step on any CPU). */
+static inline float el_exp_nonpos(float x) {
+    if (!(x >= EL_EXP_MIN)) return 0.0f;
+    const float n = rintf(x * EL_EXP_LOG2E);
+    float r = fmaf(n, -EL_EXP_C1, x);
+    r = fmaf(n, -EL_EXP_C2, r);
+    float y = EL_EXP_P0;
+    y = fmaf(y, r, EL_EXP_P1);
+    y = fmaf(y, r, EL_EXP_P2);
+    y = fmaf(y, r, EL_EXP_P3);
+    y = fmaf(y, r, EL_EXP_P4);
+    y = fmaf(y, r, EL_EXP_P5);
+    y = fmaf(y, r * r, r);
+    y = y + 1.0f;
+    return y * el_bits_to_f32((uint32_t)((int32_t)n + 127) << 23);
+}
+
+/* The factor an online softmax's accumulated output is multiplied by at the end, from its running
+ * max m and normaliser l: 1 / l, or with a sink (gpt-oss's learned per-head logit, a score whose
+ * value row is zero: it only adds to the normaliser) c / (l c + 1) when the sink exceeds m, with
+ * c = exp(m - sink), else 1 / (l + exp(sink - m)), as ggml's flash attention adds its sinks.
+ * 0 when the normaliser is 0. */
+static inline float el_attn_out_scale(float m, float l, const float *sink) {
+    float c = 1.0f;
+    if (sink != NULL) {
+        if (*sink > m) {
+            c = el_exp_nonpos(m - *sink);
+            l = fmaf(l, c, 1.0f);
+        } else {
+            l = l + el_exp_nonpos(*sink - m);
+        }
+    }
+    return l > 0.0f ? c / l : 0.0f;
+}
 
 #endif /* EL_INTERNAL_H */

@@ -44,6 +44,7 @@ enum el_type {
     EL_TYPE_IQ4_XS = 23,
     EL_TYPE_IQ1_M = 29,
     EL_TYPE_BF16 = 30,
+    EL_TYPE_MXFP4 = 39,
 };
 
 #define EL_QK 32    /* elements per block of the 32-element types */
@@ -102,5 +103,8 @@ enum el_type {
 #define EL_IQ1_S_BYTES 50   /* d @0, qs[32] @2, qh u16[8] @34 */
 #define EL_IQ1_M_ELEMS EL_QK_K
 #define EL_IQ1_M_BYTES 56   /* qs[32] @0, qh[16] @32, scales u16[4] @48 (the f16 d in their top nibbles) */
+
+#define EL_MXFP4_ELEMS EL_QK
+#define EL_MXFP4_BYTES 17   /* e (E8M0 scale) @0, qs[16] @1 (E2M1 codes, as q4_0's nibbles) */
 
 #endif /* EL_TYPES_H */

@@ -59,6 +59,14 @@ void el_geglu(const float *gate, const float *up, float *y, int64_t n) {
     }
 }
 
+void el_swiglu_oai(const float *gate, const float *up, float *y, int64_t n, float alpha, float limit) {
+    for (int64_t i = 0; i < n; i++) {
+        const float g = limit < gate[i] ? limit : gate[i]; /* std::min, as ggml */
+        const float u = up[i] < -limit ? -limit : up[i] > limit ? limit : up[i];
+        y[i] = g / (1.0f + expf(alpha * -g)) * (u + 1.0f);
+    }
+}
+
 static void kv_write_f16_ref(const float *k, const float *v, uint16_t *k_cache, uint16_t *v_cache,
                              const int64_t *slot_mapping, int64_t n_tokens, int64_t kv_dim) {
     for (int64_t t = 0; t < n_tokens; t++) {
@@ -102,23 +110,6 @@ void el_kv_rows_to_f32(const el_kv_rows *rows, int64_t e, float *dst, int64_t n)
     el_dequantize_row(rows->type, p, dst, n);
 }
 
-/* exp(x) for x <= 0 (el_internal.h). */
-static float exp_nonpos(float x) {
-    if (!(x >= EL_EXP_MIN)) return 0.0f;
-    const float n = rintf(x * EL_EXP_LOG2E);
-    float r = fmaf(n, -EL_EXP_C1, x);
-    r = fmaf(n, -EL_EXP_C2, r);
-    float y = EL_EXP_P0;
-    y = fmaf(y, r, EL_EXP_P1);
-    y = fmaf(y, r, EL_EXP_P2);
-    y = fmaf(y, r, EL_EXP_P3);
-    y = fmaf(y, r, EL_EXP_P4);
-    y = fmaf(y, r, EL_EXP_P5);
-    y = fmaf(y, r * r, r);
-    y = y + 1.0f;
-    return y * el_bits_to_f32((uint32_t)((int32_t)n + 127) << 23);
-}
-
 /* Paged attention, one (token, head) item at a time, keys in chunks of EL_ATTN_CHUNK from the
  * first key in the window:
  * - each score is q.k in eight partial sums (partial d % 8, fmaf in order of d) added by
@@ -127,13 +118,14 @@ static float exp_nonpos(float x) {
  *   what was accumulated is rescaled by exp(m - m_c) and m = m_c; then each key's weight is
  *   p = exp(s - m), added to lane k (its place in the chunk) of the normaliser and, by fmaf, p v
  *   to the output, key after key;
- * - the normaliser's eight lanes are added by el_tree8 at the end.
+ * - the normaliser's eight lanes are added by el_tree8 at the end, and the output scaled by
+ *   el_attn_out_scale (with the head's sink, if any).
  * Each key's and value's head row is first converted to f32 (el_kv_rows_to_f32). */
 static void paged_attention_ref(float *out, const float *q, const el_kv_rows *k_cache, const el_kv_rows *v_cache,
                         const int32_t *block_tables, const int32_t *token_seq, const int32_t *context_lens,
                         int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t block_size,
-                        int64_t max_blocks_per_seq, float scale, int32_t window, int64_t item_begin,
-                        int64_t item_end) {
+                        int64_t max_blocks_per_seq, float scale, int32_t window, const float *sinks,
+                        int64_t item_begin, int64_t item_end) {
     const int64_t group = n_heads / n_kv_heads;
     const int64_t kv_dim = n_kv_heads * head_dim;
     float acc[EL_MAX_HEAD_DIM], kf[EL_MAX_HEAD_DIM], vf[EL_ATTN_CHUNK][EL_MAX_HEAD_DIM];
@@ -160,20 +152,20 @@ static void paged_attention_ref(float *out, const float *q, const el_kv_rows *k_
                 if (s[k] > m_c) m_c = s[k];
             }
             if (m_c > m) {
-                const float c = exp_nonpos(m - m_c);
+                const float c = el_exp_nonpos(m - m_c);
                 for (int k = 0; k < EL_ATTN_CHUNK; k++) lanes[k] *= c;
                 for (int64_t d = 0; d < head_dim; d++) acc[d] *= c;
                 m = m_c;
             }
             for (int k = 0; k < n; k++) {
-                const float p = exp_nonpos(s[k] - m);
+                const float p = el_exp_nonpos(s[k] - m);
                 lanes[k] += p;
                 for (int64_t d = 0; d < head_dim; d++) acc[d] = fmaf(p, vf[k][d], acc[d]);
             }
         }
         const float l = el_tree8(lanes);
         float *oh = out + item * head_dim;
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        const float inv = el_attn_out_scale(m, l, sinks != NULL ? sinks + h : NULL);
         for (int64_t d = 0; d < head_dim; d++) oh[d] = acc[d] * inv;
     }
 }
@@ -227,13 +219,13 @@ void el_paged_attention(float *out, const float *q, const void *k_cache, const v
                         int32_t v_type, const int32_t *block_tables, const int32_t *token_seq,
                         const int32_t *context_lens, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
                         int64_t block_size, int64_t max_blocks_per_seq, float scale, int32_t window,
-                        int64_t item_begin, int64_t item_end) {
+                        const float *sinks, int64_t item_begin, int64_t item_end) {
     const el_kv_rows kr = kv_rows(k_cache, k_type), vr = kv_rows(v_cache, v_type);
     if (head_dim % 8 == 0) { /* the SIMD version holds head_dim in whole vectors */
         EL_DISPATCH_AVX2(el_paged_attention_avx2(out, q, &kr, &vr, block_tables, token_seq, context_lens, n_heads,
                                                  n_kv_heads, head_dim, block_size, max_blocks_per_seq, scale, window,
-                                                 item_begin, item_end))
+                                                 sinks, item_begin, item_end))
     }
     paged_attention_ref(out, q, &kr, &vr, block_tables, token_seq, context_lens, n_heads, n_kv_heads, head_dim,
-                        block_size, max_blocks_per_seq, scale, window, item_begin, item_end);
+                        block_size, max_blocks_per_seq, scale, window, sinks, item_begin, item_end);
 }

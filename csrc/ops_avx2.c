@@ -259,6 +259,7 @@ typedef struct {
     const float *q;
     float *out;
     int64_t len; /* keys this query sees: [first, len) */
+    const float *sink; /* its head's sink logit, or NULL */
 } attn_query;
 
 /* Each query's online softmax between passes: its output accumulator, running max and the
@@ -283,7 +284,7 @@ EL_AI void attn_finish(const int64_t HD, const attn_state *st, const attn_query 
         float lane[CHUNK];
         _mm256_storeu_ps(lane, st->lanes[i]);
         const float l = el_tree8(lane);
-        const __m256 inv = _mm256_set1_ps(l > 0.0f ? 1.0f / l : 0.0f);
+        const __m256 inv = _mm256_set1_ps(el_attn_out_scale(st->m[i], l, qs[i].sink));
         for (int64_t d = 0; d < HD; d += 8) _mm256_storeu_ps(qs[i].out + d, _mm256_mul_ps(_mm256_load_ps(st->acc + i * HD + d), inv));
     }
 }
@@ -594,7 +595,7 @@ static void attend_cluster(const int64_t HD, const attn_run *runs, const int n_r
                           const float *q, float *out, const el_kv_rows *k_cache, const el_kv_rows *v_cache,
                           const int32_t *context_lens, const int64_t n_heads, const int64_t group, const int64_t kvh,
                           const int64_t kv_dim, const int64_t block_size, const int64_t max_q, const float scale,
-                          const int64_t item_begin, const int64_t item_end) {
+                          const float *sinks, const int64_t item_begin, const int64_t item_end) {
     attn_state st;
     attn_query qs[ATTN_MAX_Q];
     int run_start[ATTN_MAX_RUNS + 1];
@@ -613,7 +614,7 @@ static void attend_cluster(const int64_t HD, const attn_run *runs, const int n_r
                     attn_finish(HD, &st, qs, nq);
                     nq = 0;
                 }
-                qs[nq++] = (attn_query){q + item * HD, out + item * HD, context_lens[t]};
+                qs[nq++] = (attn_query){q + item * HD, out + item * HD, context_lens[t], sinks != NULL ? sinks + h : NULL};
             }
         }
     }
@@ -647,7 +648,7 @@ void el_paged_attention_avx2(float *out, const float *q, const el_kv_rows *k_cac
                              const int32_t *block_tables, const int32_t *token_seq,
                              const int32_t *context_lens, int64_t n_heads, int64_t n_kv_heads,
                              int64_t head_dim, int64_t block_size, int64_t max_blocks_per_seq, float scale,
-                             int32_t window, int64_t item_begin, int64_t item_end) {
+                             int32_t window, const float *sinks, int64_t item_begin, int64_t item_end) {
     if (item_end <= item_begin) return;
     const int64_t group = n_heads / n_kv_heads;
     const int64_t kv_dim = n_kv_heads * head_dim;
@@ -693,7 +694,7 @@ void el_paged_attention_avx2(float *out, const float *q, const el_kv_rows *k_cac
             shared = runs[lead].first + (shared - runs[lead].first) / CHUNK * CHUNK;
             for (int64_t kvh = 0; kvh < n_kv_heads; kvh++) {
                 attend_cluster(head_dim, cl, n_cl, shared, q, out, k_cache, v_cache, context_lens, n_heads, group, kvh,
-                               kv_dim, block_size, max_q, scale, item_begin, item_end);
+                               kv_dim, block_size, max_q, scale, sinks, item_begin, item_end);
             }
         }
     }

@@ -63,6 +63,10 @@ EL_IQ_DECL(iq2_s, q8_K)
 EL_IQ_DECL(iq1_s, q8_K)
 EL_IQ_DECL(iq1_m, q8_K)
 void el_quantize_iq4_nl(const float *x, void *y, int64_t nb);
+/* Defined in quants_mxfp4.c: MXFP4 in 32-element blocks against Q8_0. */
+void el_dequantize_mxfp4(const void *x, float *y, int64_t nb);
+float el_dot_mxfp4_q8_0(const void *w, const void *a, int64_t nb);
+void el_quantize_mxfp4(const float *x, void *y, int64_t nb);
 void el_quantize_iq4_xs(const float *x, void *y, int64_t nb);
 
 /* ---- Float types ----------------------------------------------------------------------------- */
@@ -475,6 +479,8 @@ static const el_type_traits TRAITS[] = {
     {EL_TYPE_IQ2_S, EL_TYPE_Q8_K, QK_K, sizeof(el_block_iq2_s), el_dequantize_iq2_s, NULL, el_dot_iq2_s_q8_K},
     {EL_TYPE_IQ1_S, EL_TYPE_Q8_K, QK_K, sizeof(el_block_iq1_s), el_dequantize_iq1_s, NULL, el_dot_iq1_s_q8_K},
     {EL_TYPE_IQ1_M, EL_TYPE_Q8_K, QK_K, sizeof(el_block_iq1_m), el_dequantize_iq1_m, NULL, el_dot_iq1_m_q8_K},
+    {EL_TYPE_MXFP4, EL_TYPE_Q8_0, QK_MXFP4, sizeof(el_block_mxfp4), el_dequantize_mxfp4, el_quantize_mxfp4,
+     el_dot_mxfp4_q8_0},
 };
 
 /* The traits of `type`, or NULL for an unknown type. */

@@ -1,6 +1,6 @@
 /*
  * quants_iq_avx2.c: AVX2 variants of the IQ types' dot products and matrix products (IQ4_NL
- * against Q8_0; IQ4_XS, IQ3_S, IQ3_XXS, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M against Q8_K),
+ * and MXFP4 (quants_mxfp4.c) against Q8_0; IQ4_XS, IQ3_S, IQ3_XXS, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M against Q8_K),
  * bit-identical to the references in quants_iq.c. Picked by simd_dispatch.c; compiled for AVX2
  * with a target pragma, so nothing here may run before that choice.
  *
@@ -291,6 +291,46 @@ EL_AI void tile_iq4_nl(const int R, const int C, const uint8_t *const *wp, const
 }
 
 _Static_assert(offsetof(el_block_iq4_nl, d) == 0 && offsetof(el_block_q8_0, d) == 0, "iq4_nl, q8_0 d");
+
+/* The 32 nibbles of 16 bytes (element j low nibble, j + 16 high) through kvalues_mxfp4. */
+EL_AI __m256i mxfp4_values(const uint8_t *qs) {
+    const __m128i t = el_loadu_128(qs);
+    const __m256i idx = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(0x0F));
+    const __m256i kv = _mm256_broadcastsi128_si256(el_loadu_128(el_kvalues_mxfp4));
+    return _mm256_shuffle_epi8(kv, idx);
+}
+
+/* MXFP4 against Q8_0 (quants_mxfp4.c): per 32-element block sum += (d_a * 2^(e - 128)) * (float)isum,
+ * as the reference; the weight scales are converted one column at a time and spread over the lanes. */
+EL_AI void tile_mxfp4(const int R, const int C, const uint8_t *const *wp, const uint8_t *const *ap,
+                      const int64_t nb, float *sums /* [8] */, const el_prefetch pf) {
+    const int wb = (int)sizeof(el_block_mxfp4), ab = (int)sizeof(el_block_q8_0);
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i cols = el_lane_cols(R, C, 1, 0);
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        el_prefetch_step(pf, i);
+        __m256i acc[8];
+        float dwc[8] = {0};
+        for (int p = R * C; p < 8; p++) acc[p] = _mm256_setzero_si256();
+        for (int c = 0; c < C; c++) {
+            const uint8_t *blk = wp[c] + i * wb;
+            dwc[c] = el_e8m0_to_fp32_half(blk[offsetof(el_block_mxfp4, e)]);
+            const __m256i q = mxfp4_values(blk + offsetof(el_block_mxfp4, qs));
+            const __m256i u = _mm256_sign_epi8(q, q);
+            for (int r = 0; r < R; r++) {
+                const __m256i a = el_loadu_256(ap[r] + i * ab + offsetof(el_block_q8_0, qs));
+                acc[r * C + c] = _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_sign_epi8(a, q)), ones);
+            }
+        }
+        const __m256 isum = _mm256_cvtepi32_ps(el_reduce8_epi32(acc));
+        const __m256 dw = _mm256_permutevar8x32_ps(_mm256_loadu_ps(dwc), cols);
+        __m256 da, unused;
+        el_row_halves(R, C, ap, i * ab, &da, &unused);
+        sum = _mm256_add_ps(sum, _mm256_mul_ps(_mm256_mul_ps(da, dw), isum));
+    }
+    _mm256_storeu_ps(sums, sum);
+}
 _Static_assert(offsetof(el_block_iq4_xs, d) == 0 && offsetof(el_block_iq2_xxs, d) == 0 &&
                    offsetof(el_block_iq2_xs, d) == 0 && offsetof(el_block_iq2_s, d) == 0 &&
                    offsetof(el_block_iq3_xxs, d) == 0 && offsetof(el_block_iq3_s, d) == 0 &&
@@ -363,6 +403,7 @@ static void matmul_tiles_iq(tile_fn tile_4x2, tile_fn tile_2x4, tile_fn tile_1x8
 #define TILE_IQ1_M(...) tile_iq(EL_TYPE_IQ1_M, __VA_ARGS__)
 
 KERNELS_IQ(iq4_nl, tile_iq4_nl)
+KERNELS_IQ(mxfp4, tile_mxfp4)
 KERNELS_IQ(iq4_xs, TILE_IQ4_XS)
 KERNELS_IQ(iq3_s, TILE_IQ3_S)
 KERNELS_IQ(iq3_xxs, TILE_IQ3_XXS)
@@ -380,7 +421,7 @@ static const struct {
     {EL_TYPE_IQ3_S, {NULL, dot_iq3_s, matmul_iq3_s}},      {EL_TYPE_IQ3_XXS, {NULL, dot_iq3_xxs, matmul_iq3_xxs}},
     {EL_TYPE_IQ2_XXS, {NULL, dot_iq2_xxs, matmul_iq2_xxs}}, {EL_TYPE_IQ2_XS, {NULL, dot_iq2_xs, matmul_iq2_xs}},
     {EL_TYPE_IQ2_S, {NULL, dot_iq2_s, matmul_iq2_s}},      {EL_TYPE_IQ1_S, {NULL, dot_iq1_s, matmul_iq1_s}},
-    {EL_TYPE_IQ1_M, {NULL, dot_iq1_m, matmul_iq1_m}},
+    {EL_TYPE_IQ1_M, {NULL, dot_iq1_m, matmul_iq1_m}},      {EL_TYPE_MXFP4, {NULL, dot_mxfp4, matmul_mxfp4}},
 };
 
 const el_simd_quant_kernels *el_avx2_quant_iq(int32_t type) {

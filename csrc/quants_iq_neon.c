@@ -1,6 +1,6 @@
 /*
  * quants_iq_neon.c: AArch64 NEON variants, with the dot-product instructions (SDOT), of the IQ
- * types' dot products (IQ4_NL against Q8_0; IQ4_XS, IQ3_S, IQ3_XXS, IQ2_XXS, IQ2_XS, IQ2_S,
+ * types' dot products (IQ4_NL and MXFP4 against Q8_0; IQ4_XS, IQ3_S, IQ3_XXS, IQ2_XXS, IQ2_XS, IQ2_S,
  * IQ1_S, IQ1_M against Q8_K), bit-identical to the references in quants_iq.c; their matrix
  * products are el_matmul's output-by-output loop over these. simd_dispatch.c hands them out
  * once NEON is chosen; the file is compiled for the dot product with a target pragma, so
@@ -240,6 +240,22 @@ static float dot_iq4_nl(const void *vw, const void *va, int64_t nb) {
     return sum;
 }
 
+/* MXFP4 against Q8_0 (quants_mxfp4.c): per block (d_a * 2^(e - 128)) * isum, as the reference. */
+static float dot_mxfp4(const void *vw, const void *va, int64_t nb) {
+    const el_block_mxfp4 *w = vw;
+    const el_block_q8_0 *a = va;
+    const int8x16_t kv = vld1q_s8(el_kvalues_mxfp4);
+    float sum = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8x16_t v = vld1q_u8(w[i].qs);
+        const int8x16_t lo = vqtbl1q_s8(kv, vandq_u8(v, vdupq_n_u8(0x0F)));
+        const int8x16_t hi = vqtbl1q_s8(kv, vshrq_n_u8(v, 4));
+        const int32x4_t acc = vdotq_s32(vdotq_s32(vdupq_n_s32(0), lo, vld1q_s8(a[i].qs)), hi, vld1q_s8(a[i].qs + 16));
+        sum += (el_fp16_to_fp32(a[i].d) * el_e8m0_to_fp32_half(w[i].e)) * (float)vaddvq_s32(acc);
+    }
+    return sum;
+}
+
 #define DOT_IQ(name, TYPE) \
     static float dot_##name(const void *w, const void *a, int64_t nb) { return dot_iq(TYPE, w, a, nb); }
 DOT_IQ(iq4_xs, EL_TYPE_IQ4_XS)
@@ -259,7 +275,7 @@ static const struct {
     {EL_TYPE_IQ3_S, {NULL, dot_iq3_s, NULL}},     {EL_TYPE_IQ3_XXS, {NULL, dot_iq3_xxs, NULL}},
     {EL_TYPE_IQ2_XXS, {NULL, dot_iq2_xxs, NULL}}, {EL_TYPE_IQ2_XS, {NULL, dot_iq2_xs, NULL}},
     {EL_TYPE_IQ2_S, {NULL, dot_iq2_s, NULL}},     {EL_TYPE_IQ1_S, {NULL, dot_iq1_s, NULL}},
-    {EL_TYPE_IQ1_M, {NULL, dot_iq1_m, NULL}},
+    {EL_TYPE_IQ1_M, {NULL, dot_iq1_m, NULL}},     {EL_TYPE_MXFP4, {NULL, dot_mxfp4, NULL}},
 };
 
 const el_simd_quant_kernels *el_neon_quant_iq(int32_t type) {

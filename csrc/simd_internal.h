@@ -105,7 +105,7 @@ void el_paged_attention_avx2(float *out, const float *q, const el_kv_rows *k_cac
                              const int32_t *block_tables, const int32_t *token_seq,
                              const int32_t *context_lens, int64_t n_heads, int64_t n_kv_heads,
                              int64_t head_dim, int64_t block_size, int64_t max_blocks_per_seq, float scale,
-                             int32_t window, int64_t item_begin, int64_t item_end);
+                             int32_t window, const float *sinks, int64_t item_begin, int64_t item_end);
 #endif
 
 #if defined(__aarch64__)

@@ -53,7 +53,7 @@ const EMULATOR_FORWARD_BUDGET: f64 = 1e-3;
 /// the next-token distributions (the CPU path against llama.cpp: 0.0033 over the GPL-3 text).
 const FORWARD_KLD_BUDGET: f64 = 0.01;
 
-const WEIGHT_TYPES: [TensorType; 22] = [
+const WEIGHT_TYPES: [TensorType; 23] = [
     TensorType::F32,
     TensorType::F16,
     TensorType::BF16,
@@ -76,6 +76,7 @@ const WEIGHT_TYPES: [TensorType; 22] = [
     TensorType::IQ2_S,
     TensorType::IQ1_S,
     TensorType::IQ1_M,
+    TensorType::MXFP4,
 ];
 
 fn gpu() -> &'static Gpu {
@@ -114,7 +115,7 @@ fn weights(t: TensorType, n_in: usize, n_rows: usize, rng: &mut Rng) -> Vec<u8> 
     } else {
         vec![0u8; t.row_bytes(n_in).unwrap() * n_rows]
     };
-    let iq = t.name().starts_with("IQ");
+    let iq = t.name().starts_with("IQ") || t == TensorType::MXFP4;
     let rb = t.row_bytes(n_in).unwrap();
     for (r, row) in w.chunks_exact_mut(rb).enumerate() {
         if iq && (!t.has_quantizer() || r % 2 == 1) {
@@ -136,6 +137,8 @@ fn random_iq_blocks(t: TensorType, out: &mut [u8], rng: &mut Rng) {
                 let word = (word & 0x0fff) | (((d >> (4 * k)) & 0xf) << 12);
                 scales[2 * k..2 * k + 2].copy_from_slice(&word.to_le_bytes());
             }
+        } else if t == TensorType::MXFP4 {
+            block[0] = 110 + rng.below(30) as u8; // the E8M0 scale: 2^-18 .. 2^11
         } else {
             block[..2].copy_from_slice(&d.to_le_bytes());
         }

@@ -117,7 +117,7 @@ const fn budget(t: TensorType, roundtrip: f64, dot: f64) -> Budget {
     Budget { t, roundtrip, dot }
 }
 
-const BUDGETS: [Budget; 17] = [
+const BUDGETS: [Budget; 18] = [
     // Exact; the dot then only rounds its f32 products.
     budget(TensorType::F32, 0.0, 1e-6),
     // 11-bit significand: half an ulp is 2^-12 relative (RMS about 2^-12 / sqrt(3)).
@@ -150,6 +150,9 @@ const BUDGETS: [Budget; 17] = [
     budget(TensorType::IQ4_NL, 0.15, 0.008),
     // The same levels with 6-bit sub-scales of one f16 scale per 256.
     budget(TensorType::IQ4_XS, 0.15, 0.008),
+    // E2M1's 15 levels (0, +-0.5 .. +-6) per 32 elements under a power-of-two scale that puts
+    // the block's largest magnitude in [4, 8): steps of 2 at the top, rounding up to 1/6 of it.
+    budget(TensorType::MXFP4, 0.25, 0.016),
 ];
 
 /// vec_dot against the f64 dot of the dequantized rows: both see the same quantized values, so

@@ -1131,7 +1131,7 @@ fn paged_attention_matches_the_definition() {
 
 // ---- The IQ types (csrc/quants_iq_avx2.c, quants_iq_neon.c) ---------------------------------
 
-const IQ_TYPES: [TensorType; 9] = [
+const IQ_TYPES: [TensorType; 10] = [
     TensorType::IQ4_NL,
     TensorType::IQ4_XS,
     TensorType::IQ3_S,
@@ -1141,6 +1141,7 @@ const IQ_TYPES: [TensorType; 9] = [
     TensorType::IQ2_S,
     TensorType::IQ1_S,
     TensorType::IQ1_M,
+    TensorType::MXFP4,
 ];
 
 /// `n_blocks` IQ blocks of random bytes (every byte pattern is a valid block: any index selects
@@ -1164,6 +1165,9 @@ fn iq_blocks(t: TensorType, n_blocks: usize, rng: &mut Rng) -> Vec<u8> {
                 let word = (word & 0x0fff) | (((d >> (4 * k)) & 0xf) << 12);
                 scales[2 * k..2 * k + 2].copy_from_slice(&word.to_le_bytes());
             }
+        } else if t == TensorType::MXFP4 {
+            // An E8M0 scale byte, 2^-28 .. 2^3 (MXFP4 has no sign on its scale: the codes do).
+            block[0] = 100 + rng.below(32) as u8;
         } else {
             block[..2].copy_from_slice(&d.to_le_bytes());
         }

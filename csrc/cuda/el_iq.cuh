@@ -1,5 +1,5 @@
 /*
- * el_iq.cuh: the IQ tensor types (IQ4_NL, IQ4_XS, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S,
+ * el_iq.cuh: the IQ tensor types and MXFP4 (IQ4_NL, MXFP4, IQ4_XS, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S,
  * IQ1_M) decoded into the product kernels' unit of 32 elements (el_wunit, el_quants.cu), the GPU
  * counterparts of the decoders in csrc/quants_iq.c, which are the truth (tests/cuda_kernels.rs).
  *
@@ -58,6 +58,23 @@ __device__ __forceinline__ void el_iq4_unit(const uint8_t *qs, el_wunit &w) {
     }
 }
 
+/* 16 bytes of MXFP4 nibbles (as q4_0) mapped through kvalues_mxfp4 (E2M1 values doubled). */
+__device__ __forceinline__ void el_mxfp4_unit(const uint8_t *qs, el_wunit &w) {
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const uint8_t *b = qs + 4 * k;
+        w.q[k] = el_pack4(el_kvalues_mxfp4[b[0] & 0xf], el_kvalues_mxfp4[b[1] & 0xf], el_kvalues_mxfp4[b[2] & 0xf],
+                          el_kvalues_mxfp4[b[3] & 0xf]);
+        w.q[4 + k] = el_pack4(el_kvalues_mxfp4[b[0] >> 4], el_kvalues_mxfp4[b[1] >> 4], el_kvalues_mxfp4[b[2] >> 4],
+                              el_kvalues_mxfp4[b[3] >> 4]);
+    }
+}
+
+/* An E8M0 scale byte halved, 2^(e - 128), as el_e8m0_to_fp32_half (csrc/el_internal.h). */
+__device__ __forceinline__ float el_e8m0_half(uint8_t e) {
+    return __int_as_float((int)(e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23));
+}
+
 /* Unit u of a row of IQ type T; w.d (and w.m for the types with groups of 16) its scales. */
 template <int T>
 __device__ __forceinline__ void el_load_w_iq(const uint8_t *row, int64_t u, el_wunit &w) {
@@ -69,6 +86,10 @@ __device__ __forceinline__ void el_load_w_iq(const uint8_t *row, int64_t u, el_w
         const uint8_t *b = row + u * EL_IQ4_NL_BYTES;
         w.d = el_ldh(b);
         el_iq4_unit(b + 2, w);
+    } else if (T == EL_TYPE_MXFP4) {
+        const uint8_t *b = row + u * EL_MXFP4_BYTES;
+        w.d = el_e8m0_half(b[0]);
+        el_mxfp4_unit(b + 1, w);
     } else if (T == EL_TYPE_IQ4_XS) {
         const uint8_t *b = row + (u / 8) * EL_IQ4_XS_BYTES;
         const int ls = ((b[4 + ib / 2] >> 4 * (ib % 2)) & 0xf) | (((el_ld16(b + 2) >> 2 * ib) & 3) << 4);

@@ -39,7 +39,7 @@ struct el_aunit {
 };
 
 /* How a weight unit and an activation unit combine. */
-#define EL_KIND_SYM 0  /* Q4_0, Q5_0, Q8_0, IQ4_NL against Q8_0 */
+#define EL_KIND_SYM 0  /* Q4_0, Q5_0, Q8_0, IQ4_NL, MXFP4 against Q8_0 */
 #define EL_KIND_MIN 1  /* Q4_1, Q5_1 against Q8_1 */
 #define EL_KIND_K 2    /* K-quants against Q8_K */
 #define EL_KIND_IQ32 3 /* IQ types with one float scale per 32 elements (w.d), against Q8_K */
@@ -202,10 +202,12 @@ template <int T>
 struct el_traits {
     static constexpr bool iq = T == EL_TYPE_IQ2_XXS || T == EL_TYPE_IQ2_XS || T == EL_TYPE_IQ2_S ||
                                T == EL_TYPE_IQ3_XXS || T == EL_TYPE_IQ3_S || T == EL_TYPE_IQ1_S ||
-                               T == EL_TYPE_IQ1_M || T == EL_TYPE_IQ4_NL || T == EL_TYPE_IQ4_XS;
+                               T == EL_TYPE_IQ1_M || T == EL_TYPE_IQ4_NL || T == EL_TYPE_IQ4_XS ||
+                               T == EL_TYPE_MXFP4;
     static constexpr int kind =
         (T == EL_TYPE_Q4_1 || T == EL_TYPE_Q5_1) ? EL_KIND_MIN
-        : (T == EL_TYPE_Q4_0 || T == EL_TYPE_Q5_0 || T == EL_TYPE_Q8_0 || T == EL_TYPE_IQ4_NL) ? EL_KIND_SYM
+        : (T == EL_TYPE_Q4_0 || T == EL_TYPE_Q5_0 || T == EL_TYPE_Q8_0 || T == EL_TYPE_IQ4_NL ||
+           T == EL_TYPE_MXFP4)                                                                ? EL_KIND_SYM
         : (T == EL_TYPE_IQ2_XS || T == EL_TYPE_IQ2_S || T == EL_TYPE_IQ1_M)                    ? EL_KIND_IQ16
         : iq                                                                                   ? EL_KIND_IQ32
                                                                                                : EL_KIND_K;
@@ -678,6 +680,7 @@ EL_QUANT_ENTRIES(q4_K, EL_TYPE_Q4_K)
 EL_QUANT_ENTRIES(q5_K, EL_TYPE_Q5_K)
 EL_QUANT_ENTRIES(q6_K, EL_TYPE_Q6_K)
 EL_QUANT_ENTRIES(iq4_nl, EL_TYPE_IQ4_NL)
+EL_QUANT_ENTRIES(mxfp4, EL_TYPE_MXFP4)
 EL_QUANT_ENTRIES(iq4_xs, EL_TYPE_IQ4_XS)
 EL_QUANT_ENTRIES(iq3_xxs, EL_TYPE_IQ3_XXS)
 EL_QUANT_ENTRIES(iq3_s, EL_TYPE_IQ3_S)

@@ -4,7 +4,10 @@
 // ids. Built against libllama by scripts/synth/build-llamacpp-lib.sh; run by
 // scripts/synth/make_refs.py.
 //
-// usage: llama_logits MODEL.gguf TOKENS(comma-separated) PICK(comma-separated ids) TOPK [N_CTX]
+// usage: llama_logits MODEL.gguf TOKENS(comma-separated) PICK(comma-separated ids) TOPK [N_CTX [FULL.bin]]
+// LLAMA_LOGITS_FLASH_ATTN=1 in the environment turns flash attention on.
+// FULL.bin (optional): every position's whole log-softmax, [positions][n_vocab] little-endian
+// f16 (what a KL divergence needs; for the small vocabularies of the cases that ask for it).
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -13,6 +16,7 @@
 #include <vector>
 #include <algorithm>
 
+#include "ggml.h"
 #include "llama.h"
 
 static std::vector<int> parse_ids(const char *s) {
@@ -54,7 +58,10 @@ int main(int argc, char **argv) {
     cp.n_ubatch = n_ctx;
     cp.n_threads = 1;
     cp.n_threads_batch = 1;
-    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    // Flash attention off unless LLAMA_LOGITS_FLASH_ATTN=1 (as llama-perplexity and llama-server
+    // run on a CPU): off, llama.cpp rounds q and the attention weights to f16 for its products.
+    const char *fa = getenv("LLAMA_LOGITS_FLASH_ATTN");
+    cp.flash_attn_type = fa && fa[0] == '1' ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
     llama_context *ctx = llama_init_from_model(model, cp);
     if (!ctx) {
         fprintf(stderr, "cannot create a context\n");
@@ -91,6 +98,24 @@ int main(int argc, char **argv) {
         printf("]}");
     }
     printf("]}\n");
+    if (argc > 6) {
+        FILE *f = fopen(argv[6], "wb");
+        if (!f) {
+            fprintf(stderr, "cannot write %s\n", argv[6]);
+            return 1;
+        }
+        std::vector<ggml_fp16_t> row(n_vocab);
+        for (size_t i = 0; i < tokens.size(); i++) {
+            const float *logits = llama_get_logits_ith(ctx, (int32_t)i);
+            double max = logits[0], sum = 0;
+            for (int t = 1; t < n_vocab; t++) max = std::max(max, (double)logits[t]);
+            for (int t = 0; t < n_vocab; t++) sum += std::exp((double)logits[t] - max);
+            const double lse = max + std::log(sum);
+            for (int t = 0; t < n_vocab; t++) row[t] = ggml_fp32_to_fp16((float)((double)logits[t] - lse));
+            fwrite(row.data(), sizeof(ggml_fp16_t), row.size(), f);
+        }
+        fclose(f);
+    }
     llama_batch_free(batch);
     llama_free(ctx);
     llama_model_free(model);

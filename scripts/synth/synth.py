@@ -84,6 +84,21 @@ CASES = {
                                    head_dim=128, kv_swa=1, kv_full=1, window=16, per_layer=64,
                                    shared_kv=5, k_eq_v=False),
                        n_tokens=96, llama_cpp="newest"),
+    # gpt-oss (llama.cpp's openai-moe) in gpt-oss-20b's proportions, smaller: head size 64 with
+    # q wider than n_embd, 4 KV groups, experts as wide as n_embd, every other layer local with a
+    # window (16) the 96-token sequence crosses many times, YaRN (factor 32 over 4096 positions),
+    # sinks, biases on q/k/v/o, router and experts, clamped SwiGLU (gate and up weights scaled so
+    # the clamp at 7 is reached). A vocabulary of SmolLM2's first 2048 tokens (merges among them):
+    # small enough that the reference keeps every position's whole distribution for the KL
+    # divergence (tests/synth/gpt-oss.logprobs.bin). Newest llama.cpp, flash attention on (as
+    # llama-perplexity and llama-server run it on a CPU; off, llama.cpp rounds q and the attention
+    # weights to f16, which moves its Q8_0 activations: KLD 0.0106 between its own two paths on
+    # gpt-oss-MXFP4, experts routed differently at 6 of 96 positions).
+    "gpt-oss": dict(arch="gpt-oss", vocab=SMOLLM2, vocab_size=2048, n_embd=256, n_heads=8,
+                    n_kv_heads=2, head_dim=64, n_ff=256, n_layers=4, tied=False, moe=(8, 2, 256),
+                    gpt_oss=True, biases=True, sliding_window=16, freq_base=150000.0,
+                    scaling=("yarn", 32.0), orig_ctx=4096, n_ctx_train=131072, n_tokens=96,
+                    full_logits=True, flash_attn=True, llama_cpp="newest"),
     # The base of the IQ-quantized models: rows of 256 (the IQ super-block), one layer.
     "iq_base": dict(arch="llama", vocab=SMOLLM2, n_embd=256, n_heads=4, n_kv_heads=1, n_ff=256,
                     n_layers=1, tied=True),
@@ -105,7 +120,14 @@ CASES = {
 # blocks kept in tests/synth/quant/, as the IQ ones). Not Q4_K_M: with its coarser matrices the
 # two sides route 3 of the 40 rows of qwen3moe to different experts (the rows whose 2nd and 3rd
 # expert probabilities are closest, within 8e-4), which no per-logit budget covers.
-QUANTIZED = {"qwen3moe": ["Q8_0"], "gemma4": ["Q4_K_M"], "lfm2": ["Q4_K_M"]}
+# Each entry: a type name (the case's suffix) and, if different, llama-quantize's file type.
+QUANTIZED = {"qwen3moe": ["Q8_0"], "gpt-oss": [("MXFP4", "MXFP4_MOE")],
+             "gemma4": ["Q4_K_M"], "lfm2": ["Q4_K_M"]}
+
+
+def quant_types(case):
+    """(suffix, llama-quantize file type) of each quantized copy of `case`."""
+    return [t if isinstance(t, tuple) else (t, t) for t in QUANTIZED.get(case, [])]
 
 IQ_TYPES = ["IQ4_NL", "IQ4_XS", "IQ3_S", "IQ3_XXS", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ1_M", "IQ1_S"]
 
@@ -122,9 +144,33 @@ def vocab_fields(path):
     return out
 
 
-def add_vocab(w, path):
+def trimmed(key, value, limit):
+    """A vocabulary field cut to its first `limit` tokens: the per-token arrays cut, the merges
+    kept where both parts and their join are among them (so the BPE stays whole)."""
+    if key in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.scores"):
+        return value[:limit]
+    if key == "tokenizer.ggml.merges":
+        kept = set(vocab_fields_tokens(limit))
+        out = []
+        for m in value:
+            a, b = m.split(" ", 1)
+            if a in kept and b in kept and a + b in kept:
+                out.append(m)
+        return out
+    if key.endswith("_token_id") and value >= limit:
+        sys.exit(f"{key} = {value} is past the first {limit} tokens")
+    return value
+
+
+def vocab_fields_tokens(limit):
+    return [v for k, _, v in vocab_fields(SMOLLM2) if k == "tokenizer.ggml.tokens"][0][:limit]
+
+
+def add_vocab(w, path, limit=None):
     n_vocab = 0
     for key, types, value in vocab_fields(path):
+        if limit is not None:
+            value = trimmed(key, value, limit)
         t = types[0]
         if t == gguf.GGUFValueType.ARRAY:
             sub = types[1]
@@ -164,7 +210,7 @@ def build(case, out_path, blocks=None):
     w = gguf.GGUFWriter(out_path, arch)
     # (not the case name: llama.cpp special-cases model names containing "phi3")
     w.add_name("edge-llm synthetic model")
-    w.add_context_length(64 if "scaling" not in c else 64)
+    w.add_context_length(c.get("n_ctx_train", 64))
     w.add_embedding_length(n_embd)
     w.add_block_count(n_layers)
     w.add_feed_forward_length(n_ff)
@@ -186,7 +232,9 @@ def build(case, out_path, blocks=None):
         kind, factor = c["scaling"]
         w.add_rope_scaling_type(gguf.RopeScalingType(kind))
         w.add_rope_scaling_factor(factor)
-        w.add_rope_scaling_orig_ctx_len(16)
+        w.add_rope_scaling_orig_ctx_len(c.get("orig_ctx", 16))
+    if c.get("sliding_window"):
+        w.add_sliding_window(c["sliding_window"])
     if c.get("granite"):
         w.add_embedding_scale(12.0)
         w.add_residual_scale(0.22)
@@ -198,7 +246,9 @@ def build(case, out_path, blocks=None):
         w.add_uint32(f"{arch}.expert_used_count", n_expert_used)
         w.add_uint32(f"{arch}.expert_feed_forward_length", n_ff_exp)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if c.get("f16") else gguf.LlamaFileType.ALL_F32)
-    n_vocab = add_vocab(w, c["vocab"])
+    if c.get("vocab_size") and c["vocab"] != SMOLLM2:
+        sys.exit(f"{case}: a trimmed vocabulary is SmolLM2's")
+    n_vocab = add_vocab(w, c["vocab"], c.get("vocab_size"))
     add_tensor = w.add_tensor
 
     def add(name, value):
@@ -259,8 +309,26 @@ def build(case, out_path, blocks=None):
             w.add_tensor(p + "attn_k_norm.weight", norm(head_dim))
         if i not in conv_layers:
             w.add_tensor(p + "attn_output.weight", mat(n_embd, q_dim))
-        w.add_tensor(p + "ffn_norm.weight", norm(n_embd))
-        if c.get("moe"):
+        if c.get("gpt_oss"):
+            # Output bias, each head's sink logit, the pre-FFN norm under its gpt-oss name.
+            w.add_tensor(p + "attn_output.bias", vec(n_embd))
+            w.add_tensor(p + "attn_sinks.weight", vec(n_heads, 1.5))
+            w.add_tensor(p + "post_attention_norm.weight", norm(n_embd))
+        else:
+            w.add_tensor(p + "ffn_norm.weight", norm(n_embd))
+        if c.get("gpt_oss"):
+            # Router and experts with biases (stacked biases: numpy [n_expert][n], GGUF dims
+            # [n, n_expert]); gate and up scaled by 4 so the SwiGLU clamp at 7 bites.
+            w.add_tensor(p + "ffn_gate_inp.weight", mat(n_expert, n_embd))
+            w.add_tensor(p + "ffn_gate_inp.bias", vec(n_expert, 0.5))
+            stack = lambda n_out, n_in, k: np.stack([k * mat(n_out, n_in) for _ in range(n_expert)])
+            w.add_tensor(p + "ffn_gate_exps.weight", stack(n_ff_exp, n_embd, 4.0))
+            w.add_tensor(p + "ffn_up_exps.weight", stack(n_ff_exp, n_embd, 4.0))
+            w.add_tensor(p + "ffn_down_exps.weight", stack(n_embd, n_ff_exp, 0.25))
+            w.add_tensor(p + "ffn_gate_exps.bias", np.stack([vec(n_ff_exp) for _ in range(n_expert)]))
+            w.add_tensor(p + "ffn_up_exps.bias", np.stack([vec(n_ff_exp) for _ in range(n_expert)]))
+            w.add_tensor(p + "ffn_down_exps.bias", np.stack([vec(n_embd) for _ in range(n_expert)]))
+        elif c.get("moe"):
             # The router ([n_expert][n_embd]) and each expert's matrices, stacked: numpy
             # [n_expert][n_out][n_in], GGUF dims [n_in, n_out, n_expert].
             w.add_tensor(p + "ffn_gate_inp.weight", mat(n_expert, n_embd))
@@ -302,10 +370,12 @@ def picked_ids(n_vocab, n=N_PICKED):
     return np.linspace(0, n_vocab - 1, n).round().astype(int).tolist()
 
 
-def llama_logits(tool, model, tokens, picked, top_k=TOP_K):
+def llama_logits(tool, model, tokens, picked, top_k=TOP_K, full=None, flash_attn=False):
+    env = {**os.environ, "LLAMA_LOGITS_FLASH_ATTN": "1" if flash_attn else "0"}
     n_ctx = max(128, len(tokens))
     out = subprocess.run([tool, model, ",".join(map(str, tokens)), ",".join(map(str, picked)),
-                          str(top_k), str(n_ctx)], check=True, capture_output=True, text=True)
+                          str(top_k), str(n_ctx)] + ([full] if full else []),
+                         check=True, capture_output=True, text=True, env=env)
     return json.loads(out.stdout)
 
 
@@ -317,19 +387,28 @@ def llama_commit():
 def write_ref(case, model_path, file_case, n_vocab, tokens, tool, extra):
     c = CASES[file_case]
     picked = picked_ids(n_vocab, c.get("n_picked", N_PICKED))
+    os.makedirs("tests/synth", exist_ok=True)
+    full = None
+    flash_attn = CASES[file_case].get("flash_attn", False)
+    if CASES[file_case].get("full_logits"):
+        # Every position's whole log-softmax, f16 [positions][n_vocab], beside the JSON.
+        full = f"tests/synth/{case}.logprobs.bin"
+        extra = {**extra, "logprobs": os.path.basename(full)}
     ref = {
         "case": case,
         "file": os.path.basename(model_path),
         "made_by": "scripts/synth/refs.sh (scripts/synth/synth.py refs)",
-        "llama_cpp": llama_commit() + ", CPU, one batch of all positions, flash attention off",
+        "llama_cpp": llama_commit() + ", CPU, one batch of all positions, flash attention "
+                     + ("on" if flash_attn else "off"),
         "sha256": sha256(model_path),
         "base_case": file_case,
         "tokens": tokens,
         "picked_ids": picked,
         **extra,
-        **llama_logits(tool, model_path, tokens, picked, c.get("top_k", TOP_K)),
+        **llama_logits(tool, model_path, tokens, picked, c.get("top_k", TOP_K), full, flash_attn),
     }
-    os.makedirs("tests/synth", exist_ok=True)
+    if full:
+        ref["logprobs_sha256"] = sha256(full)
     with open(f"tests/synth/{case}.json", "w") as f:
         json.dump(ref, f, indent=None, separators=(",", ":"))
         f.write("\n")
@@ -385,17 +464,17 @@ def quantize_case(case, path, n_vocab, tokens, tool, quantize, out, only):
     """The case quantized to each of its QUANTIZED types by llama-quantize: the blocks kept, the
     case rebuilt with them, llama.cpp's reference written."""
     os.makedirs("tests/synth/quant", exist_ok=True)
-    for t in QUANTIZED.get(case, []):
+    for t, ftype in quant_types(case):
         if only and f"{case}-{t}" not in only:
             continue
         tmp = os.path.join(out, f"{case}-{t}.quantized.gguf")
-        subprocess.run([quantize, "--token-embedding-type", "f16", path, tmp, t, "1"],
+        subprocess.run([quantize, "--token-embedding-type", "f16", path, tmp, ftype, "1"],
                        check=True, capture_output=True)
         kept = keep_blocks(tmp, quant_blocks(case, t))
         qpath = os.path.join(out, f"{case}-{t}.gguf")
         build(case, qpath, quant_blocks(case, t))
         write_ref(f"{case}-{t}", qpath, case, n_vocab, tokens, tool,
-                  {"llama_quantize": f"llama-quantize --token-embedding-type f16 {case}.gguf {t}",
+                  {"llama_quantize": f"llama-quantize --token-embedding-type f16 {case}.gguf {ftype}",
                    "block_types": kept})
 
 
@@ -415,8 +494,8 @@ def main():
             if os.path.exists(iq_blocks(t)):
                 build("iq_base", os.path.join(out, f"iq_base-{t}.gguf"), iq_blocks(t))
                 print(os.path.join(out, f"iq_base-{t}.gguf"))
-        for case, types in QUANTIZED.items():
-            for t in types:
+        for case in QUANTIZED:
+            for t, _ in quant_types(case):
                 if os.path.exists(quant_blocks(case, t)):
                     build(case, os.path.join(out, f"{case}-{t}.gguf"), quant_blocks(case, t))
                     print(os.path.join(out, f"{case}-{t}.gguf"))

@@ -17,7 +17,7 @@ use serde_json::{json, Map, Value};
 use super::reply::ReplyParsing;
 use super::request::{self, Endpoint, Fields, GenParams, Prompt};
 use super::tools::{self, ToolChoice, ToolFormat};
-use super::{reasoning, structured, RequestError};
+use super::{harmony, reasoning, structured, RequestError};
 use crate::chat_template::{encode_prompt, ChatMessage, ChatTemplate};
 use crate::constraint::{Constraint, ConstraintSpec, Grammars, Trigger};
 use crate::engine::sampler::SamplingParams;
@@ -400,7 +400,7 @@ fn chat(setting: &Setting, body: &Map<String, Value>) -> Result<Chat, RequestErr
         let format = ToolFormat::of_template(template.source()).ok_or_else(|| {
             RequestError::invalid(
                 "tools",
-                "this model's chat template teaches no tool-call format (Hermes `<tool_call>`); \
+                "this model's chat template teaches no tool-call format (Hermes `<tool_call>`, or harmony); \
                  `tools` cannot be used with it",
             )
         })?;
@@ -457,6 +457,7 @@ fn chat(setting: &Setting, body: &Map<String, Value>) -> Result<Chat, RequestErr
         prompt,
         constraint,
         parsing: ReplyParsing {
+            harmony: harmony::template_speaks_harmony(template.source()) && (split || tool_calls),
             tool_calls,
             tool_names,
             reasoning: (thinks && split).then_some(forced_open),

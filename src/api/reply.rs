@@ -7,24 +7,29 @@
 
 use serde_json::{json, Value};
 
+use super::harmony::HarmonyParser;
 use super::reasoning;
-use super::tool_parser::parse_all;
+use super::reply_stream::ReplyPiece;
+use super::tool_parser::{parse_all, ToolCall};
 use crate::engine::FinishReason;
 
 /// What to take apart in a chat reply: tool calls, `<think>` reasoning (Some(whether the
-/// prompt opened the block)).
+/// prompt opened the block)), or gpt-oss's harmony messages (reasoning, answer and calls at
+/// once: `super::harmony`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ReplyParsing {
     pub tool_calls: bool,
     /// The functions offered: their calls are also recognised written without markup.
     pub tool_names: Vec<String>,
     pub reasoning: Option<bool>,
+    /// The reply is harmony (the template speaks it): this replaces the two above.
+    pub harmony: bool,
 }
 
 impl ReplyParsing {
     /// Whether anything is taken apart at all.
     pub fn any(&self) -> bool {
-        self.tool_calls || self.reasoning.is_some()
+        self.tool_calls || self.reasoning.is_some() || self.harmony
     }
 }
 
@@ -50,14 +55,19 @@ pub fn assistant_reply(
     index: usize,
     parsing: &ReplyParsing,
 ) -> AssistantReply {
-    let (thoughts, rest) = match parsing.reasoning {
-        Some(forced_open) => reasoning::split_all(text, forced_open),
-        None => (None, text.to_string()),
-    };
-    let (content, calls) = if parsing.tool_calls {
-        parse_all(&rest, &parsing.tool_names)
+    let (thoughts, content, calls) = if parsing.harmony {
+        harmony_all(text)
     } else {
-        (rest, Vec::new())
+        let (thoughts, rest) = match parsing.reasoning {
+            Some(forced_open) => reasoning::split_all(text, forced_open),
+            None => (None, text.to_string()),
+        };
+        let (content, calls) = if parsing.tool_calls {
+            parse_all(&rest, &parsing.tool_names)
+        } else {
+            (rest, Vec::new())
+        };
+        (thoughts, content, calls)
     };
     let calls = calls
         .iter()
@@ -72,6 +82,23 @@ pub fn assistant_reply(
         content,
         tool_calls: calls,
     }
+}
+
+/// A whole harmony reply through the streaming parser: its `analysis` text, its answer, its
+/// calls.
+fn harmony_all(text: &str) -> (Option<String>, String, Vec<ToolCall>) {
+    let mut p = HarmonyParser::new();
+    let mut pieces = p.push(text);
+    pieces.extend(p.finish());
+    let (mut thoughts, mut content) = (String::new(), String::new());
+    for piece in pieces {
+        match piece {
+            ReplyPiece::Reasoning(t) => thoughts.push_str(&t),
+            ReplyPiece::Content(t) => content.push_str(&t),
+            ReplyPiece::CallStart { .. } | ReplyPiece::Arguments { .. } => {}
+        }
+    }
+    ((!thoughts.is_empty()).then_some(thoughts), content, p.calls)
 }
 
 /// The `finish_reason` of a reply: `tool_calls` when it stopped by itself after making calls.

@@ -5,6 +5,7 @@
 //! Messages API into content blocks. Fed the whole reply at once it gives the same pieces, so a
 //! streamed reply always joins to the whole one.
 
+use super::harmony::HarmonyParser;
 use super::reasoning::{Piece, ReasoningSplitter};
 use super::reply::ReplyParsing;
 use super::tool_parser::{ToolCall, ToolCallParser, ToolEvent};
@@ -27,20 +28,37 @@ pub enum ReplyPiece {
 pub struct ReplyStream {
     splitter: Option<ReasoningSplitter>,
     parser: Option<ToolCallParser>,
+    /// A harmony reply (gpt-oss): this one parser instead of the two above.
+    harmony: Option<HarmonyParser>,
 }
 
 impl ReplyStream {
     pub fn new(parsing: &ReplyParsing) -> Self {
+        if parsing.harmony {
+            return ReplyStream {
+                splitter: None,
+                parser: None,
+                harmony: Some(HarmonyParser::new()),
+            };
+        }
         ReplyStream {
             splitter: parsing.reasoning.map(ReasoningSplitter::new),
             parser: parsing
                 .tool_calls
                 .then(|| ToolCallParser::with_names(parsing.tool_names.clone())),
+            harmony: None,
         }
     }
 
     /// Feeds the next piece of text (`end`: the reply's last); returns what it settles.
     pub fn push(&mut self, text: &str, end: bool) -> Vec<ReplyPiece> {
+        if let Some(h) = self.harmony.as_mut() {
+            let mut out = h.push(text);
+            if end {
+                out.extend(h.finish());
+            }
+            return out;
+        }
         let pieces = match self.splitter.as_mut() {
             Some(splitter) => {
                 let mut pieces = splitter.push(text);
@@ -71,12 +89,18 @@ impl ReplyStream {
 
     /// The calls found so far (none when calls are not looked for).
     pub fn calls(&self) -> &[ToolCall] {
+        if let Some(h) = &self.harmony {
+            return &h.calls;
+        }
         self.parser.as_ref().map_or(&[], |p| &p.calls)
     }
 
     /// Calls whose start was given out but that the reply ended inside with arguments that are
     /// not whole JSON (left out of [`Self::calls`]).
     pub fn num_dropped(&self) -> usize {
+        if let Some(h) = &self.harmony {
+            return h.num_dropped;
+        }
         self.parser.as_ref().map_or(0, |p| p.num_dropped)
     }
 }
@@ -108,6 +132,7 @@ mod tests {
             tool_calls: true,
             tool_names: Vec::new(),
             reasoning: Some(false),
+            harmony: false,
         };
         let chunks = [
             "<think>hm",
@@ -157,5 +182,54 @@ mod tests {
                 }
             )
         );
+    }
+
+    #[test]
+    fn a_harmony_reply_streams_to_the_same_fields_as_the_whole() {
+        use crate::api::reply::assistant_reply;
+        let parsing = ReplyParsing {
+            harmony: true,
+            ..ReplyParsing::default()
+        };
+        let text = "<|channel|>analysis<|message|>Look it up.<|end|><|start|>assistant\
+                    <|channel|>commentary to=functions.lookup <|constrain|>json\
+                    <|message|>{\"q\": \"MXFP4\"}<|call|>";
+        let whole = assistant_reply(text, "chatcmpl-x", 0, &parsing);
+        assert_eq!(whole.reasoning.as_deref(), Some("Look it up."));
+        assert_eq!(whole.content, "");
+        assert_eq!(whole.tool_calls.len(), 1);
+        assert_eq!(whole.tool_calls[0]["function"]["name"], "lookup");
+        assert_eq!(
+            whole.tool_calls[0]["function"]["arguments"],
+            "{\"q\": \"MXFP4\"}"
+        );
+        // Streamed in pieces of 5 bytes (at char boundaries): the same thoughts and arguments.
+        let mut chunks = Vec::new();
+        let mut rest = text;
+        while !rest.is_empty() {
+            let mut n = rest.len().min(5);
+            while !rest.is_char_boundary(n) {
+                n += 1;
+            }
+            chunks.push(&rest[..n]);
+            rest = &rest[n..];
+        }
+        let mut s = ReplyStream::new(&parsing);
+        let (mut thoughts, mut args) = (String::new(), String::new());
+        for (i, c) in chunks.iter().enumerate() {
+            for p in s.push(c, i + 1 == chunks.len()) {
+                match p {
+                    ReplyPiece::Reasoning(t) => thoughts.push_str(&t),
+                    ReplyPiece::Arguments { text, .. } => args.push_str(&text),
+                    ReplyPiece::Content(t) => panic!("content {t:?}"),
+                    ReplyPiece::CallStart { name, .. } => assert_eq!(name, "lookup"),
+                }
+            }
+        }
+        assert_eq!(
+            (thoughts.as_str(), args.as_str()),
+            ("Look it up.", "{\"q\": \"MXFP4\"}")
+        );
+        assert_eq!(s.calls().len(), 1);
     }
 }

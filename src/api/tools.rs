@@ -45,6 +45,9 @@ pub struct ToolRequest {
 pub enum ToolFormat {
     /// `<tool_call>{"name": ..., "arguments": ...}</tool_call>` (Hermes, Qwen 2.5).
     Hermes,
+    /// gpt-oss's harmony: a `commentary` message `to=functions.NAME` whose text is the
+    /// arguments (`super::harmony`). No grammar constrains it yet.
+    Harmony,
 }
 
 pub const HERMES_OPEN: &str = "<tool_call>";
@@ -53,7 +56,13 @@ pub const HERMES_CLOSE: &str = "</tool_call>";
 impl ToolFormat {
     /// The format a template's text teaches, if any.
     pub fn of_template(source: &str) -> Option<ToolFormat> {
-        source.contains(HERMES_OPEN).then_some(ToolFormat::Hermes)
+        if source.contains(HERMES_OPEN) {
+            Some(ToolFormat::Hermes)
+        } else if super::harmony::template_speaks_harmony(source) {
+            Some(ToolFormat::Harmony)
+        } else {
+            None
+        }
     }
 }
 
@@ -245,7 +254,9 @@ pub fn grammar(
     format: ToolFormat,
     tok: &Tokenizer,
 ) -> Option<(ConstraintSpec, Option<Trigger>)> {
-    let ToolFormat::Hermes = format;
+    if format != ToolFormat::Hermes {
+        return None; // harmony calls are parsed, not constrained (yet)
+    }
     let offered: Vec<&Tool> = match &req.choice {
         ToolChoice::None => return None,
         ToolChoice::Named(n) => req.tools.iter().filter(|t| &t.name == n).collect(),

@@ -96,6 +96,12 @@ pub fn load<D: CudaDevice>(
     num_blocks: usize,
 ) -> Result<Loaded<CudaBackend<D>>> {
     let c = &model.config;
+    if c.attn_sinks || c.activation == Activation::SwiGluOai {
+        bail!(
+            "'{}' (attention sinks, clamped SwiGLU) does not run on the CUDA backend yet; run with --device cpu",
+            c.architecture
+        );
+    }
     if block_size == 0 || num_blocks == 0 {
         bail!("an empty KV pool");
     }
@@ -480,8 +486,12 @@ impl<D: CudaDevice> Backend for CudaBackend<D> {
         layer: usize,
         q: &DevActs,
         window: Option<usize>,
+        sinks: Option<&DevVector<D>>,
         out: &mut DevActs,
     ) -> Result<()> {
+        if sinks.is_some() {
+            bail!("attention sinks (gpt-oss) have no GPU kernel yet; run with --device cpu");
+        }
         same_shape(q, out, "attention")?;
         let s = self.step()?;
         let addressing = DevAttentionBatch {

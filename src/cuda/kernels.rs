@@ -44,6 +44,7 @@ fn type_name(t: TensorType) -> Result<&'static str> {
         IQ1_S => "iq1_s",
         IQ1_M => "iq1_m",
         Q8_1 | Q8_K => bail!("{t} is not a weight type the GPU kernels take"),
+        MXFP4 => "mxfp4",
     })
 }
 
@@ -354,6 +355,9 @@ pub fn glu(gpu: &dyn Launch, gate: DevPtr, up: DevPtr, n: usize, act: Activation
     let name = match act {
         Activation::SwiGlu => "el_cuda_swiglu",
         Activation::GeGlu => "el_cuda_geglu",
+        Activation::SwiGluOai => {
+            bail!("gpt-oss's clamped SwiGLU has no GPU kernel yet; run with --device cpu")
+        }
     };
     let g = gate.need(n * F32, name)?;
     gpu.launch(

@@ -46,7 +46,7 @@ pub const OPTIONS: &[&str] = &["--fmad=false", "--std=c++17"];
 pub fn entry_points(program: &str) -> Vec<String> {
     const QUANT: &[&str] = &[
         "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K", "iq4_nl",
-        "iq4_xs", "iq3_xxs", "iq3_s", "iq2_xxs", "iq2_xs", "iq2_s", "iq1_s", "iq1_m",
+        "mxfp4", "iq4_xs", "iq3_xxs", "iq3_s", "iq2_xxs", "iq2_xs", "iq2_s", "iq1_s", "iq1_m",
     ];
     const FLOAT: &[&str] = &["f32", "f16", "bf16"];
     match program {

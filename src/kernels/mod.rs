@@ -3,7 +3,8 @@
 //! This module and its children hold all of edge-llm's `unsafe` FFI. Every wrapper checks the
 //! lengths of the slices it is given against the shapes the kernel will touch, so a caller can
 //! never make a kernel read or write out of bounds. `quant` covers the tensor types (dequantize,
-//! quantize, dot products, matrix products); `ops` the row operations, the KV write and attention;
+//! quantize, dot products, matrix products); `ops` the row operations and the KV write;
+//! `attention` paged attention;
 //! `isa` which instruction set (scalar references or SIMD variants) the kernels run.
 //!
 //! The threaded wrappers (matmul, quantize_rows, paged_attention) split their work over the
@@ -12,6 +13,7 @@
 //! operations of large batches (RMSNorm, RoPE, the gated activations, adds) split by runs of
 //! rows the same way (`rows`).
 
+mod attention;
 #[allow(non_camel_case_types, non_upper_case_globals, dead_code, clippy::all)]
 mod bindings;
 mod isa;
@@ -23,6 +25,7 @@ pub mod recurrent;
 pub mod rows;
 pub mod tensor_type;
 
+pub use attention::*;
 pub use bindings::EL_MAX_HEAD_DIM;
 pub use isa::*;
 pub use kv_type::*;

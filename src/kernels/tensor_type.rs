@@ -41,6 +41,7 @@ pub enum TensorType {
     IQ4_XS = c::el_type_EL_TYPE_IQ4_XS,
     IQ1_M = c::el_type_EL_TYPE_IQ1_M,
     BF16 = c::el_type_EL_TYPE_BF16,
+    MXFP4 = c::el_type_EL_TYPE_MXFP4,
 }
 
 /// Elements per block of the 32-element types (`EL_QK`), also the CUDA product kernels' unit.
@@ -51,7 +52,7 @@ pub const QK_K: usize = c::EL_QK_K as usize;
 
 impl TensorType {
     /// Every supported type, in ggml id order.
-    pub const ALL: [TensorType; 24] = [
+    pub const ALL: [TensorType; 25] = [
         TensorType::F32,
         TensorType::F16,
         TensorType::Q4_0,
@@ -76,6 +77,7 @@ impl TensorType {
         TensorType::IQ4_XS,
         TensorType::IQ1_M,
         TensorType::BF16,
+        TensorType::MXFP4,
     ];
 
     /// The type with ggml id `id`, or `None` for an id edge-llm does not support.
@@ -125,6 +127,7 @@ impl TensorType {
             IQ4_XS => (c::EL_IQ4_XS_ELEMS, c::EL_IQ4_XS_BYTES),
             IQ1_M => (c::EL_IQ1_M_ELEMS, c::EL_IQ1_M_BYTES),
             BF16 => (c::EL_BF16_ELEMS, c::EL_BF16_BYTES),
+            MXFP4 => (c::EL_MXFP4_ELEMS, c::EL_MXFP4_BYTES),
         }
     }
 
@@ -145,7 +148,7 @@ impl TensorType {
             F32 => F32,
             F16 => F16,
             BF16 => BF16,
-            Q4_0 | Q5_0 | Q8_0 | IQ4_NL => Q8_0,
+            Q4_0 | Q5_0 | Q8_0 | IQ4_NL | MXFP4 => Q8_0,
             Q4_1 | Q5_1 | Q8_1 => Q8_1,
             Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K => Q8_K,
             IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ1_S | IQ1_M | IQ4_XS => Q8_K,
@@ -190,6 +193,7 @@ impl TensorType {
             IQ2_S => "IQ2_S",
             IQ4_XS => "IQ4_XS",
             IQ1_M => "IQ1_M",
+            MXFP4 => "MXFP4",
         }
     }
 }
@@ -244,6 +248,7 @@ mod tests {
             (IQ4_XS, 23),
             (IQ1_M, 29),
             (BF16, 30),
+            (MXFP4, 39),
         ];
         assert_eq!(expected.len(), TensorType::ALL.len());
         for (t, id) in expected {
@@ -276,6 +281,7 @@ mod tests {
             (IQ3_S, 110),
             (IQ1_S, 50),
             (IQ1_M, 56),
+            (MXFP4, 17),
         ];
         for (t, bytes) in expected {
             assert_eq!(t.block_bytes(), bytes, "{t}");

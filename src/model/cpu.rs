@@ -9,7 +9,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 
 use super::arena::Arena;
 use super::backend::{Backend, WeightStore};
@@ -376,8 +376,13 @@ impl Backend for Cpu {
         layer: usize,
         q: &Vec<f32>,
         window: Option<usize>,
+        sinks: Option<&Vec<f32>>,
         out: &mut Vec<f32>,
     ) -> Result<()> {
+        let n_heads = self.kv.layer_shape(layer).n_heads;
+        if sinks.is_some_and(|s| s.len() != n_heads) {
+            bail!("attention sinks of {n_heads} heads");
+        }
         let b = &self.step.batch;
         let addressing = AttentionBatch {
             block_tables: &b.block_tables,
@@ -400,7 +405,7 @@ impl Backend for Cpu {
             }
         };
         let (k_cache, v_cache) = self.kv.layer(layer);
-        kernels::paged_attention_as(
+        kernels::paged_attention_sinks(
             types,
             out,
             q,
@@ -410,6 +415,7 @@ impl Backend for Cpu {
             &addressing,
             self.attn_scale,
             window,
+            sinks.map(Vec::as_slice),
         );
         if let Some(n) = types.v_rotation(hd) {
             kernels::hadamard_rows(out, n);

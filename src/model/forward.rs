@@ -6,7 +6,7 @@
 //! for those.
 //!
 //! One function runs every family: what differs (Q/K/V biases, fused QKV and gate/up tensors,
-//! QK-norm, post-norms, a mixture of experts in place of the dense feed-forward block
+//! QK-norm, post-norms, attention sinks, a mixture of experts in place of the dense feed-forward block
 //! (`super::moe`), embedding, residual and logit multipliers, activation, each layer's rope
 //! (or none: NoPE) and sliding window, logit soft-capping) is data in
 //! [`ModelConfig`] and [`Weights`], read from the GGUF. What differs between devices is the
@@ -213,7 +213,7 @@ pub fn forward_rows<B: Backend>(
                     }
                     b.kv_write(l, &k, &v)?;
                 }
-                b.attention(lo.kv_layer, &q, lo.window, &mut attn)?;
+                b.attention(lo.kv_layer, &q, lo.window, a.attn_sinks.as_ref(), &mut attn)?;
                 linear_of(b, &attn, &a.wo, &mut proj)?;
                 if let Some(norm) = &a.attn_post_norm {
                     b.rms_norm_inplace(&mut proj, norm, eps)?;

@@ -156,6 +156,7 @@ pub(super) fn apply(g: &GgufFile, c: &mut ModelConfig, is_local: &[bool]) -> Res
                 num_experts,
                 num_experts_used,
                 n_ff_exp: n("expert_feed_forward_length")?,
+                gating: super::config::ExpertGating::SoftmaxNormalized,
             });
         }
     }

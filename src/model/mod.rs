@@ -12,6 +12,7 @@ mod arena;
 pub mod backend;
 pub mod batch;
 pub mod config;
+mod config_moe;
 pub mod cpu;
 pub mod encoder;
 pub mod forward;

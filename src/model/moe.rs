@@ -1,7 +1,9 @@
-//! The mixture-of-experts feed-forward block (qwen3moe), called by `super::forward` in place of
-//! the dense one: a router scores every expert for each row, each row goes to its top `k`
-//! experts, and their outputs are added with the router's renormalised weights, as llama.cpp's
-//! `build_moe_ffn` does with softmax gating and `norm_w`.
+//! The mixture-of-experts feed-forward block (qwen3moe, gpt-oss), called by `super::forward` in
+//! place of the dense one: a router scores every expert for each row, each row goes to its top
+//! `k` experts, and their outputs are added with the router's weights, as llama.cpp's
+//! `build_moe_ffn` does: softmax gating with `norm_w` (qwen3moe), or the softmax of the top `k`
+//! logits (gpt-oss's `SOFTMAX_WEIGHT`, with biases on the router and on every expert's
+//! products).
 //!
 //! The products batch: a step's rows are grouped by expert ([`Routing::groups`]), so each
 //! chosen expert's matrices are read once per step for all the rows that chose it, and an
@@ -14,7 +16,8 @@
 use anyhow::{bail, Result};
 
 use super::backend::Backend;
-use super::weights::Mlp;
+use super::config::ExpertGating;
+use super::weights::{Linear, Mlp};
 use super::ModelConfig;
 
 /// llama.cpp clamps the sum of a row's chosen probabilities to at least this (2^-14, the
@@ -44,30 +47,52 @@ pub struct Group {
 }
 
 impl Routing {
-    /// Routes each row of `logits` ([n_rows][num_experts]) to its top `k` experts by softmax
-    /// probability, weights renormalised to sum to one (llama.cpp: `ggml_soft_max`,
-    /// `ggml_argsort_top_k`, `ggml_get_rows`, `norm_w`). llama.cpp's argsort is a `std::sort`,
-    /// whose order among equal probabilities is unspecified; here the lower id goes first.
-    pub fn new(logits: &[f32], num_experts: usize, k: usize) -> Routing {
+    /// Routes each row of `logits` ([n_rows][num_experts]) to its top `k` experts, weighted as
+    /// `gating` says:
+    /// - `SoftmaxNormalized`: by softmax probability, weights renormalised to sum to one
+    ///   (llama.cpp: `ggml_soft_max`, `ggml_argsort_top_k`, `ggml_get_rows`, `norm_w`);
+    /// - `SoftmaxOfTopK`: by logit, weights the softmax of the k chosen logits (`SOFTMAX_WEIGHT`).
+    ///
+    /// llama.cpp's argsort is a `std::sort`, whose order among equal scores is unspecified;
+    /// here the lower id goes first.
+    pub fn new(logits: &[f32], num_experts: usize, k: usize, gating: ExpertGating) -> Routing {
         let n_rows = logits.len() / num_experts;
         let mut chosen = Vec::with_capacity(n_rows * k);
         let mut weights = Vec::with_capacity(n_rows * k);
         let mut probs = vec![0.0f32; num_experts];
         let mut order: Vec<u32> = Vec::with_capacity(num_experts);
+        let (mut top_logits, mut top_weights) = (vec![0.0f32; k], vec![0.0f32; k]);
         for row in logits.chunks_exact(num_experts) {
-            softmax(row, &mut probs);
+            let scores = match gating {
+                ExpertGating::SoftmaxNormalized => {
+                    softmax(row, &mut probs);
+                    &probs
+                }
+                ExpertGating::SoftmaxOfTopK => row,
+            };
             order.clear();
             order.extend(0..num_experts as u32);
             order.sort_by(|&a, &b| {
-                probs[b as usize]
-                    .total_cmp(&probs[a as usize])
+                scores[b as usize]
+                    .total_cmp(&scores[a as usize])
                     .then(a.cmp(&b))
             });
             let top = &order[..k];
-            let sum: f32 = top.iter().map(|&e| probs[e as usize]).sum();
-            let sum = sum.max(MIN_WEIGHT_SUM);
             chosen.extend_from_slice(top);
-            weights.extend(top.iter().map(|&e| probs[e as usize] / sum));
+            match gating {
+                ExpertGating::SoftmaxNormalized => {
+                    let sum: f32 = top.iter().map(|&e| probs[e as usize]).sum();
+                    let sum = sum.max(MIN_WEIGHT_SUM);
+                    weights.extend(top.iter().map(|&e| probs[e as usize] / sum));
+                }
+                ExpertGating::SoftmaxOfTopK => {
+                    for (l, &e) in top_logits.iter_mut().zip(top) {
+                        *l = row[e as usize];
+                    }
+                    softmax(&top_logits, &mut top_weights);
+                    weights.extend_from_slice(&top_weights);
+                }
+            }
         }
         Routing { k, chosen, weights }
     }
@@ -103,18 +128,27 @@ fn softmax(x: &[f32], p: &mut [f32]) {
     p.iter_mut().for_each(|v| *v *= inv);
 }
 
-/// `out = sum over each row's chosen experts of weight * down(act(gate(h)) * up(h))`:
-/// `h` [n][n_embd] the normed input, `out` [n][n_embd].
+/// `x[r] += bias` if there is one.
+fn add_bias_if<B: Backend>(b: &mut B, x: &mut B::Acts, bias: &Option<B::Vector>) -> Result<()> {
+    match bias {
+        Some(bias) => b.add_bias(x, bias),
+        None => Ok(()),
+    }
+}
+
+/// `out = sum over each row's chosen experts of weight * down(act(gate(h)) * up(h))` (each
+/// product plus its bias where the model has them): `h` [n][n_embd] the normed input, `out`
+/// [n][n_embd].
 pub fn experts_ffn<B: Backend>(
     b: &mut B,
-    router: &B::Matrix,
+    router: &Linear<B>,
     experts: &[Mlp<B>],
     c: &ModelConfig,
     h: &B::Acts,
     n: usize,
     out: &mut B::Acts,
 ) -> Result<()> {
-    let routing = route(b, router, c, h, n)?;
+    let routing = route(b, &router.weight, &router.bias, c, h, n)?;
     run_experts(b, &routing, experts, c, h, n, out)
 }
 
@@ -122,6 +156,7 @@ pub fn experts_ffn<B: Backend>(
 pub fn route<B: Backend>(
     b: &mut B,
     router: &B::Matrix,
+    bias: &Option<B::Vector>,
     c: &ModelConfig,
     x: &B::Acts,
     n: usize,
@@ -134,7 +169,13 @@ pub fn route<B: Backend>(
     let mut hq = b.input(x);
     b.matmul(&mut hq, router, &mut logits)?;
     drop(hq);
-    let routing = Routing::new(&b.read(&logits)?, shape.num_experts, shape.num_experts_used);
+    add_bias_if(b, &mut logits, bias)?;
+    let routing = Routing::new(
+        &b.read(&logits)?,
+        shape.num_experts,
+        shape.num_experts_used,
+        shape.gating,
+    );
     b.recycle(logits);
     Ok(routing)
 }
@@ -165,11 +206,14 @@ pub fn run_experts<B: Backend>(
         let mut xq = b.input(&x);
         b.matmul_many(&mut xq, &mut [(&mlp.gate, &mut gate), (&mlp.up, &mut up)])?;
         drop(xq);
+        add_bias_if(b, &mut gate, &mlp.gate_bias)?;
+        add_bias_if(b, &mut up, &mlp.up_bias)?;
         b.glu(&mut gate, &up, c.activation)?;
         let mut y = b.acts(m, n_embd)?;
         let mut gq = b.input(&gate);
         b.matmul(&mut gq, &mlp.down, &mut y)?;
         drop(gq);
+        add_bias_if(b, &mut y, &mlp.down_bias)?;
         b.scatter_rows(&y, &g.slots, &mut slots)?;
         for buffer in [x, gate, up, y] {
             b.recycle(buffer);
@@ -188,13 +232,13 @@ mod tests {
     fn each_row_takes_its_top_k_with_renormalised_weights() {
         // Two rows of four experts.
         let logits = [0.0, 2.0, 1.0, -1.0, 3.0, 3.0, 0.0, 5.0];
-        let r = Routing::new(&logits, 4, 2);
+        let r = Routing::new(&logits, 4, 2, ExpertGating::SoftmaxNormalized);
         assert_eq!(r.chosen, [1, 2, 3, 0]);
         let (e1, e2) = (2.0f32.exp(), 1.0f32.exp());
         assert!((r.weights[0] - e1 / (e1 + e2)).abs() < 1e-6);
         assert!((r.weights[0] + r.weights[1] - 1.0).abs() < 1e-6);
         // Experts 0 and 1 tie in the second row: the lower id ranks first.
-        let tie = Routing::new(&[3.0, 3.0, 0.0, 1.0], 4, 2);
+        let tie = Routing::new(&[3.0, 3.0, 0.0, 1.0], 4, 2, ExpertGating::SoftmaxNormalized);
         assert_eq!(tie.chosen, [0, 1]);
         assert_eq!(tie.weights, [0.5, 0.5]);
     }
@@ -224,9 +268,31 @@ mod tests {
     fn a_rows_routing_does_not_depend_on_the_other_rows() {
         let a = [0.3, -1.0, 2.5, 0.7, 0.1, 0.0];
         let b = [1.0, 1.0, -2.0, 4.0, 0.5, 0.5];
-        let alone = Routing::new(&a, 6, 3);
-        let both = Routing::new(&[b, a].concat(), 6, 3);
-        assert_eq!(alone.chosen, both.chosen[3..]);
-        assert_eq!(alone.weights, both.weights[3..]);
+        for gating in [ExpertGating::SoftmaxNormalized, ExpertGating::SoftmaxOfTopK] {
+            let alone = Routing::new(&a, 6, 3, gating);
+            let both = Routing::new(&[b, a].concat(), 6, 3, gating);
+            assert_eq!(alone.chosen, both.chosen[3..]);
+            assert_eq!(alone.weights, both.weights[3..]);
+        }
+    }
+
+    #[test]
+    fn softmax_of_top_k_weights_the_chosen_logits_alone() {
+        // gpt-oss: the top 2 of [0, 2, 1, -1] by logit are 1 and 2, weighted by softmax([2, 1]).
+        let r = Routing::new(&[0.0, 2.0, 1.0, -1.0], 4, 2, ExpertGating::SoftmaxOfTopK);
+        assert_eq!(r.chosen, [1, 2]);
+        let e = 1.0f32.exp();
+        assert!((r.weights[0] - e / (e + 1.0)).abs() < 1e-6);
+        assert!((r.weights[1] - 1.0 / (e + 1.0)).abs() < 1e-6);
+        // The unchosen logits do not matter, unlike with softmax over all experts.
+        let r2 = Routing::new(&[-9.0, 2.0, 1.0, -9.0], 4, 2, ExpertGating::SoftmaxOfTopK);
+        assert_eq!(r.weights, r2.weights);
+        let n = Routing::new(
+            &[-9.0, 2.0, 1.0, -9.0],
+            4,
+            2,
+            ExpertGating::SoftmaxNormalized,
+        );
+        assert_eq!(n.chosen, r2.chosen);
     }
 }

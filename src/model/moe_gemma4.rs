@@ -60,6 +60,9 @@ impl Gemma4Moe<InFile> {
                     gate,
                     up,
                     down: exps("ffn_down_exps", f, d, e)?,
+                    gate_bias: None,
+                    up_bias: None,
+                    down_bias: None,
                 })
             })
             .collect::<Result<_>>()?;
@@ -96,6 +99,9 @@ impl Gemma4Moe<InFile> {
                 gate: matrix(&m.gate)?,
                 up: matrix(&m.up)?,
                 down: matrix(&m.down)?,
+                gate_bias: None,
+                up_bias: None,
+                down_bias: None,
             })
         };
         let shared = mlp(&self.mlp)?;
@@ -143,7 +149,7 @@ pub fn ffn<B: Backend>(
 
     let mut r = b.acts(n, c.n_embd)?; // the router's input
     b.rms_norm(x, &m.router_norm, c.rms_eps, &mut r)?;
-    let mut routing = route(b, &m.router, c, &r, n)?;
+    let mut routing = route(b, &m.router, &None, c, &r, n)?;
     for (w, &e) in routing.weights.iter_mut().zip(&routing.chosen) {
         *w *= m.expert_scale[e as usize];
     }

@@ -217,19 +217,59 @@ impl Linear<InFile> {
     }
 }
 
-/// A gated feed-forward network: gate and up [n_embd] -> [n_ff], down [n_ff] -> [n_embd].
+/// A gated feed-forward network: gate and up [n_embd] -> [n_ff], down [n_ff] -> [n_embd],
+/// with a bias on each where the file has them (gpt-oss's experts).
 pub struct Mlp<S: WeightStore> {
     pub gate: S::Matrix,
     pub up: S::Matrix,
     pub down: S::Matrix,
+    /// [n_ff], [n_ff], [n_embd]
+    pub gate_bias: Option<S::Vector>,
+    pub up_bias: Option<S::Vector>,
+    pub down_bias: Option<S::Vector>,
+}
+
+impl Mlp<InFile> {
+    fn dense(gate: MatrixInfo, up: MatrixInfo, down: MatrixInfo) -> Mlp<InFile> {
+        Mlp {
+            gate,
+            up,
+            down,
+            gate_bias: None,
+            up_bias: None,
+            down_bias: None,
+        }
+    }
+}
+
+/// Expert `e`'s row of the stacked expert biases `name` (GGUF dims [n, num_experts]), if the
+/// file has them.
+fn expert_bias(
+    g: &GgufFile,
+    name: &str,
+    n: usize,
+    num_experts: usize,
+) -> Result<Option<Vec<Vec<f32>>>> {
+    let Some(info) = g.find_tensor(name) else {
+        return Ok(None);
+    };
+    let want = [n as u64, num_experts as u64];
+    if info.dims != want {
+        bail!(
+            "tensor '{name}' has shape {:?}, expected {want:?}",
+            info.dims
+        );
+    }
+    let all = load_vector(g, name, n * num_experts)?;
+    Ok(Some(all.chunks_exact(n).map(<[f32]>::to_vec).collect()))
 }
 
 /// A block's feed-forward weights: one network, or a mixture of experts.
 pub enum FeedForward<S: WeightStore> {
     Dense(Mlp<S>),
     Experts {
-        /// [n_embd] -> [num_experts]: each expert's logit.
-        router: S::Matrix,
+        /// [n_embd] -> [num_experts]: each expert's logit (plus a bias, gpt-oss).
+        router: Linear<S>,
         /// [num_experts] networks of n_ff_exp (views of the stacked `ffn_*_exps` tensors).
         experts: Vec<Mlp<S>>,
     },
@@ -283,6 +323,8 @@ pub struct ShortConv<S: WeightStore> {
 
 /// An attention block's weights.
 pub struct Attention<S: WeightStore> {
+    /// Each head's sink logit, [n_heads] (gpt-oss).
+    pub attn_sinks: Option<S::Vector>,
     /// [n_embd] -> [q_dim], [kv_dim], [kv_dim]
     pub wq: Linear<S>,
     pub wk: Linear<S>,
@@ -341,6 +383,7 @@ impl Weights<InFile> {
                 // Q, K and V from one fused `attn_qkv` tensor (rows q, then k, then v) where the
                 // file has one, as llama.cpp's create_tensor_qkv; else three tensors.
                 let qkv = format!("blk.{i}.attn_qkv");
+                let sinks = format!("blk.{i}.attn_sinks.weight");
                 let attention = || -> Result<Mixer<InFile>> {
                     let (q_dim, kv_dim, head_dim) =
                         (c.layer_q_dim(i), c.layer_kv_dim(i), c.layers[i].head_dim);
@@ -380,6 +423,10 @@ impl Weights<InFile> {
                         )
                     };
                     Ok(Mixer::Attention(Attention {
+                        attn_sinks: c
+                            .attn_sinks
+                            .then(|| load_vector(g, &sinks, c.n_heads))
+                            .transpose()?,
                         wq,
                         wk,
                         wv,
@@ -415,6 +462,9 @@ impl Weights<InFile> {
                             gate: m("ffn_gate", c.n_embd, c.n_ff)?,
                             up: m("ffn_up", c.n_embd, c.n_ff)?,
                             down: m("ffn_down", c.n_ff, c.n_embd)?,
+                            gate_bias: None,
+                            up_bias: None,
+                            down_bias: None,
                         };
                         FeedForward::SharedExperts(Box::new(Gemma4Moe::read(g, c, i, mlp)?))
                     }
@@ -423,15 +473,28 @@ impl Weights<InFile> {
                             let name = format!("blk.{i}.{name}.weight");
                             MatrixInfo::load_expert(g, &name, n_in, n_out, x.num_experts, e)
                         };
-                        let (d, f) = (c.n_embd, x.n_ff_exp);
+                        let (d, f, n) = (c.n_embd, x.n_ff_exp, x.num_experts);
+                        let bias = |name: &str, len| {
+                            expert_bias(g, &format!("blk.{i}.{name}.bias"), len, n)
+                        };
+                        let (gate_b, up_b, down_b) = (
+                            bias("ffn_gate_exps", f)?,
+                            bias("ffn_up_exps", f)?,
+                            bias("ffn_down_exps", d)?,
+                        );
+                        let pick =
+                            |b: &Option<Vec<Vec<f32>>>, e: usize| b.as_ref().map(|b| b[e].clone());
                         FeedForward::Experts {
-                            router: m("ffn_gate_inp", d, x.num_experts)?,
-                            experts: (0..x.num_experts)
+                            router: linear("ffn_gate_inp", d, n)?,
+                            experts: (0..n)
                                 .map(|e| {
                                     Ok(Mlp {
                                         gate: exps("ffn_gate_exps", d, f, e)?,
                                         up: exps("ffn_up_exps", d, f, e)?,
                                         down: exps("ffn_down_exps", f, d, e)?,
+                                        gate_bias: pick(&gate_b, e),
+                                        up_bias: pick(&up_b, e),
+                                        down_bias: pick(&down_b, e),
                                     })
                                 })
                                 .collect::<Result<_>>()?,
@@ -441,22 +504,22 @@ impl Weights<InFile> {
                     // (ggml_swiglu of the fused product takes silu of its first half).
                     None if c.fused_gate_up => {
                         let up = format!("blk.{i}.ffn_up.weight");
-                        FeedForward::Dense(Mlp {
-                            gate: MatrixInfo::load_rows(g, &up, c.n_embd, 0, c.n_ff)?,
-                            up: MatrixInfo::load_rows(g, &up, c.n_embd, c.n_ff, c.n_ff)?,
-                            down: m("ffn_down", c.n_ff, c.n_embd)?,
-                        })
+                        FeedForward::Dense(Mlp::dense(
+                            MatrixInfo::load_rows(g, &up, c.n_embd, 0, c.n_ff)?,
+                            MatrixInfo::load_rows(g, &up, c.n_embd, c.n_ff, c.n_ff)?,
+                            m("ffn_down", c.n_ff, c.n_embd)?,
+                        ))
                     }
-                    None => FeedForward::Dense(Mlp {
-                        gate: m("ffn_gate", c.n_embd, c.n_ff)?,
-                        up: m("ffn_up", c.n_embd, c.n_ff)?,
-                        down: m("ffn_down", c.n_ff, c.n_embd)?,
-                    }),
+                    None => FeedForward::Dense(Mlp::dense(
+                        m("ffn_gate", c.n_embd, c.n_ff)?,
+                        m("ffn_up", c.n_embd, c.n_ff)?,
+                        m("ffn_down", c.n_ff, c.n_embd)?,
+                    )),
                 };
                 Ok(LayerWeights {
                     attn_norm: norm("attn_norm", c.n_embd)?,
                     mixer,
-                    ffn_norm: norm("ffn_norm", c.n_embd)?,
+                    ffn_norm: norm(c.ffn_norm, c.n_embd)?,
                     ffn,
                     ffn_post_norm: norm_if(c.post_norms, "post_ffw_norm", c.n_embd)?,
                     out_scale: out_scale(g, i)?,
@@ -493,6 +556,7 @@ impl Weights<InFile> {
         for lw in &self.layers {
             let mixer = match &lw.mixer {
                 Mixer::Attention(a) => Mixer::Attention(Attention {
+                    attn_sinks: s.vector_if(&a.attn_sinks)?,
                     wq: s.linear(&a.wq)?,
                     wk: s.linear(&a.wk)?,
                     wv: s.linear(&a.wv)?,
@@ -564,6 +628,9 @@ impl<S: WeightStore, E> Loader<'_, S, E> {
             gate: (self.matrix)(&m.gate)?,
             up: (self.matrix)(&m.up)?,
             down: (self.matrix)(&m.down)?,
+            gate_bias: self.vector_if(&m.gate_bias)?,
+            up_bias: self.vector_if(&m.up_bias)?,
+            down_bias: self.vector_if(&m.down_bias)?,
         })
     }
 
@@ -571,7 +638,7 @@ impl<S: WeightStore, E> Loader<'_, S, E> {
         Ok(match f {
             FeedForward::Dense(m) => FeedForward::Dense(self.mlp(m)?),
             FeedForward::Experts { router, experts } => FeedForward::Experts {
-                router: (self.matrix)(router)?,
+                router: self.linear(router)?,
                 experts: experts
                     .iter()
                     .map(|m| self.mlp(m))

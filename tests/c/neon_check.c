@@ -80,6 +80,8 @@ static uint8_t *iq_blocks(int32_t type, int64_t n_blocks) {
                 word = (uint16_t)((word & 0x0fff) | (((d >> (4 * k)) & 0xf) << 12));
                 memcpy(blk + 48 + 2 * k, &word, 2);
             }
+        } else if (type == EL_TYPE_MXFP4) { /* an E8M0 scale byte: 2^-18 .. 2^11 */
+            blk[0] = (uint8_t)(110 + (int)(uniform() * 30.0));
         } else {
             memcpy(blk, &d, 2);
         }
@@ -87,10 +89,10 @@ static uint8_t *iq_blocks(int32_t type, int64_t n_blocks) {
     return w;
 }
 
-/* The IQ types (csrc/quants_iq_neon.c): vec_dot and matmul on random blocks. */
+/* The IQ types and MXFP4 (csrc/quants_iq_neon.c): vec_dot and matmul on random blocks. */
 static void check_iq(void) {
     const int32_t types[] = {EL_TYPE_IQ4_NL, EL_TYPE_IQ4_XS, EL_TYPE_IQ3_S, EL_TYPE_IQ3_XXS, EL_TYPE_IQ2_XXS,
-                             EL_TYPE_IQ2_XS, EL_TYPE_IQ2_S,  EL_TYPE_IQ1_S, EL_TYPE_IQ1_M};
+                             EL_TYPE_IQ2_XS, EL_TYPE_IQ2_S,  EL_TYPE_IQ1_S, EL_TYPE_IQ1_M, EL_TYPE_MXFP4};
     for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++) {
         const int32_t type = types[t], at = el_type_vec_dot_type(type);
         const int64_t n = 1536, n_out = 12, n_rows = 5, bs = el_type_block_size(type);

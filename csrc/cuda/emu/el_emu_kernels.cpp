@@ -152,6 +152,7 @@ static const el_entry EL_TABLE[] = {
     EL_KERNEL(el_cuda_get_rows_q6_K),
 #define EL_KERNELS_OF(t) EL_KERNEL(el_cuda_mmv_##t), EL_KERNEL(el_cuda_mm_##t), EL_KERNEL(el_cuda_get_rows_##t)
     EL_KERNELS_OF(iq4_nl),
+    EL_KERNELS_OF(mxfp4),
     EL_KERNELS_OF(iq4_xs),
     EL_KERNELS_OF(iq3_xxs),
     EL_KERNELS_OF(iq3_s),
