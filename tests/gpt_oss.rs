@@ -262,6 +262,7 @@ fn sixteen_greedy_sessions_give_what_each_gives_alone() {
         max_step_ms: None,
         mask_budget_ms: EngineConfig::DEFAULT_MASK_BUDGET_MS,
         kv_types: edge_llm::kernels::KvTypes::F16,
+        num_state_slots: 0,
     };
     let e = EngineHandle::start(Arc::new(model), config, EngineParts::default()).unwrap();
     // Four prompts sharing a 20-token prefix (past the window), each then its own.

@@ -21,6 +21,9 @@ use std::sync::Arc;
 
 const F32: usize = 4;
 
+mod checks;
+use checks::{as_i32, check_rows, same_shape};
+
 /// A weight matrix on the device, bytes as in the file.
 pub struct DevMatrix<D: CudaDevice> {
     ttype: TensorType,
@@ -244,39 +247,6 @@ impl<D: CudaDevice> CudaBackend<D> {
             .as_ref()
             .context("a CUDA operation outside a step")
     }
-}
-
-/// Fails unless `x` and `out` have rows of the same width, `rows` has `len` entries and each is
-/// below `bound`.
-fn check_rows(
-    what: &str,
-    x: &DevActs,
-    rows: &[u32],
-    out: &DevActs,
-    len: usize,
-    bound: usize,
-) -> Result<()> {
-    if x.width != out.width || rows.len() != len || rows.iter().any(|&r| r as usize >= bound) {
-        bail!("{what}: {} rows between {x:?} and {out:?}", rows.len());
-    }
-    Ok(())
-}
-
-fn as_i32(rows: &[u32]) -> Vec<i32> {
-    rows.iter().map(|&r| r as i32).collect()
-}
-
-fn same_shape(a: &DevActs, b: &DevActs, what: &str) -> Result<()> {
-    if (a.n_rows, a.width) != (b.n_rows, b.width) {
-        bail!(
-            "{what}: activations [{}][{}] and [{}][{}]",
-            a.n_rows,
-            a.width,
-            b.n_rows,
-            b.width
-        );
-    }
-    Ok(())
 }
 
 impl<D: CudaDevice> Backend for CudaBackend<D> {

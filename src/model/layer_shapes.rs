@@ -29,7 +29,8 @@ fn int_array(g: &GgufFile, key: &str) -> Result<Option<Vec<usize>>> {
         },
         _ => return Ok(None),
     };
-    if let Some(bad) = v.iter().find(|&&x| !(1..(1 << 24)).contains(&x)) {
+    // 0 is LFM2's mark of a layer with no KV heads; whoever reads the array checks the rest.
+    if let Some(bad) = v.iter().find(|&&x| !(0..(1 << 24)).contains(&x)) {
         bail!("{key} holds {bad}, out of range");
     }
     Ok(Some(v.into_iter().map(|x| x as usize).collect()))
@@ -42,7 +43,10 @@ pub(super) fn kv_heads_or_max(g: &GgufFile, key: &str, num_layers: usize) -> Res
         Some(v) if v.len() != num_layers => {
             bail!("{key} has {} entries for {num_layers} layers", v.len())
         }
-        Some(v) => Ok(v.into_iter().max().unwrap_or(1)),
+        Some(v) => match v.into_iter().max() {
+            Some(m) if m > 0 => Ok(m),
+            _ => bail!("{key} gives no layer a KV head"),
+        },
         None => {
             let v = g.get_usize(key)?;
             if v == 0 || v >= 1 << 24 {
@@ -91,7 +95,13 @@ pub(super) fn apply(g: &GgufFile, c: &mut ModelConfig, is_local: &[bool]) -> Res
         // cache (`layer_cache_dim` is 0 there).
         if let (Some(v), LayerKind::Attention) = (&kv_heads, lo.kind) {
             lo.n_kv_heads = v[l];
-            if lo.n_kv_heads == 0 || c.n_heads % lo.n_kv_heads != 0 {
+            if lo.n_kv_heads == 0 {
+                bail!(
+                    "{} gives attention layer {l} 0 KV heads, out of range",
+                    key("attention.head_count_kv")
+                );
+            }
+            if c.n_heads % lo.n_kv_heads != 0 {
                 bail!(
                     "layer {l}: {} heads are not a multiple of its {} KV heads",
                     c.n_heads,

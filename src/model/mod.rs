@@ -12,6 +12,7 @@ mod arena;
 pub mod backend;
 pub mod batch;
 pub mod config;
+mod config_layers;
 mod config_moe;
 pub mod cpu;
 pub mod encoder;
@@ -27,6 +28,7 @@ pub mod pooling;
 pub mod rank;
 pub mod state_pool;
 pub mod weights;
+pub mod weights_load;
 
 use std::path::Path;
 use std::sync::{Arc, OnceLock};

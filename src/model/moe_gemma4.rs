@@ -11,7 +11,8 @@ use anyhow::{bail, Result};
 
 use super::backend::{Backend, WeightStore};
 use super::moe::{route, run_experts};
-use super::weights::{load_vector, InFile, MakeMatrix, MakeVector, MatrixInfo, Mlp};
+use super::weights::{load_vector, InFile, MatrixInfo, Mlp};
+use super::weights_load::{MakeMatrix, MakeVector};
 use super::ModelConfig;
 use crate::gguf::GgufFile;
 
