@@ -642,8 +642,8 @@ fn spec(name: &str, dims: &[u64], ttype: TensorType) -> TensorSpec {
 
 #[test]
 fn unknown_tensor_type() {
-    // 4 and 5: ggml's removed Q4_2/Q4_3; 24: I8; 31: removed Q4_0_4_4; 34: TQ1_0; 39: MXFP4.
-    for id in [4u32, 5, 24, 31, 34, 39, 1000, u32::MAX] {
+    // 4 and 5: ggml's removed Q4_2/Q4_3; 24: I8; 31: removed Q4_0_4_4; 34: TQ1_0; 40: NVFP4.
+    for id in [4u32, 5, 24, 31, 34, 40, 1000, u32::MAX] {
         let mut t = spec("blk.0.weird", &[32], TensorType::F32);
         t.type_id = id;
         let e = open_err(&with_tensor(t), "tensor-type");
