@@ -127,7 +127,9 @@ fn page_streams_stops_runs_two_chats_at_once_forks_and_shows_cached_tokens() {
 
     // A unique system prompt, so the first chat finds nothing cached.
     let system = format!(
-        "Session {}. You are a concise assistant running on a small computer. Answer in one or two \
+        // Eight digits whatever the process id (each digit is a token): the prompt's length,
+        // and so its full blocks, must not depend on the id.
+        "Session {:08}. You are a concise assistant running on a small computer. Answer in one or two \
          short sentences, plainly, without lists, and never invent facts you do not know.",
         std::process::id()
     );
