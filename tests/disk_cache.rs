@@ -665,6 +665,11 @@ fn a_planted_symlink_named_like_a_temporary_file_never_makes_the_server_write_ou
     assert_eq!(&text, cold);
     let blocks = (usage["prompt_tokens"].as_u64().unwrap() - 1) / 16;
     wait_written(&server, blocks as f64);
+    // The gauge counts a block when its space is reserved, before its file is renamed into
+    // place: the restart below needs every file there.
+    server.wait_for_metrics("block files renamed into place", |s| {
+        s.metric("edge_llm_disk_cache_written_blocks_total") >= blocks as f64
+    });
     let now = std::fs::read(&victim).unwrap();
     assert!(
         now == precious,
