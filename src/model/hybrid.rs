@@ -45,10 +45,21 @@ impl super::ModelConfig {
         self.layers.len() - self.num_kv_layers()
     }
 
+    /// Floats of layer `l`'s recurrent state in one sequence (0 for an attention layer). Each
+    /// recurrent kind sizes its own: the state pool lays a slot out as these, layer by layer.
+    pub fn layer_state_floats(&self, l: usize) -> usize {
+        match self.layers[l].kind {
+            LayerKind::Attention => 0,
+            LayerKind::ShortConv => self.conv_l_cache.saturating_sub(1) * self.n_embd,
+        }
+    }
+
     /// Floats of one sequence's recurrent state over every layer (0: the model has none): what a
     /// state slot holds.
     pub fn state_floats(&self) -> usize {
-        self.num_recurrent_layers() * self.conv_l_cache.saturating_sub(1) * self.n_embd
+        (0..self.layers.len())
+            .map(|l| self.layer_state_floats(l))
+            .sum()
     }
 
     /// Whether sequences of this model carry a recurrent state.

@@ -41,10 +41,9 @@ pub struct StateRun {
 /// The states of `num_slots` sequences.
 #[derive(Default)]
 pub struct StatePool {
-    /// Floats of one recurrent layer's state in one slot.
-    layer_floats: usize,
-    num_layers: usize,
-    /// [num_slots][num_layers][layer_floats]
+    /// Where each recurrent layer's state starts in a slot, and (last) a slot's floats.
+    offsets: Vec<usize>,
+    /// [num_slots][slot_floats], a slot laid out layer by layer
     state: Vec<f32>,
     /// Tokens each slot's state has seen (the position its next token must have).
     covers: Vec<usize>,
@@ -53,13 +52,18 @@ pub struct StatePool {
 impl StatePool {
     /// Slots for `num_slots` sequences of a model of `c` (none when it has no recurrent layer).
     pub fn new(c: &ModelConfig, num_slots: usize) -> StatePool {
-        let num_layers = c.num_recurrent_layers();
-        let layer_floats = c.conv_l_cache.saturating_sub(1) * c.n_embd;
+        let mut offsets = vec![0];
+        for l in 0..c.layers.len() {
+            let n = c.layer_state_floats(l);
+            if n > 0 {
+                offsets.push(offsets[offsets.len() - 1] + n);
+            }
+        }
         let num_slots = if c.is_recurrent() { num_slots } else { 0 };
+        let slot_floats = offsets[offsets.len() - 1];
         StatePool {
-            layer_floats,
-            num_layers,
-            state: vec![0.0; num_slots * num_layers * layer_floats],
+            offsets,
+            state: vec![0.0; num_slots * slot_floats],
             covers: vec![0; num_slots],
         }
     }
@@ -73,15 +77,20 @@ impl StatePool {
         4 * c.state_floats()
     }
 
-    /// Recurrent layer `r`'s state in `slot`: [l_cache - 1][n_embd].
+    fn slot_floats(&self) -> usize {
+        self.offsets.last().copied().unwrap_or(0)
+    }
+
+    /// Recurrent layer `r`'s state in `slot` (the `r`-th layer with a state; its kind's shape,
+    /// e.g. [l_cache - 1][n_embd] for a short convolution).
     pub fn layer_mut(&mut self, slot: StateSlot, r: usize) -> &mut [f32] {
-        let at = (slot.index() * self.num_layers + r) * self.layer_floats;
-        &mut self.state[at..at + self.layer_floats]
+        let at = slot.index() * self.slot_floats();
+        &mut self.state[at + self.offsets[r]..at + self.offsets[r + 1]]
     }
 
     /// Copies slot `src` onto `dst` (a forked sequence continues its parent's state).
     pub fn copy(&mut self, src: StateSlot, dst: StateSlot) -> Result<()> {
-        let n = self.num_layers * self.layer_floats;
+        let n = self.slot_floats();
         if src.index() >= self.num_slots() || dst.index() >= self.num_slots() {
             bail!(
                 "state slot copy {src} -> {dst} outside a pool of {}",
