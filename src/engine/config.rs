@@ -160,6 +160,7 @@ impl EngineConfig {
             state: self.state_bytes(model) as u64,
             weights: model.file.file_bytes(),
             scratch,
+            weights_paged: false,
         }
     }
 }

@@ -31,6 +31,9 @@ pub struct EngineParts {
     /// Check the pool, weights and step buffers against the machine's memory first, naming
     /// this flag in the refusal; None skips the check.
     pub memory_flag: Option<&'static str>,
+    /// The weights may be paged in from the file (`--mmap-anyway`): the memory check leaves
+    /// them out of resident memory.
+    pub weights_paged: bool,
     /// Where the prefix cache's changes go (`serve --kv-events`); `AllBlocksCleared` first.
     pub kv_events: Option<KvEventSink>,
     /// Speculative decoding (off by default).
@@ -50,6 +53,7 @@ impl Default for EngineParts {
             executor: None,
             device: Device::Cpu,
             memory_flag: None,
+            weights_paged: false,
             kv_events: None,
             spec: SpecConfig::default(),
             disk: None,
@@ -196,6 +200,7 @@ impl EngineHandle {
             executor,
             device,
             memory_flag,
+            weights_paged,
             kv_events,
             spec,
             disk,
@@ -215,6 +220,7 @@ impl EngineHandle {
                 .device;
                 if let (Device::Cpu, Some(flag)) = (device, memory_flag) {
                     let mut footprint = config.footprint(&model);
+                    footprint.weights_paged = weights_paged;
                     if let Some(draft) = &spec.draft {
                         // The draft's weights, KV pool and step buffers are held beside the target's.
                         let draft_config = EngineConfig {

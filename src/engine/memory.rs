@@ -18,6 +18,9 @@ pub struct Footprint {
     /// The mapped file (the interleaved copies replace its pages as they are made).
     pub weights: u64,
     pub scratch: u64,
+    /// The user consented to weights paged in from the file as steps read them
+    /// (`--mmap-anyway`): they count against the address space, not against resident memory.
+    pub weights_paged: bool,
 }
 
 impl Footprint {
@@ -28,6 +31,7 @@ impl Footprint {
             state: self.state.saturating_add(other.state),
             weights: self.weights.saturating_add(other.weights),
             scratch: self.scratch.saturating_add(other.scratch),
+            weights_paged: self.weights_paged || other.weights_paged,
         }
     }
 
@@ -80,14 +84,25 @@ pub fn limits() -> Vec<Limit> {
     out
 }
 
-/// Refuses a footprint that does not fit under every limit; `flag` names what to lower.
+/// Refuses a footprint that does not fit under every limit; `flag` names what to lower. Weights
+/// that alone do not fit are refused apart, naming `--mmap-anyway` (a smaller pool cannot help).
 pub fn admit(f: &Footprint, limits: &[Limit], flag: &str) -> Result<()> {
     for limit in limits {
         let need = if limit.address_space {
             f.total().saturating_add(f.weights).saturating_add(AS_SLACK)
+        } else if f.weights_paged {
+            f.total().saturating_sub(f.weights)
         } else {
             f.total()
         };
+        if !limit.address_space && !f.weights_paged && f.weights > limit.bytes {
+            bail!(
+                "not enough memory for the weights: the model file is {}, but {} allows {}; every step reads all of it, so it would be paged in from disk again and again and decode would crawl. A smaller quantization fits, or --mmap-anyway starts anyway",
+                size(f.weights),
+                limit.source,
+                size(limit.bytes),
+            );
+        }
         if need > limit.bytes {
             bail!(
                 "not enough memory: the KV pool ({}){}, the weights ({}) and scratch buffers ({}) need {}{}, but {} allows {}; lower {flag}",
@@ -161,6 +176,7 @@ mod tests {
             state: 0,
             weights: 100 << 20,
             scratch: 10 << 20,
+            weights_paged: false,
         };
         let roomy = Limit {
             bytes: 8 << 30,
@@ -184,5 +200,47 @@ mod tests {
             address_space: true,
         };
         assert!(admit(&f, &[as_limit], "-c").is_err());
+    }
+
+    #[test]
+    fn weights_larger_than_memory_are_refused_apart_unless_paging_is_consented_to() {
+        let f = Footprint {
+            kv: 64 << 20,
+            state: 0,
+            weights: 20 << 30,
+            scratch: 10 << 20,
+            weights_paged: false,
+        };
+        let ram = Limit {
+            bytes: 16 << 30,
+            source: "MemAvailable in /proc/meminfo",
+            address_space: false,
+        };
+        let e = admit(&f, std::slice::from_ref(&ram), "--kv-mem")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("20.0 GiB") && e.contains("--mmap-anyway") && !e.contains("--kv-mem"),
+            "{e}"
+        );
+        let paged = Footprint {
+            weights_paged: true,
+            ..f
+        };
+        assert!(admit(&paged, std::slice::from_ref(&ram), "--kv-mem").is_ok());
+        // The pool still has to fit beside nothing but itself.
+        let big_pool = Footprint {
+            kv: 17 << 30,
+            ..paged
+        };
+        let e = admit(&big_pool, &[ram], "--kv-mem").unwrap_err().to_string();
+        assert!(e.contains("--kv-mem"), "{e}");
+        // The mapping still takes address space.
+        let as_limit = Limit {
+            bytes: 8 << 30,
+            source: "RLIMIT_AS (ulimit -v)",
+            address_space: true,
+        };
+        assert!(admit(&paged, &[as_limit], "-c").is_err());
     }
 }

@@ -105,6 +105,11 @@ pub struct EngineArgs {
     /// and switching off when proposals do not pay.
     #[arg(long = "spec-fixed")]
     pub spec_fixed: bool,
+    /// Start even when the model file is larger than the memory available: its weights are
+    /// then paged in from disk as each step reads them, and decode slows to the disk's speed
+    /// (a mixture of experts' unused experts page out first). Without it such a file is refused.
+    #[arg(long = "mmap-anyway")]
+    pub mmap_anyway: bool,
 }
 
 /// `--spec`: which proposer speculative decoding uses.
@@ -210,8 +215,11 @@ impl EngineArgs {
             None => {
                 let (ctx, note) = default_context(model.config.n_ctx_train, |ctx| {
                     let config = sized(ctx)?;
-                    let fits =
-                        memory::admit(&config.footprint(model), &memory::limits(), "").is_ok();
+                    let footprint = memory::Footprint {
+                        weights_paged: self.mmap_anyway,
+                        ..config.footprint(model)
+                    };
+                    let fits = memory::admit(&footprint, &memory::limits(), "").is_ok();
                     Ok(fits)
                 })?;
                 (sized(ctx)?, Some(note))
@@ -264,6 +272,7 @@ impl EngineArgs {
             EngineParts {
                 device: self.device,
                 memory_flag: Some(memory_flag),
+                weights_paged: self.mmap_anyway,
                 spec,
                 ..parts
             },
