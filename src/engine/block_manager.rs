@@ -19,7 +19,8 @@
 //! - KV events (off unless `enable_events`): a `BlockStored` per chain of blocks entering the
 //!   prefix cache, a `BlockRemoved` per evicted one, queued for `take_events`. A model with
 //!   recurrent layers (`announce_at_snapshots`) announces a chain only as far as a state
-//!   snapshot reaches (`announce_through`), since a prompt resumes no further (docs/routers.md, "Hybrid models").
+//!   snapshot reaches (`announce_through`), since a prompt resumes no further
+//!   (docs/routers.md, "Hybrid models").
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};

@@ -1,8 +1,9 @@
 //! KV events of a model with recurrent layers: its blocks are announced (`BlockStored`) only as
 //! far as a recurrent state snapshot reaches, since a prompt matching more of the chain still
 //! resumes from the deepest snapshot and recomputes the rest; a router that sees the block
-//! therefore sees what the instance can really skip (docs/routers.md, "Hybrid models"). Called by the
-//! scheduler when a snapshot is taken and by the disk tier's parking when one is read back.
+//! therefore sees what the instance can really skip (docs/routers.md, "Hybrid models"). Called
+//! by the scheduler when a snapshot is taken and by the disk tier's parking when one is read
+//! back.
 
 use super::{BlockHash, BlockId, BlockManager, KvCacheEvent};
 
