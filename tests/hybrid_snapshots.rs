@@ -346,3 +346,56 @@ fn state_slots_and_snapshots_are_in_the_metrics_and_out_of_the_kv_budget() {
         "{err}"
     );
 }
+
+/// The binary's start-up memory line names the state slots, the snapshot slots and their bytes;
+/// a `--kv-mem` too small for the states of `--parallel` sequences is one error line.
+#[test]
+fn the_start_up_line_counts_the_state_slots_and_a_pool_too_small_is_one_line() {
+    let Some((model, _)) = load() else { return };
+    let m = model.file.path().to_string_lossy().into_owned();
+    let bench = |parallel: &str| {
+        let args = [
+            "bench",
+            "-m",
+            &m,
+            "--kv-mem",
+            "1",
+            "-c",
+            "256",
+            "--parallel",
+            parallel,
+            "-p",
+            "8",
+            "-n",
+            "2",
+            "-r",
+            "1",
+        ];
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_edge-llm"))
+            .args(args)
+            .output()
+            .expect("binary starts");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, err) = bench("4");
+    assert!(ok, "{err}");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("KV cache on cpu"))
+        .unwrap_or_else(|| panic!("no KV cache line: {err}"));
+    let slot_kib = model.config.state_floats() as f64 * 4.0 / 1024.0;
+    let want = format!(
+        "4 recurrent state slots and 4 snapshot slots (0.1 MiB, {slot_kib:.1} KiB each) in it"
+    );
+    assert!(line.contains(&want), "{line}");
+    let (ok, err) = bench("100");
+    assert!(!ok, "a pool too small for the states ran");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("does not hold the recurrent state of 100 sequences"),
+        "{err}"
+    );
+}
