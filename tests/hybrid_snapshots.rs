@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use edge_llm::engine::disk_cache::DiskCacheConfig;
+use edge_llm::engine::kv_events::{KvCacheEvent, KvEventSink};
 use edge_llm::engine::sampler::SamplingParams;
 use edge_llm::engine::{EngineConfig, EngineHandle, EngineParts, Event, Metrics};
 use edge_llm::model::Model;
@@ -79,9 +80,18 @@ fn disk_parts(dir: &Path) -> EngineParts {
 /// Starts an engine on the disk tier under `dir`; a restart waits for the engine before it
 /// (its thread ends soon after its handle is dropped) to let go of the folder's lock.
 fn start_on_disk(model: &Arc<Model>, dir: &Path) -> EngineHandle {
+    start_on_disk_with(model, dir, None)
+}
+
+/// As `start_on_disk`, publishing KV events to `sink`.
+fn start_on_disk_with(model: &Arc<Model>, dir: &Path, sink: Option<KvEventSink>) -> EngineHandle {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let e = EngineHandle::start(Arc::clone(model), config(64, 4), disk_parts(dir)).unwrap();
+        let parts = EngineParts {
+            kv_events: sink.clone(),
+            ..disk_parts(dir)
+        };
+        let e = EngineHandle::start(Arc::clone(model), config(64, 4), parts).unwrap();
         if e.metrics().unwrap().disk_cache.is_some() {
             return e;
         }
@@ -157,7 +167,8 @@ fn a_restart_resumes_from_the_snapshot_on_disk_with_the_same_output() {
     assert_eq!(files(&dir.0, "state").len(), 1);
     drop(e);
 
-    let e = start_on_disk(&model, &dir.0);
+    let (sink, mut events) = KvEventSink::new(64);
+    let e = start_on_disk_with(&model, &dir.0, Some(sink));
     let m = e.metrics().unwrap();
     assert_eq!((m.disk_cache.unwrap().states, m.state_snapshots), (1, 0));
     // The first request after the restart loads the chain and the snapshot, and skips 48.
@@ -170,8 +181,29 @@ fn a_restart_resumes_from_the_snapshot_on_disk_with_the_same_output() {
     );
     assert_eq!((d.hit_states, d.hit_blocks), (1, 3));
     assert_eq!(m.prefix_cache.hit_tokens, 48);
-    // A longer prompt continuing it resumes there too, the same as computed whole.
+    // A router hears of the chain read back, as far as its snapshot: 3 blocks, tokens 0..48.
+    let mut stored = || {
+        let mut out = Vec::new();
+        while let Ok(batch) = events.try_recv() {
+            for e in batch {
+                if let KvCacheEvent::BlockStored {
+                    block_hashes,
+                    token_ids,
+                    ..
+                } = e
+                {
+                    out.push((block_hashes.len(), token_ids));
+                }
+            }
+        }
+        out
+    };
+    assert_eq!(stored(), [(3, prompt[..48].to_vec())]);
+    // A longer prompt continuing it resumes there too, the same as computed whole; its own
+    // snapshot at 80 announces the two blocks after 48.
     assert_eq!(run(&e, &longer, true, None), (want_longer.0, 48));
+    wait_idle(&e);
+    assert_eq!(stored(), [(2, longer[48..80].to_vec())]);
     // Another cache key (API key) never resumes from it.
     assert_eq!(run(&e, &prompt, true, Some(7)), (want.0, 0));
 }
