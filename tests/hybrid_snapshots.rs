@@ -8,6 +8,9 @@
 //! - A snapshot goes with its block (evicted from the pool, it is dropped), is isolated per
 //!   cache key (an API key) like blocks, and `cached_tokens` and the prefix-cache counters
 //!   count only what was skipped: KV blocks matched past the deepest snapshot are not.
+//! - The real `edge-llm serve`, killed and started again on its `--cache-dir`: the same chat
+//!   resumes from the snapshot read back (`cached_tokens`, all from disk), and `/metrics` shows
+//!   the state slots, the snapshots held and their bytes, and the snapshots on disk.
 //! - Memory: the state slots and snapshots in the metrics, a budget too small for the states
 //!   refused at start-up in one line, and a dense `state_snapshot_every` never holds more
 //!   snapshots than the budget's snapshot slots.
@@ -429,5 +432,92 @@ fn the_start_up_line_counts_the_state_slots_and_a_pool_too_small_is_one_line() {
     assert!(
         err.contains("does not hold the recurrent state of 100 sequences"),
         "{err}"
+    );
+}
+
+/// (reply text, prompt tokens, cached tokens, of which from disk) of one chat.
+fn chat(server: &support::harness::Server, body: &serde_json::Value) -> (String, u64, u64, u64) {
+    let (status, v) = server.post("/v1/chat/completions", body);
+    assert_eq!(status, 200, "{v}");
+    let u = &v["usage"];
+    let d = &u["prompt_tokens_details"];
+    (
+        v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_string(),
+        u["prompt_tokens"].as_u64().unwrap(),
+        d["cached_tokens"].as_u64().unwrap(),
+        d["cached_tokens_sources"]["disk"].as_u64().unwrap(),
+    )
+}
+
+#[test]
+fn serve_resumes_from_the_snapshot_on_disk_after_a_kill_and_shows_it_in_metrics() {
+    use support::harness::Server;
+    let Some((model, _)) = load() else { return };
+    let m = model.file.path().to_string_lossy().into_owned();
+    let dir = TempDir::new("serve");
+    let d = dir.0.to_string_lossy().into_owned();
+    let system: Vec<String> = (1..=25)
+        .map(|i| {
+            format!(
+                "Rule {i}: always answer politely and mention the number {} when relevant.",
+                i * 7
+            )
+        })
+        .collect();
+    let body = serde_json::json!({
+        "messages": [
+            {"role": "system", "content": system.join(" ")},
+            {"role": "user", "content": "What is the capital of France?"},
+        ],
+        "max_tokens": 12,
+        "temperature": 0,
+    });
+    let args = ["-m", &m, "--cache-dir", &d];
+    let Some(server) = Server::start(&args) else {
+        return;
+    };
+    let (text, prompt_tokens, cached, _) = chat(&server, &body);
+    assert_eq!(cached, 0);
+    // The snapshot at the prompt's last full block is what a restart resumes from.
+    let full = (prompt_tokens - 1) / 16;
+    server.wait_for_metrics("the prompt's blocks and snapshot on disk", |s| {
+        s.metric("edge_llm_disk_cache_state_snapshots") >= 1.0
+            && s.metric("edge_llm_disk_cache_blocks") >= full as f64
+    });
+    let slot_bytes = 4.0 * model.config.state_floats() as f64;
+    let snapshots = server.metric("edge_llm_state_snapshots");
+    assert!(snapshots >= 1.0);
+    assert_eq!(
+        server.metric("edge_llm_state_slots_total"),
+        4.0,
+        "--parallel 4"
+    );
+    assert_eq!(server.metric("edge_llm_state_slot_bytes"), slot_bytes);
+    assert_eq!(
+        server.metric("edge_llm_state_snapshot_bytes"),
+        snapshots * slot_bytes
+    );
+    drop(server); // SIGKILL, as a crash
+
+    let Some(server) = Server::start(&args) else {
+        return;
+    };
+    let (again, _, cached, from_disk) = chat(&server, &body);
+    assert_eq!(again, text, "the same output after the restart");
+    assert_eq!(
+        (cached, from_disk),
+        (16 * full, 16 * full),
+        "resumed from disk"
+    );
+    assert_eq!(
+        server.metric("edge_llm_disk_cache_hit_state_snapshots_total"),
+        1.0
+    );
+    assert_eq!(
+        server.metric("edge_llm_prefix_cache_hit_tokens_total"),
+        (16 * full) as f64
     );
 }
