@@ -13,14 +13,15 @@
 //! from the deepest matched block that has a snapshot: the snapshot is copied into its own slot
 //! and only the tokens after it are computed. Snapshots take slots of their own (as many as
 //! the running ones, `pool_slots`), the least recently used given up first when a new one needs
-//! a slot. A snapshot is never wrong for its hash: the same chain of tokens gives the same state.
+//! a slot, but those taken every `--state-snapshot-every` blocks inside a prompt before any
+//! taken at a prompt's end (which a conversation's next turn resumes from). A snapshot is never wrong for its hash: the same chain of tokens gives the same state.
 //! A snapshot goes with its block: once the block of its hash leaves the prefix cache (evicted
 //! for new tokens), the snapshot is dropped too (`retain_snapshots`, called by the scheduler),
 //! since no prompt can resume from it without the blocks before it. With the disk tier on, each
 //! snapshot taken is also written beside its block (`take_taken`), and one read back from disk
 //! enters a snapshot slot of its own (`insert_snapshot`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::sequence::Sequence;
 pub use crate::model::state_pool::StateSlot;
@@ -47,6 +48,8 @@ pub struct StateSlots {
     snapshot_free: Vec<StateSlot>,
     /// Snapshots by the hash of the block they end at: their slot and last use.
     snapshots: HashMap<u64, (StateSlot, u64)>,
+    /// The snapshots taken at a prompt's end (or read from disk): evicted after the others.
+    ends: HashSet<u64>,
     next_use: u64,
     /// Snapshots taken since the last `take_taken` (hash, slot), for the disk tier.
     taken: Vec<(u64, StateSlot)>,
@@ -61,6 +64,7 @@ impl StateSlots {
             copies: Vec::new(),
             snapshot_free: (n..2 * n).rev().map(StateSlot).collect(),
             snapshots: HashMap::new(),
+            ends: HashSet::new(),
             next_use: 0,
             taken: Vec::new(),
         }
@@ -86,10 +90,21 @@ impl StateSlots {
     /// snapshot, in a free snapshot slot or the least recently used one's; nothing when one
     /// exists already.
     pub fn snapshot(&mut self, hash: u64, running: StateSlot) {
+        self.take_snapshot(hash, running, true);
+    }
+
+    /// As `snapshot`; `end`: taken at a prompt's end (kept longer than one inside a prompt).
+    fn take_snapshot(&mut self, hash: u64, running: StateSlot, end: bool) {
+        if end && self.has_snapshot(hash) {
+            self.ends.insert(hash);
+        }
         if self.has_snapshot(hash) || self.num_total == 0 {
             return;
         }
         let dst = self.new_snapshot(hash);
+        if end {
+            self.ends.insert(hash);
+        }
         self.copies.push(StateCopy { src: running, dst });
         self.taken.push((hash, dst));
     }
@@ -103,8 +118,9 @@ impl StateSlots {
                 let (&old, _) = self
                     .snapshots
                     .iter()
-                    .min_by_key(|(_, &(_, used))| used)
+                    .min_by_key(|(h, &(_, used))| (self.ends.contains(h), used))
                     .expect("every snapshot slot holds one");
+                self.ends.remove(&old);
                 self.snapshots.remove(&old).expect("just found").0
             }
         };
@@ -121,7 +137,9 @@ impl StateSlots {
         if self.has_snapshot(hash) || self.num_total == 0 {
             return None;
         }
-        Some(self.new_snapshot(hash))
+        let slot = self.new_snapshot(hash);
+        self.ends.insert(hash);
+        Some(slot)
     }
 
     /// The slot holding the snapshot of `hash`.
@@ -139,6 +157,7 @@ impl StateSlots {
             .collect();
         for h in gone {
             let (slot, _) = self.snapshots.remove(&h).expect("listed");
+            self.ends.remove(&h);
             self.snapshot_free.push(slot);
         }
     }
@@ -174,7 +193,7 @@ impl StateSlots {
             None
         };
         if let Some(h) = hash {
-            self.snapshot(h, slot);
+            self.take_snapshot(h, slot, c == at);
         }
         hash
     }
@@ -355,6 +374,22 @@ mod tests {
         assert!(s.has_snapshot(10) && s.has_snapshot(30) && !s.has_snapshot(20));
         s.check_invariants([a, b].into_iter()).unwrap();
         assert_eq!(s.num_snapshots(), 2);
+    }
+
+    #[test]
+    fn snapshots_inside_a_prompt_are_given_up_before_those_at_a_prompts_end() {
+        let mut s = StateSlots::new(2);
+        let a = s.take().unwrap();
+        s.take_snapshot(10, a, false); // every K blocks inside a prompt
+        s.take_snapshot(20, a, true); // the prompt's end
+        s.take_snapshot(30, a, true); // another prompt's end: 10 goes, though 20 is older
+        assert!(!s.has_snapshot(10) && s.has_snapshot(20) && s.has_snapshot(30));
+        s.take_snapshot(40, a, false);
+        assert!(!s.has_snapshot(20) && s.has_snapshot(30) && s.has_snapshot(40));
+        s.take_snapshot(40, a, true); // the end of a prompt now: kept as one
+        s.take_snapshot(50, a, true);
+        assert!(!s.has_snapshot(30) && s.has_snapshot(40) && s.has_snapshot(50));
+        s.check_invariants([a].into_iter()).unwrap();
     }
 
     #[test]
