@@ -516,6 +516,14 @@ fn serve_resumes_from_the_snapshot_on_disk_after_a_kill_and_shows_it_in_metrics(
         server.metric("edge_llm_disk_cache_hit_state_snapshots_total"),
         1.0
     );
+    let (status, cache) = server.get("/v1/cache");
+    assert_eq!(status, 200, "{cache}");
+    let cache: serde_json::Value = serde_json::from_str(&cache).unwrap();
+    assert_eq!(cache["disk"]["hit_state_snapshots"], 1, "{cache}");
+    assert!(
+        cache["disk"]["state_snapshots"].as_u64().unwrap() >= 1,
+        "{cache}"
+    );
     assert_eq!(
         server.metric("edge_llm_prefix_cache_hit_tokens_total"),
         (16 * full) as f64
