@@ -43,9 +43,8 @@ pub(super) fn io_loop(s: &Shared, jobs: Receiver<Job>, loaded: mpsc::Sender<Load
                 let state = state
                     .filter(|_| chain.len() == blocks.len())
                     .and_then(|(hash, token_ids)| load_file(s, (hash, FileKind::State), &token_ids))
-                    .map(|bytes| {
+                    .inspect(|_| {
                         s.counters.hit_states.fetch_add(1, Ordering::Relaxed);
-                        bytes
                     });
                 s.counters
                     .load_us
