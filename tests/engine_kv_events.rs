@@ -1,7 +1,9 @@
 //! The block manager's KV events alone, without a model: one `BlockStored` per chain entering
 //! the prefix cache (parent hash, tokens), nothing for a block the cache already holds, a
 //! `BlockRemoved` of the stored hash when it is evicted, and a random run where the events
-//! replayed into a set equal the cache's contents (what a router's index would hold).
+//! replayed into a set equal the cache's contents (what a router's index would hold). For a
+//! model with recurrent layers (a scheduler with state slots), a chain is announced only as far
+//! as a state snapshot reaches, and only announced blocks are removed.
 
 mod support;
 
@@ -9,6 +11,9 @@ use std::collections::HashSet;
 
 use edge_llm::engine::block_manager::{BlockId, BlockManager};
 use edge_llm::engine::kv_events::KvCacheEvent;
+use edge_llm::engine::scheduler::{Scheduler, SchedulerConfig};
+use edge_llm::engine::sequence::SeqId;
+use edge_llm::engine::state_slots::StateSlots;
 use support::splitmix::Rng;
 
 fn stored(e: &KvCacheEvent) -> (&[u64], Option<u64>, &[u32]) {
@@ -147,4 +152,72 @@ fn replayed_events_equal_the_cache_contents() {
         num_stored > 100 && num_removed > 50,
         "{num_stored} stored, {num_removed} removed"
     );
+}
+
+#[test]
+fn a_hybrid_models_blocks_are_announced_only_as_far_as_a_state_snapshot_reaches() {
+    let bs = 4;
+    let mut blocks = BlockManager::new(16, bs, 3);
+    blocks.enable_events();
+    blocks.announce_at_snapshots();
+    let config = SchedulerConfig {
+        max_batched_tokens: 64,
+        max_seqs: 4,
+    };
+    let mut s = Scheduler::new(config, blocks);
+    s.states = StateSlots::new(2);
+    s.snapshot_every = 0; // a snapshot at a prompt's last full block only
+                          // 14 tokens: its prompt blocks are the first three, its snapshot at token 12.
+    let prompt: Vec<u32> = (100..114).collect();
+    let id = SeqId(1);
+    s.add(id, prompt.clone());
+    let out = s.schedule();
+    assert_eq!(out.scheduled, [(id, 12)], "the chunk cut at the snapshot");
+    s.step_done(&out);
+    let events = s.blocks.take_events();
+    assert_eq!(events.len(), 1, "{events:?}");
+    let (announced, parent, tokens) = stored(&events[0]);
+    assert_eq!((parent, tokens), (None, &prompt[..12]));
+    assert_eq!(announced, &s.blocks.prompt_block_hashes(&prompt)[..]);
+    let announced = announced.to_vec();
+    // The prompt's last tokens, then six generated: two more full blocks, no snapshot on them.
+    let out = s.schedule();
+    s.step_done(&out);
+    for t in 0..6 {
+        s.append_token(id, 900 + t);
+        let out = s.schedule();
+        s.step_done(&out);
+    }
+    assert_eq!(s.get(id).unwrap().num_computed, 20);
+    assert!(s.blocks.is_cached(
+        s.blocks
+            .registered(s.get(id).unwrap().block_table[4])
+            .unwrap()
+            .0
+    ));
+    assert!(
+        s.blocks.take_events().is_empty(),
+        "blocks past the snapshot announced"
+    );
+    s.finish(id);
+    // A 66-token prompt takes the whole pool (its snapshot at 64): of the five cached blocks,
+    // only the three announced are removed; its own 16 blocks are stored as one chain.
+    s.add(SeqId(2), (500..566).collect());
+    let out = s.schedule();
+    assert_eq!(out.scheduled, [(SeqId(2), 64)]);
+    s.step_done(&out);
+    let (mut removed, mut chains) = (Vec::new(), Vec::new());
+    for e in s.blocks.take_events() {
+        match e {
+            KvCacheEvent::BlockRemoved { block_hashes } => removed.extend(block_hashes),
+            KvCacheEvent::BlockStored { block_hashes, .. } => chains.push(block_hashes.len()),
+            KvCacheEvent::AllBlocksCleared => unreachable!(),
+        }
+    }
+    removed.sort();
+    let mut want = announced;
+    want.sort();
+    assert_eq!(removed, want);
+    assert_eq!(chains, [16]);
+    s.check_invariants().unwrap();
 }

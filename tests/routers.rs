@@ -304,6 +304,18 @@ fn sum_metric(workers: &[&Worker], name: &str) -> f64 {
 
 /// 8 concurrent chats over 4 system prompts, then their 8 follow-ups (one at a time).
 fn workload(label: &str, router: &str, workers: &[&Worker], round: usize) -> Outcome {
+    workload_for(MODEL_ID, label, router, workers, round)
+}
+
+/// `workload` on workers serving the model of id `model_id`.
+fn workload_for(
+    model_id: &str,
+    label: &str,
+    router: &str,
+    workers: &[&Worker],
+    round: usize,
+) -> Outcome {
+    let chat_body = |m: Value| chat_body_for(model_id, m);
     let lookups = "edge_llm_prefix_cache_lookup_tokens_total";
     let hits = "edge_llm_prefix_cache_hit_tokens_total";
     let (l0, h0) = (sum_metric(workers, lookups), sum_metric(workers, hits));
@@ -389,6 +401,16 @@ struct Router {
 }
 
 fn start_vllm_router(bin: &std::path::Path, policy: &str, workers: &[&Worker]) -> Router {
+    start_vllm_router_for(bin, policy, workers, MODEL_ID)
+}
+
+/// `start_vllm_router` for workers serving the model of id `model_id`.
+fn start_vllm_router_for(
+    bin: &std::path::Path,
+    policy: &str,
+    workers: &[&Worker],
+    model_id: &str,
+) -> Router {
     let port = free_port();
     let prom = free_port();
     let mut cmd = std::process::Command::new(bin);
@@ -403,7 +425,7 @@ fn start_vllm_router(bin: &std::path::Path, policy: &str, workers: &[&Worker]) -
         .arg("--worker-urls")
         .args(workers.iter().map(|w| w.url()));
     if policy == "kv_aware" {
-        cmd.args(["--kv-event-block-size", "16", "--kv-event-model", MODEL_ID]);
+        cmd.args(["--kv-event-block-size", "16", "--kv-event-model", model_id]);
         for w in workers {
             cmd.arg("--kv-event-source").arg(format!(
                 "{}=tcp://127.0.0.1:{}",
@@ -601,6 +623,35 @@ fn vllm_router_keeps_follow_ups_on_the_worker_holding_their_prefix() {
             o.follow_ups_on_their_worker, o.hit_rate_all, o.hit_rate_follow_ups, o.tokens_per_s
         );
     }
+}
+
+/// A hybrid model (the synthetic LFM2, issue 29): a worker announces its blocks only as far as
+/// a recurrent state snapshot reaches (a prompt resumes no further), and kv_aware keeps every
+/// follow-up on the worker holding its first turn's snapshot, which it resumes from.
+#[test]
+fn vllm_router_kv_aware_keeps_a_hybrid_models_follow_ups_on_the_worker_holding_their_snapshot() {
+    let Some(bin) = router_bin("vllm-router") else {
+        return;
+    };
+    let r = support::synth::json("tests/synth/lfm2.json");
+    let Some(model) = support::synth::model_file(&r, "scripts/synth/synth.py models target/synth")
+    else {
+        return;
+    };
+    let _lock = harness::ONE_SERVER_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let w1 = Worker::start_with(free_port(), free_port(), &model);
+    let w2 = Worker::start_with(free_port(), free_port(), &model);
+    let router = start_vllm_router_for(&bin, "kv_aware", &[&w1, &w2], "lfm2");
+    let outcome = workload_for("lfm2", "kv_aware (lfm2)", &router.addr, &[&w1, &w2], 0);
+    assert_eq!(
+        outcome.follow_ups_on_their_worker, 8,
+        "a follow-up left its snapshot"
+    );
+    assert_eq!(outcome.follow_ups_hit, 8, "a follow-up did not resume");
+    let snapshots = sum_metric(&[&w1, &w2], "edge_llm_state_snapshots");
+    assert!(snapshots >= 4.0, "{snapshots} snapshots held");
 }
 
 #[test]

@@ -326,6 +326,28 @@ impl Executor {
         }
     }
 
+    /// State slot `slot`'s bytes (`StatePool::read_slot`), for the disk tier; None on devices
+    /// whose state the disk tier does not reach, or outside the pool.
+    pub fn read_state(&self, slot: StateSlot) -> Option<Vec<u8>> {
+        match self {
+            Executor::Cpu(m) => m.backend.states().read_slot(slot),
+            #[cfg(feature = "cuda")]
+            Executor::Cuda(_) | Executor::CudaEmulated(_) => None,
+        }
+    }
+
+    /// Fills state slot `slot` from bytes `read_state` gave: a state that has seen `covers`
+    /// tokens.
+    pub fn write_state(&mut self, slot: StateSlot, bytes: &[u8], covers: usize) -> Result<()> {
+        match self {
+            Executor::Cpu(m) => m.backend.states_mut().write_slot(slot, bytes, covers),
+            #[cfg(feature = "cuda")]
+            Executor::Cuda(_) | Executor::CudaEmulated(_) => {
+                bail!("the disk tier does not reach the GPU's state pool")
+            }
+        }
+    }
+
     /// Fills block `id` from bytes `read_block` gave.
     pub fn write_block(&mut self, id: BlockId, bytes: &[u8]) -> Result<()> {
         match self {

@@ -17,13 +17,18 @@
 //!   slot was just taken, to save before they are overwritten) and `insert_cached` (blocks
 //!   loaded from disk).
 //! - KV events (off unless `enable_events`): a `BlockStored` per chain of blocks entering the
-//!   prefix cache, a `BlockRemoved` per evicted one, queued for `take_events`.
+//!   prefix cache, a `BlockRemoved` per evicted one, queued for `take_events`. A model with
+//!   recurrent layers (`announce_at_snapshots`) announces a chain only as far as a state
+//!   snapshot reaches (`announce_through`), since a prompt resumes no further
+//!   (docs/routers.md, "Hybrid models").
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use super::kv_events::KvCacheEvent;
 pub use crate::model::kv_cache::BlockId;
+
+mod announce;
 
 /// The hash of a full block: chained from its parent block's hash.
 pub type BlockHash = u64;
@@ -37,6 +42,8 @@ struct Block {
     token_ids: Vec<u32>,
     /// Position in the free queue while free.
     free_stamp: Option<u64>,
+    /// Whether a `BlockStored` named it (announce-at-snapshots mode).
+    announced: bool,
 }
 
 /// A memory copy the caller must make before the next forward step (copy-on-write).
@@ -76,6 +83,8 @@ pub struct BlockManager {
     /// Hashes of pinned blocks, with how many pins hold each: chains of every cache key share
     /// them.
     pinned: HashMap<BlockHash, usize>,
+    /// Blocks are announced by `announce_through` only (a model with recurrent layers).
+    at_snapshots: bool,
 }
 
 /// The hash of a full block of `tokens` following a block whose hash is `parent`.
@@ -102,6 +111,7 @@ impl BlockManager {
             events: None,
             evicted: None,
             pinned: HashMap::new(),
+            at_snapshots: false,
         };
         for id in 0..num_blocks as u32 {
             m.push_free(BlockId(id));
@@ -137,6 +147,12 @@ impl BlockManager {
     pub fn registered(&self, id: BlockId) -> Option<(BlockHash, &[u32])> {
         let b = &self.blocks[id.index()];
         b.hash.map(|h| (h, b.token_ids.as_slice()))
+    }
+
+    /// The token ids of the cached block of `hash`.
+    pub fn cached_tokens(&self, hash: BlockHash) -> Option<&[u32]> {
+        let id = self.cached.get(&hash)?;
+        Some(self.blocks[id.index()].token_ids.as_slice())
     }
 
     /// Whether the prefix cache holds a block with this hash.
@@ -181,7 +197,7 @@ impl BlockManager {
         b.hash = Some(hash);
         b.token_ids = token_ids.to_vec();
         self.cached.insert(hash, id);
-        if let Some(events) = &mut self.events {
+        if let (Some(events), false) = (&mut self.events, self.at_snapshots) {
             events.push(KvCacheEvent::BlockStored {
                 block_hashes: vec![hash],
                 parent_block_hash: parent,
@@ -281,12 +297,14 @@ impl BlockManager {
                     log.push((id, h, b.token_ids.clone()));
                 }
                 // Only the cache's own entry was announced (see register_full_blocks).
-                if let Some(events) = &mut self.events {
+                let announced = !self.at_snapshots || b.announced;
+                if let (Some(events), true) = (&mut self.events, announced) {
                     events.push(KvCacheEvent::BlockRemoved {
                         block_hashes: vec![h],
                     });
                 }
             }
+            b.announced = false;
             self.stats.evictions += 1;
         }
         b.token_ids.clear();
@@ -447,7 +465,7 @@ impl BlockManager {
             // A block with the same contents computed at the same time keeps the entry; only
             // an entry the cache takes is announced (and later removed).
             let entered = *self.cached.entry(h).or_insert(id) == id;
-            if entered && self.events.is_some() {
+            if entered && self.events.is_some() && !self.at_snapshots {
                 match &mut stored {
                     Some(KvCacheEvent::BlockStored {
                         block_hashes,

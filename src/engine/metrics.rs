@@ -32,6 +32,9 @@ pub struct Metrics {
     pub state_slots_free: usize,
     /// Snapshots of recurrent states kept for prefix reuse (`engine::state_slots`).
     pub state_snapshots: usize,
+    /// Bytes the snapshots held take (a state slot each), and one slot's bytes.
+    pub state_snapshot_bytes: u64,
+    pub state_slot_bytes: u64,
     pub num_running: usize,
     pub num_waiting: usize,
     /// Time to first token of every finished request, in ms (the most recent 4096).

@@ -141,7 +141,6 @@ impl Scheduler {
     pub fn get(&self, seq_id: SeqId) -> Option<&Sequence> {
         self.seqs.get(&seq_id)
     }
-
     pub fn get_mut(&mut self, seq_id: SeqId) -> Option<&mut Sequence> {
         self.seqs.get_mut(&seq_id)
     }
@@ -149,7 +148,6 @@ impl Scheduler {
     pub fn num_waiting(&self) -> usize {
         self.waiting.len()
     }
-
     pub fn num_running(&self) -> usize {
         self.running.len()
     }
@@ -157,7 +155,6 @@ impl Scheduler {
     pub fn has_work(&self) -> bool {
         !self.waiting.is_empty() || !self.running.is_empty()
     }
-
     pub fn seq_ids(&self) -> impl Iterator<Item = &SeqId> {
         self.seqs.keys()
     }
@@ -397,7 +394,10 @@ impl Scheduler {
             );
             let (bs, blocks) = (self.blocks.block_size, &self.blocks);
             let hash = |c: usize| blocks.registered(seq.block_table[c / bs - 1]).map(|r| r.0);
-            (self.states).after_step(seq, self.snapshot_every * bs, hash);
+            // A model with recurrent layers announces its blocks as far as a snapshot reaches.
+            if let Some(h) = (self.states).after_step(seq, self.snapshot_every * bs, hash) {
+                self.blocks.announce_through(&seq.block_table, h);
+            }
             let full = seq.num_computed / self.blocks.block_size;
             self.clear_in_flight(id, full);
             let seq = &self.seqs[&id];

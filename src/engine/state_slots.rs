@@ -13,9 +13,15 @@
 //! from the deepest matched block that has a snapshot: the snapshot is copied into its own slot
 //! and only the tokens after it are computed. Snapshots take slots of their own (as many as
 //! the running ones, `pool_slots`), the least recently used given up first when a new one needs
-//! a slot. A snapshot is never wrong for its hash: the same chain of tokens gives the same state.
+//! a slot, but those taken every `--state-snapshot-every` blocks inside a prompt before any
+//! taken at a prompt's end (which a conversation's next turn resumes from). A snapshot is never wrong for its hash: the same chain of tokens gives the same state.
+//! A snapshot goes with its block: once the block of its hash leaves the prefix cache (evicted
+//! for new tokens), the snapshot is dropped too (`retain_snapshots`, called by the scheduler),
+//! since no prompt can resume from it without the blocks before it. With the disk tier on, each
+//! snapshot taken is also written beside its block (`take_taken`), and one read back from disk
+//! enters a snapshot slot of its own (`insert_snapshot`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::sequence::Sequence;
 pub use crate::model::state_pool::StateSlot;
@@ -42,7 +48,11 @@ pub struct StateSlots {
     snapshot_free: Vec<StateSlot>,
     /// Snapshots by the hash of the block they end at: their slot and last use.
     snapshots: HashMap<u64, (StateSlot, u64)>,
+    /// The snapshots taken at a prompt's end (or read from disk): evicted after the others.
+    ends: HashSet<u64>,
     next_use: u64,
+    /// Snapshots taken since the last `take_taken` (hash, slot), for the disk tier.
+    taken: Vec<(u64, StateSlot)>,
 }
 
 impl StateSlots {
@@ -54,7 +64,9 @@ impl StateSlots {
             copies: Vec::new(),
             snapshot_free: (n..2 * n).rev().map(StateSlot).collect(),
             snapshots: HashMap::new(),
+            ends: HashSet::new(),
             next_use: 0,
+            taken: Vec::new(),
         }
     }
 
@@ -78,36 +90,99 @@ impl StateSlots {
     /// snapshot, in a free snapshot slot or the least recently used one's; nothing when one
     /// exists already.
     pub fn snapshot(&mut self, hash: u64, running: StateSlot) {
+        self.take_snapshot(hash, running, true);
+    }
+
+    /// As `snapshot`; `end`: taken at a prompt's end (kept longer than one inside a prompt).
+    fn take_snapshot(&mut self, hash: u64, running: StateSlot, end: bool) {
+        if end && self.has_snapshot(hash) {
+            self.ends.insert(hash);
+        }
         if self.has_snapshot(hash) || self.num_total == 0 {
             return;
         }
+        let dst = self.new_snapshot(hash);
+        if end {
+            self.ends.insert(hash);
+        }
+        self.copies.push(StateCopy { src: running, dst });
+        self.taken.push((hash, dst));
+    }
+
+    /// A snapshot slot for `hash`: a free one or the least recently used snapshot's. Copies
+    /// still queued into it are dropped (their snapshot is gone).
+    fn new_snapshot(&mut self, hash: u64) -> StateSlot {
         let dst = match self.snapshot_free.pop() {
             Some(s) => s,
             None => {
                 let (&old, _) = self
                     .snapshots
                     .iter()
-                    .min_by_key(|(_, &(_, used))| used)
+                    .min_by_key(|(h, &(_, used))| (self.ends.contains(h), used))
                     .expect("every snapshot slot holds one");
+                self.ends.remove(&old);
                 self.snapshots.remove(&old).expect("just found").0
             }
         };
-        self.copies.push(StateCopy { src: running, dst });
+        self.copies.retain(|c| c.dst != dst);
+        self.taken.retain(|t| t.1 != dst);
         self.next_use += 1;
         self.snapshots.insert(hash, (dst, self.next_use));
+        dst
+    }
+
+    /// A snapshot slot for the snapshot of `hash` read from elsewhere (the disk tier), for the
+    /// caller to fill now; None when slots are off or it is held already.
+    pub fn insert_snapshot(&mut self, hash: u64) -> Option<StateSlot> {
+        if self.has_snapshot(hash) || self.num_total == 0 {
+            return None;
+        }
+        let slot = self.new_snapshot(hash);
+        self.ends.insert(hash);
+        Some(slot)
+    }
+
+    /// The slot holding the snapshot of `hash`.
+    pub fn snapshot_slot(&self, hash: u64) -> Option<StateSlot> {
+        self.snapshots.get(&hash).map(|s| s.0)
+    }
+
+    /// Drops every snapshot whose block is gone (`keep(hash)` false): its slot is free again.
+    pub fn retain_snapshots(&mut self, keep: impl Fn(u64) -> bool) {
+        let gone: Vec<u64> = self
+            .snapshots
+            .keys()
+            .copied()
+            .filter(|&h| !keep(h))
+            .collect();
+        for h in gone {
+            let (slot, _) = self.snapshots.remove(&h).expect("listed");
+            self.ends.remove(&h);
+            self.snapshot_free.push(slot);
+        }
+    }
+
+    /// The snapshots taken since the last call (hash, slot) that are still held, once their
+    /// copies are made (for the disk tier).
+    pub fn take_taken(&mut self) -> Vec<(u64, StateSlot)> {
+        let taken = std::mem::take(&mut self.taken);
+        taken
+            .into_iter()
+            .filter(|&(h, slot)| self.snapshot_slot(h) == Some(slot))
+            .collect()
     }
 
     /// After a step: snapshots `seq`'s state if its computed tokens end at one of its snapshot
     /// points (`Sequence::snapshot_cut`; `every` in tokens), `block_hash(c)` being the hash of
-    /// its block that ends at token `c`.
+    /// its block that ends at token `c`. Returns the hash snapshotted at (held before or not).
     pub fn after_step(
         &mut self,
         seq: &Sequence,
         every: usize,
         block_hash: impl Fn(usize) -> Option<u64>,
-    ) {
+    ) -> Option<u64> {
         let (Some((at, h)), Some(slot)) = (seq.snapshot_at, seq.state_slot) else {
-            return;
+            return None;
         };
         let c = seq.num_computed;
         let hash = if c == at {
@@ -118,8 +193,9 @@ impl StateSlots {
             None
         };
         if let Some(h) = hash {
-            self.snapshot(h, slot);
+            self.take_snapshot(h, slot, c == at);
         }
+        hash
     }
 
     /// Starts `running` from the snapshot of the block of `hash` (which must exist).
@@ -298,5 +374,50 @@ mod tests {
         assert!(s.has_snapshot(10) && s.has_snapshot(30) && !s.has_snapshot(20));
         s.check_invariants([a, b].into_iter()).unwrap();
         assert_eq!(s.num_snapshots(), 2);
+    }
+
+    #[test]
+    fn snapshots_inside_a_prompt_are_given_up_before_those_at_a_prompts_end() {
+        let mut s = StateSlots::new(2);
+        let a = s.take().unwrap();
+        s.take_snapshot(10, a, false); // every K blocks inside a prompt
+        s.take_snapshot(20, a, true); // the prompt's end
+        s.take_snapshot(30, a, true); // another prompt's end: 10 goes, though 20 is older
+        assert!(!s.has_snapshot(10) && s.has_snapshot(20) && s.has_snapshot(30));
+        s.take_snapshot(40, a, false);
+        assert!(!s.has_snapshot(20) && s.has_snapshot(30) && s.has_snapshot(40));
+        s.take_snapshot(40, a, true); // the end of a prompt now: kept as one
+        s.take_snapshot(50, a, true);
+        assert!(!s.has_snapshot(30) && s.has_snapshot(40) && s.has_snapshot(50));
+        s.check_invariants([a].into_iter()).unwrap();
+    }
+
+    #[test]
+    fn snapshots_go_with_their_blocks_and_one_read_from_disk_takes_a_slot() {
+        let mut s = StateSlots::new(2);
+        let a = s.take().unwrap();
+        s.snapshot(10, a);
+        s.snapshot(20, a);
+        assert_eq!(s.take_taken().len(), 2);
+        // Block 10 left the prefix cache: its snapshot goes, its slot is free again.
+        s.retain_snapshots(|h| h != 10);
+        assert!(!s.has_snapshot(10) && s.has_snapshot(20));
+        s.check_invariants([a].into_iter()).unwrap();
+        let loaded = s.insert_snapshot(30).expect("a free slot");
+        assert!(s.insert_snapshot(30).is_none(), "held already");
+        assert_eq!(s.snapshot_slot(30), Some(loaded));
+        assert!(s.take_taken().is_empty(), "read from disk, not taken");
+        // A full pool: the least recently used (20) makes room, its queued copy dropped.
+        s.snapshot(40, a);
+        assert!(!s.has_snapshot(20) && s.has_snapshot(40) && s.has_snapshot(30));
+        let copies = s.take_copies();
+        assert_eq!(
+            copies
+                .iter()
+                .filter(|c| c.dst == s.snapshot_slot(40).unwrap())
+                .count(),
+            1
+        );
+        s.check_invariants([a].into_iter()).unwrap();
     }
 }

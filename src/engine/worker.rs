@@ -76,13 +76,13 @@ impl Worker {
         speculator: Speculator,
         disk: Option<DiskCacheConfig>,
     ) -> Self {
-        // The disk tier keeps blocks, not recurrent states: a hybrid model could not resume
-        // from what it loads, so it is off for one.
-        let disk = disk.filter(|_| !model.config.is_recurrent());
         let (parking, salt) = Parking::open(disk, &model, config.block_size, &exec);
         let mut blocks = BlockManager::new(config.num_blocks, config.block_size, salt);
         if parking.is_on() {
             blocks.enable_eviction_log();
+        }
+        if model.config.is_recurrent() {
+            blocks.announce_at_snapshots();
         }
         if let Some(sink) = &kv_events {
             blocks.enable_events();
@@ -167,7 +167,8 @@ impl Worker {
                     }
                 }
             }
-            for ready in self.parking.poll(&mut self.sched.blocks, &mut self.exec) {
+            let (blocks, states) = (&mut self.sched.blocks, &mut self.sched.states);
+            for ready in self.parking.poll(blocks, states, &mut self.exec) {
                 self.out.set_disk_blocks(ready.seq_id, ready.from_disk);
                 self.enqueue(ready.seq_id);
                 took = true;
@@ -209,7 +210,8 @@ impl Worker {
                     return self.fail(seq_id, e);
                 }
                 let cache_prompt = self.out.request(seq_id).is_none_or(|r| r.cache_prompt);
-                if !cache_prompt || !self.parking.park(seq_id, &prompt, key, &self.sched.blocks) {
+                let (blocks, states) = (&self.sched.blocks, &self.sched.states);
+                if !cache_prompt || !self.parking.park(seq_id, &prompt, key, blocks, states) {
                     self.enqueue(seq_id);
                 }
             }
@@ -279,6 +281,9 @@ impl Worker {
             state_slots_total: self.sched.states.num_total(),
             state_slots_free: self.sched.states.num_free(),
             state_snapshots: self.sched.states.num_snapshots(),
+            state_snapshot_bytes: (self.sched.states.num_snapshots() as u64)
+                * self.state_slot_bytes(),
+            state_slot_bytes: self.state_slot_bytes(),
             num_running: self.sched.num_running(),
             num_waiting: self.sched.num_waiting() + self.parking.num_parked(),
             blocks_pinned: self.sched.num_pinned(),
@@ -303,9 +308,12 @@ impl Worker {
         for &id in &out.preempted {
             self.speculator.release(id); // its draft blocks too
         }
-        // Before any slot is written: the cached blocks this schedule evicted go to disk.
+        // Before any slot is written: the cached blocks this schedule evicted go to disk, and
+        // their state snapshots are dropped (no prompt resumes from one without its blocks).
         self.parking
             .save_evicted(&mut self.sched.blocks, &self.exec);
+        let blocks = &self.sched.blocks;
+        self.sched.states.retain_snapshots(|h| blocks.is_cached(h));
         if out.is_empty() {
             // Nothing fits even alone (cannot happen with a pool of at least max_seq_len
             // tokens); fail the head of the queue rather than spin.
@@ -362,6 +370,7 @@ impl Worker {
         let scoring = !scores.is_empty();
         self.keep_embeddings(&embd_rows, &step.embd);
         self.deliver(&out, scores, &step.logits, masks);
+        self.make_state_copies();
         // Only steps whose every row wants logits (decoding and verifying, no prompt chunk)
         // teach the cost of a proposed row: a prompt row skips the output matrix.
         self.speculator.record_step(
@@ -374,6 +383,27 @@ impl Worker {
         self.sched
             .step_time
             .record(shape, step_started.elapsed().as_secs_f64());
+    }
+
+    /// Bytes of one recurrent state slot (0: no recurrent layers).
+    fn state_slot_bytes(&self) -> u64 {
+        match self.sched.states.is_on() {
+            true => crate::model::state_pool::StatePool::slot_bytes(&self.model.config) as u64,
+            false => 0,
+        }
+    }
+
+    /// Makes the state copies this step's snapshots and forks queued (the states they copy
+    /// stay as they are until the next step, so now is the same as before it), then writes
+    /// the snapshots just taken to the disk tier.
+    fn make_state_copies(&mut self) {
+        for c in self.sched.states.take_copies() {
+            if let Err(e) = self.exec.copy_state(c.src, c.dst) {
+                eprintln!("warning: state copy {} -> {}: {e:#}", c.src, c.dst);
+            }
+        }
+        let taken = self.sched.states.take_taken();
+        (self.parking).save_snapshots(taken, &self.sched.blocks, &self.exec);
     }
 
     /// Most blocks pinned in all: half the pool, so requests always have room.

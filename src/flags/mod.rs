@@ -262,8 +262,9 @@ impl EngineArgs {
         let state_note = match config.state_slots_for(&model) {
             0 => String::new(),
             n => format!(
-                ", {n} recurrent state slots and {n} snapshot slots ({:.1} MiB) in it",
-                config.state_bytes(&model) as f64 / (1 << 20) as f64
+                ", {n} recurrent state slots and {n} snapshot slots ({:.1} MiB, {:.1} KiB each) in it",
+                config.state_bytes(&model) as f64 / (1 << 20) as f64,
+                crate::model::state_pool::StatePool::slot_bytes(&model.config) as f64 / 1024.0
             ),
         };
         let engine = EngineHandle::start(

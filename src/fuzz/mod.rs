@@ -447,7 +447,7 @@ fn block_tokens() -> [u32; 16] {
 /// before them (so mutations reach the checks past it); then the rest goes through the tier's
 /// check. A file that passes must be exactly the one the tier writes for the block.
 pub fn disk_block(data: &[u8]) {
-    use crate::engine::disk_cache::file::{checksum, decode, encode, Expected};
+    use crate::engine::disk_cache::file::{checksum, decode, encode, Expected, FileKind};
     let Some((&mode, rest)) = data.split_first() else {
         return;
     };
@@ -458,7 +458,13 @@ pub fn disk_block(data: &[u8]) {
         bytes[n..].copy_from_slice(&sum.to_le_bytes());
     }
     let tokens = block_tokens();
+    // Bit 1 of the mode: the file read as a state snapshot rather than a block.
+    let kind = match mode & 2 {
+        0 => FileKind::Kv,
+        _ => FileKind::State,
+    };
     let want = Expected {
+        kind,
         identity: BLOCK_IDENTITY,
         hash: BLOCK_HASH,
         token_ids: &tokens,
@@ -468,7 +474,7 @@ pub fn disk_block(data: &[u8]) {
         Ok(kv) => {
             assert_eq!(kv.len(), BLOCK_KV_BYTES, "the KV bytes served");
             assert!(
-                encode(BLOCK_IDENTITY, BLOCK_HASH, &tokens, kv) == bytes,
+                encode(kind, BLOCK_IDENTITY, BLOCK_HASH, &tokens, kv) == bytes,
                 "a file that passes is the one the tier writes"
             );
         }

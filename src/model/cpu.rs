@@ -163,6 +163,15 @@ impl Cpu {
         &mut self.kv
     }
 
+    /// The recurrent state pool (the disk tier reads and fills snapshot slots of it).
+    pub fn states(&self) -> &StatePool {
+        &self.states
+    }
+
+    pub fn states_mut(&mut self) -> &mut StatePool {
+        &mut self.states
+    }
+
     /// A KV pool of `num_blocks` blocks of `block_size` tokens of `kv_types` for a model of `c`.
     pub fn new(c: &ModelConfig, kv_types: KvTypes, block_size: usize, num_blocks: usize) -> Cpu {
         let kv = KvCache::new_as(kv_types, c, block_size, num_blocks);

@@ -103,6 +103,33 @@ impl StatePool {
         Ok(())
     }
 
+    /// Slot `slot`'s state as little-endian bytes (every recurrent layer's, in layer order),
+    /// for the disk tier; None outside the pool.
+    pub fn read_slot(&self, slot: StateSlot) -> Option<Vec<u8>> {
+        let n = self.slot_floats();
+        let floats = self.state.get(slot.index() * n..(slot.index() + 1) * n)?;
+        Some(floats.iter().flat_map(|x| x.to_le_bytes()).collect())
+    }
+
+    /// Fills slot `slot` from bytes `read_slot` gave, a state that has seen `covers` tokens.
+    pub fn write_slot(&mut self, slot: StateSlot, bytes: &[u8], covers: usize) -> Result<()> {
+        let n = self.slot_floats();
+        if slot.index() >= self.num_slots() || bytes.len() != 4 * n {
+            bail!(
+                "state slot {slot} of a pool of {} written with {} bytes (a slot holds {})",
+                self.num_slots(),
+                bytes.len(),
+                4 * n
+            );
+        }
+        let dst = &mut self.state[slot.index() * n..(slot.index() + 1) * n];
+        for (x, b) in dst.iter_mut().zip(bytes.chunks_exact(4)) {
+            *x = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        }
+        self.covers[slot.index()] = covers;
+        Ok(())
+    }
+
     /// The step's runs, one per sequence row with a slot, checked: each row's tokens are
     /// consecutive in the batch and in position, and start at 0 or where the slot's state ends.
     /// Records that each slot's state will cover its run (the step then computes it).

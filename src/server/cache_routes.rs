@@ -87,6 +87,8 @@ pub async fn cache_info(
             "budget_bytes": d.budget_bytes,
             "hit_blocks": d.hit_blocks,
             "rejected_files": d.rejected_files,
+            "state_snapshots": d.states,
+            "hit_state_snapshots": d.hit_states,
         }),
         None => json!({"enabled": false}),
     };

@@ -311,7 +311,7 @@ pub fn prometheus(m: &Metrics) -> String {
         &[("", m.blocks_scored as f64)],
     );
     if let Some(d) = &m.disk_cache {
-        let disk: [(&str, &str, &str, f64); 10] = [
+        let disk: [(&str, &str, &str, f64); 13] = [
             ("disk_cache_blocks", "gauge", "Prefix-cache blocks on disk.", d.blocks as f64),
             ("disk_cache_bytes", "gauge", "Bytes of prefix-cache blocks on disk.", d.bytes as f64),
             ("disk_cache_budget_bytes", "gauge", "The disk tier's budget (--cache-disk-mib).", d.budget_bytes as f64),
@@ -322,6 +322,9 @@ pub fn prometheus(m: &Metrics) -> String {
             ("disk_cache_written_bytes_total", "counter", "Bytes written to disk.", d.written_bytes as f64),
             ("disk_cache_rejected_files_total", "counter", "Block files rejected (torn, truncated, corrupt or another model's): deleted and recomputed.", d.rejected_files as f64),
             ("disk_cache_dropped_writes_total", "counter", "Block writes dropped because the disk thread was behind or the write failed.", d.dropped_writes as f64),
+            ("disk_cache_state_snapshots", "gauge", "Recurrent state snapshots on disk, each beside its block (a model with recurrent layers).", d.states as f64),
+            ("disk_cache_hit_state_snapshots_total", "counter", "State snapshots loaded from disk (a prompt resumed from one instead of recomputing its prefix).", d.hit_states as f64),
+            ("disk_cache_written_state_snapshots_total", "counter", "State snapshots written to disk.", d.written_states as f64),
         ];
         for (name, kind, help, v) in disk {
             metric(name, kind, help, &[("", v)]);
@@ -372,10 +375,28 @@ pub fn prometheus(m: &Metrics) -> String {
             ],
         );
         metric(
+            "state_slots_total",
+            "gauge",
+            "Recurrent state slots for running sequences (as many more hold snapshots), from the KV memory budget.",
+            &[("", m.state_slots_total as f64)],
+        );
+        metric(
             "state_snapshots",
             "gauge",
             "Snapshots of recurrent states kept at the end of cached prompts (a later prompt resumes from one).",
             &[("", m.state_snapshots as f64)],
+        );
+        metric(
+            "state_snapshot_bytes",
+            "gauge",
+            "Bytes of the recurrent state snapshots held (one state slot each, out of the KV memory budget).",
+            &[("", m.state_snapshot_bytes as f64)],
+        );
+        metric(
+            "state_slot_bytes",
+            "gauge",
+            "Bytes of one recurrent state slot (every recurrent layer's state of one sequence).",
+            &[("", m.state_slot_bytes as f64)],
         );
     }
     if let Some((total, free)) = m.draft_blocks {

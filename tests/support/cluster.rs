@@ -105,13 +105,17 @@ pub struct Worker {
 
 impl Worker {
     pub fn start(port: u16, events_port: u16) -> Worker {
-        let model = model_path();
+        Worker::start_with(port, events_port, &model_path())
+    }
+
+    /// A worker serving `model` (its id is the file's stem).
+    pub fn start_with(port: u16, events_port: u16, model: &std::path::Path) -> Worker {
         let proc = Proc::spawn(
             &format!("worker-{port}"),
             Command::new(env!("CARGO_BIN_EXE_edge-llm"))
                 .arg("serve")
                 .arg("-m")
-                .arg(&model)
+                .arg(model)
                 .args(["--host", "127.0.0.1", "--port", &port.to_string()])
                 .args(["-t", "1", "-c", "2048", "--parallel", "8"])
                 .args(["--kv-events", &format!("tcp://127.0.0.1:{events_port}")])
@@ -241,7 +245,12 @@ pub fn question(round: usize, i: usize) -> String {
 }
 
 pub fn chat_body(messages: Value) -> Value {
-    json!({"model": MODEL_ID, "messages": messages, "max_tokens": 8, "temperature": 0})
+    chat_body_for(MODEL_ID, messages)
+}
+
+/// `chat_body` for the model of id `model_id`.
+pub fn chat_body_for(model_id: &str, messages: Value) -> Value {
+    json!({"model": model_id, "messages": messages, "max_tokens": 8, "temperature": 0})
 }
 
 /// The worker instance that answered, from the response id (`chatcmpl-{instance}{id:06x}`).

@@ -1,10 +1,13 @@
-//! One block file of the disk tier: its bytes on disk and the checks a file must pass before
-//! it is served. Called by the disk tier's I/O thread only.
+//! One file of the disk tier, a block's keys and values (`<hash>.kv`) or the recurrent state
+//! snapshot taken at the end of that block (`<hash>.state`, a model with recurrent layers): its
+//! bytes on disk and the checks a file must pass before it is served. Called by the disk tier's
+//! I/O thread only.
 //!
-//! Layout (little-endian): magic `ELKVBLK1`, format version (u32), the tier's identity (u64),
-//! the block's chained hash (u64), tokens per block (u32), its token ids (u32 each), the
-//! length of the KV bytes (u64), the KV bytes (every layer's keys then values, f16), and a
-//! checksum (u64) of everything before it.
+//! Layout (little-endian): magic (`ELKVBLK1` for a block, `ELSTATE1` for a state), format
+//! version (u32), the tier's identity (u64), the block's chained hash (u64), tokens per block
+//! (u32), its token ids (u32 each), the length of the payload (u64), the payload (a block: every
+//! layer's keys then values; a state: every recurrent layer's state, f32), and a checksum (u64)
+//! of everything before it. A state file passes the same checks as a block file.
 
 use std::fmt;
 use std::fs::File;
@@ -12,15 +15,42 @@ use std::io::Read;
 
 use crate::engine::block_manager::BlockHash;
 
-const MAGIC: &[u8; 8] = b"ELKVBLK1";
 pub const FORMAT_VERSION: u32 = 1;
 const HEADER_BYTES: usize = 8 + 4 + 8 + 8 + 4;
 
-/// What a block file must hold to be served for one block of one prompt.
+/// What a file of the tier holds for its block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FileKind {
+    /// The block's keys and values.
+    Kv,
+    /// The recurrent state snapshot taken at the block's end.
+    State,
+}
+
+impl FileKind {
+    fn magic(self) -> &'static [u8; 8] {
+        match self {
+            FileKind::Kv => b"ELKVBLK1",
+            FileKind::State => b"ELSTATE1",
+        }
+    }
+
+    /// The file name's extension.
+    pub fn extension(self) -> &'static str {
+        match self {
+            FileKind::Kv => "kv",
+            FileKind::State => "state",
+        }
+    }
+}
+
+/// What a file must hold to be served for one block of one prompt.
 pub struct Expected<'a> {
+    pub kind: FileKind,
     pub identity: u64,
     pub hash: BlockHash,
     pub token_ids: &'a [u32],
+    /// The payload's length (a block's KV bytes, a state slot's bytes).
     pub kv_bytes: usize,
 }
 
@@ -42,10 +72,10 @@ impl fmt::Display for Reject {
             Reject::Truncated { len, want } => {
                 write!(
                     f,
-                    "truncated or torn ({len} bytes, a block file has {want})"
+                    "truncated or torn ({len} bytes, a file of this kind has {want})"
                 )
             }
-            Reject::BadMagic => write!(f, "not a block file (bad magic)"),
+            Reject::BadMagic => write!(f, "not a file of this kind (bad magic)"),
             Reject::Version(v) => {
                 write!(f, "format version {v}, this build writes {FORMAT_VERSION}")
             }
@@ -84,9 +114,15 @@ pub fn checksum(bytes: &[u8]) -> u64 {
 }
 
 /// The bytes of a block file.
-pub fn encode(identity: u64, hash: BlockHash, token_ids: &[u32], kv: &[u8]) -> Vec<u8> {
+pub fn encode(
+    kind: FileKind,
+    identity: u64,
+    hash: BlockHash,
+    token_ids: &[u32],
+    kv: &[u8],
+) -> Vec<u8> {
     let mut out = Vec::with_capacity(file_bytes(token_ids.len(), kv.len()));
-    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(kind.magic());
     out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
     out.extend_from_slice(&identity.to_le_bytes());
     out.extend_from_slice(&hash.to_le_bytes());
@@ -128,10 +164,10 @@ pub fn read(f: &mut File, len: u64, want: &Expected) -> std::io::Result<Result<V
     }))
 }
 
-/// Checks `bytes` against what the block must be, and returns its KV bytes.
+/// Checks `bytes` against what the file must be, and returns its payload.
 pub fn decode<'a>(bytes: &'a [u8], want: &Expected) -> Result<&'a [u8], Reject> {
     let size = file_bytes(want.token_ids.len(), want.kv_bytes);
-    if bytes.len() >= 8 && &bytes[..8] != MAGIC {
+    if bytes.len() >= 8 && &bytes[..8] != want.kind.magic() {
         return Err(Reject::BadMagic);
     }
     // Another model's (or setting's) file says so before its size differs.
@@ -192,6 +228,7 @@ mod tests {
 
     fn want<'a>(tokens: &'a [u32], kv: &[u8]) -> Expected<'a> {
         Expected {
+            kind: FileKind::Kv,
             identity: 7,
             hash: 42,
             token_ids: tokens,
@@ -202,7 +239,7 @@ mod tests {
     #[test]
     fn round_trip() {
         let (t, kv) = sample();
-        let bytes = encode(7, 42, &t, &kv);
+        let bytes = encode(FileKind::Kv, 7, 42, &t, &kv);
         assert_eq!(bytes.len(), file_bytes(t.len(), kv.len()));
         assert_eq!(decode(&bytes, &want(&t, &kv)).unwrap(), &kv[..]);
     }
@@ -210,7 +247,7 @@ mod tests {
     #[test]
     fn every_single_bit_flip_is_caught() {
         let (t, kv) = sample();
-        let bytes = encode(7, 42, &t, &kv);
+        let bytes = encode(FileKind::Kv, 7, 42, &t, &kv);
         for i in (0..bytes.len()).step_by(3) {
             for bit in [0, 5] {
                 let mut b = bytes.clone();
@@ -226,26 +263,35 @@ mod tests {
     #[test]
     fn truncation_identity_hash_and_tokens_are_caught() {
         let (t, kv) = sample();
-        let bytes = encode(7, 42, &t, &kv);
+        let bytes = encode(FileKind::Kv, 7, 42, &t, &kv);
         for len in [0, 5, 40, bytes.len() - 1] {
             assert!(matches!(
                 decode(&bytes[..len], &want(&t, &kv)),
                 Err(Reject::Truncated { .. })
             ));
         }
-        let other = encode(8, 42, &t, &kv);
+        let other = encode(FileKind::Kv, 8, 42, &t, &kv);
         assert_eq!(
             decode(&other, &want(&t, &kv)),
             Err(Reject::Identity { found: 8 })
         );
-        let other = encode(7, 43, &t, &kv);
+        let other = encode(FileKind::Kv, 7, 43, &t, &kv);
         assert_eq!(
             decode(&other, &want(&t, &kv)),
             Err(Reject::Hash { found: 43 })
         );
+        // A state file is never served as the block's keys and values, nor the reverse.
+        let state = encode(FileKind::State, 7, 42, &t, &kv);
+        assert_eq!(decode(&state, &want(&t, &kv)), Err(Reject::BadMagic));
+        let as_state = Expected {
+            kind: FileKind::State,
+            ..want(&t, &kv)
+        };
+        assert_eq!(decode(&state, &as_state).unwrap(), &kv[..]);
+        assert_eq!(decode(&bytes, &as_state), Err(Reject::BadMagic));
         let mut t2 = t.clone();
         t2[3] = 99;
-        let other = encode(7, 42, &t2, &kv);
+        let other = encode(FileKind::Kv, 7, 42, &t2, &kv);
         assert_eq!(decode(&other, &want(&t, &kv)), Err(Reject::TokenIds));
     }
 }

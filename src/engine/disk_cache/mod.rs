@@ -1,6 +1,10 @@
 //! The disk tier of the prefix cache: full KV blocks kept in files under
 //! `$XDG_CACHE_HOME/edge-llm/<model>-<identity>/` (or `~/.cache/...`, or `--cache-dir`), one file
 //! per chained block hash, so a prompt computed before a restart is loaded instead of computed.
+//! For a model with recurrent layers, the state snapshots taken at block ends
+//! (`crate::engine::state_slots`) are kept beside their blocks (`<hash>.state`, `file`): written
+//! when taken, read back with the chain they end (a prompt resumes from the deepest one), under
+//! the same checks, and evicted with their block.
 //!
 //! The engine thread ([`crate::engine`]'s worker) owns a [`DiskTier`]: it asks whether a block
 //! is on disk, hands blocks to write (copies of their KV bytes) and asks for chains of blocks to
@@ -24,24 +28,24 @@ pub mod file;
 mod index;
 mod io;
 mod parking;
+mod thread;
 mod warn;
 
-use std::collections::VecDeque;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Instant, SystemTime};
+use std::time::SystemTime;
 
 use anyhow::{Context, Result};
 
 use super::block_manager::BlockHash;
 use crate::kernels::KvTypes;
 use crate::model::Model;
-use index::DiskIndex;
-use io::Refused;
+pub use file::FileKind;
+use index::{DiskIndex, FileKey};
 pub(super) use parking::Parking;
 use warn::Warner;
 
@@ -106,6 +110,10 @@ pub struct DiskCacheStats {
     pub rejected_files: u64,
     /// Writes dropped because the I/O thread was behind, or failed.
     pub dropped_writes: u64,
+    /// Recurrent state snapshots on disk now, loaded into the state pool, and written.
+    pub states: u64,
+    pub hit_states: u64,
+    pub written_states: u64,
 }
 
 #[derive(Default)]
@@ -117,27 +125,33 @@ struct Counters {
     written_bytes: AtomicU64,
     rejected_files: AtomicU64,
     dropped_writes: AtomicU64,
+    hit_states: AtomicU64,
+    written_states: AtomicU64,
 }
 
 /// One block of a chain to load: its hash and the token ids it must hold.
 pub type WantedBlock = (BlockHash, Vec<u32>);
 
 /// A load's answer: the leading blocks of the asked chain that were on disk and passed every
-/// check, in chain order, with their KV bytes.
+/// check, in chain order, with their KV bytes; and the state snapshot asked for, when every
+/// block came and its file passed every check.
 pub struct Loaded {
     pub ticket: u64,
     pub blocks: Vec<(BlockHash, Vec<u32>, Vec<u8>)>,
+    pub state: Option<Vec<u8>>,
 }
 
 enum Job {
     Write {
-        hash: BlockHash,
+        key: FileKey,
         token_ids: Vec<u32>,
         kv: Vec<u8>,
     },
     Load {
         ticket: u64,
         blocks: Vec<WantedBlock>,
+        /// The block whose state snapshot to load after the chain.
+        state: Option<WantedBlock>,
     },
 }
 
@@ -146,6 +160,8 @@ struct Shared {
     dir: PathBuf,
     identity: u64,
     kv_bytes: usize,
+    /// A state snapshot's bytes (0: the model has no recurrent layer).
+    state_bytes: usize,
     index: Mutex<DiskIndex>,
     counters: Counters,
     warner: Mutex<Warner>,
@@ -245,12 +261,14 @@ fn simd_path() -> String {
 impl DiskTier {
     /// Opens (creating it) the folder of `model`'s blocks under `config.root`, indexes the files
     /// already there (deleting leftover temporary files and what exceeds the budget) and starts
-    /// the I/O thread. `kv_bytes` is one block's KV bytes.
+    /// the I/O thread. `kv_bytes` is one block's KV bytes, `state_bytes` one state snapshot's
+    /// (0 for a model without recurrent layers).
     pub fn open(
         config: &DiskCacheConfig,
         model: &Model,
         identity: u64,
         kv_bytes: usize,
+        state_bytes: usize,
     ) -> Result<DiskTier> {
         let stem = model
             .file
@@ -279,10 +297,11 @@ impl DiskTier {
                 }
                 continue;
             }
-            let Some(hash) = name
-                .strip_suffix(".kv")
-                .and_then(|h| u64::from_str_radix(h, 16).ok())
-            else {
+            let named = |kind: FileKind| {
+                let stem = name.strip_suffix(kind.extension())?.strip_suffix('.')?;
+                Some((u64::from_str_radix(stem, 16).ok()?, kind))
+            };
+            let Some(key) = named(FileKind::Kv).or_else(|| named(FileKind::State)) else {
                 continue;
             };
             if !kind.is_file() {
@@ -291,7 +310,7 @@ impl DiskTier {
             }
             let meta = entry.metadata()?;
             let mtime = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
-            found.push((mtime, hash, meta.len()));
+            found.push((mtime, key, meta.len()));
         }
         if !skipped.is_empty() {
             eprintln!(
@@ -303,16 +322,17 @@ impl DiskTier {
             );
         }
         found.sort();
-        for (_, hash, len) in found {
-            index.insert(hash, len.max(1));
+        for (_, key, len) in found {
+            index.insert(key, len.max(1));
         }
         for victim in index.evict_for(0) {
-            let _ = std::fs::remove_file(block_path(&dir, victim));
+            let _ = std::fs::remove_file(file_path(&dir, victim));
         }
         let shared = Arc::new(Shared {
             dir,
             identity,
             kv_bytes,
+            state_bytes,
             index: Mutex::new(index),
             counters: Counters::default(),
             warner: Mutex::new(Warner::default()),
@@ -322,7 +342,7 @@ impl DiskTier {
         let io = shared.clone();
         let thread = std::thread::Builder::new()
             .name("edge-llm-disk-cache".into())
-            .spawn(move || io_loop(&io, jobs_rx, loaded_tx))
+            .spawn(move || thread::io_loop(&io, jobs_rx, loaded_tx))
             .context("starting the disk cache thread")?;
         Ok(DiskTier {
             _lock: lock,
@@ -343,32 +363,43 @@ impl DiskTier {
 
     /// Whether the block is on disk or queued to be written.
     pub fn contains(&self, hash: BlockHash) -> bool {
-        self.index().contains(hash)
+        self.index().contains((hash, FileKind::Kv))
     }
 
     /// Whether the block's file is written.
     pub fn is_written(&self, hash: BlockHash) -> bool {
-        self.index().is_written(hash)
+        self.index().is_written((hash, FileKind::Kv))
+    }
+
+    /// Whether the state snapshot at the end of the block is written.
+    pub fn has_state(&self, hash: BlockHash) -> bool {
+        self.index().is_written((hash, FileKind::State))
     }
 
     /// Queues a block to be written (never waits: when the I/O thread is behind, the write is
     /// dropped and counted).
     pub fn write(&self, hash: BlockHash, token_ids: Vec<u32>, kv: Vec<u8>) {
+        self.queue_write((hash, FileKind::Kv), token_ids, kv);
+    }
+
+    /// Queues the state snapshot taken at the end of the block of `hash` (holding `token_ids`)
+    /// to be written, as `write` a block.
+    pub fn write_state(&self, hash: BlockHash, token_ids: Vec<u32>, state: Vec<u8>) {
+        self.queue_write((hash, FileKind::State), token_ids, state);
+    }
+
+    fn queue_write(&self, key: FileKey, token_ids: Vec<u32>, kv: Vec<u8>) {
         let Some(jobs) = &self.jobs else { return };
         {
             let mut index = self.index();
-            if index.contains(hash) {
+            if index.contains(key) {
                 return;
             }
-            index.insert(hash, 0);
+            index.insert(key, 0);
         }
-        let job = Job::Write {
-            hash,
-            token_ids,
-            kv,
-        };
+        let job = Job::Write { key, token_ids, kv };
         if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = jobs.try_send(job) {
-            self.index().remove(hash);
+            self.index().remove(key);
             self.shared
                 .counters
                 .dropped_writes
@@ -376,11 +407,17 @@ impl DiskTier {
         }
     }
 
-    /// Asks the I/O thread for the leading blocks of a chain; the answer comes from
+    /// Asks the I/O thread for the leading blocks of a chain, and then (when all came) for the
+    /// state snapshot at the end of block `state`; the answer comes from
     /// [`DiskTier::try_loaded`] with the same ticket. False when the thread is behind.
-    pub fn load(&self, ticket: u64, blocks: Vec<WantedBlock>) -> bool {
+    pub fn load(&self, ticket: u64, blocks: Vec<WantedBlock>, state: Option<WantedBlock>) -> bool {
         let Some(jobs) = &self.jobs else { return false };
-        jobs.try_send(Job::Load { ticket, blocks }).is_ok()
+        let job = Job::Load {
+            ticket,
+            blocks,
+            state,
+        };
+        jobs.try_send(job).is_ok()
     }
 
     /// A load's answer, if one is ready.
@@ -407,7 +444,10 @@ impl DiskStatsHandle {
         let c = &self.0.counters;
         let index = self.0.index.lock().unwrap_or_else(|e| e.into_inner());
         DiskCacheStats {
-            blocks: index.num_blocks() as u64,
+            blocks: index.num_files(FileKind::Kv) as u64,
+            states: index.num_files(FileKind::State) as u64,
+            hit_states: c.hit_states.load(Ordering::Relaxed),
+            written_states: c.written_states.load(Ordering::Relaxed),
             bytes: index.total_bytes(),
             budget_bytes: index.budget_bytes,
             hit_blocks: c.hit_blocks.load(Ordering::Relaxed),
@@ -431,166 +471,6 @@ impl Drop for DiskTier {
     }
 }
 
-fn block_path(dir: &Path, hash: BlockHash) -> PathBuf {
-    dir.join(format!("{hash:016x}.kv"))
-}
-
-/// The I/O thread: loads first (a request waits on them), then writes, until the engine side
-/// hangs up and the queue is empty.
-fn io_loop(s: &Shared, jobs: Receiver<Job>, loaded: mpsc::Sender<Loaded>) {
-    let mut queue = VecDeque::new();
-    loop {
-        if queue.is_empty() {
-            match jobs.recv() {
-                Ok(j) => queue.push_back(j),
-                Err(_) => return,
-            }
-        }
-        while let Ok(j) = jobs.try_recv() {
-            queue.push_back(j);
-        }
-        let next = match queue.iter().position(|j| matches!(j, Job::Load { .. })) {
-            Some(i) => queue.remove(i),
-            None => queue.pop_front(),
-        };
-        match next {
-            Some(Job::Load { ticket, blocks }) => {
-                let blocks = load_chain(s, &blocks);
-                let _ = loaded.send(Loaded { ticket, blocks });
-            }
-            Some(Job::Write {
-                hash,
-                token_ids,
-                kv,
-            }) => write_block(s, hash, &token_ids, &kv),
-            None => {}
-        }
-    }
-}
-
-/// A block file that could not be read: warned about (once a minute per kind of error) and
-/// forgotten, so the block is recomputed.
-fn read_failed(s: &Shared, path: &Path, hash: BlockHash, e: &std::io::Error) {
-    s.warn_repeating(
-        &format!("read:{:?}", e.kind()),
-        &format!(
-            "reading {}: {e}; the block will be recomputed",
-            path.display()
-        ),
-    );
-    s.index().remove(hash);
-}
-
-fn load_chain(s: &Shared, wanted: &[WantedBlock]) -> Vec<(BlockHash, Vec<u32>, Vec<u8>)> {
-    let started = Instant::now();
-    let mut out = Vec::new();
-    for (hash, token_ids) in wanted {
-        let path = block_path(&s.dir, *hash);
-        let want = file::Expected {
-            identity: s.identity,
-            hash: *hash,
-            token_ids,
-            kv_bytes: s.kv_bytes,
-        };
-        let (mut f, len) = match io::open_regular(&path) {
-            Ok(opened) => opened,
-            Err(Refused::NotFound) => {
-                s.index().remove(*hash);
-                break;
-            }
-            Err(Refused::Io(e)) => {
-                read_failed(s, &path, *hash, &e);
-                break;
-            }
-            Err(refused) => {
-                reject(s, &path, *hash, &refused);
-                break;
-            }
-        };
-        let bytes = match file::read(&mut f, len, &want) {
-            Ok(Ok(bytes)) => bytes,
-            Ok(Err(r)) => {
-                reject(s, &path, *hash, &r);
-                break;
-            }
-            Err(e) => {
-                read_failed(s, &path, *hash, &e);
-                break;
-            }
-        };
-        match file::decode(&bytes, &want) {
-            Ok(kv) => {
-                let c = &s.counters;
-                c.hit_blocks.fetch_add(1, Ordering::Relaxed);
-                c.hit_bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
-                s.index().touch(*hash);
-                // The LRU order survives restarts through the files' times.
-                let _ = f.set_modified(SystemTime::now());
-                out.push((*hash, token_ids.clone(), kv.to_vec()));
-            }
-            Err(r) => {
-                reject(s, &path, *hash, &r);
-                break;
-            }
-        }
-    }
-    s.counters
-        .load_us
-        .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
-    out
-}
-
-/// A block file that is not what its name says (damaged, another model's, or not a regular
-/// file at all): one warning, its entry deleted (a link or FIFO itself, never its target), the
-/// block recomputed.
-fn reject(s: &Shared, path: &Path, hash: BlockHash, why: &dyn std::fmt::Display) {
-    eprintln!(
-        "warning: disk cache: {}: {why}; deleted, the block will be recomputed",
-        path.display()
-    );
-    let _ = std::fs::remove_file(path);
-    s.index().remove(hash);
-    s.counters.rejected_files.fetch_add(1, Ordering::Relaxed);
-}
-
-fn write_block(s: &Shared, hash: BlockHash, token_ids: &[u32], kv: &[u8]) {
-    let bytes = file::encode(s.identity, hash, token_ids, kv);
-    let size = bytes.len() as u64;
-    let victims = {
-        let mut index = s.index();
-        if index.is_written(hash) {
-            return;
-        }
-        index.remove(hash);
-        if size > index.budget_bytes {
-            return;
-        }
-        let victims = index.evict_for(size);
-        // Reserved before the file exists, so files on disk never exceed the budget.
-        index.insert(hash, size);
-        victims
-    };
-    for v in victims {
-        let _ = std::fs::remove_file(block_path(&s.dir, v));
-    }
-    let path = block_path(&s.dir, hash);
-    let written = io::write_atomically(&path, &bytes);
-    let c = &s.counters;
-    match written {
-        Ok(()) => {
-            c.written_blocks.fetch_add(1, Ordering::Relaxed);
-            c.written_bytes.fetch_add(size, Ordering::Relaxed);
-        }
-        Err(e) => {
-            s.index().remove(hash);
-            c.dropped_writes.fetch_add(1, Ordering::Relaxed);
-            s.warn_repeating(
-                &format!("write:{:?}", e.kind()),
-                &format!(
-                    "writing {}: {e}; blocks stay in memory only",
-                    path.display()
-                ),
-            );
-        }
-    }
+fn file_path(dir: &Path, (hash, kind): FileKey) -> PathBuf {
+    dir.join(format!("{hash:016x}.{}", kind.extension()))
 }

@@ -1,7 +1,10 @@
 //! The engine thread's side of the disk tier: new sequences whose prompt continues on disk
 //! past what memory holds wait here ("parked") while the tier's I/O thread loads those blocks,
 //! then enter the scheduler reusing what arrived; cached blocks evicted from the pool, and the
-//! full blocks of sequences that end, are handed to the tier to write.
+//! full blocks of sequences that end, are handed to the tier to write. For a model with
+//! recurrent layers, state snapshots are written when taken and a prompt loads its chain only
+//! as far as the deepest snapshot on it (in memory or on disk), with that snapshot: the blocks
+//! past it would be recomputed anyway.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -10,6 +13,8 @@ use super::{DiskCacheConfig, DiskCacheStats, DiskStatsHandle, DiskTier};
 use crate::device::Executor;
 use crate::engine::block_manager::{BlockHash, BlockId, BlockManager};
 use crate::engine::sequence::SeqId;
+use crate::engine::state_slots::{StateSlot, StateSlots};
+use crate::model::state_pool::StatePool;
 use crate::model::Model;
 
 /// How long a new request waits for its blocks from disk; a slower disk degrades to
@@ -24,6 +29,9 @@ struct Parked {
     deadline: Instant,
     /// The hash of the block before the first one asked for.
     parent: Option<BlockHash>,
+    /// A state snapshot asked for: the chain's hashes through its block (its tokens are the
+    /// chain's length times the block size).
+    state: Option<Vec<BlockHash>>,
 }
 
 /// The disk tier (None when it is off) and the sequences parked on its loads.
@@ -63,7 +71,11 @@ impl Parking {
                 eprintln!("warning: the disk cache is off: it does not reach the GPU's KV pool");
                 return None;
             };
-            match DiskTier::open(&d, model, salt, kv_bytes) {
+            let state_bytes = match model.config.is_recurrent() {
+                true => StatePool::slot_bytes(&model.config),
+                false => 0,
+            };
+            match DiskTier::open(&d, model, salt, kv_bytes, state_bytes) {
                 Ok(t) => Some(t),
                 Err(e) => {
                     eprintln!("warning: the disk cache is off: {e:#}");
@@ -98,21 +110,30 @@ impl Parking {
     }
 
     /// Parks a new sequence whose prompt continues on disk past what memory holds, and asks
-    /// the tier for those blocks. False (nothing parked) when there is nothing to load.
+    /// the tier for those blocks (for a model with recurrent layers, `states` on: only as far
+    /// as the deepest snapshot, and that snapshot when memory lacks it). False (nothing
+    /// parked) when there is nothing to load.
     pub(in crate::engine) fn park(
         &mut self,
         seq_id: SeqId,
         prompt: &[u32],
         cache_key: Option<u64>,
         blocks: &BlockManager,
+        states: &StateSlots,
     ) -> bool {
         let Some(disk) = &self.tier else {
             return false;
         };
         let hashes = blocks.prompt_block_hashes_keyed(cache_key, prompt);
         let Some(first) = hashes.iter().position(|&h| !blocks.is_cached(h)) else {
-            return false;
+            if !states.is_on() {
+                return false;
+            }
+            return self.park_at_snapshot(seq_id, prompt, &hashes, hashes.len(), blocks, states);
         };
+        if states.is_on() {
+            return self.park_at_snapshot(seq_id, prompt, &hashes, first, blocks, states);
+        }
         if !disk.is_written(hashes[first]) {
             return false;
         }
@@ -121,16 +142,76 @@ impl Parking {
             .take_while(|&i| disk.is_written(hashes[i]))
             .map(|i| (hashes[i], prompt[i * bs..(i + 1) * bs].to_vec()))
             .collect();
+        self.ask(
+            seq_id,
+            wanted,
+            None,
+            first.checked_sub(1).map(|i| hashes[i]),
+        )
+    }
+
+    /// `park` for a model with recurrent layers: the first `first` blocks of the prompt are in
+    /// memory; the chain is loaded through the deepest block that has a snapshot (in memory or
+    /// on disk) among those in memory or on disk from the start, with its snapshot.
+    fn park_at_snapshot(
+        &mut self,
+        seq_id: SeqId,
+        prompt: &[u32],
+        hashes: &[BlockHash],
+        first: usize,
+        blocks: &BlockManager,
+        states: &StateSlots,
+    ) -> bool {
+        let Some(disk) = &self.tier else {
+            return false;
+        };
+        let on_disk = hashes[first..]
+            .iter()
+            .take_while(|&&h| disk.is_written(h))
+            .count();
+        let has = |h: BlockHash| states.has_snapshot(h) || disk.has_state(h);
+        let Some(j) = (1..=first + on_disk).rev().find(|&j| has(hashes[j - 1])) else {
+            return false;
+        };
+        let in_memory = states.has_snapshot(hashes[j - 1]);
+        if j <= first && in_memory {
+            return false; // memory resumes as deep
+        }
+        let bs = blocks.block_size;
+        let tokens = |i: usize| prompt[i * bs..(i + 1) * bs].to_vec();
+        let wanted = (first..j).map(|i| (hashes[i], tokens(i))).collect();
+        let state = (!in_memory).then(|| (hashes[j - 1], tokens(j - 1)));
+        let parent = first.checked_sub(1).map(|i| hashes[i]);
+        if !self.ask(seq_id, wanted, state, parent) {
+            return false;
+        }
+        let parked = self.parked.last_mut().expect("just parked");
+        parked.state = Some(hashes[..j].to_vec());
+        true
+    }
+
+    /// Asks the tier for `wanted` blocks (and `state`) and parks `seq_id` on the answer.
+    fn ask(
+        &mut self,
+        seq_id: SeqId,
+        wanted: Vec<(BlockHash, Vec<u32>)>,
+        state: Option<(BlockHash, Vec<u32>)>,
+        parent: Option<BlockHash>,
+    ) -> bool {
+        let Some(disk) = &self.tier else {
+            return false;
+        };
         self.next_ticket += 1;
         let ticket = self.next_ticket;
-        if !disk.load(ticket, wanted) {
+        if !disk.load(ticket, wanted, state) {
             return false;
         }
         self.parked.push(Parked {
             seq_id,
             ticket,
             deadline: Instant::now() + DISK_LOAD_WAIT,
-            parent: first.checked_sub(1).map(|i| hashes[i]),
+            parent,
+            state: None,
         });
         true
     }
@@ -152,6 +233,7 @@ impl Parking {
     pub(in crate::engine) fn poll(
         &mut self,
         blocks: &mut BlockManager,
+        states: &mut StateSlots,
         exec: &mut Executor,
     ) -> Vec<Unparked> {
         let mut ready = Vec::new();
@@ -177,6 +259,9 @@ impl Parking {
                 }
                 parent = Some(hash);
             }
+            if let Some(chain) = &p.state {
+                self.restore_state(chain, loaded.state.as_deref(), blocks, states, exec);
+            }
             ready.push(Unparked {
                 seq_id: p.seq_id,
                 from_disk,
@@ -193,6 +278,60 @@ impl Parking {
             from_disk: HashSet::new(),
         }));
         ready
+    }
+
+    /// Puts a snapshot read from disk (at the end of the chain `chain`; None: memory holds
+    /// it) into a snapshot slot, when the chain's blocks are all in memory now, and announces
+    /// the chain.
+    fn restore_state(
+        &mut self,
+        chain: &[BlockHash],
+        bytes: Option<&[u8]>,
+        blocks: &mut BlockManager,
+        states: &mut StateSlots,
+        exec: &mut Executor,
+    ) {
+        let Some(&hash) = chain.last() else { return };
+        if !chain.iter().all(|&h| blocks.is_cached(h)) {
+            return;
+        }
+        let Some(bytes) = bytes else {
+            if states.has_snapshot(hash) {
+                blocks.announce_chain(chain);
+            }
+            return;
+        };
+        let Some(slot) = states.insert_snapshot(hash) else {
+            return;
+        };
+        if let Err(e) = exec.write_state(slot, bytes, chain.len() * blocks.block_size) {
+            eprintln!("warning: disk cache: {e:#}; leaving it off");
+            states.retain_snapshots(|h| h != hash);
+            self.tier = None;
+            return;
+        }
+        blocks.announce_chain(chain);
+    }
+
+    /// Writes the state snapshots just taken (`StateSlots::take_taken`, their copies made)
+    /// beside their blocks.
+    pub(in crate::engine) fn save_snapshots(
+        &self,
+        taken: Vec<(BlockHash, StateSlot)>,
+        blocks: &BlockManager,
+        exec: &Executor,
+    ) {
+        let Some(disk) = &self.tier else { return };
+        for (hash, slot) in taken {
+            let Some(token_ids) = blocks.cached_tokens(hash) else {
+                continue;
+            };
+            if !disk.has_state(hash) {
+                if let Some(bytes) = exec.read_state(slot) {
+                    disk.write_state(hash, token_ids.to_vec(), bytes);
+                }
+            }
+        }
     }
 
     /// Hands the cached blocks just evicted from the pool to the tier (their slots still hold
