@@ -300,7 +300,7 @@ impl<S: WeightStore> LayerWeights<S> {
     pub fn attention(&self) -> Option<&Attention<S>> {
         match &self.mixer {
             Mixer::Attention(a) => Some(a),
-            Mixer::ShortConv(_) => None,
+            Mixer::ShortConv(_) | Mixer::Mamba2(_) => None,
         }
     }
 }
@@ -309,6 +309,7 @@ impl<S: WeightStore> LayerWeights<S> {
 pub enum Mixer<S: WeightStore> {
     Attention(Attention<S>),
     ShortConv(ShortConv<S>),
+    Mamba2(Box<super::mamba2::Mamba2<S>>),
 }
 
 /// LFM2's short convolution block: in_proj to b, c and x; y = c * conv(b * x); out_proj.
@@ -455,6 +456,10 @@ impl Weights<InFile> {
                         )?,
                         out_proj: m("shortconv.out_proj", c.n_embd, c.n_embd)?,
                     }),
+                    LayerKind::Mamba2 => {
+                        let s = c.ssm.context("Mamba-2 layers without their shape")?;
+                        Mixer::Mamba2(Box::new(super::mamba2::Mamba2::read(g, c, s, i)?))
+                    }
                 };
                 let ffn = match &c.experts {
                     Some(_) if c.architecture == "gemma4" => {

@@ -37,6 +37,7 @@ impl Weights<InFile> {
                     conv: (s.vector)(&sc.conv)?,
                     out_proj: (s.matrix)(&sc.out_proj)?,
                 }),
+                Mixer::Mamba2(m) => Mixer::Mamba2(Box::new(m.convert(s.matrix, s.vector)?)),
             };
             layers.push(LayerWeights {
                 attn_norm: (s.vector)(&lw.attn_norm)?,
