@@ -4,7 +4,9 @@ GraniteHybridModel give the keys and tensors) in small dimensions: Mamba-2 layer
 xBC and dt; a depthwise conv1d of window 4 with bias; per-head A, D and dt bias; a grouped RMSNorm;
 out_proj) beside a few attention layers (0 KV heads marks a Mamba-2 layer), no rope
 (rope.scaling.finetuned false, as the converter writes for Granite 4.0-H), granite's embedding,
-residual, attention and logit multipliers, a SwiGLU feed-forward block in every layer.
+residual, attention and logit multipliers, a SwiGLU feed-forward block in every layer; or, with
+`moe` (Granite 4.0-H-Tiny's layout), in every layer routed experts of feed_forward_length (softmax
+gating, renormalised top k) beside a shared expert (expert_shared_feed_forward_length).
 """
 import hashlib
 
@@ -53,6 +55,12 @@ def build(case, c, out_path, blocks, add_vocab, n_tokens_default):
     w.add_residual_scale(0.22)
     w.add_attention_scale(0.0078125)
     w.add_logit_scale(8.0)
+    moe = g.get("moe")
+    if moe:
+        n_expert, n_expert_used, n_ff_shexp = moe
+        w.add_expert_count(n_expert)
+        w.add_expert_used_count(n_expert_used)
+        w.add_expert_shared_feed_forward_length(n_ff_shexp)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     n_vocab = add_vocab(w, c["vocab"])
     add_tensor = w.add_tensor
@@ -99,6 +107,18 @@ def build(case, c, out_path, blocks, add_vocab, n_tokens_default):
             # 0.22x residual adds) by some 15%, not 2%: the scan's arithmetic then shows in the logits.
             add(p + "ssm_out.weight", (g.get("out_scale", 1.0) * mat(n_embd, d_inner)).astype(np.float16))
         add(p + "ffn_norm.weight", norm(n_embd))
+        if moe:
+            # The router and each expert's matrices, stacked: numpy [n_expert][n_out][n_in]; the
+            # shared expert's as a dense block's.
+            stack = lambda n_out, n_in: np.stack([mat(n_out, n_in) for _ in range(n_expert)])
+            add(p + "ffn_gate_inp.weight", mat(n_expert, n_embd))
+            add(p + "ffn_gate_exps.weight", stack(n_ff, n_embd))
+            add(p + "ffn_up_exps.weight", stack(n_ff, n_embd))
+            add(p + "ffn_down_exps.weight", stack(n_embd, n_ff))
+            add(p + "ffn_gate_shexp.weight", mat(n_ff_shexp, n_embd))
+            add(p + "ffn_up_shexp.weight", mat(n_ff_shexp, n_embd))
+            add(p + "ffn_down_shexp.weight", mat(n_embd, n_ff_shexp))
+            continue
         add(p + "ffn_gate.weight", mat(n_ff, n_embd))
         add(p + "ffn_up.weight", mat(n_ff, n_embd))
         add(p + "ffn_down.weight", mat(n_embd, n_ff))

@@ -124,6 +124,14 @@ CASES = {
                           granite_hybrid=dict(attn_layers=[2, 6], d_conv=4, d_state=128,
                                               n_group=2, head_dim=64, out_scale=8.0),
                           n_tokens=256, top_k=64, n_picked=32, llama_cpp="newest"),
+    # Granite 4.0-H-Tiny's layout, smaller: the same layers, each feed-forward block 32 experts
+    # of 128 (6 used per token, softmax gating renormalised) beside a shared expert of 256.
+    "granitehybrid_moe": dict(arch="granitehybrid", vocab=SMOLLM2, n_embd=256, n_heads=4,
+                              n_kv_heads=1, n_ff=128, n_layers=8, output_scale=24.0,
+                              granite_hybrid=dict(attn_layers=[2, 6], d_conv=4, d_state=128,
+                                                  n_group=2, head_dim=64, out_scale=8.0,
+                                                  moe=(32, 6, 256)),
+                              n_tokens=256, top_k=64, n_picked=32, llama_cpp="newest"),
 }
 
 # Cases also written with the block matrices llama-quantize made of them in these types (the

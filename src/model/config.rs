@@ -503,6 +503,9 @@ impl ModelConfig {
         };
         let experts = match family.experts {
             Some(gating) => Some(read_experts(&usize_key, &has, &key, n_ff, gating)?),
+            None if ssm.is_some() && has("expert_count") => {
+                Some(super::mamba2::read_experts(&usize_key, &has, &key, n_ff)?)
+            }
             None => None,
         };
         let final_logit_softcap = if has("final_logit_softcapping") {

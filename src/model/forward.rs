@@ -254,8 +254,15 @@ pub fn forward_rows<B: Backend>(
                 b.glu(&mut gate, &up, c.activation)?;
                 matmul_of(b, &gate, &mlp.down, &mut proj)?;
             }
-            FeedForward::Experts { router, experts } => {
+            FeedForward::Experts {
+                router,
+                experts,
+                shared,
+            } => {
                 experts_ffn(b, router, experts, c, &h, n, &mut proj)?;
+                if let Some(mlp) = shared {
+                    super::moe::add_shared_expert(b, mlp, c, &h, n, &mut proj)?;
+                }
             }
             FeedForward::SharedExperts(m) => moe_gemma4::ffn(b, m, c, &x, &h, n, &mut proj)?,
         }

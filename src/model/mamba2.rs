@@ -8,6 +8,7 @@
 use anyhow::{bail, Result};
 
 use super::backend::WeightStore;
+use super::config_moe::{ExpertGating, Experts};
 use super::hybrid::{read_layer_kinds, HybridLayers, LayerKind};
 use super::weights::{load_vector, InFile, MatrixInfo};
 use super::weights_load::{MakeMatrix, MakeVector};
@@ -92,6 +93,27 @@ pub fn read_layers(
         l_cache: 0,
     };
     Ok((layers, shape))
+}
+
+/// Granite 4.0-H-Tiny's and -Small's experts (where the file has `{arch}.expert_count`):
+/// softmax gating renormalised over the chosen ones (`build_moe_ffn` with `norm_w`), each expert
+/// `n_ff` wide unless `expert_feed_forward_length` says otherwise (llama.cpp's granite loader
+/// takes `feed_forward_length`), a shared expert of `expert_shared_feed_forward_length` if given.
+pub fn read_experts(
+    usize_key: &dyn Fn(&str) -> Result<usize>,
+    has: &dyn Fn(&str) -> bool,
+    key: &dyn Fn(&str) -> String,
+    n_ff: usize,
+) -> Result<Experts> {
+    let gating = ExpertGating::SoftmaxNormalized;
+    let mut x = super::config_moe::read_experts(usize_key, has, key, n_ff, gating)?;
+    if !has("expert_feed_forward_length") {
+        x.n_ff_exp = n_ff;
+    }
+    if has("expert_shared_feed_forward_length") {
+        x.n_ff_shexp = usize_key("expert_shared_feed_forward_length")?;
+    }
+    Ok(x)
 }
 
 impl Mamba2<InFile> {

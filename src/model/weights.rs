@@ -272,6 +272,9 @@ pub enum FeedForward<S: WeightStore> {
         router: Linear<S>,
         /// [num_experts] networks of n_ff_exp (views of the stacked `ffn_*_exps` tensors).
         experts: Vec<Mlp<S>>,
+        /// A network every row runs beside its experts, added to theirs (`ffn_*_shexp`,
+        /// granitehybrid's MoE files).
+        shared: Option<Box<Mlp<S>>>,
     },
     /// gemma4's dense network beside its experts (`super::moe_gemma4`).
     SharedExperts(Box<Gemma4Moe<S>>),
@@ -503,6 +506,14 @@ impl Weights<InFile> {
                                     })
                                 })
                                 .collect::<Result<_>>()?,
+                            shared: match x.n_ff_shexp {
+                                0 => None,
+                                s => Some(Box::new(Mlp::dense(
+                                    m("ffn_gate_shexp", d, s)?,
+                                    m("ffn_up_shexp", d, s)?,
+                                    m("ffn_down_shexp", s, d)?,
+                                ))),
+                            },
                         }
                     }
                     // phi3: gate and up are one `ffn_up` of 2 * n_ff rows, gate first
