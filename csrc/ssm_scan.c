@@ -9,11 +9,14 @@
  * ggml_compute_forward_ssm_scan's Mamba-2 branch, llama.cpp's build_mamba2_layer): each sum in
  * f32 from 0.0f in index order (ggml's AVX builds sum the scan's d_state products in SIMD lanes,
  * so the two differ by rounding). A token's output depends only on the state and the tokens
- * before it, so a chunk of n tokens gives bit for bit what n calls of one token give.
+ * before it, so a chunk of n tokens gives bit for bit what n calls of one token give. The scan
+ * takes its AVX2 form (ssm_scan_avx2.c, bit-identical) for each head's channels in groups of
+ * eight once AVX2 is chosen.
  */
 #include <math.h>
 
 #include "edge_kernels.h"
+#include "simd_internal.h"
 
 static float silu(float v) { return v / (1.0f + expf(-v)); }
 
@@ -66,7 +69,15 @@ void el_ssm_scan(float *state, int32_t reset, const float *x, int64_t x_stride, 
             const float dA = expf(dt_soft_plus * a[h]);
             const int64_t g = h / heads_per_group;
             const float *bg = bt + g * d_state, *cg = ct + g * d_state;
-            for (int64_t i1 = 0; i1 < head_dim; i1++) {
+            int64_t first = 0; /* channels the AVX2 form ran (ssm_scan_avx2.c, bit-identical) */
+#if defined(__x86_64__)
+            if (el_use_avx2() && head_dim >= 8) {
+                first = head_dim & ~(int64_t)7;
+                el_ssm_scan_channels_avx2(state + h * head_dim * d_state, xt + h * head_dim, bg, cg,
+                                          dt_soft_plus, dA, first, d_state, yt + h * head_dim);
+            }
+#endif
+            for (int64_t i1 = first; i1 < head_dim; i1++) {
                 const int64_t ii = h * head_dim + i1;
                 const float x_dt = xt[ii] * dt_soft_plus;
                 float *s = state + ii * d_state;

@@ -1,4 +1,5 @@
-//! Mamba-2's kernels (`csrc/ssm_scan.c`, the C references; no SIMD variant yet) on random data:
+//! Mamba-2's kernels (`csrc/ssm_scan.c`, the C references; the scan's AVX2 form in
+//! `csrc/ssm_scan_avx2.c`, run here under every available ISA) on random data:
 //! the causal convolution (`el_ssm_conv`), the selective scan (`el_ssm_scan`) and the gate and
 //! grouped norm (`el_ssm_gate_norm`) against the formulas written out here in plain Rust, bit for
 //! bit (the same f32 operations in the same order, libm's exp and log on both sides); a chunk of
@@ -9,6 +10,8 @@ mod support;
 
 use edge_llm::kernels::rms_norm_inplace;
 use edge_llm::kernels::ssm::{ssm_conv, ssm_gate_norm, ssm_scan, ScanInputs, SsmShape};
+use edge_llm::kernels::{available_isas, set_isa};
+use support::isa_lock::lock_isa;
 use support::splitmix::Rng;
 
 fn normals(rng: &mut Rng, n: usize) -> Vec<f32> {
@@ -81,7 +84,7 @@ fn random_shape(rng: &mut Rng) -> SsmShape {
     SsmShape {
         d_conv: 2 + rng.below(4),
         n_head: n_group * (1 + rng.below(3)),
-        head_dim: 1 + rng.below(20),
+        head_dim: 1 + rng.below(40),
         d_state: 1 + rng.below(40),
         n_group,
     }
@@ -133,7 +136,85 @@ fn ssm_conv_is_the_formula_and_chunks_equal_single_tokens() {
 }
 
 #[test]
-fn ssm_scan_is_ggmls_loop_and_chunks_equal_single_tokens() {
+fn ssm_scan_is_ggmls_loop_and_chunks_equal_single_tokens_on_every_isa() {
+    let _guard = lock_isa();
+    for isa in available_isas() {
+        set_isa(isa).unwrap();
+        scan_cases(&format!("{isa:?}"));
+    }
+}
+
+/// Decode steps of Granite-4.0-H-Tiny's head shape (48 heads of 64 channels, d_state 128, one
+/// group) on each ISA: the outputs equal, and each one's time printed.
+#[test]
+fn ssm_scan_isas_agree_on_the_real_shape() {
+    let _guard = lock_isa();
+    let s = SsmShape {
+        d_conv: 4,
+        n_head: 48,
+        head_dim: 64,
+        d_state: 128,
+        n_group: 1,
+    };
+    let mut rng = Rng(53);
+    let n = 16;
+    let (d_inner, bc) = (s.d_inner(), s.d_state);
+    let stride = d_inner + 2 * bc + s.n_head;
+    let rows = normals(&mut rng, n * stride);
+    let dt_bias = normals(&mut rng, s.n_head);
+    let a: Vec<f32> = (0..s.n_head).map(|h| -1.0 - h as f32 / 4.0).collect();
+    let inp = ScanInputs {
+        x: &rows,
+        x_stride: stride,
+        b: &rows[d_inner..],
+        c: &rows[d_inner + bc..],
+        bc_stride: stride,
+        dt: &rows[d_inner + 2 * bc..],
+        dt_stride: stride,
+        dt_bias: &dt_bias,
+        a: &a,
+    };
+    let state0 = normals(&mut rng, s.scan_state_floats());
+    let mut results = Vec::new();
+    for isa in available_isas() {
+        set_isa(isa).unwrap();
+        let mut state = state0.clone();
+        let mut y = vec![0.0f32; n * d_inner];
+        let start = std::time::Instant::now();
+        for t in 0..n {
+            let r = &rows[t * stride..(t + 1) * stride];
+            let one = ScanInputs {
+                x: r,
+                b: &r[d_inner..],
+                c: &r[d_inner + bc..],
+                dt: &r[d_inner + 2 * bc..],
+                ..inp
+            };
+            ssm_scan(
+                s,
+                &one,
+                &mut state,
+                false,
+                &mut y[t * d_inner..(t + 1) * d_inner],
+            );
+        }
+        let per_token = start.elapsed() / n as u32;
+        println!(
+            "{isa:?}: {per_token:?} per token-layer ({} state floats)",
+            s.scan_state_floats()
+        );
+        results.push((isa, y, state));
+    }
+    for (isa, y, state) in &results[1..] {
+        assert!(
+            y == &results[0].1 && state == &results[0].2,
+            "{isa:?} differs from {:?}",
+            results[0].0
+        );
+    }
+}
+
+fn scan_cases(isa: &str) {
     let mut rng = Rng(43);
     for case in 0..40 {
         let s = random_shape(&mut rng);
@@ -167,8 +248,8 @@ fn ssm_scan_is_ggmls_loop_and_chunks_equal_single_tokens() {
         let mut state = state0.clone();
         let mut y = vec![f32::NAN; n * d_inner];
         ssm_scan(s, &inp, &mut state, false, &mut y);
-        assert_eq!(y, want_y, "case {case}: {s:?}, {n} tokens");
-        assert_eq!(state, want_state, "case {case}: the state after");
+        assert_eq!(y, want_y, "{isa} case {case}: {s:?}, {n} tokens");
+        assert_eq!(state, want_state, "{isa} case {case}: the state after");
 
         let mut state1 = state0.clone();
         let mut y1 = Vec::new();
@@ -195,7 +276,11 @@ fn ssm_scan_is_ggmls_loop_and_chunks_equal_single_tokens() {
         let zero_y = naive_scan(s, &inp, &mut zero_state, n);
         let mut state2 = state0;
         ssm_scan(s, &inp, &mut state2, true, &mut y);
-        assert_eq!((y, state2), (zero_y, zero_state), "case {case}: reset");
+        assert_eq!(
+            (y, state2),
+            (zero_y, zero_state),
+            "{isa} case {case}: reset"
+        );
     }
 }
 

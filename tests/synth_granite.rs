@@ -518,7 +518,10 @@ fn the_cuda_backend_refuses_recurrent_layers_in_one_line() {
         .err()
         .expect("refused")
         .to_string();
-    assert!(e.contains("recurrent layers (Mamba-2)") && !e.contains('\n'), "{e}");
+    assert!(
+        e.contains("recurrent layers (Mamba-2)") && !e.contains('\n'),
+        "{e}"
+    );
 }
 
 /// A granitehybrid header (metadata and a token embedding only) with the keys of `bad` replacing

@@ -66,7 +66,7 @@ pub fn ssm_conv(
     );
     let n_tokens = y.len() / d;
     assert!(
-        y.len() == n_tokens * d && w.len() % d == 0,
+        y.len() == n_tokens * d && w.len().is_multiple_of(d),
         "ssm_conv shapes"
     );
     let d_conv = w.len() / d;
@@ -123,7 +123,7 @@ fn rows_fit(v: &[f32], n_tokens: usize, stride: usize, width: usize) -> bool {
 pub fn ssm_scan(s: SsmShape, inp: &ScanInputs, state: &mut [f32], reset: bool, y: &mut [f32]) {
     let d_inner = s.d_inner();
     assert!(
-        d_inner > 0 && s.d_state > 0 && s.n_group > 0 && s.n_head % s.n_group == 0,
+        d_inner > 0 && s.d_state > 0 && s.n_group > 0 && s.n_head.is_multiple_of(s.n_group),
         "ssm_scan shape {s:?}"
     );
     let n_tokens = y.len() / d_inner;
@@ -179,7 +179,7 @@ pub fn ssm_gate_norm(
 ) {
     let d_inner = s.d_inner();
     assert!(
-        d_inner > 0 && s.n_group > 0 && d_inner % s.n_group == 0,
+        d_inner > 0 && s.n_group > 0 && d_inner.is_multiple_of(s.n_group),
         "ssm_gate_norm shape"
     );
     let n_tokens = y.len() / d_inner;

@@ -105,7 +105,7 @@ pub fn read_layer_kinds(
     if heads.any(|h| h != n_kv_heads) {
         bail!("{key}: attention layers with different KV head counts are not supported");
     }
-    if n_kv_heads == 0 || n_heads as u64 % n_kv_heads != 0 {
+    if n_kv_heads == 0 || !(n_heads as u64).is_multiple_of(n_kv_heads) {
         bail!("{key}: {n_kv_heads} KV heads do not divide {n_heads} heads");
     }
     Ok((kinds, n_kv_heads as usize))

@@ -66,7 +66,7 @@ pub fn read_layers(
             key("conv_kernel")
         );
     }
-    if d_inner % n_head != 0 || n_head % n_group != 0 {
+    if !d_inner.is_multiple_of(n_head) || !n_head.is_multiple_of(n_group) {
         bail!(
             "{} = {d_inner}, {} = {n_head} and {} = {n_group} do not divide in turn",
             key("inner_size"),
