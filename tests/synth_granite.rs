@@ -614,3 +614,43 @@ fn hostile_granite_headers_are_refused_with_one_line() {
     let ok = std::panic::catch_unwind(|| config_error(&[]));
     assert!(ok.is_err(), "the unchanged header is accepted");
 }
+
+/// Hostile Mamba-2 tensors in an otherwise good file (a growing decay A, a NaN skip D) are
+/// refused at load with one line naming the tensor, never a panic or a NaN mid-request.
+#[test]
+fn hostile_granite_tensors_are_refused_with_one_line() {
+    let r = reference("granitehybrid");
+    let Some(path) = support::synth::model_file(
+        &r,
+        "LLAMA_CPP=newest scripts/synth/refs.sh granitehybrid granitehybrid-Q4_K_M",
+    ) else {
+        return;
+    };
+    let bytes = std::fs::read(&path).unwrap();
+    let g = edge_llm::gguf::GgufFile::open(&path).unwrap();
+    for (tensor, value, want) in [
+        ("blk.0.ssm_a", 0.5f32, "non-positive"),
+        ("blk.1.ssm_d", f32::NAN, "not finite"),
+    ] {
+        let info = g.find_tensor(tensor).expect("tensor in the file");
+        let at = (g.data_start() + info.offset) as usize;
+        let mut bad = bytes.clone();
+        bad[at..at + 4].copy_from_slice(&value.to_le_bytes());
+        // A plain temporary file (not TempFile, which copies what it writes into the fuzz
+        // seeds: 65 MB here).
+        let file = std::env::temp_dir().join(format!(
+            "edge-llm-test-{}-granite-hostile.gguf",
+            std::process::id()
+        ));
+        std::fs::write(&file, &bad).unwrap();
+        let e = match Model::load(&file) {
+            Ok(_) => panic!("{tensor} = {value} was accepted"),
+            Err(e) => format!("{e:#}"),
+        };
+        let _ = std::fs::remove_file(&file);
+        assert!(
+            e.contains(tensor) && e.contains(want) && !e.contains('\n'),
+            "{e}"
+        );
+    }
+}
