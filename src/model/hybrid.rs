@@ -85,7 +85,7 @@ pub fn read_layer_kinds(
         Some(MetaValue::Array(a)) => integers(a)
             .ok_or_else(|| anyhow::anyhow!("{key} must be an array of non-negative integers"))?,
         Some(_) => vec![g.get_u64(&key)?; num_layers],
-        None => bail!("{key} is missing: it tells attention layers from convolution layers"),
+        None => bail!("{key} is missing: it tells attention layers from recurrent ones"),
     };
     if per_layer.len() != num_layers {
         bail!(
