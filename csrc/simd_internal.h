@@ -120,6 +120,9 @@ const el_simd_quant_kernels *el_neon_quant(int32_t type);
 const el_simd_quant_kernels *el_neon_quant_iq(int32_t type);
 void el_matmul_x8_neon(int32_t type, const void *w8, const void *a, int64_t a_row_bytes, float *out,
                        int64_t out_stride, int64_t nb, int64_t n_rows, int64_t g_begin, int64_t g_end);
+/* ssm_scan_neon.c: el_ssm_scan_channels_avx2's NEON form (n_channels a multiple of 4). */
+void el_ssm_scan_channels_neon(float *state, const float *x, const float *b, const float *c, float dt_soft_plus,
+                               float dA, int64_t n_channels, int64_t d_state, float *y);
 #endif
 
 /* ops.c's RoPE reference, for a variant's out-of-range fallback. */

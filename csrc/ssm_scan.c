@@ -10,8 +10,8 @@
  * f32 from 0.0f in index order (ggml's AVX builds sum the scan's d_state products in SIMD lanes,
  * so the two differ by rounding). A token's output depends only on the state and the tokens
  * before it, so a chunk of n tokens gives bit for bit what n calls of one token give. The scan
- * takes its AVX2 form (ssm_scan_avx2.c, bit-identical) for each head's channels in groups of
- * eight once AVX2 is chosen.
+ * takes its AVX2 form (ssm_scan_avx2.c) for each head's channels in groups of eight once AVX2
+ * is chosen, its NEON form (ssm_scan_neon.c) in groups of four once NEON is; both bit-identical.
  */
 #include <math.h>
 
@@ -74,6 +74,13 @@ void el_ssm_scan(float *state, int32_t reset, const float *x, int64_t x_stride, 
             if (el_use_avx2() && head_dim >= 8) {
                 first = head_dim & ~(int64_t)7;
                 el_ssm_scan_channels_avx2(state + h * head_dim * d_state, xt + h * head_dim, bg, cg,
+                                          dt_soft_plus, dA, first, d_state, yt + h * head_dim);
+            }
+#endif
+#if defined(__aarch64__)
+            if (el_isa_get() == EL_ISA_NEON && head_dim >= 4) {
+                first = head_dim & ~(int64_t)3;
+                el_ssm_scan_channels_neon(state + h * head_dim * d_state, xt + h * head_dim, bg, cg,
                                           dt_soft_plus, dA, first, d_state, yt + h * head_dim);
             }
 #endif
