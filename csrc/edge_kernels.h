@@ -208,6 +208,36 @@ void el_short_conv(const float *bcx /* [n_tokens][3][d] */, const float *w /* [d
                    float *state /* [l_cache - 1][d] */, int32_t reset, int64_t n_tokens, int64_t d,
                    int64_t l_cache, float *y /* [n_tokens][d] */);
 
+/* Mamba-2 (Granite 4's recurrent layers; csrc/ssm_scan.c, the reference only), one sequence's
+ * n_tokens consecutive tokens. Each gives for a chunk bit for bit what its tokens one by one give.
+ * el_ssm_conv: xbc's rows (stride floats apart, the first d used) through the causal depthwise
+ * convolution: the window of token t is the rows t .. t + d_conv - 1 of [state; xbc] (state: the
+ * d_conv - 1 inputs before the first token, zeros when reset != 0), summed in k order from 0.0f,
+ * plus bias (if not NULL), then y = SiLU(sum); state then holds the last d_conv - 1 inputs. */
+void el_ssm_conv(const float *xbc /* [n_tokens] rows of stride */, int64_t stride,
+                 const float *w /* [d][d_conv] */, const float *bias /* [d] or NULL */,
+                 float *state /* [d_conv - 1][d] */, int32_t reset, int64_t n_tokens, int64_t d,
+                 int64_t d_conv, float *y /* [n_tokens][d] */);
+/* el_ssm_scan: per token t and head h, dt = softplus(dt[t][h] + dt_bias[h]), dA = exp(dt * a[h]);
+ * per channel i of the head and state element k (B, C of the head's group h / (n_head / n_group)):
+ * s = s * dA + B[k] * (x[i] * dt); y[t][i] = sum_k s * C[k] (from 0.0f in k order). The state is
+ * zeroed first when reset != 0 and left at the last token. */
+void el_ssm_scan(float *state /* [n_head][head_dim][d_state] */, int32_t reset,
+                 const float *x /* [n_tokens] rows of x_stride: [n_head][head_dim] */, int64_t x_stride,
+                 const float *dt /* [n_tokens] rows of dt_stride: [n_head] */, int64_t dt_stride,
+                 const float *dt_bias /* [n_head] */, const float *a /* [n_head] */,
+                 const float *b /* [n_tokens] rows of bc_stride: [n_group][d_state] */,
+                 const float *c /* as b */, int64_t bc_stride, int64_t n_tokens, int64_t n_head,
+                 int64_t head_dim, int64_t d_state, int64_t n_group,
+                 float *y /* [n_tokens][n_head * head_dim] */);
+/* el_ssm_gate_norm, in place on y: y = SiLU(z) * (y + x * d_skip[head]), then each group of
+ * n_head * head_dim / n_group channels RMS-normed (el_rms_norm) with its part of norm. */
+void el_ssm_gate_norm(float *y /* [n_tokens][n_head * head_dim] */,
+                      const float *x /* [n_tokens] rows of x_stride */, int64_t x_stride,
+                      const float *z /* [n_tokens] rows of z_stride */, int64_t z_stride,
+                      const float *d_skip /* [n_head] */, const float *norm /* [n_head * head_dim] */,
+                      int64_t n_tokens, int64_t n_head, int64_t head_dim, int64_t n_group, float eps);
+
 #ifdef __cplusplus
 }
 #endif

@@ -101,6 +101,10 @@ void el_rope_ext_rotate_avx2(float *x, int64_t n_heads, int64_t head_dim, int64_
                              const float *cache);
 void el_kv_write_f16_avx2(const float *k, const float *v, uint16_t *k_cache, uint16_t *v_cache,
                           const int64_t *slot_mapping, int64_t n_tokens, int64_t kv_dim);
+/* ssm_scan_avx2.c: el_ssm_scan's update of one head's first n_channels (a multiple of 8) channels
+ * for one token: state [n_channels][d_state], x, y [n_channels], b and c the group's [d_state]. */
+void el_ssm_scan_channels_avx2(float *state, const float *x, const float *b, const float *c, float dt_soft_plus,
+                               float dA, int64_t n_channels, int64_t d_state, float *y);
 void el_paged_attention_avx2(float *out, const float *q, const el_kv_rows *k_cache, const el_kv_rows *v_cache,
                              const int32_t *block_tables, const int32_t *token_seq,
                              const int32_t *context_lens, int64_t n_heads, int64_t n_kv_heads,
@@ -116,6 +120,9 @@ const el_simd_quant_kernels *el_neon_quant(int32_t type);
 const el_simd_quant_kernels *el_neon_quant_iq(int32_t type);
 void el_matmul_x8_neon(int32_t type, const void *w8, const void *a, int64_t a_row_bytes, float *out,
                        int64_t out_stride, int64_t nb, int64_t n_rows, int64_t g_begin, int64_t g_end);
+/* ssm_scan_neon.c: el_ssm_scan_channels_avx2's NEON form (n_channels a multiple of 4). */
+void el_ssm_scan_channels_neon(float *state, const float *x, const float *b, const float *c, float dt_soft_plus,
+                               float dA, int64_t n_channels, int64_t d_state, float *y);
 #endif
 
 /* ops.c's RoPE reference, for a variant's out-of-range fallback. */

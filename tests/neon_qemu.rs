@@ -1,4 +1,5 @@
-//! The AArch64 NEON kernels (csrc/quants_neon.c) against the scalar references, bit for bit, on
+//! The AArch64 NEON kernels (csrc/quants_neon.c, and Mamba-2's scan in csrc/ssm_scan_neon.c)
+//! against the scalar references, bit for bit, on
 //! this x86-64 machine: the whole of csrc/ and tests/c/neon_check.c are cross-compiled with
 //! `aarch64-linux-gnu-gcc` (warnings are errors) and run under `qemu-aarch64`, once on a CPU with
 //! the dot-product instructions (`-cpu max`: NEON must be detected, chosen and equal the

@@ -37,6 +37,7 @@ import gguf
 
 import encoder  # scripts/synth/encoder.py: the encoder cases
 import gemma4  # scripts/synth/gemma4.py: the gemma4 cases
+import granite  # scripts/synth/granite.py: the granitehybrid case
 import reranker  # scripts/synth/reranker.py: the bert reranker
 
 SMOLLM2 = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -114,6 +115,23 @@ CASES = {
                  n_layers=6, tied=False, output_scale=3.0, qk_norm=True, f16=True,
                  conv_layers=[0, 1, 3, 4], l_cache=3, n_tokens=256, top_k=64, n_picked=32,
                  llama_cpp="newest"),
+    # Granite 4.0-H (Mamba-2 and attention; scripts/synth/granite.py) in Granite-4.0-H-Micro's
+    # proportions, smaller: eight layers, attention at 2 and 6; d_inner = 2 n_embd in heads of 64,
+    # d_state 128, a window of 4, 4 query heads per KV head, no rope; two groups (Micro has one)
+    # so B, C and the norm's groups are exercised. The logits spread as lfm2's; 256 tokens.
+    "granitehybrid": dict(arch="granitehybrid", vocab=SMOLLM2, n_embd=256, n_heads=4,
+                          n_kv_heads=1, n_ff=512, n_layers=8, output_scale=24.0,
+                          granite_hybrid=dict(attn_layers=[2, 6], d_conv=4, d_state=128,
+                                              n_group=2, head_dim=64, out_scale=8.0),
+                          n_tokens=256, top_k=64, n_picked=32, llama_cpp="newest"),
+    # Granite 4.0-H-Tiny's layout, smaller: the same layers, each feed-forward block 32 experts
+    # of 128 (6 used per token, softmax gating renormalised) beside a shared expert of 256.
+    "granitehybrid_moe": dict(arch="granitehybrid", vocab=SMOLLM2, n_embd=256, n_heads=4,
+                              n_kv_heads=1, n_ff=128, n_layers=8, output_scale=24.0,
+                              granite_hybrid=dict(attn_layers=[2, 6], d_conv=4, d_state=128,
+                                                  n_group=2, head_dim=64, out_scale=8.0,
+                                                  moe=(32, 6, 256)),
+                              n_tokens=256, top_k=64, n_picked=32, llama_cpp="newest"),
 }
 
 # Cases also written with the block matrices llama-quantize made of them in these types (the
@@ -122,7 +140,7 @@ CASES = {
 # expert probabilities are closest, within 8e-4), which no per-logit budget covers.
 # Each entry: a type name (the case's suffix) and, if different, llama-quantize's file type.
 QUANTIZED = {"qwen3moe": ["Q8_0"], "gpt-oss": [("MXFP4", "MXFP4_MOE")],
-             "gemma4": ["Q4_K_M"], "lfm2": ["Q4_K_M"]}
+             "gemma4": ["Q4_K_M"], "lfm2": ["Q4_K_M"], "granitehybrid": ["Q4_K_M"]}
 
 
 def quant_types(case):
@@ -191,6 +209,8 @@ def build(case, out_path, blocks=None):
     c = CASES[case]
     if c.get("gemma4"):
         return gemma4.build(case, c, out_path, blocks, add_vocab, N_TOKENS)
+    if c.get("granite_hybrid"):
+        return granite.build(case, c, out_path, blocks, add_vocab, N_TOKENS)
     replace = {}
     if blocks:
         for t in gguf.GGUFReader(blocks).tensors:

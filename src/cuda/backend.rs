@@ -110,8 +110,9 @@ pub fn load<D: CudaDevice>(
     }
     if c.is_recurrent() {
         bail!(
-            "'{}' has recurrent layers (short convolutions), which the CUDA backend does not run yet; use --device cpu",
-            c.architecture
+            "'{}' has recurrent layers ({}), which the CUDA backend does not run yet; use --device cpu",
+            c.architecture,
+            if c.ssm.is_some() { "Mamba-2" } else { "short convolutions" }
         );
     }
     if !c.uniform_layers() {

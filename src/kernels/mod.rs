@@ -23,6 +23,7 @@ mod pool;
 mod quant;
 pub mod recurrent;
 pub mod rows;
+pub mod ssm;
 pub mod tensor_type;
 
 pub use attention::*;

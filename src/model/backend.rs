@@ -172,6 +172,24 @@ pub trait Backend: WeightStore {
         let _ = (r, bcx, conv, out);
         anyhow::bail!("this backend has no recurrent layers")
     }
+    /// Mamba-2 in recurrent layer `r` (counting recurrent layers only): `zxbcdt`
+    /// `[n_tokens][d_in_proj]` (in_proj's output) -> `out` `[n_tokens][d_inner]` (the gated, normed
+    /// scan, before out_proj), each sequence row continuing its slot's state (`super::mamba2_cpu`).
+    fn mamba2(
+        &mut self,
+        r: usize,
+        zxbcdt: &Self::Acts,
+        m: &super::mamba2::Mamba2<Self>,
+        shape: super::mamba2::SsmShape,
+        eps: f32,
+        out: &mut Self::Acts,
+    ) -> Result<()>
+    where
+        Self: Sized,
+    {
+        let _ = (r, zxbcdt, m, shape, eps, out);
+        anyhow::bail!("this backend has no Mamba-2 layers")
+    }
     /// Copies state slot `src` onto `dst` (a forked sequence).
     fn copy_state(&mut self, src: StateSlot, dst: StateSlot) -> Result<()> {
         let _ = (src, dst);

@@ -13,9 +13,10 @@ pub use super::config_moe::{ExpertGating, Experts, MAX_EXPERTS};
 pub use super::hybrid::LayerKind;
 
 /// Architectures the forward pass implements (`general.architecture`).
+#[rustfmt::skip]
 pub const SUPPORTED_ARCHITECTURES: &[&str] = &[
     "llama", "qwen2", "qwen3", "gemma3", "phi3", "smollm3", "granite", "qwen3moe", "gemma4",
-    "lfm2", "gpt-oss",
+    "lfm2", "gpt-oss", "granitehybrid",
 ];
 
 /// What sets one family of models apart, as llama.cpp 0c1e57098 builds them
@@ -59,9 +60,10 @@ struct Family {
     /// The tensor of the norm before the feed-forward block: `ffn_norm`, or gpt-oss's
     /// `post_attention_norm` (the same norm under another name).
     ffn_norm: &'static str,
-    /// Layers with no KV heads (`{arch}.attention.head_count_kv` per layer) are LFM2's short
-    /// convolutions (`super::hybrid`).
-    short_conv: bool,
+    /// Layers with no KV heads (`{arch}.attention.head_count_kv` per layer) are of this
+    /// recurrent kind (`super::hybrid`): LFM2's short convolutions, Granite 4's Mamba-2 (whose
+    /// rope `{arch}.rope.scaling.finetuned`, default true, switches on or off).
+    recurrent: Option<LayerKind>,
     /// The final norm's tensor (LFM2 names it `token_embd_norm.weight`).
     output_norm: &'static str,
 }
@@ -83,7 +85,7 @@ const LLAMA: Family = Family {
     swa_global_rope: false,
     attn_sinks: false,
     ffn_norm: "ffn_norm",
-    short_conv: false,
+    recurrent: None,
     output_norm: "output_norm.weight",
 };
 
@@ -171,8 +173,14 @@ const FAMILIES: &[Family] = &[
         rope_style: RopeStyle::Neox,
         qk_norm: true,
         rope_freqs: false,
-        short_conv: true,
+        recurrent: Some(LayerKind::ShortConv),
         output_norm: "token_embd_norm.weight",
+        ..LLAMA
+    },
+    Family {
+        architecture: "granitehybrid",
+        multipliers: true,
+        recurrent: Some(LayerKind::Mamba2),
         ..LLAMA
     },
 ];
@@ -235,6 +243,8 @@ pub struct ModelConfig {
     pub per_layer_embd: usize,
     /// The short convolution's window where the model has such layers (else 0).
     pub conv_l_cache: usize,
+    /// The Mamba-2 layers' shape where the model has such layers.
+    pub ssm: Option<super::mamba2::SsmShape>,
     /// The final norm's tensor name.
     pub output_norm: &'static str,
     /// Each layer has a sink logit per head (`attn_sinks`).
@@ -276,17 +286,8 @@ impl ModelConfig {
         let num_layers = usize_key("block_count")?;
         let n_ff = usize_key("feed_forward_length")?;
         let n_heads = usize_key("attention.head_count")?;
-        let hybrid = if family.short_conv {
-            if has("attention.sliding_window") {
-                bail!(
-                    "{} on a hybrid model is not supported",
-                    key("attention.sliding_window")
-                );
-            }
-            Some(super::hybrid::read_lfm2(g, &arch, num_layers, n_heads)?)
-        } else {
-            None
-        };
+        let (hybrid, ssm) =
+            super::hybrid::read(g, &arch, family.recurrent, num_layers, n_embd, n_heads)?;
         let n_kv_heads = if let Some(h) = &hybrid {
             h.n_kv_heads
         } else if has("attention.head_count_kv") {
@@ -450,11 +451,13 @@ impl ModelConfig {
                 ..global_rope
             }
         };
+        let no_rope = family.recurrent == Some(LayerKind::Mamba2)
+            && !g.get_bool_or(&key("rope.scaling.finetuned"), true)?;
         let layers = is_local
             .iter()
             .enumerate()
             .map(|(l, &local)| {
-                let nope = family.nope_every.is_some_and(|n| (l + 1) % n == 0);
+                let nope = family.nope_every.is_some_and(|n| (l + 1) % n == 0) || no_rope;
                 let (rope, window) = if local {
                     (local_rope, window)
                 } else {
@@ -500,6 +503,9 @@ impl ModelConfig {
         };
         let experts = match family.experts {
             Some(gating) => Some(read_experts(&usize_key, &has, &key, n_ff, gating)?),
+            None if ssm.is_some() && has("expert_count") => {
+                Some(super::mamba2::read_experts(&usize_key, &has, &key, n_ff)?)
+            }
             None => None,
         };
         let final_logit_softcap = if has("final_logit_softcapping") {
@@ -532,6 +538,7 @@ impl ModelConfig {
             v_norm: false,
             per_layer_embd: 0,
             conv_l_cache: hybrid.as_ref().map_or(0, |h| h.l_cache),
+            ssm,
             output_norm: family.output_norm,
             attn_sinks: family.attn_sinks,
             ffn_norm: family.ffn_norm,

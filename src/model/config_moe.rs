@@ -29,6 +29,9 @@ pub struct Experts {
     /// Each expert's hidden width (`{arch}.expert_feed_forward_length`).
     pub n_ff_exp: usize,
     pub gating: ExpertGating,
+    /// The shared expert's hidden width beside the routed ones (granitehybrid's
+    /// `{arch}.expert_shared_feed_forward_length`; 0: none).
+    pub n_ff_shexp: usize,
 }
 
 /// The experts' shape from `{arch}.expert_count`, `.expert_used_count` and
@@ -67,5 +70,6 @@ pub(crate) fn read_experts(
         num_experts_used,
         n_ff_exp,
         gating,
+        n_ff_shexp: 0,
     })
 }

@@ -555,6 +555,19 @@ impl Backend for Cpu {
         Ok(())
     }
 
+    fn mamba2(
+        &mut self,
+        r: usize,
+        zxbcdt: &Vec<f32>,
+        m: &super::mamba2::Mamba2<Self>,
+        shape: super::mamba2::SsmShape,
+        eps: f32,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        let runs = &self.step.state_runs;
+        super::mamba2_cpu::run(&mut self.states, runs, r, zxbcdt, m, shape, eps, out)
+    }
+
     fn copy_state(&mut self, src: StateSlot, dst: StateSlot) -> Result<()> {
         self.states.copy(src, dst)
     }

@@ -1,6 +1,6 @@
 //! The forward pass over a batch, written once for every backend and reading like the paper:
 //! embedding, then per layer RMSNorm, attention (through the paged KV cache) or, in a hybrid
-//! model's recurrent layers, LFM2's short convolution (through each sequence's state slot),
+//! model's recurrent layers, LFM2's short convolution or Mamba-2 (through each sequence's state slot),
 //! residual, RMSNorm, gated feed-forward, residual; then the final norm and the logits of the
 //! rows that asked for them, and the normed hidden states (embeddings) of the rows that asked
 //! for those.
@@ -18,7 +18,7 @@
 
 use std::sync::Arc;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 
 use super::backend::Backend;
 use super::moe::experts_ffn;
@@ -152,8 +152,11 @@ pub fn forward_rows<B: Backend>(
     let (mut gate, mut up) = (b.acts(n, n_ff)?, b.acts(n, n_ff)?);
     // A short convolution's in_proj output (b, c, x) and its gated output, where the model
     // has such layers.
-    let conv_width = if c.is_recurrent() { n_embd } else { 0 };
+    let conv_width = if c.conv_l_cache > 0 { n_embd } else { 0 };
     let (mut bcx, mut conv) = (b.acts(n, 3 * conv_width)?, b.acts(n, conv_width)?);
+    // A Mamba-2 layer's in_proj output (z, xBC, dt) and its gated scan, where it has such layers.
+    let (zx_width, ssm_width) = c.ssm.map_or((0, 0), |s| (s.d_in_proj(), s.d_inner()));
+    let (mut zxbcdt, mut ssm_y) = (b.acts(n, zx_width)?, b.acts(n, ssm_width)?);
     let mut r = 0; // recurrent layers so far: the index of a layer's state in a slot
 
     // Each block's input norm runs with the residual add before it (`add_rms_norm`), the
@@ -227,6 +230,16 @@ pub fn forward_rows<B: Backend>(
                 matmul_of(b, &conv, &sc.out_proj, &mut proj)?;
                 r += 1;
             }
+            // Mamba-2 block (granitehybrid): z, xBC and dt from one product; the convolution and
+            // the selective scan over each sequence's state and tokens, gated and normed;
+            // output projection.
+            Mixer::Mamba2(m) => {
+                let shape = c.ssm.context("Mamba-2 weights without their shape")?;
+                matmul_of(b, &h, &m.in_proj, &mut zxbcdt)?;
+                b.mamba2(r, &zxbcdt, m, shape, eps, &mut ssm_y)?;
+                matmul_of(b, &ssm_y, &m.out_proj, &mut proj)?;
+                r += 1;
+            }
         }
         scale_if(b, &mut proj, c.residual_scale)?;
         b.add_rms_norm(&mut x, &proj, &lw.ffn_norm, eps, &mut h)?;
@@ -241,8 +254,15 @@ pub fn forward_rows<B: Backend>(
                 b.glu(&mut gate, &up, c.activation)?;
                 matmul_of(b, &gate, &mlp.down, &mut proj)?;
             }
-            FeedForward::Experts { router, experts } => {
+            FeedForward::Experts {
+                router,
+                experts,
+                shared,
+            } => {
                 experts_ffn(b, router, experts, c, &h, n, &mut proj)?;
+                if let Some(mlp) = shared {
+                    super::moe::add_shared_expert(b, mlp, c, &h, n, &mut proj)?;
+                }
             }
             FeedForward::SharedExperts(m) => moe_gemma4::ffn(b, m, c, &x, &h, n, &mut proj)?,
         }
@@ -269,7 +289,7 @@ pub fn forward_rows<B: Backend>(
         }
     }
 
-    for buffer in [h, q, k, v, attn, proj, gate, up, bcx, conv]
+    for buffer in [h, q, k, v, attn, proj, gate, up, bcx, conv, zxbcdt, ssm_y]
         .into_iter()
         .chain(ple)
     {

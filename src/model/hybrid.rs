@@ -16,6 +16,8 @@ pub enum LayerKind {
     Attention,
     /// LFM2's gated short convolution, its state the last `l_cache - 1` inputs of each channel.
     ShortConv,
+    /// Granite 4's Mamba-2 (`super::mamba2`), its state the convolution's last inputs and the scan's.
+    Mamba2,
 }
 
 /// The layers of a hybrid file.
@@ -51,6 +53,7 @@ impl super::ModelConfig {
         match self.layers[l].kind {
             LayerKind::Attention => 0,
             LayerKind::ShortConv => self.conv_l_cache.saturating_sub(1) * self.n_embd,
+            LayerKind::Mamba2 => self.ssm.map_or(0, |s| s.state_floats()),
         }
     }
 
@@ -68,19 +71,21 @@ impl super::ModelConfig {
     }
 }
 
-/// LFM2's layers: per-layer KV heads (0: a short-convolution layer) and the window.
-pub fn read_lfm2(
+/// Each layer's kind from the per-layer `{arch}.attention.head_count_kv` (0: `recurrent`, else
+/// attention) and the attention layers' KV head count (all alike).
+pub fn read_layer_kinds(
     g: &GgufFile,
     arch: &str,
     num_layers: usize,
     n_heads: usize,
-) -> Result<HybridLayers> {
+    recurrent: LayerKind,
+) -> Result<(Vec<LayerKind>, usize)> {
     let key = format!("{arch}.attention.head_count_kv");
     let per_layer: Vec<u64> = match g.get(&key) {
         Some(MetaValue::Array(a)) => integers(a)
             .ok_or_else(|| anyhow::anyhow!("{key} must be an array of non-negative integers"))?,
         Some(_) => vec![g.get_u64(&key)?; num_layers],
-        None => bail!("{key} is missing: it tells attention layers from convolution layers"),
+        None => bail!("{key} is missing: it tells attention layers from recurrent ones"),
     };
     if per_layer.len() != num_layers {
         bail!(
@@ -91,7 +96,7 @@ pub fn read_lfm2(
     let kinds: Vec<LayerKind> = per_layer
         .iter()
         .map(|&h| match h {
-            0 => LayerKind::ShortConv,
+            0 => recurrent,
             _ => LayerKind::Attention,
         })
         .collect();
@@ -100,9 +105,46 @@ pub fn read_lfm2(
     if heads.any(|h| h != n_kv_heads) {
         bail!("{key}: attention layers with different KV head counts are not supported");
     }
-    if n_kv_heads == 0 || n_heads as u64 % n_kv_heads != 0 {
+    if n_kv_heads == 0 || !(n_heads as u64).is_multiple_of(n_kv_heads) {
         bail!("{key}: {n_kv_heads} KV heads do not divide {n_heads} heads");
     }
+    Ok((kinds, n_kv_heads as usize))
+}
+
+/// The layers of a hybrid family whose recurrent layers are of kind `recurrent` (None: not a
+/// hybrid family), and for Mamba-2 their shape (`super::mamba2`).
+pub fn read(
+    g: &GgufFile,
+    arch: &str,
+    recurrent: Option<LayerKind>,
+    num_layers: usize,
+    n_embd: usize,
+    n_heads: usize,
+) -> Result<(Option<HybridLayers>, Option<super::mamba2::SsmShape>)> {
+    let Some(kind) = recurrent else {
+        return Ok((None, None));
+    };
+    let swa = format!("{arch}.attention.sliding_window");
+    if g.get(&swa).is_some() {
+        bail!("{swa} on a hybrid model is not supported");
+    }
+    Ok(match kind {
+        LayerKind::Mamba2 => {
+            let (layers, shape) = super::mamba2::read_layers(g, arch, num_layers, n_embd, n_heads)?;
+            (Some(layers), Some(shape))
+        }
+        _ => (Some(read_lfm2(g, arch, num_layers, n_heads)?), None),
+    })
+}
+
+/// LFM2's layers: per-layer KV heads (0: a short-convolution layer) and the window.
+pub fn read_lfm2(
+    g: &GgufFile,
+    arch: &str,
+    num_layers: usize,
+    n_heads: usize,
+) -> Result<HybridLayers> {
+    let (kinds, n_kv_heads) = read_layer_kinds(g, arch, num_layers, n_heads, LayerKind::ShortConv)?;
     let l_key = format!("{arch}.shortconv.l_cache");
     let l_cache = g.get_usize(&l_key)?;
     if !(2..=MAX_L_CACHE).contains(&l_cache) {
@@ -110,7 +152,7 @@ pub fn read_lfm2(
     }
     Ok(HybridLayers {
         kinds,
-        n_kv_heads: n_kv_heads as usize,
+        n_kv_heads,
         l_cache,
     })
 }

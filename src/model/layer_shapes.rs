@@ -167,6 +167,7 @@ pub(super) fn apply(g: &GgufFile, c: &mut ModelConfig, is_local: &[bool]) -> Res
                 num_experts_used,
                 n_ff_exp: n("expert_feed_forward_length")?,
                 gating: super::config::ExpertGating::SoftmaxNormalized,
+                n_ff_shexp: 0,
             });
         }
     }

@@ -21,6 +21,8 @@ pub mod hybrid;
 pub mod key_centers;
 pub mod kv_cache;
 pub mod layer_shapes;
+pub mod mamba2;
+mod mamba2_cpu;
 pub mod moe;
 pub mod moe_gemma4;
 pub mod per_layer;

@@ -152,6 +152,33 @@ pub fn experts_ffn<B: Backend>(
     run_experts(b, &routing, experts, c, h, n, out)
 }
 
+/// `out += down(act(gate(h)) * up(h))` of a shared expert every row runs (granitehybrid's, added
+/// after the routed experts' sum as llama.cpp's `ggml_add(moe_out, ffn_shexp)`).
+pub fn add_shared_expert<B: Backend>(
+    b: &mut B,
+    mlp: &Mlp<B>,
+    c: &ModelConfig,
+    h: &B::Acts,
+    n: usize,
+    out: &mut B::Acts,
+) -> Result<()> {
+    let n_ff = c.experts.map_or(0, |x| x.n_ff_shexp);
+    let (mut gate, mut up) = (b.acts(n, n_ff)?, b.acts(n, n_ff)?);
+    let mut down = b.acts(n, c.n_embd)?;
+    let mut hq = b.input(h);
+    b.matmul_many(&mut hq, &mut [(&mlp.gate, &mut gate), (&mlp.up, &mut up)])?;
+    drop(hq);
+    b.glu(&mut gate, &up, c.activation)?;
+    let mut gq = b.input(&gate);
+    b.matmul(&mut gq, &mlp.down, &mut down)?;
+    drop(gq);
+    b.add(out, &down)?;
+    for buf in [gate, up, down] {
+        b.recycle(buf);
+    }
+    Ok(())
+}
+
 /// Each row of `x` ([n][n_embd]) routed by the router's logits (`Routing::new`).
 pub fn route<B: Backend>(
     b: &mut B,

@@ -272,6 +272,9 @@ pub enum FeedForward<S: WeightStore> {
         router: Linear<S>,
         /// [num_experts] networks of n_ff_exp (views of the stacked `ffn_*_exps` tensors).
         experts: Vec<Mlp<S>>,
+        /// A network every row runs beside its experts, added to theirs (`ffn_*_shexp`,
+        /// granitehybrid's MoE files).
+        shared: Option<Box<Mlp<S>>>,
     },
     /// gemma4's dense network beside its experts (`super::moe_gemma4`).
     SharedExperts(Box<Gemma4Moe<S>>),
@@ -300,7 +303,7 @@ impl<S: WeightStore> LayerWeights<S> {
     pub fn attention(&self) -> Option<&Attention<S>> {
         match &self.mixer {
             Mixer::Attention(a) => Some(a),
-            Mixer::ShortConv(_) => None,
+            Mixer::ShortConv(_) | Mixer::Mamba2(_) => None,
         }
     }
 }
@@ -309,6 +312,7 @@ impl<S: WeightStore> LayerWeights<S> {
 pub enum Mixer<S: WeightStore> {
     Attention(Attention<S>),
     ShortConv(ShortConv<S>),
+    Mamba2(Box<super::mamba2::Mamba2<S>>),
 }
 
 /// LFM2's short convolution block: in_proj to b, c and x; y = c * conv(b * x); out_proj.
@@ -455,6 +459,10 @@ impl Weights<InFile> {
                         )?,
                         out_proj: m("shortconv.out_proj", c.n_embd, c.n_embd)?,
                     }),
+                    LayerKind::Mamba2 => {
+                        let s = c.ssm.context("Mamba-2 layers without their shape")?;
+                        Mixer::Mamba2(Box::new(super::mamba2::Mamba2::read(g, c, s, i)?))
+                    }
                 };
                 let ffn = match &c.experts {
                     Some(_) if c.architecture == "gemma4" => {
@@ -498,6 +506,14 @@ impl Weights<InFile> {
                                     })
                                 })
                                 .collect::<Result<_>>()?,
+                            shared: match x.n_ff_shexp {
+                                0 => None,
+                                s => Some(Box::new(Mlp::dense(
+                                    m("ffn_gate_shexp", d, s)?,
+                                    m("ffn_up_shexp", d, s)?,
+                                    m("ffn_down_shexp", s, d)?,
+                                ))),
+                            },
                         }
                     }
                     // phi3: gate and up are one `ffn_up` of 2 * n_ff rows, gate first

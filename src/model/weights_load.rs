@@ -37,6 +37,7 @@ impl Weights<InFile> {
                     conv: (s.vector)(&sc.conv)?,
                     out_proj: (s.matrix)(&sc.out_proj)?,
                 }),
+                Mixer::Mamba2(m) => Mixer::Mamba2(Box::new(m.convert(s.matrix, s.vector)?)),
             };
             layers.push(LayerWeights {
                 attn_norm: (s.vector)(&lw.attn_norm)?,
@@ -103,12 +104,20 @@ impl<S: WeightStore, E> Loader<'_, S, E> {
     fn feed_forward(&mut self, f: &FeedForward<InFile>) -> Result<FeedForward<S>, E> {
         Ok(match f {
             FeedForward::Dense(m) => FeedForward::Dense(self.mlp(m)?),
-            FeedForward::Experts { router, experts } => FeedForward::Experts {
+            FeedForward::Experts {
+                router,
+                experts,
+                shared,
+            } => FeedForward::Experts {
                 router: self.linear(router)?,
                 experts: experts
                     .iter()
                     .map(|m| self.mlp(m))
                     .collect::<Result<_, E>>()?,
+                shared: match shared {
+                    Some(m) => Some(Box::new(self.mlp(m)?)),
+                    None => None,
+                },
             },
             FeedForward::SharedExperts(m) => {
                 FeedForward::SharedExperts(Box::new(m.load(self.matrix, self.vector)?))

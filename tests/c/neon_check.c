@@ -123,6 +123,44 @@ static void check_iq(void) {
     }
 }
 
+/* Mamba-2's scan (el_ssm_scan: NEON for each head's channels in fours) against the reference:
+ * outputs and states, heads of 1 to 21 channels, state sizes of 1 to 40, 1 to 5 tokens. */
+static void check_ssm_scan(void) {
+    for (int64_t shape = 0; shape < 24; shape++) {
+        const int64_t n_group = 1 + shape % 2, n_head = n_group * (1 + shape % 3), head_dim = 1 + (shape * 5) % 21;
+        const int64_t d_state = 1 + (shape * 7) % 40, n_tokens = 1 + shape % 5;
+        const int64_t d_inner = n_head * head_dim, bc = n_group * d_state, stride = d_inner + 2 * bc + n_head;
+        const int64_t n_state = d_inner * d_state;
+        float *rows = malloc(sizeof(float) * (size_t)(n_tokens * stride));
+        float *bias = malloc(sizeof(float) * (size_t)n_head), *a = malloc(sizeof(float) * (size_t)n_head);
+        float *s0 = malloc(sizeof(float) * (size_t)n_state), *s1 = malloc(sizeof(float) * (size_t)n_state);
+        float *y0 = malloc(sizeof(float) * (size_t)(n_tokens * d_inner));
+        float *y1 = malloc(sizeof(float) * (size_t)(n_tokens * d_inner));
+        fill(rows, n_tokens * stride);
+        fill(bias, n_head);
+        fill(a, n_head);
+        for (int64_t h = 0; h < n_head; h++) a[h] = -1.0f - 4.0f * a[h] * a[h];
+        fill(s0, n_state);
+        memcpy(s1, s0, sizeof(float) * (size_t)n_state);
+        const float *dt = rows + d_inner + 2 * bc;
+        on(EL_ISA_SCALAR);
+        el_ssm_scan(s0, 0, rows, stride, dt, stride, bias, a, rows + d_inner, rows + d_inner + bc, stride,
+                    n_tokens, n_head, head_dim, d_state, n_group, y0);
+        on(EL_ISA_NEON);
+        el_ssm_scan(s1, 0, rows, stride, dt, stride, bias, a, rows + d_inner, rows + d_inner + bc, stride,
+                    n_tokens, n_head, head_dim, d_state, n_group, y1);
+        same(y1, y0, n_tokens * d_inner, "ssm_scan y", 0, head_dim, d_state);
+        same(s1, s0, n_state, "ssm_scan state", 0, head_dim, d_state);
+        free(rows);
+        free(bias);
+        free(a);
+        free(s0);
+        free(s1);
+        free(y0);
+        free(y1);
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "expect-scalar") == 0) { /* a CPU without the dot product */
         const int ok = !el_isa_available(EL_ISA_NEON) && el_isa_get() == EL_ISA_SCALAR &&
@@ -188,6 +226,7 @@ int main(int argc, char **argv) {
         }
     }
     check_iq();
+    check_ssm_scan();
     printf("%d of %d NEON results differ from the scalar references\n", failures, checks);
     return failures == 0 ? 0 : 1;
 }
