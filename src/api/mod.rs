@@ -36,6 +36,7 @@ pub mod sampling_fields;
 pub mod schema_keywords;
 pub mod schema_refs;
 pub mod structured;
+pub mod template_args;
 pub mod tool_parser;
 pub mod tools;
 
