@@ -99,9 +99,18 @@ fn template_variables_are_checked() {
     let Some(server) = server(&[]) else { return };
     let hi = json!([{"role": "user", "content": "Hi"}]);
     for (body, param) in [
-        (json!({"messages": hi, "reasoning_effort": "extreme"}), "reasoning_effort"),
-        (json!({"messages": hi, "reasoning_effort": 3}), "reasoning_effort"),
-        (json!({"messages": hi, "chat_template_kwargs": "x"}), "chat_template_kwargs"),
+        (
+            json!({"messages": hi, "reasoning_effort": "extreme"}),
+            "reasoning_effort",
+        ),
+        (
+            json!({"messages": hi, "reasoning_effort": 3}),
+            "reasoning_effort",
+        ),
+        (
+            json!({"messages": hi, "chat_template_kwargs": "x"}),
+            "chat_template_kwargs",
+        ),
         (
             json!({"messages": hi, "chat_template_kwargs": {"messages": []}}),
             "chat_template_kwargs",
@@ -120,37 +129,33 @@ fn template_variables_are_checked() {
     assert!(v["prompt"].as_str().unwrap().contains("Reasoning: medium"));
 }
 
-/// The virtual environment with `openai` and `jsonschema` that scripts/test.sh makes
-/// (target/structured-venv); None (a skip) outside CI when it is missing, a failure in CI.
-fn openai_python() -> Option<PathBuf> {
-    let python = root().join("target/structured-venv/bin/python");
+/// A venv's python when it imports `modules` (scripts/test.sh makes target/structured-venv with
+/// `openai` and `jsonschema`, target/messages-venv with `anthropic`); None (a skip) outside CI
+/// when it is missing, a failure under CI=true.
+fn python(venv: &str, modules: &str) -> Option<PathBuf> {
+    let python = root().join("target").join(venv).join("bin/python");
     let ready = Command::new(&python)
-        .args(["-c", "import openai, jsonschema"])
+        .args(["-c", &format!("import {modules}")])
         .status()
         .is_ok_and(|s| s.success());
     if ready {
         return Some(python);
     }
     skip_or_fail(&format!(
-        "the harmony client checks: openai and jsonschema are not installed in {} \
-         (scripts/test.sh installs them)",
+        "the harmony client checks: {modules} not installed in {} (scripts/test.sh installs it)",
         python.display()
     ));
     None
 }
 
 /// `tests/openai_harmony.py MODE URL` against a fresh server; its last line says it passed.
-fn run_client(mode: &str) {
-    let Some(python) = openai_python() else { return };
+fn run_client(mode: &str, python: Option<PathBuf>) {
+    let Some(python) = python else { return };
     let Some(server) = server(&[]) else { return };
     let out = Command::new(&python)
         .arg(root().join("tests/openai_harmony.py"))
         .arg(mode)
         .arg(format!("http://{}", server.addr))
-        .env(
-            "ANTHROPIC_PYTHON",
-            root().join("target/messages-venv/bin/python"),
-        )
         .output()
         .expect("running tests/openai_harmony.py");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -168,12 +173,23 @@ fn tail(text: &str, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
+/// Chat completions through the `openai` client: required, named and auto tool choices, the
+/// analysis channel as `reasoning_content`, streamed equal to non-streamed, the round trip.
 #[test]
-fn openai_client_tool_round_trip_chat() {
-    run_client("chat");
+fn openai_client_chat_tool_round_trip() {
+    run_client("chat", python("structured-venv", "openai, jsonschema"));
 }
 
+/// The Responses API through the `openai` client: a reasoning item and a function_call item,
+/// streamed equal to non-streamed, the call's output sent back and answered.
 #[test]
-fn openai_client_responses_and_messages() {
-    run_client("responses");
+fn openai_client_responses_tool_round_trip() {
+    run_client("responses", python("structured-venv", "openai, jsonschema"));
+}
+
+/// The Messages API through the `anthropic` client: a thinking block and a tool_use block,
+/// streamed equal to non-streamed, the tool_result sent back and answered.
+#[test]
+fn anthropic_client_messages_tool_round_trip() {
+    run_client("messages", python("messages-venv", "anthropic, jsonschema"));
 }

@@ -105,7 +105,11 @@ fn o200k_special_tokens_and_end_of_generation() {
         ("<|endofprompt|>", 200_018),
     ] {
         assert_eq!(tok.find_token(text), Some(id), "{text}");
-        assert_eq!(tok.encode(text, false, true).unwrap(), vec![id], "{text} parsed");
+        assert_eq!(
+            tok.encode(text, false, true).unwrap(),
+            vec![id],
+            "{text} parsed"
+        );
     }
     assert_eq!(tok.eog_ids(), &[199_999, 200_002, 200_012]);
 }

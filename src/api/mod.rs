@@ -20,6 +20,7 @@ pub mod beam;
 pub mod beam_fields;
 pub mod embeddings;
 pub mod harmony;
+pub mod harmony_grammar;
 pub mod infill;
 pub mod llama;
 pub mod logprobs;

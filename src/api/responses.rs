@@ -136,6 +136,8 @@ pub fn translate(
         "ignore_eos",
         "adaptive_target",
         "adaptive_decay",
+        "logit_bias",
+        "chat_template_kwargs",
     ]
     .iter()
     .chain(&super::sampling_fields::FIELDS)
@@ -146,6 +148,13 @@ pub fn translate(
     }
     if let Some(v) = body.get("max_output_tokens").filter(|v| !v.is_null()) {
         chat.insert("max_tokens".into(), v.clone());
+    }
+    // `reasoning.effort` is the chat body's `reasoning_effort` (the template's, as
+    // llama-server passes it); a bad value is refused there, under that name.
+    if let Some(effort) = body.get("reasoning").and_then(|r| r.get("effort")) {
+        if !effort.is_null() {
+            chat.insert("reasoning_effort".into(), effort.clone());
+        }
     }
     if let Some(format) = text_format(body.get("text"))? {
         chat.insert("response_format".into(), format);
@@ -217,6 +226,7 @@ pub fn responses_param(param: &str, t: &Translated) -> String {
     }
     match param {
         "max_tokens" => "max_output_tokens".into(),
+        "reasoning_effort" => "reasoning.effort".into(),
         other => other.to_string(),
     }
 }

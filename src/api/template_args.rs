@@ -100,7 +100,8 @@ mod tests {
         assert!(!v.contains_key("reasoning_effort"));
         let e = extra_variables(&body(json!({"chat_template_kwargs": [1]}))).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("chat_template_kwargs"));
-        let e = extra_variables(&body(json!({"chat_template_kwargs": {"messages": []}}))).unwrap_err();
+        let e =
+            extra_variables(&body(json!({"chat_template_kwargs": {"messages": []}}))).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("chat_template_kwargs"));
         let e = extra_variables(&body(json!({"reasoning_effort": "extreme"}))).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("reasoning_effort"));

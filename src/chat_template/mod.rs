@@ -215,7 +215,12 @@ impl ChatTemplate {
         tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
     ) -> Result<String> {
-        self.render_json_with(messages, tools, add_generation_prompt, &serde_json::Map::new())
+        self.render_json_with(
+            messages,
+            tools,
+            add_generation_prompt,
+            &serde_json::Map::new(),
+        )
     }
 
     /// [`Self::render_json`] with further template variables (a request's
@@ -227,8 +232,10 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         extra: &serde_json::Map<String, serde_json::Value>,
     ) -> Result<String> {
-        let extra: BTreeMap<String, Value> =
-            extra.iter().map(|(k, v)| (k.clone(), from_json(v))).collect();
+        let extra: BTreeMap<String, Value> = extra
+            .iter()
+            .map(|(k, v)| (k.clone(), from_json(v)))
+            .collect();
         let ctx = minijinja::context! {
             messages => messages.iter().map(from_json).collect::<Vec<_>>(),
             tools => tools.map(from_json),
