@@ -150,10 +150,12 @@ pub fn translate(
         chat.insert("max_tokens".into(), v.clone());
     }
     // `reasoning.effort` is the chat body's `reasoning_effort` (the template's, as
-    // llama-server passes it); a bad value is refused there, under that name.
-    if let Some(effort) = body.get("reasoning").and_then(|r| r.get("effort")) {
-        if !effort.is_null() {
-            chat.insert("reasoning_effort".into(), effort.clone());
+    // llama-server passes it); a value OpenAI does not define is left out, as the rest of
+    // `reasoning` is (agents send what their own server takes).
+    let effort = body.get("reasoning").and_then(|r| r.get("effort"));
+    if let Some(e) = effort.and_then(Value::as_str) {
+        if super::template_args::EFFORTS.contains(&e) {
+            chat.insert("reasoning_effort".into(), json!(e));
         }
     }
     if let Some(format) = text_format(body.get("text"))? {

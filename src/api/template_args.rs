@@ -22,7 +22,7 @@ const RESERVED: [&str; 5] = [
 ];
 
 /// OpenAI's `reasoning_effort` values.
-const EFFORTS: [&str; 6] = ["none", "minimal", "low", "medium", "high", "xhigh"];
+pub const EFFORTS: [&str; 6] = ["none", "minimal", "low", "medium", "high", "xhigh"];
 
 /// The extra template variables of a chat body: `chat_template_kwargs`, then
 /// `reasoning_effort` over it (llama-server's order).
