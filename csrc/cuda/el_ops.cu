@@ -108,6 +108,17 @@ extern "C" __global__ void el_cuda_swiglu(const float *gate /* [n] */, const flo
     y[i] = g / (1.0f + el_expf(-g)) * up[i];
 }
 
+/* gpt-oss's clamped SwiGLU, as el_swiglu_oai: g = min(gate[i], limit), u = clamp(up[i], -limit,
+ * limit), y[i] = g / (1 + exp(-alpha g)) * (u + 1). y may alias gate or up. */
+extern "C" __global__ void el_cuda_swiglu_oai(const float *gate /* [n] */, const float *up /* [n] */,
+                                              float *y /* [n] */, int64_t n, float alpha, float limit) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float g = limit < gate[i] ? limit : gate[i];
+    const float u = up[i] < -limit ? -limit : up[i] > limit ? limit : up[i];
+    y[i] = g / (1.0f + el_expf(alpha * -g)) * (u + 1.0f);
+}
+
 /* y[i] = gelu_tanh(gate[i]) * up[i]. y may alias gate or up. */
 extern "C" __global__ void el_cuda_geglu(const float *gate /* [n] */, const float *up /* [n] */, float *y /* [n] */,
                                          int64_t n) {
@@ -165,7 +176,8 @@ __device__ __forceinline__ float el_kv_elem(const uint8_t *cache, int32_t type, 
  * A decode step has few items (one per head) over long contexts: split eight ways they keep
  * eight times as many warps busy. The reference orders its sums and exps differently, so results
  * agree to rounding (tests/cuda_kernels.rs: ATTENTION_BUDGET), not bit for bit. Keys and values
- * are read through el_kv_elem, so a q8_0 or q4_0 cache gives the reference's f32 values. */
+ * are read through el_kv_elem, so a q8_0 or q4_0 cache gives the reference's f32 values. With
+ * sinks (gpt-oss), head h's sink logit joins the parts' maximum and adds its exp to the sum. */
 #define EL_ATTN_PARTS 8
 #define EL_ATTN_DIMS_PER_LANE (EL_MAX_HEAD_DIM / EL_WARP)
 extern "C" __global__ void __launch_bounds__(EL_ATTN_PARTS * EL_WARP)
@@ -176,8 +188,9 @@ extern "C" __global__ void __launch_bounds__(EL_ATTN_PARTS * EL_WARP)
                             const int32_t *block_tables /* [n_seqs][max_blocks_per_seq] */,
                             const int32_t *token_seq /* [n_tokens] */, const int32_t *context_lens /* [n_tokens] */,
                             int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t block_size,
-                            int64_t max_blocks_per_seq, float scale, int32_t window, int64_t item_begin,
-                            int64_t item_end) {
+                            int64_t max_blocks_per_seq, float scale, int32_t window,
+                            const float *sinks /* [n_heads], read when has_sinks */, int32_t has_sinks,
+                            int64_t item_begin, int64_t item_end) {
     __shared__ float qs[EL_MAX_HEAD_DIM];
     __shared__ float part_acc[EL_ATTN_PARTS][EL_MAX_HEAD_DIM];
     __shared__ float part_m[EL_ATTN_PARTS], part_l[EL_ATTN_PARTS];
@@ -240,12 +253,16 @@ extern "C" __global__ void __launch_bounds__(EL_ATTN_PARTS * EL_WARP)
     __syncthreads();
     float m_all = part_m[0];
     for (int p = 1; p < EL_ATTN_PARTS; p++) m_all = fmaxf(m_all, part_m[p]);
+    /* A sink (gpt-oss) is one more logit whose value row is zero: it joins the maximum and the
+     * normaliser only. */
+    if (has_sinks) m_all = fmaxf(m_all, sinks[h]);
     float w[EL_ATTN_PARTS];
     float l_all = 0.0f;
     for (int p = 0; p < EL_ATTN_PARTS; p++) {
         w[p] = el_expf(part_m[p] - m_all);
         l_all += part_l[p] * w[p];
     }
+    if (has_sinks) l_all += el_expf(sinks[h] - m_all);
     const float inv = l_all > 0.0f ? 1.0f / l_all : 0.0f;
     for (int64_t d = threadIdx.x; d < head_dim; d += blockDim.x) {
         float v = 0.0f;

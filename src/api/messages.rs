@@ -1,15 +1,13 @@
-//! Anthropic's Messages API body (`POST /v1/messages`, `/v1/messages/count_tokens`) translated
-//! into the chat-completions body that [`super::plan::plan`] reads, so a Messages request is
-//! planned, rendered and constrained by the same rules as a chat request: `system` (a string or
-//! text blocks) becomes the first system message; `messages` blocks become chat messages
-//! (`text`; `tool_use` as `tool_calls`; `tool_result` as `tool` messages; `thinking` fed back is
-//! dropped); client `tools` become function tools, Anthropic's server tools are left out;
-//! `tool_choice`, `stop_sequences`, sampling fields and `max_tokens` map to their chat names.
-//! Claude Code's per-request billing line is taken out of the system text (see
-//! [`strip_billing_lines`]) so that its prompts share a prefix from turn to turn.
-//!
-//! Called by the server's Messages handlers on the planner pool. Errors name the field by its
-//! path in the Messages body (`messages[2].content[1]`).
+//! Anthropic's Messages API body (`POST /v1/messages`, `/v1/messages/count_tokens`) translated into
+//! the chat-completions body that [`super::plan::plan`] reads, so a Messages request is planned,
+//! rendered and constrained by the same rules as a chat request: `system` (a string or text blocks)
+//! becomes the first system message; `messages` blocks become chat messages (`text`; `tool_use` as
+//! `tool_calls`; `tool_result` as `tool` messages; `thinking` fed back is dropped); client `tools`
+//! become function tools, Anthropic's server tools are left out; `tool_choice`, `stop_sequences`,
+//! sampling fields and `max_tokens` map to their chat names. Claude Code's per-request billing line
+//! is taken out of the system text (see [`strip_billing_lines`]) so that its prompts share a prefix
+//! from turn to turn. Called by the server's Messages handlers on the planner pool. Errors name the
+//! field by its path in the Messages body (`messages[2].content[1]`).
 
 use serde_json::{json, Map, Value};
 
@@ -463,7 +461,18 @@ pub fn translate(body: &Map<String, Value>) -> Result<Translated, FieldError> {
             ))
         }
     }
-    for key in ["temperature", "top_p", "top_k", "stream", "seed"] {
+    // Anthropic's fields, then extensions sent in an extra body (llama.cpp's, the template's).
+    const PASSED: [&str; 8] = [
+        "temperature",
+        "top_p",
+        "top_k",
+        "stream",
+        "seed",
+        "logit_bias",
+        "chat_template_kwargs",
+        "reasoning_effort",
+    ];
+    for key in PASSED {
         if let Some(v) = body.get(key).filter(|v| !v.is_null()) {
             chat.insert(key.into(), v.clone());
         }

@@ -20,6 +20,7 @@ pub mod beam;
 pub mod beam_fields;
 pub mod embeddings;
 pub mod harmony;
+pub mod harmony_grammar;
 pub mod infill;
 pub mod llama;
 pub mod logprobs;
@@ -36,6 +37,7 @@ pub mod sampling_fields;
 pub mod schema_keywords;
 pub mod schema_refs;
 pub mod structured;
+pub mod template_args;
 pub mod tool_parser;
 pub mod tools;
 

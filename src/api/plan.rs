@@ -17,7 +17,7 @@ use serde_json::{json, Map, Value};
 use super::reply::ReplyParsing;
 use super::request::{self, Endpoint, Fields, GenParams, Prompt};
 use super::tools::{self, ToolChoice, ToolFormat};
-use super::{harmony, reasoning, structured, RequestError};
+use super::{harmony, reasoning, structured, template_args, RequestError};
 use crate::chat_template::{encode_prompt, ChatMessage, ChatTemplate};
 use crate::constraint::{Constraint, ConstraintSpec, Grammars, Trigger};
 use crate::engine::sampler::SamplingParams;
@@ -367,9 +367,16 @@ impl<'a> ChatInput<'a> {
             })
         });
         let g = self.add_generation_prompt;
-        if self.tool_req.is_some() || has_tool_turns {
-            let json_messages =
-                messages_json(&self.messages, raw.map(Vec::as_slice).unwrap_or(&[]))?;
+        let extra = template_args::extra_variables(body)?;
+        let harmony = harmony::template_speaks_harmony(self.template.source());
+        if self.tool_req.is_some() || has_tool_turns || harmony || !extra.is_empty() {
+            let raw = raw.map(Vec::as_slice).unwrap_or(&[]);
+            let mut json_messages = messages_json(&self.messages, raw)?;
+            if harmony {
+                for (m, r) in json_messages.iter_mut().zip(raw) {
+                    *m = template_args::harmony_message(std::mem::take(m), r);
+                }
+            }
             // As vLLM does, `tool_choice: none` leaves the tools out of the prompt: the model
             // answers in text instead of being taught to call.
             let offered = self
@@ -377,7 +384,8 @@ impl<'a> ChatInput<'a> {
                 .as_ref()
                 .filter(|t| t.choice != ToolChoice::None)
                 .map(|t| &t.raw);
-            self.template.render_json(&json_messages, offered, g)
+            self.template
+                .render_json_with(&json_messages, offered, g, &extra)
         } else {
             self.template.render(&self.messages, g)
         }

@@ -136,6 +136,8 @@ pub fn translate(
         "ignore_eos",
         "adaptive_target",
         "adaptive_decay",
+        "logit_bias",
+        "chat_template_kwargs",
     ]
     .iter()
     .chain(&super::sampling_fields::FIELDS)
@@ -146,6 +148,15 @@ pub fn translate(
     }
     if let Some(v) = body.get("max_output_tokens").filter(|v| !v.is_null()) {
         chat.insert("max_tokens".into(), v.clone());
+    }
+    // `reasoning.effort` is the chat body's `reasoning_effort` (the template's, as
+    // llama-server passes it); a value OpenAI does not define is left out, as the rest of
+    // `reasoning` is (agents send what their own server takes).
+    let effort = body.get("reasoning").and_then(|r| r.get("effort"));
+    if let Some(e) = effort.and_then(Value::as_str) {
+        if super::template_args::EFFORTS.contains(&e) {
+            chat.insert("reasoning_effort".into(), json!(e));
+        }
     }
     if let Some(format) = text_format(body.get("text"))? {
         chat.insert("response_format".into(), format);
@@ -217,6 +228,7 @@ pub fn responses_param(param: &str, t: &Translated) -> String {
     }
     match param {
         "max_tokens" => "max_output_tokens".into(),
+        "reasoning_effort" => "reasoning.effort".into(),
         other => other.to_string(),
     }
 }

@@ -1,7 +1,8 @@
 //! `tools`, `tool_choice` and `parallel_tool_calls`: the functions a chat request offers, checked
 //! field by field, and the grammar a call must follow in the format the model's chat template
-//! teaches. Only the Hermes/Qwen format is known: `<tool_call>\n{"name": ..., "arguments":
-//! {...}}\n</tool_call>`, recognised by `<tool_call>` in the template's text.
+//! teaches: the Hermes/Qwen format, `<tool_call>\n{"name": ..., "arguments":
+//! {...}}\n</tool_call>`, recognised by `<tool_call>` in the template's text; or gpt-oss's
+//! harmony, whose grammar `super::harmony_grammar` writes.
 //!
 //! `required` and a named function constrain the whole reply to calls; `auto` is lazy: the reply
 //! is free until the model writes the `<tool_call>` token, then the call is constrained, so a
@@ -46,7 +47,7 @@ pub enum ToolFormat {
     /// `<tool_call>{"name": ..., "arguments": ...}</tool_call>` (Hermes, Qwen 2.5).
     Hermes,
     /// gpt-oss's harmony: a `commentary` message `to=functions.NAME` whose text is the
-    /// arguments (`super::harmony`). No grammar constrains it yet.
+    /// arguments (`super::harmony`), constrained by `super::harmony_grammar`.
     Harmony,
 }
 
@@ -254,8 +255,8 @@ pub fn grammar(
     format: ToolFormat,
     tok: &Tokenizer,
 ) -> Option<(ConstraintSpec, Option<Trigger>)> {
-    if format != ToolFormat::Hermes {
-        return None; // harmony calls are parsed, not constrained (yet)
+    if format == ToolFormat::Harmony {
+        return super::harmony_grammar::grammar(req, tok).map(|spec| (spec, None));
     }
     let offered: Vec<&Tool> = match &req.choice {
         ToolChoice::None => return None,

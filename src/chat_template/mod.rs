@@ -215,12 +215,34 @@ impl ChatTemplate {
         tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
     ) -> Result<String> {
+        self.render_json_with(
+            messages,
+            tools,
+            add_generation_prompt,
+            &serde_json::Map::new(),
+        )
+    }
+
+    /// [`Self::render_json`] with further template variables (a request's
+    /// `chat_template_kwargs` and `reasoning_effort`); the five above win over them.
+    pub fn render_json_with(
+        &self,
+        messages: &[serde_json::Value],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+        extra: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String> {
+        let extra: BTreeMap<String, Value> = extra
+            .iter()
+            .map(|(k, v)| (k.clone(), from_json(v)))
+            .collect();
         let ctx = minijinja::context! {
             messages => messages.iter().map(from_json).collect::<Vec<_>>(),
             tools => tools.map(from_json),
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token.as_str(),
             eos_token => self.eos_token.as_str(),
+            ..Value::from_object(extra)
         };
         self.render_context(ctx)
     }

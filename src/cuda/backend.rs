@@ -99,12 +99,6 @@ pub fn load<D: CudaDevice>(
     num_blocks: usize,
 ) -> Result<Loaded<CudaBackend<D>>> {
     let c = &model.config;
-    if c.attn_sinks || c.activation == Activation::SwiGluOai {
-        bail!(
-            "'{}' (attention sinks, clamped SwiGLU) does not run on the CUDA backend yet; run with --device cpu",
-            c.architecture
-        );
-    }
     if block_size == 0 || num_blocks == 0 {
         bail!("an empty KV pool");
     }
@@ -460,10 +454,8 @@ impl<D: CudaDevice> Backend for CudaBackend<D> {
         sinks: Option<&DevVector<D>>,
         out: &mut DevActs,
     ) -> Result<()> {
-        if sinks.is_some() {
-            bail!("attention sinks (gpt-oss) have no GPU kernel yet; run with --device cpu");
-        }
         same_shape(q, out, "attention")?;
+        let sinks = sinks.map(|w| self.dev.ptr(&w.data));
         let s = self.step()?;
         let addressing = DevAttentionBatch {
             block_tables: self.dev.ptr(&s.block_tables),
@@ -486,6 +478,7 @@ impl<D: CudaDevice> Backend for CudaBackend<D> {
             q.n_rows,
             self.attn_scale,
             window,
+            sinks,
         )
     }
 

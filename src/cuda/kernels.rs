@@ -355,22 +355,23 @@ pub fn glu(gpu: &dyn Launch, gate: DevPtr, up: DevPtr, n: usize, act: Activation
     let name = match act {
         Activation::SwiGlu => "el_cuda_swiglu",
         Activation::GeGlu => "el_cuda_geglu",
-        Activation::SwiGluOai => {
-            bail!("gpt-oss's clamped SwiGLU has no GPU kernel yet; run with --device cpu")
-        }
+        Activation::SwiGluOai => "el_cuda_swiglu_oai",
     };
     let g = gate.need(n * F32, name)?;
-    gpu.launch(
-        name,
-        (blocks(n, 256), 1, 1),
-        256,
-        &[
-            Arg::Ptr(g),
-            Arg::Ptr(up.need(n * F32, name)?),
-            Arg::Ptr(g),
-            Arg::I64(n as i64),
-        ],
-    )
+    let mut args = vec![
+        Arg::Ptr(g),
+        Arg::Ptr(up.need(n * F32, name)?),
+        Arg::Ptr(g),
+        Arg::I64(n as i64),
+    ];
+    if act == Activation::SwiGluOai {
+        // gpt-oss's alpha and clamp, as the CPU path passes them.
+        args.extend([
+            Arg::F32(crate::kernels::SWIGLU_OAI_ALPHA),
+            Arg::F32(crate::kernels::SWIGLU_OAI_LIMIT),
+        ]);
+    }
+    gpu.launch(name, (blocks(n, 256), 1, 1), 256, &args)
 }
 
 /// `x[i] += y[i]` over `n`.

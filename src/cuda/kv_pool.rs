@@ -143,6 +143,7 @@ impl<D: CudaDevice> KvPool<D> {
         n_rows: usize,
         scale: f32,
         window: Option<usize>,
+        sinks: Option<DevPtr>,
     ) -> Result<()> {
         let s = &self.shape;
         let (hd, width) = (s.head_dim, s.n_heads * s.head_dim);
@@ -157,7 +158,7 @@ impl<D: CudaDevice> KvPool<D> {
         };
         let (k_cache, v_cache) = (dev.ptr(&self.k_cache[layer]), dev.ptr(&self.v_cache[layer]));
         k::paged_attention(
-            dev, self.types, out, q, k_cache, v_cache, s, b, n_rows, scale, window,
+            dev, self.types, out, q, k_cache, v_cache, s, b, n_rows, scale, window, sinks,
         )?;
         match self.types.v_rotation(hd) {
             Some(n) => k::hadamard(dev, out, out, None, n_rows, width, n),

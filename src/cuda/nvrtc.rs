@@ -72,6 +72,7 @@ pub fn entry_points(program: &str) -> Vec<String> {
             "el_cuda_rope",
             "el_cuda_rope_ext",
             "el_cuda_swiglu",
+            "el_cuda_swiglu_oai",
             "el_cuda_geglu",
             "el_cuda_kv_write",
             "el_cuda_paged_attention",

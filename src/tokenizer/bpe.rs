@@ -34,6 +34,14 @@ const LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])
 /// Qwen2's pattern: Llama 3's with single digits.
 const QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+/// GPT-4o's (o200k: gpt-oss, Llama 4) pattern as llama.cpp writes it: a letter run is an
+/// optional lead char, then letters other than a-z, then letters other than A-Z (or the
+/// reverse), then an optional contraction; digits in runs of up to three; punctuation runs
+/// keep trailing newlines and slashes. llama.cpp runs it over text whose non-ASCII chars are
+/// collapsed to one char per category, so a non-ASCII letter counts as neither a-z nor A-Z and
+/// a combining mark (`\p{M}`) is no letter: the same as this regex over the real chars.
+const GPT4O: &str = r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
 /// How one family of `tokenizer.ggml.pre` names pre-tokenizes, from llama-vocab.cpp.
 struct PreTokenizerSpec {
     /// Applied in order, each splitting the pieces the previous one left (matches and the
@@ -74,6 +82,7 @@ fn pre_tokenizer_spec(pre: Option<&str>) -> Result<PreTokenizerSpec> {
         "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "megrez" | "stablelm2" | "hunyuan" => {
             spec(&[QWEN2], false, false)
         }
+        "gpt-4o" | "llama4" | "kanana2" | "talkie" => spec(&[GPT4O], false, false),
         "falcon" => spec(
             &[r"[\p{P}\$\+<=>\^~\|`]+", GPT2, r"[0-9][0-9][0-9]"],
             false,
@@ -82,7 +91,7 @@ fn pre_tokenizer_spec(pre: Option<&str>) -> Result<PreTokenizerSpec> {
         other => bail!(
             "unsupported tokenizer.ggml.pre '{other}' for a gpt2 vocabulary: edge-llm knows \
              default, llama3 (llama-bpe), gpt-2, smollm (starcoder, refact, command-r), \
-             qwen2 and falcon"
+             qwen2, gpt-4o (llama4) and falcon"
         ),
     })
 }

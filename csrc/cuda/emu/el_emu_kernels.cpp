@@ -171,6 +171,7 @@ static const el_entry EL_TABLE[] = {
     EL_KERNEL(el_cuda_rope),
     EL_KERNEL(el_cuda_rope_ext),
     EL_KERNEL(el_cuda_swiglu),
+    EL_KERNEL(el_cuda_swiglu_oai),
     EL_KERNEL(el_cuda_geglu),
     EL_KERNEL(el_cuda_kv_write),
     EL_KERNEL(el_cuda_paged_attention),

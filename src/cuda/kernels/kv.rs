@@ -118,7 +118,8 @@ pub struct DevAttentionBatch {
     pub context_lens: DevPtr,
 }
 
-/// Paged attention of every (token, head); `q` and `out` [n_tokens][n_heads][head_dim].
+/// Paged attention of every (token, head); `q` and `out` [n_tokens][n_heads][head_dim]; `sinks`
+/// [n_heads] (gpt-oss) adds each head's sink logit to its softmax.
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention(
     gpu: &dyn Launch,
@@ -132,6 +133,7 @@ pub fn paged_attention(
     n_tokens: usize,
     scale: f32,
     window: Option<usize>,
+    sinks: Option<DevPtr>,
 ) -> Result<()> {
     if s.head_dim > 512 || s.n_kv_heads == 0 || !s.n_heads.is_multiple_of(s.n_kv_heads) {
         bail!("attention shape {s:?}");
@@ -177,6 +179,12 @@ pub fn paged_attention(
         Arg::I64(b.max_blocks_per_seq as i64),
         Arg::F32(scale),
         Arg::I32(window),
+        // gpt-oss's sink logit per head; without sinks q stands in, never read.
+        Arg::Ptr(match sinks {
+            Some(p) => p.need(s.n_heads * F32, "attention sinks")?,
+            None => q.need(qo, "attention q")?,
+        }),
+        Arg::I32(sinks.is_some() as i32),
         Arg::I64(0),
         Arg::I64(n_items as i64),
     ];
