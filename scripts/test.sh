@@ -125,7 +125,7 @@ if ! "$SYNTH_VENV/bin/python" -c "import gguf, numpy" >/dev/null 2>&1; then
     && "$SYNTH_VENV/bin/python" -m pip install -q --disable-pip-version-check gguf==0.19.0 numpy \
     || echo "warning: could not install gguf and numpy; tests/synth_models.rs and tests/kernels_iq.rs will fail under CI" >&2
 fi
-if [ ! -f target/synth/.made ] || [ -n "$(find scripts/synth/synth.py scripts/synth/encoder.py scripts/synth/reranker.py scripts/synth/gemma4.py tests/synth -newer target/synth/.made 2>/dev/null | head -1)" ]; then
+if [ ! -f target/synth/.made ] || [ -n "$(find scripts/synth/synth.py scripts/synth/encoder.py scripts/synth/reranker.py scripts/synth/gemma4.py scripts/synth/qwen35.py tests/synth -newer target/synth/.made 2>/dev/null | head -1)" ]; then
   "$SYNTH_VENV/bin/python" scripts/synth/synth.py models target/synth >/dev/null \
     && touch target/synth/.made \
     || echo "warning: could not write the synthetic models; tests/synth_models.rs will fail under CI" >&2

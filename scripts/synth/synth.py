@@ -37,6 +37,7 @@ import gguf
 
 import encoder  # scripts/synth/encoder.py: the encoder cases
 import gemma4  # scripts/synth/gemma4.py: the gemma4 cases
+import qwen35  # scripts/synth/qwen35.py: the qwen35 case
 import reranker  # scripts/synth/reranker.py: the bert reranker
 
 SMOLLM2 = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -114,6 +115,14 @@ CASES = {
                  n_layers=6, tied=False, output_scale=3.0, qk_norm=True, f16=True,
                  conv_layers=[0, 1, 3, 4], l_cache=3, n_tokens=256, top_k=64, n_picked=32,
                  llama_cpp="newest"),
+    # Qwen3.5 (gated delta-nets and gated attention) in its 0.8B/2B proportions, a quarter of the
+    # width: 8 layers, attention at 3 and 7; a SmolLM2 vocabulary of 2048, a separate output
+    # scaled as lfm2's; 320 tokens (tests/synth_qwen35.rs runs them in chunks).
+    "qwen35": dict(arch="qwen35", vocab=SMOLLM2, vocab_size=2048, n_embd=256, n_heads=8,
+                   n_kv_heads=2, n_ff=768, n_layers=8, output_scale=3.0, n_tokens=320, top_k=64,
+                   n_picked=32, llama_cpp="newest",
+                   qwen35=dict(head_dim=64, rope_dim=16, sections=[3, 3, 2, 0], interval=4,
+                               n_k_heads=4, n_v_heads=8, state=32, d_conv=4)),
 }
 
 # Cases also written with the block matrices llama-quantize made of them in these types (the
@@ -122,7 +131,7 @@ CASES = {
 # expert probabilities are closest, within 8e-4), which no per-logit budget covers.
 # Each entry: a type name (the case's suffix) and, if different, llama-quantize's file type.
 QUANTIZED = {"qwen3moe": ["Q8_0"], "gpt-oss": [("MXFP4", "MXFP4_MOE")],
-             "gemma4": ["Q4_K_M"], "lfm2": ["Q4_K_M"]}
+             "gemma4": ["Q4_K_M"], "lfm2": ["Q4_K_M"], "qwen35": ["Q4_K_M"]}
 
 
 def quant_types(case):
@@ -191,6 +200,8 @@ def build(case, out_path, blocks=None):
     c = CASES[case]
     if c.get("gemma4"):
         return gemma4.build(case, c, out_path, blocks, add_vocab, N_TOKENS)
+    if c.get("qwen35"):
+        return qwen35.build(case, c, out_path, blocks, add_vocab, N_TOKENS)
     replace = {}
     if blocks:
         for t in gguf.GGUFReader(blocks).tensors:

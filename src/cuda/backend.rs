@@ -110,7 +110,7 @@ pub fn load<D: CudaDevice>(
     }
     if c.is_recurrent() {
         bail!(
-            "'{}' has recurrent layers (short convolutions), which the CUDA backend does not run yet; use --device cpu",
+            "'{}' has recurrent layers (short convolutions, gated delta-nets), which the CUDA backend does not run yet; use --device cpu",
             c.architecture
         );
     }

@@ -15,7 +15,7 @@ pub use super::hybrid::LayerKind;
 /// Architectures the forward pass implements (`general.architecture`).
 pub const SUPPORTED_ARCHITECTURES: &[&str] = &[
     "llama", "qwen2", "qwen3", "gemma3", "phi3", "smollm3", "granite", "qwen3moe", "gemma4",
-    "lfm2", "gpt-oss",
+    "lfm2", "gpt-oss", "qwen35",
 ];
 
 /// What sets one family of models apart, as llama.cpp 0c1e57098 builds them
@@ -62,6 +62,8 @@ struct Family {
     /// Layers with no KV heads (`{arch}.attention.head_count_kv` per layer) are LFM2's short
     /// convolutions (`super::hybrid`).
     short_conv: bool,
+    /// Gated delta-net layers beside gated attention (Qwen3.5, `super::delta_net`).
+    delta_net: bool,
     /// The final norm's tensor (LFM2 names it `token_embd_norm.weight`).
     output_norm: &'static str,
 }
@@ -84,6 +86,7 @@ const LLAMA: Family = Family {
     attn_sinks: false,
     ffn_norm: "ffn_norm",
     short_conv: false,
+    delta_net: false,
     output_norm: "output_norm.weight",
 };
 
@@ -175,6 +178,15 @@ const FAMILIES: &[Family] = &[
         output_norm: "token_embd_norm.weight",
         ..LLAMA
     },
+    Family {
+        architecture: "qwen35",
+        rope_style: RopeStyle::Neox,
+        qk_norm: true,
+        rope_freqs: false,
+        ffn_norm: "post_attention_norm",
+        delta_net: true,
+        ..LLAMA
+    },
 ];
 
 /// How one layer attends: its rotary embedding and, for a local layer, its window.
@@ -235,6 +247,8 @@ pub struct ModelConfig {
     pub per_layer_embd: usize,
     /// The short convolution's window where the model has such layers (else 0).
     pub conv_l_cache: usize,
+    /// The delta-net layers' shape where the model has such layers (Qwen3.5).
+    pub delta_net: Option<crate::kernels::DeltaNetShape>,
     /// The final norm's tensor name.
     pub output_norm: &'static str,
     /// Each layer has a sink logit per head (`attn_sinks`).
@@ -284,6 +298,8 @@ impl ModelConfig {
                 );
             }
             Some(super::hybrid::read_lfm2(g, &arch, num_layers, n_heads)?)
+        } else if family.delta_net {
+            Some(super::delta_net::read_qwen35(g, &arch, num_layers, n_heads)?)
         } else {
             None
         };
@@ -532,6 +548,7 @@ impl ModelConfig {
             v_norm: false,
             per_layer_embd: 0,
             conv_l_cache: hybrid.as_ref().map_or(0, |h| h.l_cache),
+            delta_net: hybrid.as_ref().and_then(|h| h.delta_net),
             output_norm: family.output_norm,
             attn_sinks: family.attn_sinks,
             ffn_norm: family.ffn_norm,

@@ -16,6 +16,8 @@ pub enum LayerKind {
     Attention,
     /// LFM2's gated short convolution, its state the last `l_cache - 1` inputs of each channel.
     ShortConv,
+    /// Qwen3.5's gated delta-net (`super::delta_net`): its conv state and a matrix per head.
+    DeltaNet,
 }
 
 /// The layers of a hybrid file.
@@ -26,6 +28,8 @@ pub struct HybridLayers {
     pub n_kv_heads: usize,
     /// The short convolution's window (`{arch}.shortconv.l_cache`).
     pub l_cache: usize,
+    /// The delta-net layers' shape (Qwen3.5).
+    pub delta_net: Option<crate::kernels::DeltaNetShape>,
 }
 
 /// The longest short-convolution window accepted (LFM2's is 3).
@@ -51,6 +55,9 @@ impl super::ModelConfig {
         match self.layers[l].kind {
             LayerKind::Attention => 0,
             LayerKind::ShortConv => self.conv_l_cache.saturating_sub(1) * self.n_embd,
+            LayerKind::DeltaNet => self
+                .delta_net
+                .map_or(0, |s| s.conv_state_floats() + s.ssm_state_floats()),
         }
     }
 
@@ -112,6 +119,7 @@ pub fn read_lfm2(
         kinds,
         n_kv_heads: n_kv_heads as usize,
         l_cache,
+        delta_net: None,
     })
 }
 

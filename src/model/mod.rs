@@ -15,6 +15,7 @@ pub mod config;
 mod config_layers;
 mod config_moe;
 pub mod cpu;
+pub mod delta_net;
 pub mod encoder;
 pub mod forward;
 pub mod hybrid;

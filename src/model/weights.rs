@@ -8,6 +8,7 @@
 use anyhow::{bail, Context, Result};
 
 use super::backend::WeightStore;
+use super::delta_net::DeltaNet;
 use super::moe_gemma4::Gemma4Moe;
 use super::per_layer::{PerLayerBlock, PerLayerInputs};
 use crate::gguf::{GgufFile, TensorInfo};
@@ -300,7 +301,7 @@ impl<S: WeightStore> LayerWeights<S> {
     pub fn attention(&self) -> Option<&Attention<S>> {
         match &self.mixer {
             Mixer::Attention(a) => Some(a),
-            Mixer::ShortConv(_) => None,
+            Mixer::ShortConv(_) | Mixer::DeltaNet(_) => None,
         }
     }
 }
@@ -309,6 +310,7 @@ impl<S: WeightStore> LayerWeights<S> {
 pub enum Mixer<S: WeightStore> {
     Attention(Attention<S>),
     ShortConv(ShortConv<S>),
+    DeltaNet(Box<DeltaNet<S>>),
 }
 
 /// LFM2's short convolution block: in_proj to b, c and x; y = c * conv(b * x); out_proj.
@@ -338,6 +340,9 @@ pub struct Attention<S: WeightStore> {
     pub attn_post_norm: Option<S::Vector>,
     /// Ones of [head_dim]: the weightless RMSNorm of each head's values (gemma4).
     pub attn_v_norm: Option<S::Vector>,
+    /// `wq` gives each head's queries then its output gate (`[n_embd] -> [2 * q_dim]`), and the
+    /// output is multiplied by sigmoid(gate) (Qwen3.5, `super::delta_net`).
+    pub q_gate: bool,
 }
 
 /// `blk.{i}.layer_output_scale.weight`, one float, if the file has it.
@@ -416,8 +421,9 @@ impl Weights<InFile> {
                         let kv_linear = |name: &str| {
                             Linear::read(g, &format!("blk.{kb}.{name}"), c.n_embd, kv_dim)
                         };
+                        let q_rows = if c.delta_net.is_some() { 2 * q_dim } else { q_dim };
                         (
-                            linear("attn_q", c.n_embd, q_dim)?,
+                            linear("attn_q", c.n_embd, q_rows)?,
                             kv_linear("attn_k")?,
                             kv_linear(v)?,
                         )
@@ -440,6 +446,7 @@ impl Weights<InFile> {
                             head_dim,
                         )?,
                         attn_v_norm: c.v_norm.then(|| vec![1.0; head_dim]),
+                        q_gate: c.delta_net.is_some(),
                         wo: linear("attn_output", q_dim, c.n_embd)?,
                         attn_post_norm: norm_if(c.post_norms, "post_attention_norm", c.n_embd)?,
                     }))
@@ -455,6 +462,7 @@ impl Weights<InFile> {
                         )?,
                         out_proj: m("shortconv.out_proj", c.n_embd, c.n_embd)?,
                     }),
+                    LayerKind::DeltaNet => Mixer::DeltaNet(Box::new(DeltaNet::read(g, c, i)?)),
                 };
                 let ffn = match &c.experts {
                     Some(_) if c.architecture == "gemma4" => {
