@@ -6,7 +6,8 @@ output gate attn_gate, ssm_alpha/ssm_beta per value head, a causal conv of 4 (ss
 ssm_dt.bias, ssm_a = -exp(A_log), ssm_norm per head, ssm_out); attention layers with the q
 projection doubled (each head's queries then its output gate), QK-norm, partial IMROPE (a quarter
 of the head rotated, sections summing to the rotated pairs); post_attention_norm as the norm before
-the feed-forward block; SwiGLU. Value heads are twice the key heads (as the 9B's; the 0.8B/2B have
+the feed-forward block; SwiGLU. The k projection is correlated with the q projection (see
+attn_qkv below). Value heads are twice the key heads (as the 9B's; the 0.8B/2B have
 as many), so the kernel's sharing of q/k heads is checked against llama.cpp too.
 """
 import hashlib
@@ -73,7 +74,13 @@ def build(case, c, out_path, blocks, add_vocab, n_tokens_default):
         p = f"blk.{i}."
         add(p + "attn_norm.weight", norm(n_embd))
         if (i + 1) % q["interval"] != 0:
-            add(p + "attn_qkv.weight", mat(conv_dim, n_embd))
+            # k's rows are q's plus noise: a head's first output is v * sign(q . k) after the
+            # gated RMSNorm, so with independent random q and k a head near q . k = 0 flips
+            # under a rounding-size change (no trained head sits there).
+            qkv = mat(conv_dim, n_embd).astype(np.float32)
+            kq = n_k * s
+            qkv[kq:2 * kq] = (qkv[:kq] + 0.5 * qkv[kq:2 * kq]) / np.sqrt(1.25)
+            add(p + "attn_qkv.weight", qkv.astype(np.float16))
             add(p + "attn_gate.weight", mat(value_dim, n_embd))
             add(p + "ssm_alpha.weight", mat(n_v, n_embd))
             add(p + "ssm_beta.weight", mat(n_v, n_embd))
