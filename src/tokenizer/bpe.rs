@@ -34,6 +34,9 @@ const LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])
 /// Qwen2's pattern: Llama 3's with single digits.
 const QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+/// Qwen3.5's pattern: Qwen2's with combining marks (`\p{M}`) kept with the letters.
+const QWEN35: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
 /// How one family of `tokenizer.ggml.pre` names pre-tokenizes, from llama-vocab.cpp.
 struct PreTokenizerSpec {
     /// Applied in order, each splitting the pieces the previous one left (matches and the
@@ -74,6 +77,7 @@ fn pre_tokenizer_spec(pre: Option<&str>) -> Result<PreTokenizerSpec> {
         "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "megrez" | "stablelm2" | "hunyuan" => {
             spec(&[QWEN2], false, false)
         }
+        "qwen35" => spec(&[QWEN35], false, false),
         "falcon" => spec(
             &[r"[\p{P}\$\+<=>\^~\|`]+", GPT2, r"[0-9][0-9][0-9]"],
             false,
@@ -82,7 +86,7 @@ fn pre_tokenizer_spec(pre: Option<&str>) -> Result<PreTokenizerSpec> {
         other => bail!(
             "unsupported tokenizer.ggml.pre '{other}' for a gpt2 vocabulary: edge-llm knows \
              default, llama3 (llama-bpe), gpt-2, smollm (starcoder, refact, command-r), \
-             qwen2 and falcon"
+             qwen2, qwen35 and falcon"
         ),
     })
 }
