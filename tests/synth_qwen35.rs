@@ -254,3 +254,140 @@ fn the_cuda_backend_refuses_qwen35_in_one_line() {
     assert!(e.contains("recurrent layers") && e.contains("qwen35") && !e.contains('\n'), "{e}");
 }
 
+
+#[test]
+fn a_fork_continues_its_parents_state_and_preemption_recomputes_it() {
+    let Some((model, r)) = load("qwen35") else {
+        return;
+    };
+    let model = Arc::new(model);
+    let prompts = prompts(&r);
+    let e = engine(&model, 512, 4, 16);
+    let expected = alone(&e, &prompts);
+    let mut req = request(&prompts[0].0, prompts[0].1, SamplingParams::greedy());
+    req.n = 3;
+    let mut stream = e.submit(req).unwrap();
+    let (mut outs, mut done) = (vec![Vec::new(); 3], 0);
+    while let Some(ev) = stream.next_blocking() {
+        match ev {
+            Event::Token { index, token, .. } => outs[index].push(token),
+            Event::Finished { .. } => done += 1,
+            Event::Error(err) => panic!("{err}"),
+            _ => {}
+        }
+        if done == 3 {
+            break;
+        }
+    }
+    assert!(outs.iter().all(|o| o == &expected[0]), "n = 3: {outs:?}");
+    assert_all_back(&e, 4);
+    drop(e);
+    // 12 blocks of 16: the 16 sessions (each growing to 4 or 5 blocks) cannot all hold theirs.
+    let config = EngineConfig {
+        block_size: 16,
+        num_blocks: 12,
+        max_seq_len: 192,
+        max_batched_tokens: 512,
+        max_seqs: 64,
+        max_queue: 64,
+        max_step_ms: None,
+        mask_budget_ms: EngineConfig::DEFAULT_MASK_BUDGET_MS,
+        kv_types: edge_llm::kernels::KvTypes::F16,
+        num_state_slots: 16,
+    };
+    let e = EngineHandle::start(Arc::clone(&model), config, EngineParts::default()).unwrap();
+    assert_greedy_among_sessions(&e, &prompts, &expected, 16, "preemption");
+    assert!(wait_idle(&e).preemptions > 0, "the pool was small enough to preempt");
+    assert_all_back(&e, 16);
+}
+
+/// ModelConfig::from_gguf of a small qwen35 header with `bad` keys replaced (or added).
+fn config_error(bad: &[(&str, edge_llm::gguf::MetaValue)], drop: &[&str]) -> String {
+    use edge_llm::gguf::{GgufFile, MetaArray, MetaValue};
+    use edge_llm::kernels::tensor_type::TensorType;
+    use edge_llm::model::ModelConfig;
+    let mut kvs: Vec<(String, MetaValue)> =
+        vec![("general.architecture".into(), MetaValue::String("qwen35".into()))];
+    for (k, v) in [
+        ("embedding_length", 64),
+        ("block_count", 4),
+        ("feed_forward_length", 128),
+        ("attention.head_count", 4),
+        ("attention.head_count_kv", 2),
+        ("attention.key_length", 16),
+        ("attention.value_length", 16),
+        ("rope.dimension_count", 8),
+        ("context_length", 256),
+        ("ssm.conv_kernel", 4),
+        ("ssm.state_size", 8),
+        ("ssm.group_count", 2),
+        ("ssm.time_step_rank", 4),
+        ("ssm.inner_size", 32),
+    ] {
+        kvs.push((format!("qwen35.{k}"), MetaValue::U32(v)));
+    }
+    kvs.push(("qwen35.attention.layer_norm_rms_epsilon".into(), MetaValue::F32(1e-6)));
+    kvs.push((
+        "qwen35.rope.dimension_sections".into(),
+        MetaValue::Array(MetaArray::I32(vec![2, 1, 1, 0])),
+    ));
+    kvs.retain(|(k, _)| !drop.contains(&k.as_str()));
+    for (k, v) in bad {
+        kvs.retain(|(key, _)| key != k);
+        kvs.push((k.to_string(), v.clone()));
+    }
+    let mut b = support::gguf_writer::GgufBuilder::new(3);
+    for (k, v) in &kvs {
+        b.kv(k, v);
+    }
+    b.tensor("token_embd.weight", &[64, 100], TensorType::F32);
+    let g = GgufFile::from_bytes("qwen35 header", &b.build()).unwrap();
+    match ModelConfig::from_gguf(&g) {
+        Ok(_) => panic!("a hostile qwen35 header was accepted: {bad:?} {drop:?}"),
+        Err(e) => {
+            let msg = format!("{e:#}");
+            assert!(!msg.contains('\n'), "{msg}");
+            msg
+        }
+    }
+}
+
+/// Bad delta-net shapes, layer patterns and rope sections are refused with a one-line error
+/// naming the key, never a panic; the good header is accepted.
+#[test]
+fn hostile_qwen35_headers_are_refused_with_one_line() {
+    use edge_llm::gguf::{MetaArray, MetaValue};
+    let u = |k: &'static str, v: u32| vec![(k, MetaValue::U32(v))];
+    let sections = |v: Vec<i32>| {
+        vec![("qwen35.rope.dimension_sections", MetaValue::Array(MetaArray::I32(v)))]
+    };
+    let cases = [
+        (u("qwen35.ssm.inner_size", 40), vec![], "ssm.inner_size = 40"),
+        (u("qwen35.ssm.time_step_rank", 3), vec![], "not a multiple of 2 key heads"),
+        (u("qwen35.ssm.conv_kernel", 1), vec![], "ssm.conv_kernel = 1 is out of range"),
+        (u("qwen35.ssm.state_size", 0), vec![], "ssm.state_size = 0 is out of range"),
+        (u("qwen35.ssm.group_count", 100000), vec![], "ssm.group_count"),
+        (u("qwen35.attention.head_count_kv", 3), vec![], "do not divide 4 heads"),
+        (u("qwen35.full_attention_interval", 0), vec![], "full_attention_interval = 0"),
+        (u("qwen35.nextn_predict_layers", 1), vec![], "MTP"),
+        (vec![], vec!["qwen35.ssm.state_size"], "qwen35.ssm.state_size"),
+        (vec![], vec!["qwen35.rope.dimension_sections"], "dimension_sections is missing"),
+        (sections(vec![1, 1, 2, 0]), vec![], "vision position"),
+        (sections(vec![1, 1]), vec![], "4 non-negative sections"),
+        (sections(vec![8, 8, 8, 0]), vec![], "does not fit"),
+        (
+            vec![(
+                "qwen35.attention.recurrent_layers",
+                MetaValue::Array(MetaArray::Bool(vec![true, false])),
+            )],
+            vec![],
+            "must be an array of 4 bools",
+        ),
+    ];
+    for (bad, drop, want) in cases {
+        let msg = config_error(&bad, &drop);
+        assert!(msg.contains(want), "{msg} (expected: {want})");
+    }
+    let ok = std::panic::catch_unwind(|| config_error(&[], &[]));
+    assert!(ok.is_err(), "the unchanged header is accepted");
+}
