@@ -14,7 +14,10 @@
 //! - Through the engine: greedy output identical alone, among 16 concurrent sessions, at other
 //!   --max-batched-tokens, and resumed from a state snapshot (a shared prefix; a repeated
 //!   prompt), `cached_tokens` counting the skipped tokens; every state slot and KV block back.
-//! - The CUDA backend (emulated) refuses the architecture in one line.
+//! - The CUDA backend (emulated) refuses the architecture in one line; hostile headers are refused
+//!   in one line.
+//! - qwen35moe (the same layers, routed experts and a sigmoid-gated shared expert; its F16 file
+//!   and reference from the same scripts): against llama.cpp, and chunks equal single tokens.
 
 mod support;
 
@@ -44,12 +47,14 @@ const LOGIT_BUDGET: f32 = 1e-2;
 /// two paths meet less a position's worth (QWEN35_Q4_K_M_MIN_SAME), the KLD budget the issue's.
 const Q4_K_M_LOGIT_BUDGET: f32 = 0.25;
 const QWEN35_Q4_K_M_MIN_SAME: f64 = 0.93;
+/// qwen35moe's F16 file: see `qwen35moe_f16_matches_llama_cpp_and_chunks_equal_one_token_steps`.
+const QWEN35MOE_LOGIT_BUDGET: f32 = 0.3;
 
 fn load(case: &str) -> Option<(Model, serde_json::Value)> {
     let r = support::synth::json(&format!("tests/synth/{case}.json"));
     let path = support::synth::model_file(
         &r,
-        "LLAMA_CPP=newest scripts/synth/refs.sh qwen35 qwen35-Q4_K_M",
+        "LLAMA_CPP=newest scripts/synth/refs.sh qwen35 qwen35-Q4_K_M qwen35moe",
     )?;
     let model = Model::load(&path).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
     Some((model, r))
@@ -390,4 +395,28 @@ fn hostile_qwen35_headers_are_refused_with_one_line() {
     }
     let ok = std::panic::catch_unwind(|| config_error(&[], &[]));
     assert!(ok.is_err(), "the unchanged header is accepted");
+}
+
+#[test]
+fn qwen35moe_f16_matches_llama_cpp_and_chunks_equal_one_token_steps() {
+    // Measured: KLD 0.0013, same top 99.1%, logit error 9.5e-4 over the first 8 positions
+    // growing to 0.20 by 320 (median position 9.0e-4): a row whose 4th and 5th expert
+    // probabilities sit within rounding of each other is routed differently on the two sides
+    // (as qwen3moe's are, synth.py's QUANTIZED note), and the delta-net states carry that row's
+    // difference on to every later position. So the per-logit budget here is that measure's, not
+    // the dense one; the KLD and same-top budgets are the issue's.
+    check_against_llama_cpp("qwen35moe", 0.005, 0.97, QWEN35MOE_LOGIT_BUDGET);
+    let Some((model, r)) = load("qwen35moe") else {
+        return;
+    };
+    let c = &model.config;
+    let x = c.experts.as_ref().expect("experts");
+    assert_eq!((x.num_experts, x.num_experts_used, x.n_ff_exp), (16, 4, 64));
+    use edge_llm::model::weights::FeedForward;
+    assert!(matches!(&model.weights.layers[0].ffn, FeedForward::SharedGated(m) if m.n_ff_shexp == 64));
+    let tokens = &ids(&r["tokens"])[..48];
+    let whole = logits(&model, tokens, 48);
+    for chunk in [1, 7] {
+        assert!(logits(&model, tokens, chunk) == whole, "chunks of {chunk} differ from one chunk of 48");
+    }
 }

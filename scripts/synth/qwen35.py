@@ -1,4 +1,4 @@
-"""The synthetic qwen35 case of scripts/synth/synth.py: Qwen3.5's layout (llama.cpp's
+"""The synthetic qwen35 and qwen35moe cases of scripts/synth/synth.py: Qwen3.5's layout (llama.cpp's
 src/models/qwen35.cpp and llama-model.cpp's qwen35 loader give the keys and tensors) in the
 proportions of Qwen3.5-0.8B/2B, smaller: every fourth layer full attention (full_attention_interval
 4), the others gated delta-nets (ssm.* keys: a fused attn_qkv projection of q, k and v heads, the
@@ -8,7 +8,9 @@ projection doubled (each head's queries then its output gate), QK-norm, partial 
 of the head rotated, sections summing to the rotated pairs); post_attention_norm as the norm before
 the feed-forward block; SwiGLU. The k projection is correlated with the q projection (see
 attn_qkv below). Value heads are twice the key heads (as the 9B's; the 0.8B/2B have
-as many), so the kernel's sharing of q/k heads is checked against llama.cpp too.
+as many), so the kernel's sharing of q/k heads is checked against llama.cpp too. qwen35moe
+(35B-A3B's layout, smaller): the feed-forward block is routed experts plus a shared expert with a
+sigmoid gate (`ffn_gate_inp_shexp`, one logit per token).
 """
 import hashlib
 
@@ -52,6 +54,13 @@ def build(case, c, out_path, blocks, add_vocab, n_tokens_default):
     w.add_ssm_state_size(s)
     w.add_ssm_time_step_rank(n_v)
     w.add_ssm_group_count(n_k)
+    moe = c.get("moe")
+    if moe:
+        n_expert, n_expert_used, n_ff_exp, n_ff_shexp = moe
+        w.add_uint32(f"{arch}.expert_count", n_expert)
+        w.add_uint32(f"{arch}.expert_used_count", n_expert_used)
+        w.add_uint32(f"{arch}.expert_feed_forward_length", n_ff_exp)
+        w.add_uint32(f"{arch}.expert_shared_feed_forward_length", n_ff_shexp)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     n_vocab = add_vocab(w, c["vocab"], c.get("vocab_size"))
     add_tensor = w.add_tensor
@@ -99,9 +108,22 @@ def build(case, c, out_path, blocks, add_vocab, n_tokens_default):
             add(p + "attn_k_norm.weight", norm(head_dim))
             add(p + "attn_output.weight", mat(n_embd, q_dim))
         add(p + "post_attention_norm.weight", norm(n_embd))
-        add(p + "ffn_gate.weight", mat(n_ff, n_embd))
-        add(p + "ffn_up.weight", mat(n_ff, n_embd))
-        add(p + "ffn_down.weight", mat(n_embd, n_ff))
+        if moe:
+            # The router, the experts stacked (numpy [n_expert][n_out][n_in], GGUF dims [n_in,
+            # n_out, n_expert]), the shared expert and its gate (GGUF dims [n_embd]).
+            stack = lambda n_out, n_in: np.stack([mat(n_out, n_in) for _ in range(n_expert)])
+            add(p + "ffn_gate_inp.weight", mat(n_expert, n_embd))
+            add(p + "ffn_gate_exps.weight", stack(n_ff_exp, n_embd))
+            add(p + "ffn_up_exps.weight", stack(n_ff_exp, n_embd))
+            add(p + "ffn_down_exps.weight", stack(n_embd, n_ff_exp))
+            add(p + "ffn_gate_inp_shexp.weight", (rng.standard_normal(n_embd) / np.sqrt(n_embd)).astype(np.float32))
+            add(p + "ffn_gate_shexp.weight", mat(n_ff_shexp, n_embd))
+            add(p + "ffn_up_shexp.weight", mat(n_ff_shexp, n_embd))
+            add(p + "ffn_down_shexp.weight", mat(n_embd, n_ff_shexp))
+        else:
+            add(p + "ffn_gate.weight", mat(n_ff, n_embd))
+            add(p + "ffn_up.weight", mat(n_ff, n_embd))
+            add(p + "ffn_down.weight", mat(n_embd, n_ff))
     add("output_norm.weight", norm(n_embd))
     add("output.weight", (c.get("output_scale", 1.0) * mat(n_vocab, n_embd)).astype(np.float16))
     if replace:

@@ -123,6 +123,13 @@ CASES = {
                    n_picked=32, llama_cpp="newest",
                    qwen35=dict(head_dim=64, rope_dim=16, sections=[3, 3, 2, 0], interval=4,
                                n_k_heads=4, n_v_heads=8, state=32, d_conv=4)),
+    # Qwen3.5-MoE (35B-A3B's layout: 256 experts of 512, 8 used, a shared expert of 512) smaller:
+    # the qwen35 case's layers with 16 experts of 64, 4 used, a shared expert of 64.
+    "qwen35moe": dict(arch="qwen35moe", vocab=SMOLLM2, vocab_size=2048, n_embd=256, n_heads=8,
+                      n_kv_heads=2, n_ff=256, n_layers=8, output_scale=3.0, n_tokens=320,
+                      top_k=64, n_picked=32, llama_cpp="newest", moe=(16, 4, 64, 64),
+                      qwen35=dict(head_dim=64, rope_dim=16, sections=[3, 3, 2, 0], interval=4,
+                                  n_k_heads=4, n_v_heads=8, state=32, d_conv=4)),
 }
 
 # Cases also written with the block matrices llama-quantize made of them in these types (the

@@ -15,7 +15,7 @@ pub use super::hybrid::LayerKind;
 /// Architectures the forward pass implements (`general.architecture`).
 pub const SUPPORTED_ARCHITECTURES: &[&str] = &[
     "llama", "qwen2", "qwen3", "gemma3", "phi3", "smollm3", "granite", "qwen3moe", "gemma4",
-    "lfm2", "gpt-oss", "qwen35",
+    "lfm2", "gpt-oss", "qwen35", "qwen35moe",
 ];
 
 /// What sets one family of models apart, as llama.cpp 0c1e57098 builds them
@@ -178,16 +178,24 @@ const FAMILIES: &[Family] = &[
         output_norm: "token_embd_norm.weight",
         ..LLAMA
     },
+    QWEN35,
     Family {
-        architecture: "qwen35",
-        rope_style: RopeStyle::Neox,
-        qk_norm: true,
-        rope_freqs: false,
-        ffn_norm: "post_attention_norm",
-        delta_net: true,
-        ..LLAMA
+        architecture: "qwen35moe",
+        experts: Some(ExpertGating::SoftmaxNormalized),
+        ..QWEN35
     },
 ];
+
+/// Qwen3.5: gated delta-net layers beside gated attention (`super::delta_net`).
+const QWEN35: Family = Family {
+    architecture: "qwen35",
+    rope_style: RopeStyle::Neox,
+    qk_norm: true,
+    rope_freqs: false,
+    ffn_norm: "post_attention_norm",
+    delta_net: true,
+    ..LLAMA
+};
 
 /// How one layer attends: its rotary embedding and, for a local layer, its window.
 #[derive(Clone, Copy, Debug)]

@@ -261,6 +261,7 @@ pub fn forward_rows<B: Backend>(
                 experts_ffn(b, router, experts, c, &h, n, &mut proj)?;
             }
             FeedForward::SharedExperts(m) => moe_gemma4::ffn(b, m, c, &x, &h, n, &mut proj)?,
+            FeedForward::SharedGated(m) => super::moe_qwen35::ffn(b, m, c, &h, n, &mut proj)?,
         }
         if let Some(norm) = &lw.ffn_post_norm {
             b.rms_norm_inplace(&mut proj, norm, eps)?;

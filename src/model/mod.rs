@@ -24,6 +24,7 @@ pub mod kv_cache;
 pub mod layer_shapes;
 pub mod moe;
 pub mod moe_gemma4;
+pub mod moe_qwen35;
 pub mod per_layer;
 pub mod pooling;
 pub mod rank;

@@ -10,6 +10,7 @@ use anyhow::{bail, Context, Result};
 use super::backend::WeightStore;
 use super::delta_net::DeltaNet;
 use super::moe_gemma4::Gemma4Moe;
+use super::moe_qwen35::Qwen35Moe;
 use super::per_layer::{PerLayerBlock, PerLayerInputs};
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::kernels;
@@ -276,6 +277,8 @@ pub enum FeedForward<S: WeightStore> {
     },
     /// gemma4's dense network beside its experts (`super::moe_gemma4`).
     SharedExperts(Box<Gemma4Moe<S>>),
+    /// Qwen3.5-MoE's experts and sigmoid-gated shared expert (`super::moe_qwen35`).
+    SharedGated(Box<Qwen35Moe<S>>),
 }
 
 /// The weights of one transformer block. The optional norms are there exactly when the
@@ -475,6 +478,9 @@ impl Weights<InFile> {
                             down_bias: None,
                         };
                         FeedForward::SharedExperts(Box::new(Gemma4Moe::read(g, c, i, mlp)?))
+                    }
+                    Some(_) if c.architecture == "qwen35moe" => {
+                        FeedForward::SharedGated(Box::new(Qwen35Moe::read(g, c, i)?))
                     }
                     Some(x) => {
                         let exps = |name: &str, n_in, n_out, e| {

@@ -115,6 +115,9 @@ impl<S: WeightStore, E> Loader<'_, S, E> {
             FeedForward::SharedExperts(m) => {
                 FeedForward::SharedExperts(Box::new(m.load(self.matrix, self.vector)?))
             }
+            FeedForward::SharedGated(m) => {
+                FeedForward::SharedGated(Box::new(m.load(self.matrix, self.vector)?))
+            }
         })
     }
 
