@@ -173,6 +173,10 @@ fn gated_delta_net_is_llama_cpps_arithmetic_and_chunks_equal_single_tokens() {
         let (zero_out, zero_state) = naive(&s, &qkv, &alpha, &beta, &p, &vec![0.0; state_len]);
         let mut state2 = state0.clone();
         gated_delta_net(&s, &qkv, &alpha, &beta, &p, &mut state2, true, &mut out);
-        assert_eq!((out.clone(), state2), (zero_out, zero_state), "{what}: reset");
+        assert_eq!(
+            (out.clone(), state2),
+            (zero_out, zero_state),
+            "{what}: reset"
+        );
     }
 }

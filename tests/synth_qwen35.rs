@@ -81,7 +81,8 @@ fn check_against_llama_cpp(case: &str, max_kld: f64, min_same: f64, logit_budget
         a.worst,
         a.median
     );
-    let worst_of = |r: std::ops::Range<usize>| a.per_position[r].iter().fold(0.0f32, |m, &x| m.max(x));
+    let worst_of =
+        |r: std::ops::Range<usize>| a.per_position[r].iter().fold(0.0f32, |m, &x| m.max(x));
     let n = tokens.len();
     println!(
         "{case}: worst logit error by position: 0..8 {:.2e}, 8..48 {:.2e}, 48..160 {:.2e}, 160..{n} {:.2e}",
@@ -90,9 +91,21 @@ fn check_against_llama_cpp(case: &str, max_kld: f64, min_same: f64, logit_budget
         worst_of(48..160),
         worst_of(160..n)
     );
-    assert!(a.mean_kld <= max_kld, "{case}: mean KLD {} over {max_kld}", a.mean_kld);
-    assert!(a.same_top >= min_same, "{case}: same top {} under {min_same}", a.same_top);
-    assert!(a.worst <= logit_budget, "{case}: logit error {} over {logit_budget}", a.worst);
+    assert!(
+        a.mean_kld <= max_kld,
+        "{case}: mean KLD {} over {max_kld}",
+        a.mean_kld
+    );
+    assert!(
+        a.same_top >= min_same,
+        "{case}: same top {} under {min_same}",
+        a.same_top
+    );
+    assert!(
+        a.worst <= logit_budget,
+        "{case}: logit error {} over {logit_budget}",
+        a.worst
+    );
 }
 
 #[test]
@@ -105,12 +118,21 @@ fn qwen35_layers_are_read_from_the_file() {
     use LayerKind::{Attention as A, DeltaNet as D};
     assert_eq!(kinds, [D, D, D, A, D, D, D, A]);
     let s = c.delta_net.expect("the delta-net shape");
-    assert_eq!((s.n_k_heads, s.n_v_heads, s.head_dim, s.d_conv), (4, 8, 32, 4));
+    assert_eq!(
+        (s.n_k_heads, s.n_v_heads, s.head_dim, s.d_conv),
+        (4, 8, 32, 4)
+    );
     assert_eq!((c.n_kv_heads, c.head_dim, c.num_kv_layers()), (2, 64, 2));
-    assert_eq!(c.layers[3].rope.map(|r| r.rope_dim), Some(16), "partial rope");
+    assert_eq!(
+        c.layers[3].rope.map(|r| r.rope_dim),
+        Some(16),
+        "partial rope"
+    );
     // Per delta-net layer: 3 conv rows of (2 * 4 + 8) * 32 channels, 8 heads of 32 x 32.
     assert_eq!(c.state_floats(), 6 * (3 * 512 + 8 * 32 * 32));
-    assert!(model.weights.layers[3].attention().is_some_and(|a| a.q_gate));
+    assert!(model.weights.layers[3]
+        .attention()
+        .is_some_and(|a| a.q_gate));
     assert!(model.weights.layers[0].attention().is_none());
 }
 
@@ -121,7 +143,12 @@ fn qwen35_f16_matches_llama_cpp() {
 
 #[test]
 fn qwen35_q4_k_m_matches_llama_cpp() {
-    check_against_llama_cpp("qwen35-Q4_K_M", 0.01, QWEN35_Q4_K_M_MIN_SAME, Q4_K_M_LOGIT_BUDGET);
+    check_against_llama_cpp(
+        "qwen35-Q4_K_M",
+        0.01,
+        QWEN35_Q4_K_M_MIN_SAME,
+        Q4_K_M_LOGIT_BUDGET,
+    );
 }
 
 #[test]
@@ -139,7 +166,12 @@ fn chunked_and_one_token_forms_give_the_same_logits() {
     }
 }
 
-fn engine(model: &Arc<Model>, max_batched_tokens: usize, slots: usize, every: usize) -> EngineHandle {
+fn engine(
+    model: &Arc<Model>,
+    max_batched_tokens: usize,
+    slots: usize,
+    every: usize,
+) -> EngineHandle {
     let config = EngineConfig {
         block_size: 16,
         num_blocks: 256,
@@ -181,7 +213,11 @@ fn alone(e: &EngineHandle, prompts: &[(Vec<u32>, usize)]) -> Vec<Vec<u32>> {
 fn assert_all_back(e: &EngineHandle, slots: usize) {
     let m = wait_idle(e);
     assert_eq!(m.blocks_used, 0, "every KV block back");
-    assert_eq!((m.state_slots_total, m.state_slots_free), (slots, slots), "every state slot back");
+    assert_eq!(
+        (m.state_slots_total, m.state_slots_free),
+        (slots, slots),
+        "every state slot back"
+    );
 }
 
 /// A greedy completion of `prompt` and its `cached_tokens`.
@@ -210,12 +246,22 @@ fn greedy_output_is_the_same_alone_among_sessions_and_chunked() {
     let prompts = prompts(&r);
     let e = engine(&model, 512, 16, 16);
     let expected = alone(&e, &prompts);
-    assert_greedy_among_sessions(&e, &prompts, &expected, 16, "batching with 15 other sessions");
+    assert_greedy_among_sessions(
+        &e,
+        &prompts,
+        &expected,
+        16,
+        "batching with 15 other sessions",
+    );
     assert_all_back(&e, 16);
     drop(e);
     for budget in [7, 32] {
         let e = engine(&model, budget, 16, 16);
-        assert_eq!(alone(&e, &prompts), expected, "--max-batched-tokens {budget}");
+        assert_eq!(
+            alone(&e, &prompts),
+            expected,
+            "--max-batched-tokens {budget}"
+        );
         assert_greedy_among_sessions(&e, &prompts, &expected, 16, "chunking among sessions");
         assert_all_back(&e, 16);
     }
@@ -239,9 +285,17 @@ fn a_shared_prefix_resumes_from_a_snapshot() {
         assert_eq!(run(&e, &a, 12, true).1, 0);
         // b resumes from a's snapshot at 64, the deepest inside the 70 shared tokens, and gives
         // what it gives computed whole.
-        assert_eq!(run(&e, &b, 12, true), (want_b.0.clone(), 64), "budget {budget}");
+        assert_eq!(
+            run(&e, &b, 12, true),
+            (want_b.0.clone(), 64),
+            "budget {budget}"
+        );
         // b again: from its own deepest snapshot.
-        assert_eq!(run(&e, &b, 12, true).0, want_b.0, "budget {budget}: repeated");
+        assert_eq!(
+            run(&e, &b, 12, true).0,
+            want_b.0,
+            "budget {budget}: repeated"
+        );
         assert_all_back(&e, 4);
     }
 }
@@ -256,9 +310,11 @@ fn the_cuda_backend_refuses_qwen35_in_one_line() {
         .err()
         .expect("refused")
         .to_string();
-    assert!(e.contains("recurrent layers") && e.contains("qwen35") && !e.contains('\n'), "{e}");
+    assert!(
+        e.contains("recurrent layers") && e.contains("qwen35") && !e.contains('\n'),
+        "{e}"
+    );
 }
-
 
 #[test]
 fn a_fork_continues_its_parents_state_and_preemption_recomputes_it() {
@@ -302,7 +358,10 @@ fn a_fork_continues_its_parents_state_and_preemption_recomputes_it() {
     };
     let e = EngineHandle::start(Arc::clone(&model), config, EngineParts::default()).unwrap();
     assert_greedy_among_sessions(&e, &prompts, &expected, 16, "preemption");
-    assert!(wait_idle(&e).preemptions > 0, "the pool was small enough to preempt");
+    assert!(
+        wait_idle(&e).preemptions > 0,
+        "the pool was small enough to preempt"
+    );
     assert_all_back(&e, 16);
 }
 
@@ -311,8 +370,10 @@ fn config_error(bad: &[(&str, edge_llm::gguf::MetaValue)], drop: &[&str]) -> Str
     use edge_llm::gguf::{GgufFile, MetaArray, MetaValue};
     use edge_llm::kernels::tensor_type::TensorType;
     use edge_llm::model::ModelConfig;
-    let mut kvs: Vec<(String, MetaValue)> =
-        vec![("general.architecture".into(), MetaValue::String("qwen35".into()))];
+    let mut kvs: Vec<(String, MetaValue)> = vec![(
+        "general.architecture".into(),
+        MetaValue::String("qwen35".into()),
+    )];
     for (k, v) in [
         ("embedding_length", 64),
         ("block_count", 4),
@@ -331,7 +392,10 @@ fn config_error(bad: &[(&str, edge_llm::gguf::MetaValue)], drop: &[&str]) -> Str
     ] {
         kvs.push((format!("qwen35.{k}"), MetaValue::U32(v)));
     }
-    kvs.push(("qwen35.attention.layer_norm_rms_epsilon".into(), MetaValue::F32(1e-6)));
+    kvs.push((
+        "qwen35.attention.layer_norm_rms_epsilon".into(),
+        MetaValue::F32(1e-6),
+    ));
     kvs.push((
         "qwen35.rope.dimension_sections".into(),
         MetaValue::Array(MetaArray::I32(vec![2, 1, 1, 0])),
@@ -364,19 +428,58 @@ fn hostile_qwen35_headers_are_refused_with_one_line() {
     use edge_llm::gguf::{MetaArray, MetaValue};
     let u = |k: &'static str, v: u32| vec![(k, MetaValue::U32(v))];
     let sections = |v: Vec<i32>| {
-        vec![("qwen35.rope.dimension_sections", MetaValue::Array(MetaArray::I32(v)))]
+        vec![(
+            "qwen35.rope.dimension_sections",
+            MetaValue::Array(MetaArray::I32(v)),
+        )]
     };
     let cases = [
-        (u("qwen35.ssm.inner_size", 40), vec![], "ssm.inner_size = 40"),
-        (u("qwen35.ssm.time_step_rank", 3), vec![], "not a multiple of 2 key heads"),
-        (u("qwen35.ssm.conv_kernel", 1), vec![], "ssm.conv_kernel = 1 is out of range"),
-        (u("qwen35.ssm.state_size", 0), vec![], "ssm.state_size = 0 is out of range"),
-        (u("qwen35.ssm.group_count", 100000), vec![], "ssm.group_count"),
-        (u("qwen35.attention.head_count_kv", 3), vec![], "do not divide 4 heads"),
-        (u("qwen35.full_attention_interval", 0), vec![], "full_attention_interval = 0"),
+        (
+            u("qwen35.ssm.inner_size", 40),
+            vec![],
+            "ssm.inner_size = 40",
+        ),
+        (
+            u("qwen35.ssm.time_step_rank", 3),
+            vec![],
+            "not a multiple of 2 key heads",
+        ),
+        (
+            u("qwen35.ssm.conv_kernel", 1),
+            vec![],
+            "ssm.conv_kernel = 1 is out of range",
+        ),
+        (
+            u("qwen35.ssm.state_size", 0),
+            vec![],
+            "ssm.state_size = 0 is out of range",
+        ),
+        (
+            u("qwen35.ssm.group_count", 100000),
+            vec![],
+            "ssm.group_count",
+        ),
+        (
+            u("qwen35.attention.head_count_kv", 3),
+            vec![],
+            "do not divide 4 heads",
+        ),
+        (
+            u("qwen35.full_attention_interval", 0),
+            vec![],
+            "full_attention_interval = 0",
+        ),
         (u("qwen35.nextn_predict_layers", 1), vec![], "MTP"),
-        (vec![], vec!["qwen35.ssm.state_size"], "qwen35.ssm.state_size"),
-        (vec![], vec!["qwen35.rope.dimension_sections"], "dimension_sections is missing"),
+        (
+            vec![],
+            vec!["qwen35.ssm.state_size"],
+            "qwen35.ssm.state_size",
+        ),
+        (
+            vec![],
+            vec!["qwen35.rope.dimension_sections"],
+            "dimension_sections is missing",
+        ),
         (sections(vec![1, 1, 2, 0]), vec![], "vision position"),
         (sections(vec![1, 1]), vec![], "4 non-negative sections"),
         (sections(vec![8, 8, 8, 0]), vec![], "does not fit"),
@@ -413,10 +516,15 @@ fn qwen35moe_f16_matches_llama_cpp_and_chunks_equal_one_token_steps() {
     let x = c.experts.as_ref().expect("experts");
     assert_eq!((x.num_experts, x.num_experts_used, x.n_ff_exp), (16, 4, 64));
     use edge_llm::model::weights::FeedForward;
-    assert!(matches!(&model.weights.layers[0].ffn, FeedForward::SharedGated(m) if m.n_ff_shexp == 64));
+    assert!(
+        matches!(&model.weights.layers[0].ffn, FeedForward::SharedGated(m) if m.n_ff_shexp == 64)
+    );
     let tokens = &ids(&r["tokens"])[..48];
     let whole = logits(&model, tokens, 48);
     for chunk in [1, 7] {
-        assert!(logits(&model, tokens, chunk) == whole, "chunks of {chunk} differ from one chunk of 48");
+        assert!(
+            logits(&model, tokens, chunk) == whole,
+            "chunks of {chunk} differ from one chunk of 48"
+        );
     }
 }

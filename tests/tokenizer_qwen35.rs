@@ -16,7 +16,10 @@ use support::{root, skip_or_fail};
 fn qwen35_vocab_matches_llama_cpps_test_cases() {
     let path = root().join("target/vocab/ggml-vocab-qwen35.gguf");
     if !path.is_file() {
-        skip_or_fail(&format!("{} missing (scripts/fetch-qwen35-vocab.sh)", path.display()));
+        skip_or_fail(&format!(
+            "{} missing (scripts/fetch-qwen35-vocab.sh)",
+            path.display()
+        ));
         return;
     }
     let g = GgufFile::open(&path).unwrap();
@@ -47,5 +50,11 @@ fn qwen35_vocab_matches_llama_cpps_test_cases() {
             assert_eq!(tok.decode(&got), *text, "decode of {text:?}");
         }
     }
-    assert!(bad.is_empty(), "{} of {} cases differ:\n{}", bad.len(), cases.len(), bad.join("\n"));
+    assert!(
+        bad.is_empty(),
+        "{} of {} cases differ:\n{}",
+        bad.len(),
+        cases.len(),
+        bad.join("\n")
+    );
 }

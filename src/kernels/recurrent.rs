@@ -80,6 +80,7 @@ pub struct DeltaNetParams<'a> {
 /// `state` the conv state then the delta rule's state ([`DeltaNetShape::conv_state_floats`] +
 /// [`DeltaNetShape::ssm_state_floats`], zeroed first when `reset`), `out`
 /// [n_tokens][n_v_heads][head_dim]. A chunk gives bit for bit what its tokens one by one give.
+#[allow(clippy::too_many_arguments)]
 pub fn gated_delta_net(
     s: &DeltaNetShape,
     qkv: &[f32],

@@ -10,9 +10,11 @@ use crate::kernels::{Activation, Rope, RopeStyle, Yarn};
 use super::config_layers::{rope_freqs, swa_layers};
 use super::config_moe::read_experts;
 pub use super::config_moe::{ExpertGating, Experts, MAX_EXPERTS};
+use super::delta_net::read_qwen35;
 pub use super::hybrid::LayerKind;
 
 /// Architectures the forward pass implements (`general.architecture`).
+#[rustfmt::skip] // "qwen35moe" passes rustfmt's width for arrays of short items: one per line
 pub const SUPPORTED_ARCHITECTURES: &[&str] = &[
     "llama", "qwen2", "qwen3", "gemma3", "phi3", "smollm3", "granite", "qwen3moe", "gemma4",
     "lfm2", "gpt-oss", "qwen35", "qwen35moe",
@@ -178,15 +180,13 @@ const FAMILIES: &[Family] = &[
         output_norm: "token_embd_norm.weight",
         ..LLAMA
     },
-    QWEN35,
+    QWEN35, // Qwen3.5: gated delta-net layers beside gated attention (`super::delta_net`)
     Family {
         architecture: "qwen35moe",
         experts: Some(ExpertGating::SoftmaxNormalized),
         ..QWEN35
     },
 ];
-
-/// Qwen3.5: gated delta-net layers beside gated attention (`super::delta_net`).
 const QWEN35: Family = Family {
     architecture: "qwen35",
     rope_style: RopeStyle::Neox,
@@ -307,7 +307,7 @@ impl ModelConfig {
             }
             Some(super::hybrid::read_lfm2(g, &arch, num_layers, n_heads)?)
         } else if family.delta_net {
-            Some(super::delta_net::read_qwen35(g, &arch, num_layers, n_heads)?)
+            Some(read_qwen35(g, &arch, num_layers, n_heads)?)
         } else {
             None
         };

@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 use anyhow::{bail, Result};
 
 use super::arena::Arena;
-use super::delta_net::DeltaNet;
 use super::backend::{Backend, WeightStore};
+use super::delta_net::DeltaNet;
 use super::weights::{InFile, MatrixInfo, Weights};
 use super::{Batch, ModelConfig};
 use crate::gguf::{GgufFile, TensorInfo};

@@ -26,7 +26,10 @@ impl Cpu {
         let n = self.step.batch.n_tokens();
         let (cd, hv, vd) = (s.conv_dim(), s.n_v_heads, s.value_dim());
         ensure!(
-            qkv.len() == n * cd && alpha.len() == n * hv && beta.len() == n * hv && out.len() == n * vd,
+            qkv.len() == n * cd
+                && alpha.len() == n * hv
+                && beta.len() == n * hv
+                && out.len() == n * vd,
             "gated delta-net activations of the wrong shape for {n} tokens"
         );
         let p = DeltaNetParams {
@@ -53,8 +56,14 @@ impl Cpu {
 
 /// `q[t][h] = qg[t][h][0]`: each head's queries out of `[n][n_heads][2][head_dim]`.
 pub(super) fn split_q_gate(qg: &[f32], head_dim: usize, q: &mut [f32]) -> Result<()> {
-    ensure!(head_dim > 0 && qg.len() == 2 * q.len() && q.len() % head_dim == 0, "split_q_gate shapes");
-    for (dst, src) in q.chunks_exact_mut(head_dim).zip(qg.chunks_exact(2 * head_dim)) {
+    ensure!(
+        head_dim > 0 && qg.len() == 2 * q.len() && q.len() % head_dim == 0,
+        "split_q_gate shapes"
+    );
+    for (dst, src) in q
+        .chunks_exact_mut(head_dim)
+        .zip(qg.chunks_exact(2 * head_dim))
+    {
         dst.copy_from_slice(&src[..head_dim]);
     }
     Ok(())
@@ -62,8 +71,14 @@ pub(super) fn split_q_gate(qg: &[f32], head_dim: usize, q: &mut [f32]) -> Result
 
 /// `x[t][h][d] *= sigmoid(qg[t][h][1][d])`.
 pub(super) fn sigmoid_gate(x: &mut [f32], qg: &[f32], head_dim: usize) -> Result<()> {
-    ensure!(head_dim > 0 && qg.len() == 2 * x.len() && x.len() % head_dim == 0, "sigmoid_gate shapes");
-    for (dst, src) in x.chunks_exact_mut(head_dim).zip(qg.chunks_exact(2 * head_dim)) {
+    ensure!(
+        head_dim > 0 && qg.len() == 2 * x.len() && x.len() % head_dim == 0,
+        "sigmoid_gate shapes"
+    );
+    for (dst, src) in x
+        .chunks_exact_mut(head_dim)
+        .zip(qg.chunks_exact(2 * head_dim))
+    {
         for (v, g) in dst.iter_mut().zip(&src[head_dim..]) {
             *v *= 1.0 / (1.0 + (-g).exp());
         }

@@ -29,7 +29,12 @@ pub const MAX_D_CONV: usize = 64;
 /// Qwen3.5's layers: recurrent per `attention.recurrent_layers` (one bool per layer) or, without
 /// it, all but every `full_attention_interval`-th (default 4); the KV heads of the attention
 /// layers; the delta-net shape from the `ssm.*` keys.
-pub fn read_qwen35(g: &GgufFile, arch: &str, num_layers: usize, n_heads: usize) -> Result<HybridLayers> {
+pub fn read_qwen35(
+    g: &GgufFile,
+    arch: &str,
+    num_layers: usize,
+    n_heads: usize,
+) -> Result<HybridLayers> {
     let key = |k: &str| format!("{arch}.{k}");
     let usize_in = |k: &str, lo: usize, hi: usize| -> Result<usize> {
         let v = g.get_usize(&key(k))?;
@@ -38,8 +43,13 @@ pub fn read_qwen35(g: &GgufFile, arch: &str, num_layers: usize, n_heads: usize) 
         }
         Ok(v)
     };
-    if g.get(&key("nextn_predict_layers")).is_some() && usize_in("nextn_predict_layers", 0, num_layers)? > 0 {
-        bail!("{}: MTP (next-n) layers are not supported yet", key("nextn_predict_layers"));
+    if g.get(&key("nextn_predict_layers")).is_some()
+        && usize_in("nextn_predict_layers", 0, num_layers)? > 0
+    {
+        bail!(
+            "{}: MTP (next-n) layers are not supported yet",
+            key("nextn_predict_layers")
+        );
     }
     let recurrent: Vec<bool> = match g.get(&key("attention.recurrent_layers")) {
         Some(MetaValue::Array(MetaArray::Bool(v))) if v.len() == num_layers => v.clone(),
@@ -57,14 +67,20 @@ pub fn read_qwen35(g: &GgufFile, arch: &str, num_layers: usize, n_heads: usize) 
     };
     let n_kv_heads = usize_in("attention.head_count_kv", 1, n_heads)?;
     if n_heads % n_kv_heads != 0 {
-        bail!("{}: {n_kv_heads} KV heads do not divide {n_heads} heads", key("attention.head_count_kv"));
+        bail!(
+            "{}: {n_kv_heads} KV heads do not divide {n_heads} heads",
+            key("attention.head_count_kv")
+        );
     }
     let head_dim = usize_in("ssm.state_size", 1, MAX_DELTA_NET_HEAD_DIM)?;
     let n_k_heads = usize_in("ssm.group_count", 1, 1 << 12)?;
     let n_v_heads = usize_in("ssm.time_step_rank", 1, 1 << 12)?;
     let inner = usize_in("ssm.inner_size", 1, 1 << 24)?;
     if n_v_heads % n_k_heads != 0 {
-        bail!("{}: {n_v_heads} value heads are not a multiple of {n_k_heads} key heads", key("ssm.time_step_rank"));
+        bail!(
+            "{}: {n_v_heads} value heads are not a multiple of {n_k_heads} key heads",
+            key("ssm.time_step_rank")
+        );
     }
     if inner != n_v_heads * head_dim {
         bail!(
@@ -83,7 +99,13 @@ pub fn read_qwen35(g: &GgufFile, arch: &str, num_layers: usize, n_heads: usize) 
     Ok(HybridLayers {
         kinds: recurrent
             .iter()
-            .map(|&r| if r { LayerKind::DeltaNet } else { LayerKind::Attention })
+            .map(|&r| {
+                if r {
+                    LayerKind::DeltaNet
+                } else {
+                    LayerKind::Attention
+                }
+            })
             .collect(),
         n_kv_heads,
         l_cache: 0,
@@ -147,7 +169,9 @@ impl DeltaNet<InFile> {
         let Some(s) = c.delta_net else {
             bail!("layer {i}: a delta-net layer without the ssm.* shape");
         };
-        let m = |name: &str, n_in, n_out| MatrixInfo::load(g, &format!("blk.{i}.{name}.weight"), n_in, n_out);
+        let m = |name: &str, n_in, n_out| {
+            MatrixInfo::load(g, &format!("blk.{i}.{name}.weight"), n_in, n_out)
+        };
         let v = |name: &str, n| load_vector(g, &format!("blk.{i}.{name}"), n);
         let d = c.n_embd;
         Ok(DeltaNet {

@@ -156,9 +156,16 @@ pub fn forward_rows<B: Backend>(
     let conv_width = if c.is_recurrent() { n_embd } else { 0 };
     let (mut bcx, mut conv) = (b.acts(n, 3 * conv_width)?, b.acts(n, conv_width)?);
     let mut r = 0; // recurrent layers so far: the index of a layer's state in a slot
-    // Qwen3.5's gated q projection, [n][n_heads][2][head_dim]: queries and gates.
+                   // Qwen3.5's gated q projection, [n][n_heads][2][head_dim]: queries and gates.
     let gated = |l: &super::weights::LayerWeights<B>| l.attention().is_some_and(|a| a.q_gate);
-    let mut qg = b.acts(n, if w.layers.iter().any(gated) { 2 * q_dim } else { 0 })?;
+    let mut qg = b.acts(
+        n,
+        if w.layers.iter().any(gated) {
+            2 * q_dim
+        } else {
+            0
+        },
+    )?;
 
     // Each block's input norm runs with the residual add before it (`add_rms_norm`), the
     // first layer's alone.

@@ -59,7 +59,9 @@ impl Qwen35Moe<InFile> {
             bail!("{shexp_key} = {n_ff_shexp} is out of range");
         }
         let (d, f, ne) = (c.n_embd, x.n_ff_exp, x.num_experts);
-        let m = |name: &str, n_in, n_out| MatrixInfo::load(g, &format!("blk.{i}.{name}.weight"), n_in, n_out);
+        let m = |name: &str, n_in, n_out| {
+            MatrixInfo::load(g, &format!("blk.{i}.{name}.weight"), n_in, n_out)
+        };
         let exps = |name: &str, n_in, n_out, e| {
             MatrixInfo::load_expert(g, &format!("blk.{i}.{name}.weight"), n_in, n_out, ne, e)
         };
@@ -104,7 +106,11 @@ impl Qwen35Moe<InFile> {
             })
         };
         let shared = mlp(&self.shared)?;
-        let experts = self.experts.iter().map(&mut mlp).collect::<Result<_, E>>()?;
+        let experts = self
+            .experts
+            .iter()
+            .map(&mut mlp)
+            .collect::<Result<_, E>>()?;
         Ok(Qwen35Moe {
             router: Linear {
                 weight: matrix(&self.router.weight)?,
@@ -132,7 +138,10 @@ pub fn ffn<B: Backend>(
     let n_sh = m.n_ff_shexp;
     let (mut gate, mut up) = (b.acts(n, n_sh)?, b.acts(n, n_sh)?);
     let mut hq = b.input(h);
-    b.matmul_many(&mut hq, &mut [(&m.shared.gate, &mut gate), (&m.shared.up, &mut up)])?;
+    b.matmul_many(
+        &mut hq,
+        &mut [(&m.shared.gate, &mut gate), (&m.shared.up, &mut up)],
+    )?;
     drop(hq);
     b.glu(&mut gate, &up, Activation::SwiGlu)?;
     let mut sh = b.acts(n, c.n_embd)?;
@@ -144,7 +153,10 @@ pub fn ffn<B: Backend>(
     let gates: Vec<f32> = hv
         .chunks_exact(c.n_embd)
         .map(|row| {
-            let dot = row.iter().zip(&m.shared_gate).fold(0.0f32, |s, (x, w)| s + x * w);
+            let dot = row
+                .iter()
+                .zip(&m.shared_gate)
+                .fold(0.0f32, |s, (x, w)| s + x * w);
             1.0 / (1.0 + (-dot).exp())
         })
         .collect();

@@ -424,7 +424,11 @@ impl Weights<InFile> {
                         let kv_linear = |name: &str| {
                             Linear::read(g, &format!("blk.{kb}.{name}"), c.n_embd, kv_dim)
                         };
-                        let q_rows = if c.delta_net.is_some() { 2 * q_dim } else { q_dim };
+                        let q_rows = if c.delta_net.is_some() {
+                            2 * q_dim
+                        } else {
+                            q_dim
+                        };
                         (
                             linear("attn_q", c.n_embd, q_rows)?,
                             kv_linear("attn_k")?,

@@ -38,7 +38,12 @@ pub fn compare(r: &Value, ours: &[f32], vocab: usize) -> Agreement {
         let mut worst = 0.0f32;
         let row = &ours[p * vocab..(p + 1) * vocab];
         let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) as f64;
-        let lse = max + row.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
+        let lse = max
+            + row
+                .iter()
+                .map(|&x| (x as f64 - max).exp())
+                .sum::<f64>()
+                .ln();
         let ref_lse = pos["logsumexp"].as_f64().unwrap();
         let top: Vec<(usize, f64)> = pos["top"]
             .as_array()
@@ -57,7 +62,9 @@ pub fn compare(r: &Value, ours: &[f32], vocab: usize) -> Agreement {
         if p_rest > 0.0 && q_rest > 0.0 {
             kld += p_rest * (p_rest / q_rest).ln();
         }
-        let argmax = (0..vocab).max_by(|&a, &b| row[a].total_cmp(&row[b])).unwrap();
+        let argmax = (0..vocab)
+            .max_by(|&a, &b| row[a].total_cmp(&row[b]))
+            .unwrap();
         same += usize::from(argmax == top[0].0);
         for (k, &id) in picked.iter().enumerate() {
             let l = pos["picked"][k].as_f64().unwrap();
