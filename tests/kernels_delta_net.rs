@@ -1,5 +1,6 @@
-//! Qwen3.5's gated delta-net core (`el_gated_delta_net`, the C reference; no SIMD variant yet) on
-//! random data, against the arithmetic written out here in plain Rust as llama.cpp's CPU ops do it
+//! Qwen3.5's gated delta-net core (`el_delta_net_conv` + `el_delta_net_rule` through
+//! `kernels::gated_delta_net`, which runs ranges of value heads on the pool; the C reference, no
+//! SIMD variant yet) on random data, against the arithmetic written out here in plain Rust as llama.cpp's CPU ops do it
 //! (ssm_conv, silu, rms_norm as the L2 norm, softplus, sigmoid, the fused gated_delta_net) — bit
 //! for bit: the same f32 operations in the same order. Then the prefill and decode forms: a run
 //! of tokens equal, bit for bit, to the same tokens cut into random chunks and to single tokens;

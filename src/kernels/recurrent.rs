@@ -4,6 +4,7 @@
 //! `crate::model::cpu_delta_net`) and the kernel tests.
 
 use super::bindings as ffi;
+use super::pool::{for_each_task, SharedMut};
 
 /// LFM2's short convolution of one sequence's consecutive tokens (`el_short_conv`): `bcx` is
 /// [n_tokens][3][d] (b, c, x of each token, `d` channels), `w` [d][l_cache], `state` [l_cache - 1][d] (the
@@ -67,19 +68,20 @@ impl DeltaNetShape {
     }
 }
 
-/// The weights `el_gated_delta_net` reads: the convolution [conv_dim][d_conv], `dt_bias` and `a`
-/// [n_v_heads].
+/// The weights `el_delta_net_conv` and `el_delta_net_rule` read: the convolution
+/// [conv_dim][d_conv], `dt_bias` and `a` [n_v_heads].
 pub struct DeltaNetParams<'a> {
     pub conv_w: &'a [f32],
     pub dt_bias: &'a [f32],
     pub a: &'a [f32],
 }
 
-/// Qwen3.5's gated delta-net core over one sequence's consecutive tokens (`el_gated_delta_net`):
-/// `qkv` [n_tokens][conv_dim], `alpha` and `beta` [n_tokens][n_v_heads] (the raw projections),
+/// Qwen3.5's gated delta-net core over one sequence's consecutive tokens (`el_delta_net_conv`,
+/// then `el_delta_net_rule` per range of value heads): `qkv` [n_tokens][conv_dim], `alpha` and `beta` [n_tokens][n_v_heads] (the raw projections),
 /// `state` the conv state then the delta rule's state ([`DeltaNetShape::conv_state_floats`] +
 /// [`DeltaNetShape::ssm_state_floats`], zeroed first when `reset`), `out`
-/// [n_tokens][n_v_heads][head_dim]. A chunk gives bit for bit what its tokens one by one give.
+/// [n_tokens][n_v_heads][head_dim]. A chunk gives bit for bit what its tokens one by one give,
+/// and the value heads run in ranges over the kernels' pool (each head's arithmetic unchanged).
 #[allow(clippy::too_many_arguments)]
 pub fn gated_delta_net(
     s: &DeltaNetShape,
@@ -110,19 +112,14 @@ pub fn gated_delta_net(
             && state.len() == s.conv_state_floats() + s.ssm_state_floats(),
         "gated_delta_net weight or state shapes"
     );
-    let mut work = vec![0.0f32; s.conv_dim() + s.head_dim];
     let (conv_state, ssm_state) = state.split_at_mut(s.conv_state_floats());
+    let mut x = vec![0.0f32; n_tokens * s.conv_dim()];
     // SAFETY: every slice's length is checked above against the shapes the kernel touches.
     unsafe {
-        ffi::el_gated_delta_net(
+        ffi::el_delta_net_conv(
             qkv.as_ptr(),
-            alpha.as_ptr(),
-            beta.as_ptr(),
             p.conv_w.as_ptr(),
-            p.dt_bias.as_ptr(),
-            p.a.as_ptr(),
             conv_state.as_mut_ptr(),
-            ssm_state.as_mut_ptr(),
             i32::from(reset),
             n_tokens as i64,
             s.n_k_heads as i64,
@@ -130,8 +127,42 @@ pub fn gated_delta_net(
             s.head_dim as i64,
             s.d_conv as i64,
             s.eps,
-            work.as_mut_ptr(),
-            out.as_mut_ptr(),
+            x.as_mut_ptr(),
         );
     }
+    // The value heads in ranges over the pool: each range its own heads' states and outputs.
+    let n_tasks = s.n_v_heads.min(super::num_threads().max(1) * 2);
+    let (state_ptr, out_ptr) = (
+        SharedMut(ssm_state.as_mut_ptr()),
+        SharedMut(out.as_mut_ptr()),
+    );
+    let x = &x;
+    for_each_task(n_tasks, &|task| {
+        let (h0, h1) = (
+            task * s.n_v_heads / n_tasks,
+            (task + 1) * s.n_v_heads / n_tasks,
+        );
+        let mut delta = vec![0.0f32; s.head_dim];
+        // SAFETY: the lengths are checked above; task ranges of heads are disjoint, and the
+        // kernel touches only heads [h0, h1) of the state and of each output row.
+        unsafe {
+            ffi::el_delta_net_rule(
+                x.as_ptr(),
+                alpha.as_ptr(),
+                beta.as_ptr(),
+                p.dt_bias.as_ptr(),
+                p.a.as_ptr(),
+                state_ptr.ptr(),
+                i32::from(reset),
+                n_tokens as i64,
+                s.n_k_heads as i64,
+                s.n_v_heads as i64,
+                s.head_dim as i64,
+                h0 as i64,
+                h1 as i64,
+                delta.as_mut_ptr(),
+                out_ptr.ptr(),
+            );
+        }
+    });
 }
