@@ -108,16 +108,27 @@ fn naive(
 #[test]
 fn gated_delta_net_is_llama_cpps_arithmetic_and_chunks_equal_single_tokens() {
     let mut rng = Rng(35);
-    for case in 0..30 {
+    for case in 0..34 {
+        // The last cases are large enough (2^16 state elements and more) that the value heads run
+        // in ranges over the pool.
+        let big = case >= 30;
         let n_k_heads = 1 + rng.below(3);
         let s = DeltaNetShape {
             n_k_heads,
-            n_v_heads: n_k_heads * (1 + rng.below(3)),
-            head_dim: 1 + rng.below(24),
+            n_v_heads: n_k_heads * (1 + rng.below(3) + usize::from(big)),
+            head_dim: if big {
+                48 + rng.below(17)
+            } else {
+                1 + rng.below(24)
+            },
             d_conv: 2 + rng.below(4),
             eps: 1e-6,
         };
-        let n = 1 + rng.below(30);
+        let n = if big {
+            16 + rng.below(15)
+        } else {
+            1 + rng.below(30)
+        };
         let qkv = normals(&mut rng, n * s.conv_dim(), 1.0);
         let alpha = normals(&mut rng, n * s.n_v_heads, 2.0);
         let beta = normals(&mut rng, n * s.n_v_heads, 2.0);

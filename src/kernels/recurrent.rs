@@ -130,8 +130,13 @@ pub fn gated_delta_net(
             x.as_mut_ptr(),
         );
     }
-    // The value heads in ranges over the pool: each range its own heads' states and outputs.
-    let n_tasks = s.n_v_heads.min(super::num_threads().max(1) * 2);
+    // The value heads in ranges over the pool: each range its own heads' states and outputs
+    // (one range when the whole is too small to pay for the split: about 2^16 state elements).
+    let work = n_tokens * s.n_v_heads * s.head_dim * s.head_dim;
+    let n_tasks = match work < 1 << 16 {
+        true => 1,
+        false => s.n_v_heads.min(super::num_threads().max(1) * 2),
+    };
     let (state_ptr, out_ptr) = (
         SharedMut(ssm_state.as_mut_ptr()),
         SharedMut(out.as_mut_ptr()),
