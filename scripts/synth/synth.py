@@ -39,6 +39,7 @@ import encoder  # scripts/synth/encoder.py: the encoder cases
 import gemma4  # scripts/synth/gemma4.py: the gemma4 cases
 import granite  # scripts/synth/granite.py: the granitehybrid case
 import o200k  # scripts/synth/o200k.py: gpt-oss's o200k vocabulary, from a PyPI wheel
+import qwen35  # scripts/synth/qwen35.py: the qwen35 case
 import reranker  # scripts/synth/reranker.py: the bert reranker
 
 SMOLLM2 = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -147,6 +148,21 @@ CASES = {
                                                   n_group=2, head_dim=64, out_scale=8.0,
                                                   moe=(32, 6, 256)),
                               n_tokens=256, top_k=64, n_picked=32, llama_cpp="newest"),
+    # Qwen3.5 (gated delta-nets and gated attention) in its 0.8B/2B proportions, a quarter of the
+    # width: 8 layers, attention at 3 and 7; a SmolLM2 vocabulary of 2048, a separate output
+    # scaled as lfm2's; 320 tokens (tests/synth_qwen35.rs runs them in chunks).
+    "qwen35": dict(arch="qwen35", vocab=SMOLLM2, vocab_size=2048, n_embd=256, n_heads=8,
+                   n_kv_heads=2, n_ff=768, n_layers=8, output_scale=3.0, n_tokens=320, top_k=64,
+                   n_picked=32, llama_cpp="newest",
+                   qwen35=dict(head_dim=64, rope_dim=16, sections=[3, 3, 2, 0], interval=4,
+                               n_k_heads=4, n_v_heads=8, state=32, d_conv=4)),
+    # Qwen3.5-MoE (35B-A3B's layout: 256 experts of 512, 8 used, a shared expert of 512) smaller:
+    # the qwen35 case's layers with 16 experts of 64, 4 used, a shared expert of 64.
+    "qwen35moe": dict(arch="qwen35moe", vocab=SMOLLM2, vocab_size=2048, n_embd=256, n_heads=8,
+                      n_kv_heads=2, n_ff=256, n_layers=8, output_scale=3.0, n_tokens=320,
+                      top_k=64, n_picked=32, llama_cpp="newest", moe=(16, 4, 64, 64),
+                      qwen35=dict(head_dim=64, rope_dim=16, sections=[3, 3, 2, 0], interval=4,
+                                  n_k_heads=4, n_v_heads=8, state=32, d_conv=4)),
 }
 
 # Cases also written with the block matrices llama-quantize made of them in these types (the
@@ -155,7 +171,8 @@ CASES = {
 # expert probabilities are closest, within 8e-4), which no per-logit budget covers.
 # Each entry: a type name (the case's suffix) and, if different, llama-quantize's file type.
 QUANTIZED = {"qwen3moe": ["Q8_0"], "gpt-oss": [("MXFP4", "MXFP4_MOE")],
-             "gemma4": ["Q4_K_M"], "lfm2": ["Q4_K_M"], "granitehybrid": ["Q4_K_M"]}
+             "gemma4": ["Q4_K_M"], "lfm2": ["Q4_K_M"], "granitehybrid": ["Q4_K_M"],
+             "qwen35": ["Q4_K_M"]}
 
 
 def quant_types(case):
@@ -226,6 +243,8 @@ def build(case, out_path, blocks=None):
         return gemma4.build(case, c, out_path, blocks, add_vocab, N_TOKENS)
     if c.get("granite_hybrid"):
         return granite.build(case, c, out_path, blocks, add_vocab, N_TOKENS)
+    if c.get("qwen35"):
+        return qwen35.build(case, c, out_path, blocks, add_vocab, N_TOKENS)
     replace = {}
     if blocks:
         for t in gguf.GGUFReader(blocks).tensors:

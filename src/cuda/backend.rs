@@ -106,7 +106,13 @@ pub fn load<D: CudaDevice>(
         bail!(
             "'{}' has recurrent layers ({}), which the CUDA backend does not run yet; use --device cpu",
             c.architecture,
-            if c.ssm.is_some() { "Mamba-2" } else { "short convolutions" }
+            if c.ssm.is_some() {
+                "Mamba-2"
+            } else if c.layers.iter().any(|l| l.kind == crate::model::config::LayerKind::DeltaNet) {
+                "gated delta-nets"
+            } else {
+                "short convolutions"
+            }
         );
     }
     if !c.uniform_layers() {

@@ -233,7 +233,9 @@ mod tests {
             kv: 17 << 30,
             ..paged
         };
-        let e = admit(&big_pool, &[ram], "--kv-mem").unwrap_err().to_string();
+        let e = admit(&big_pool, &[ram], "--kv-mem")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("--kv-mem"), "{e}");
         // The mapping still takes address space.
         let as_limit = Limit {

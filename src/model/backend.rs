@@ -12,10 +12,11 @@
 
 use anyhow::Result;
 
+use super::delta_net::DeltaNet;
 use super::kv_cache::BlockId;
 use super::state_pool::StateSlot;
 use super::Batch;
-use crate::kernels::{Activation, Rope};
+use crate::kernels::{Activation, DeltaNetShape, Rope};
 
 /// How a backend keeps the model's weights (`super::Weights<S>` is generic over it).
 pub trait WeightStore {
@@ -189,6 +190,37 @@ pub trait Backend: WeightStore {
     {
         let _ = (r, zxbcdt, m, shape, eps, out);
         anyhow::bail!("this backend has no Mamba-2 layers")
+    }
+    /// Qwen3.5's gated delta-net core in recurrent layer `r`: `qkv` [n_tokens][conv_dim], `alpha`
+    /// and `beta` [n_tokens][n_v_heads] -> `out` [n_tokens][value_dim], each sequence row
+    /// continuing its slot's state and leaving it at its last token (`kernels::gated_delta_net`).
+    #[allow(clippy::too_many_arguments)]
+    fn gated_delta_net(
+        &mut self,
+        r: usize,
+        shape: &DeltaNetShape,
+        qkv: &Self::Acts,
+        alpha: &Self::Acts,
+        beta: &Self::Acts,
+        w: &DeltaNet<Self>,
+        out: &mut Self::Acts,
+    ) -> Result<()>
+    where
+        Self: Sized,
+    {
+        let _ = (r, shape, qkv, alpha, beta, w, out);
+        anyhow::bail!("this backend has no gated delta-net layers")
+    }
+    /// `q[t][h] = qg[t][h][0..head_dim]` from a gated q projection, `qg` `[n][n_heads][2][head_dim]`
+    /// (each head's queries, then its gate).
+    fn split_q_gate(&mut self, qg: &Self::Acts, head_dim: usize, q: &mut Self::Acts) -> Result<()> {
+        let _ = (qg, head_dim, q);
+        anyhow::bail!("this backend has no gated attention")
+    }
+    /// `x[t][h][d] *= sigmoid(qg[t][h][1][d])`: the attention output times its heads' gates.
+    fn sigmoid_gate(&mut self, x: &mut Self::Acts, qg: &Self::Acts, head_dim: usize) -> Result<()> {
+        let _ = (x, qg, head_dim);
+        anyhow::bail!("this backend has no gated attention")
     }
     /// Copies state slot `src` onto `dst` (a forked sequence).
     fn copy_state(&mut self, src: StateSlot, dst: StateSlot) -> Result<()> {

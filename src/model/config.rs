@@ -13,10 +13,10 @@ pub use super::config_moe::{ExpertGating, Experts, MAX_EXPERTS};
 pub use super::hybrid::LayerKind;
 
 /// Architectures the forward pass implements (`general.architecture`).
-#[rustfmt::skip]
+#[rustfmt::skip] // one line per row of short items
 pub const SUPPORTED_ARCHITECTURES: &[&str] = &[
     "llama", "qwen2", "qwen3", "gemma3", "phi3", "smollm3", "granite", "qwen3moe", "gemma4",
-    "lfm2", "gpt-oss", "granitehybrid",
+    "lfm2", "gpt-oss", "granitehybrid", "qwen35", "qwen35moe",
 ];
 
 /// What sets one family of models apart, as llama.cpp 0c1e57098 builds them
@@ -61,7 +61,7 @@ struct Family {
     /// `post_attention_norm` (the same norm under another name).
     ffn_norm: &'static str,
     /// Layers with no KV heads (`{arch}.attention.head_count_kv` per layer) are of this
-    /// recurrent kind (`super::hybrid`): LFM2's short convolutions, Granite 4's Mamba-2 (whose
+    /// recurrent kind (`super::hybrid`): LFM2's short convolutions, Granite 4's Mamba-2, Qwen3.5's gated delta-nets (whose
     /// rope `{arch}.rope.scaling.finetuned`, default true, switches on or off).
     recurrent: Option<LayerKind>,
     /// The final norm's tensor (LFM2 names it `token_embd_norm.weight`).
@@ -183,7 +183,22 @@ const FAMILIES: &[Family] = &[
         recurrent: Some(LayerKind::Mamba2),
         ..LLAMA
     },
+    QWEN35, // Qwen3.5: gated delta-net layers beside gated attention (`super::delta_net`)
+    Family {
+        architecture: "qwen35moe",
+        experts: Some(ExpertGating::SoftmaxNormalized),
+        ..QWEN35
+    },
 ];
+const QWEN35: Family = Family {
+    architecture: "qwen35",
+    rope_style: RopeStyle::Neox,
+    qk_norm: true,
+    rope_freqs: false,
+    ffn_norm: "post_attention_norm",
+    recurrent: Some(LayerKind::DeltaNet),
+    ..LLAMA
+};
 
 /// How one layer attends: its rotary embedding and, for a local layer, its window.
 #[derive(Clone, Copy, Debug)]
@@ -245,6 +260,8 @@ pub struct ModelConfig {
     pub conv_l_cache: usize,
     /// The Mamba-2 layers' shape where the model has such layers.
     pub ssm: Option<super::mamba2::SsmShape>,
+    /// The delta-net layers' shape where the model has such layers (Qwen3.5).
+    pub delta_net: Option<crate::kernels::DeltaNetShape>,
     /// The final norm's tensor name.
     pub output_norm: &'static str,
     /// Each layer has a sink logit per head (`attn_sinks`).
@@ -539,6 +556,7 @@ impl ModelConfig {
             per_layer_embd: 0,
             conv_l_cache: hybrid.as_ref().map_or(0, |h| h.l_cache),
             ssm,
+            delta_net: hybrid.as_ref().and_then(|h| h.delta_net),
             output_norm: family.output_norm,
             attn_sinks: family.attn_sinks,
             ffn_norm: family.ffn_norm,

@@ -13,11 +13,12 @@ use anyhow::{bail, Result};
 
 use super::arena::Arena;
 use super::backend::{Backend, WeightStore};
+use super::delta_net::DeltaNet;
 use super::weights::{InFile, MatrixInfo, Weights};
 use super::{Batch, ModelConfig};
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::kernels::tensor_type::TensorType;
-use crate::kernels::{self, rows, Activation, AttentionBatch, KvTypes, Rope};
+use crate::kernels::{self, rows, Activation, AttentionBatch, DeltaNetShape, KvTypes, Rope};
 use crate::model::kv_cache::{BlockId, KvCache};
 use crate::model::state_pool::{StatePool, StateRun, StateSlot};
 
@@ -125,6 +126,9 @@ pub fn load_weights(file: &Arc<GgufFile>, w: &Weights<InFile>) -> Weights<Cpu> {
         Err(never) => match never {},
     }
 }
+
+#[path = "cpu_delta_net.rs"]
+mod delta_net_ops;
 
 /// The step's batch, as the addressing operations read it.
 #[derive(Default)]
@@ -566,6 +570,27 @@ impl Backend for Cpu {
     ) -> Result<()> {
         let runs = &self.step.state_runs;
         super::mamba2_cpu::run(&mut self.states, runs, r, zxbcdt, m, shape, eps, out)
+    }
+
+    fn gated_delta_net(
+        &mut self,
+        r: usize,
+        s: &DeltaNetShape,
+        qkv: &Vec<f32>,
+        alpha: &Vec<f32>,
+        beta: &Vec<f32>,
+        w: &DeltaNet<Self>,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        self.delta_net_runs(r, s, qkv, alpha, beta, w, out)
+    }
+
+    fn split_q_gate(&mut self, qg: &Vec<f32>, head_dim: usize, q: &mut Vec<f32>) -> Result<()> {
+        delta_net_ops::split_q_gate(qg, head_dim, q)
+    }
+
+    fn sigmoid_gate(&mut self, x: &mut Vec<f32>, qg: &Vec<f32>, head_dim: usize) -> Result<()> {
+        delta_net_ops::sigmoid_gate(x, qg, head_dim)
     }
 
     fn copy_state(&mut self, src: StateSlot, dst: StateSlot) -> Result<()> {

@@ -1,6 +1,7 @@
 //! The forward pass over a batch, written once for every backend and reading like the paper:
 //! embedding, then per layer RMSNorm, attention (through the paged KV cache) or, in a hybrid
-//! model's recurrent layers, LFM2's short convolution or Mamba-2 (through each sequence's state slot),
+//! model's recurrent layers, LFM2's short convolution, Mamba-2 or Qwen3.5's gated delta-net
+//! (through each sequence's state slot),
 //! residual, RMSNorm, gated feed-forward, residual; then the final norm and the logits of the
 //! rows that asked for them, and the normed hidden states (embeddings) of the rows that asked
 //! for those.
@@ -158,6 +159,16 @@ pub fn forward_rows<B: Backend>(
     let (zx_width, ssm_width) = c.ssm.map_or((0, 0), |s| (s.d_in_proj(), s.d_inner()));
     let (mut zxbcdt, mut ssm_y) = (b.acts(n, zx_width)?, b.acts(n, ssm_width)?);
     let mut r = 0; // recurrent layers so far: the index of a layer's state in a slot
+                   // Qwen3.5's gated q projection, [n][n_heads][2][head_dim]: queries and gates.
+    let gated = |l: &super::weights::LayerWeights<B>| l.attention().is_some_and(|a| a.q_gate);
+    let mut qg = b.acts(
+        n,
+        if w.layers.iter().any(gated) {
+            2 * q_dim
+        } else {
+            0
+        },
+    )?;
 
     // Each block's input norm runs with the residual add before it (`add_rms_norm`), the
     // first layer's alone.
@@ -185,15 +196,19 @@ pub fn forward_rows<B: Backend>(
             Mixer::Attention(a) => {
                 let own_kv = lo.kv_layer == l;
                 let mut hq = b.input(&h); // quantized once for q, k and v, multiplied in one call
+                let q_out = if a.q_gate { &mut qg } else { &mut q };
                 if own_kv {
-                    let qkv = [(&a.wq, &mut q), (&a.wk, &mut k), (&a.wv, &mut v)];
+                    let qkv = [(&a.wq, q_out), (&a.wk, &mut k), (&a.wv, &mut v)];
                     let mut products = qkv.map(|(l, out)| (&l.weight, out));
                     b.matmul_many(&mut hq, &mut products)?;
                 } else {
-                    b.matmul(&mut hq, &a.wq.weight, &mut q)?;
+                    b.matmul(&mut hq, &a.wq.weight, q_out)?;
                 }
                 drop(hq);
-                add_bias_of(b, &a.wq, &mut q)?;
+                add_bias_of(b, &a.wq, if a.q_gate { &mut qg } else { &mut q })?;
+                if a.q_gate {
+                    b.split_q_gate(&qg, lo.head_dim, &mut q)?;
+                }
                 if own_kv {
                     add_bias_of(b, &a.wk, &mut k)?;
                     add_bias_of(b, &a.wv, &mut v)?;
@@ -217,6 +232,9 @@ pub fn forward_rows<B: Backend>(
                     b.kv_write(l, &k, &v)?;
                 }
                 b.attention(lo.kv_layer, &q, lo.window, a.attn_sinks.as_ref(), &mut attn)?;
+                if a.q_gate {
+                    b.sigmoid_gate(&mut attn, &qg, lo.head_dim)?;
+                }
                 linear_of(b, &attn, &a.wo, &mut proj)?;
                 if let Some(norm) = &a.attn_post_norm {
                     b.rms_norm_inplace(&mut proj, norm, eps)?;
@@ -238,6 +256,11 @@ pub fn forward_rows<B: Backend>(
                 matmul_of(b, &h, &m.in_proj, &mut zxbcdt)?;
                 b.mamba2(r, &zxbcdt, m, shape, eps, &mut ssm_y)?;
                 matmul_of(b, &ssm_y, &m.out_proj, &mut proj)?;
+                r += 1;
+            }
+            // Gated delta-net block (Qwen3.5, `super::delta_net`) over each sequence's state.
+            Mixer::DeltaNet(dn) => {
+                super::delta_net::block(b, dn, c, r, &h, n, &mut proj)?;
                 r += 1;
             }
         }
@@ -265,6 +288,7 @@ pub fn forward_rows<B: Backend>(
                 }
             }
             FeedForward::SharedExperts(m) => moe_gemma4::ffn(b, m, c, &x, &h, n, &mut proj)?,
+            FeedForward::SharedGated(m) => super::moe_qwen35::ffn(b, m, c, &h, n, &mut proj)?,
         }
         if let Some(norm) = &lw.ffn_post_norm {
             b.rms_norm_inplace(&mut proj, norm, eps)?;
@@ -289,9 +313,11 @@ pub fn forward_rows<B: Backend>(
         }
     }
 
-    for buffer in [h, q, k, v, attn, proj, gate, up, bcx, conv, zxbcdt, ssm_y]
-        .into_iter()
-        .chain(ple)
+    for buffer in [
+        h, q, k, v, qg, attn, proj, gate, up, bcx, conv, zxbcdt, ssm_y,
+    ]
+    .into_iter()
+    .chain(ple)
     {
         b.recycle(buffer);
     }

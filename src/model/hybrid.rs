@@ -18,6 +18,8 @@ pub enum LayerKind {
     ShortConv,
     /// Granite 4's Mamba-2 (`super::mamba2`), its state the convolution's last inputs and the scan's.
     Mamba2,
+    /// Qwen3.5's gated delta-net (`super::delta_net`): its conv state and a matrix per head.
+    DeltaNet,
 }
 
 /// The layers of a hybrid file.
@@ -28,6 +30,8 @@ pub struct HybridLayers {
     pub n_kv_heads: usize,
     /// The short convolution's window (`{arch}.shortconv.l_cache`).
     pub l_cache: usize,
+    /// The delta-net layers' shape (Qwen3.5).
+    pub delta_net: Option<crate::kernels::DeltaNetShape>,
 }
 
 /// The longest short-convolution window accepted (LFM2's is 3).
@@ -54,6 +58,9 @@ impl super::ModelConfig {
             LayerKind::Attention => 0,
             LayerKind::ShortConv => self.conv_l_cache.saturating_sub(1) * self.n_embd,
             LayerKind::Mamba2 => self.ssm.map_or(0, |s| s.state_floats()),
+            LayerKind::DeltaNet => self
+                .delta_net
+                .map_or(0, |s| s.conv_state_floats() + s.ssm_state_floats()),
         }
     }
 
@@ -133,6 +140,10 @@ pub fn read(
             let (layers, shape) = super::mamba2::read_layers(g, arch, num_layers, n_embd, n_heads)?;
             (Some(layers), Some(shape))
         }
+        LayerKind::DeltaNet => (
+            Some(super::delta_net::read_qwen35(g, arch, num_layers, n_heads)?),
+            None,
+        ),
         _ => (Some(read_lfm2(g, arch, num_layers, n_heads)?), None),
     })
 }
@@ -154,6 +165,7 @@ pub fn read_lfm2(
         kinds,
         n_kv_heads,
         l_cache,
+        delta_net: None,
     })
 }
 

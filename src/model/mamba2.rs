@@ -91,6 +91,7 @@ pub fn read_layers(
         kinds,
         n_kv_heads,
         l_cache: 0,
+        delta_net: None,
     };
     Ok((layers, shape))
 }

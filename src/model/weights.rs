@@ -8,7 +8,9 @@
 use anyhow::{bail, Context, Result};
 
 use super::backend::WeightStore;
+use super::delta_net::DeltaNet;
 use super::moe_gemma4::Gemma4Moe;
+use super::moe_qwen35::Qwen35Moe;
 use super::per_layer::{PerLayerBlock, PerLayerInputs};
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::kernels;
@@ -278,6 +280,8 @@ pub enum FeedForward<S: WeightStore> {
     },
     /// gemma4's dense network beside its experts (`super::moe_gemma4`).
     SharedExperts(Box<Gemma4Moe<S>>),
+    /// Qwen3.5-MoE's experts and sigmoid-gated shared expert (`super::moe_qwen35`).
+    SharedGated(Box<Qwen35Moe<S>>),
 }
 
 /// The weights of one transformer block. The optional norms are there exactly when the
@@ -303,7 +307,7 @@ impl<S: WeightStore> LayerWeights<S> {
     pub fn attention(&self) -> Option<&Attention<S>> {
         match &self.mixer {
             Mixer::Attention(a) => Some(a),
-            Mixer::ShortConv(_) | Mixer::Mamba2(_) => None,
+            Mixer::ShortConv(_) | Mixer::Mamba2(_) | Mixer::DeltaNet(_) => None,
         }
     }
 }
@@ -313,6 +317,7 @@ pub enum Mixer<S: WeightStore> {
     Attention(Attention<S>),
     ShortConv(ShortConv<S>),
     Mamba2(Box<super::mamba2::Mamba2<S>>),
+    DeltaNet(Box<DeltaNet<S>>),
 }
 
 /// LFM2's short convolution block: in_proj to b, c and x; y = c * conv(b * x); out_proj.
@@ -342,6 +347,9 @@ pub struct Attention<S: WeightStore> {
     pub attn_post_norm: Option<S::Vector>,
     /// Ones of [head_dim]: the weightless RMSNorm of each head's values (gemma4).
     pub attn_v_norm: Option<S::Vector>,
+    /// `wq` gives each head's queries then its output gate (`[n_embd] -> [2 * q_dim]`), and the
+    /// output is multiplied by sigmoid(gate) (Qwen3.5, `super::delta_net`).
+    pub q_gate: bool,
 }
 
 /// `blk.{i}.layer_output_scale.weight`, one float, if the file has it.
@@ -420,8 +428,13 @@ impl Weights<InFile> {
                         let kv_linear = |name: &str| {
                             Linear::read(g, &format!("blk.{kb}.{name}"), c.n_embd, kv_dim)
                         };
+                        let q_rows = if c.delta_net.is_some() {
+                            2 * q_dim
+                        } else {
+                            q_dim
+                        };
                         (
-                            linear("attn_q", c.n_embd, q_dim)?,
+                            linear("attn_q", c.n_embd, q_rows)?,
                             kv_linear("attn_k")?,
                             kv_linear(v)?,
                         )
@@ -444,6 +457,7 @@ impl Weights<InFile> {
                             head_dim,
                         )?,
                         attn_v_norm: c.v_norm.then(|| vec![1.0; head_dim]),
+                        q_gate: c.delta_net.is_some(),
                         wo: linear("attn_output", q_dim, c.n_embd)?,
                         attn_post_norm: norm_if(c.post_norms, "post_attention_norm", c.n_embd)?,
                     }))
@@ -463,6 +477,7 @@ impl Weights<InFile> {
                         let s = c.ssm.context("Mamba-2 layers without their shape")?;
                         Mixer::Mamba2(Box::new(super::mamba2::Mamba2::read(g, c, s, i)?))
                     }
+                    LayerKind::DeltaNet => Mixer::DeltaNet(Box::new(DeltaNet::read(g, c, i)?)),
                 };
                 let ffn = match &c.experts {
                     Some(_) if c.architecture == "gemma4" => {
@@ -475,6 +490,9 @@ impl Weights<InFile> {
                             down_bias: None,
                         };
                         FeedForward::SharedExperts(Box::new(Gemma4Moe::read(g, c, i, mlp)?))
+                    }
+                    Some(_) if c.architecture == "qwen35moe" => {
+                        FeedForward::SharedGated(Box::new(Qwen35Moe::read(g, c, i)?))
                     }
                     Some(x) => {
                         let exps = |name: &str, n_in, n_out, e| {

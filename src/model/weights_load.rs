@@ -31,7 +31,9 @@ impl Weights<InFile> {
                     attn_v_norm: s.vector_if(&a.attn_v_norm)?,
                     wo: s.linear(&a.wo)?,
                     attn_post_norm: s.vector_if(&a.attn_post_norm)?,
+                    q_gate: a.q_gate,
                 }),
+                Mixer::DeltaNet(d) => Mixer::DeltaNet(Box::new(d.load(s.matrix, s.vector)?)),
                 Mixer::ShortConv(sc) => Mixer::ShortConv(ShortConv {
                     in_proj: (s.matrix)(&sc.in_proj)?,
                     conv: (s.vector)(&sc.conv)?,
@@ -121,6 +123,9 @@ impl<S: WeightStore, E> Loader<'_, S, E> {
             },
             FeedForward::SharedExperts(m) => {
                 FeedForward::SharedExperts(Box::new(m.load(self.matrix, self.vector)?))
+            }
+            FeedForward::SharedGated(m) => {
+                FeedForward::SharedGated(Box::new(m.load(self.matrix, self.vector)?))
             }
         })
     }

@@ -41,6 +41,8 @@ const QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|
 /// collapsed to one char per category, so a non-ASCII letter counts as neither a-z nor A-Z and
 /// a combining mark (`\p{M}`) is no letter: the same as this regex over the real chars.
 const GPT4O: &str = r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Qwen3.5's pattern: Qwen2's with combining marks (`\p{M}`) kept with the letters.
+const QWEN35: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// How one family of `tokenizer.ggml.pre` names pre-tokenizes, from llama-vocab.cpp.
 struct PreTokenizerSpec {
@@ -83,6 +85,7 @@ fn pre_tokenizer_spec(pre: Option<&str>) -> Result<PreTokenizerSpec> {
             spec(&[QWEN2], false, false)
         }
         "gpt-4o" | "llama4" | "kanana2" | "talkie" => spec(&[GPT4O], false, false),
+        "qwen35" => spec(&[QWEN35], false, false),
         "falcon" => spec(
             &[r"[\p{P}\$\+<=>\^~\|`]+", GPT2, r"[0-9][0-9][0-9]"],
             false,
@@ -91,7 +94,7 @@ fn pre_tokenizer_spec(pre: Option<&str>) -> Result<PreTokenizerSpec> {
         other => bail!(
             "unsupported tokenizer.ggml.pre '{other}' for a gpt2 vocabulary: edge-llm knows \
              default, llama3 (llama-bpe), gpt-2, smollm (starcoder, refact, command-r), \
-             qwen2, gpt-4o (llama4) and falcon"
+             qwen2, qwen35, gpt-4o (llama4) and falcon"
         ),
     })
 }

@@ -21,6 +21,7 @@ pub mod harness;
 pub mod isa_lock;
 pub mod splitmix;
 pub mod synth;
+pub mod top_logits;
 pub mod webdriver;
 
 use std::path::PathBuf;
