@@ -29,6 +29,7 @@ use edge_llm::model::config::LayerKind;
 use edge_llm::model::mamba2::SsmShape;
 use edge_llm::model::Model;
 use edge_llm::scoring::runner::SequenceRunner;
+use support::top_logits::ids;
 use support::{assert_greedy_among_sessions, collect, request, wait_idle};
 
 /// |our logit - llama.cpp's| at the picked ids and llama.cpp's top 64, over the magnitude of its
@@ -59,14 +60,6 @@ fn load(case: &str) -> Option<(Model, serde_json::Value)> {
     Some((model, r))
 }
 
-fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
 /// Every position's logits, the sequence run `chunk` tokens per step.
 fn logits(model: &Model, tokens: &[u32], chunk: usize) -> Vec<f32> {
     let mut runner = SequenceRunner::new(model, tokens.len(), 16);
@@ -74,60 +67,11 @@ fn logits(model: &Model, tokens: &[u32], chunk: usize) -> Vec<f32> {
     runner.eval(tokens, true).unwrap()
 }
 
-/// (mean KLD over the reference's top tokens and the rest, same-top share, worst logit error
-/// relative to the top logit, the median position's worst error).
+/// Mean KLD, same-top share, worst and median-position logit error against llama.cpp's top
+/// logits (`support::top_logits`).
 fn compare(r: &serde_json::Value, ours: &[f32], vocab: usize) -> (f64, f64, f32, f32) {
-    let picked = ids(&r["picked_ids"]);
-    let positions = r["positions"].as_array().unwrap();
-    let (mut kld, mut same, mut worst) = (0.0f64, 0usize, 0.0f32);
-    let mut per_position = Vec::new();
-    for (p, pos) in positions.iter().enumerate() {
-        let worst_before = std::mem::take(&mut worst);
-        let row = &ours[p * vocab..(p + 1) * vocab];
-        let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) as f64;
-        let lse = max
-            + row
-                .iter()
-                .map(|&x| (x as f64 - max).exp())
-                .sum::<f64>()
-                .ln();
-        let ref_lse = pos["logsumexp"].as_f64().unwrap();
-        let top: Vec<(usize, f64)> = pos["top"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| (t[0].as_u64().unwrap() as usize, t[1].as_f64().unwrap()))
-            .collect();
-        let (mut p_rest, mut q_rest) = (1.0f64, 1.0f64);
-        for &(id, l) in &top {
-            let (lp, lq) = (l - ref_lse, row[id] as f64 - lse);
-            kld += lp.exp() * (lp - lq);
-            p_rest -= lp.exp();
-            q_rest -= lq.exp();
-            worst = worst.max(((row[id] as f64 - l).abs() / top[0].1.abs()) as f32);
-        }
-        if p_rest > 0.0 && q_rest > 0.0 {
-            kld += p_rest * (p_rest / q_rest).ln();
-        }
-        let argmax = (0..vocab)
-            .max_by(|&a, &b| row[a].total_cmp(&row[b]))
-            .unwrap();
-        same += usize::from(argmax == top[0].0);
-        for (k, &id) in picked.iter().enumerate() {
-            let l = pos["picked"][k].as_f64().unwrap();
-            worst = worst.max(((row[id as usize] as f64 - l).abs() / top[0].1.abs()) as f32);
-        }
-        per_position.push(worst);
-        worst = worst.max(worst_before);
-    }
-    per_position.sort_by(f32::total_cmp);
-    let n = positions.len();
-    (
-        kld / n as f64,
-        same as f64 / n as f64,
-        worst,
-        per_position[n / 2],
-    )
+    let a = support::top_logits::compare(r, ours, vocab);
+    (a.mean_kld, a.same_top, a.worst, a.median)
 }
 
 fn check_against_llama_cpp(case: &str, max_kld: f64, min_same: f64, logit_budget: f32) {

@@ -3,7 +3,7 @@
 //! `top_k`): the mean KLD over those top tokens and the rest as one outcome (at most the full
 //! KLD, by the data-processing inequality), the same-top share, and the worst logit error
 //! relative to the top logit (over the top tokens and the picked ids). Used by
-//! tests/synth_qwen35.rs (tests/hybrid_models.rs has the same measure inline).
+//! tests/synth_qwen35.rs, tests/synth_granite.rs and tests/hybrid_models.rs.
 
 use serde_json::Value;
 
