@@ -28,9 +28,9 @@ use edge_llm::engine::{EngineConfig, EngineHandle, EngineParts, Event, Request};
 use edge_llm::model::config::LayerKind;
 use edge_llm::model::mamba2::SsmShape;
 use edge_llm::model::Model;
-use edge_llm::scoring::runner::SequenceRunner;
+use support::hybrid::{alone, assert_all_back, engine, logits, prompts, run};
 use support::top_logits::ids;
-use support::{assert_greedy_among_sessions, collect, request, wait_idle};
+use support::{assert_greedy_among_sessions, request, wait_idle};
 
 /// |our logit - llama.cpp's| at the picked ids and llama.cpp's top 64, over the magnitude of its
 /// top logit (the products quantize activations the same way on both sides; they, and the scan's
@@ -58,13 +58,6 @@ fn load(case: &str) -> Option<(Model, serde_json::Value)> {
     )?;
     let model = Model::load(&path).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
     Some((model, r))
-}
-
-/// Every position's logits, the sequence run `chunk` tokens per step.
-fn logits(model: &Model, tokens: &[u32], chunk: usize) -> Vec<f32> {
-    let mut runner = SequenceRunner::new(model, tokens.len(), 16);
-    runner.batch_tokens = chunk;
-    runner.eval(tokens, true).unwrap()
 }
 
 /// Mean KLD, same-top share, worst and median-position logit error against llama.cpp's top
@@ -164,74 +157,6 @@ fn chunked_and_one_token_forms_give_the_same_logits() {
             "chunks of {chunk} differ from one chunk of 64"
         );
     }
-}
-
-fn engine(
-    model: &Arc<Model>,
-    num_blocks: usize,
-    max_batched_tokens: usize,
-    slots: usize,
-) -> EngineHandle {
-    let config = EngineConfig {
-        block_size: 16,
-        num_blocks,
-        max_seq_len: 256.min(num_blocks * 16),
-        max_batched_tokens,
-        max_seqs: 64,
-        max_queue: 64,
-        max_step_ms: None,
-        mask_budget_ms: EngineConfig::DEFAULT_MASK_BUDGET_MS,
-        kv_types: edge_llm::kernels::KvTypes::F16,
-        num_state_slots: slots,
-    };
-    EngineHandle::start(Arc::clone(model), config, EngineParts::default()).unwrap()
-}
-
-/// Four prompts of the reference's tokens sharing a 40-token prefix, each then its own.
-fn prompts(r: &serde_json::Value) -> Vec<(Vec<u32>, usize)> {
-    let t = ids(&r["tokens"]);
-    (0..4)
-        .map(|i| {
-            let mut p = t[..40].to_vec();
-            p.extend(&t[100 + 20 * i..110 + 25 * i]);
-            (p, 12)
-        })
-        .collect()
-}
-
-fn alone(e: &EngineHandle, prompts: &[(Vec<u32>, usize)]) -> Vec<Vec<u32>> {
-    prompts
-        .iter()
-        .map(|(p, n)| collect(&mut e.submit(request(p, *n, SamplingParams::greedy())).unwrap()).0)
-        .collect()
-}
-
-/// Every slot and block back.
-fn assert_all_back(e: &EngineHandle, slots: usize) {
-    let m = wait_idle(e);
-    assert_eq!(m.blocks_used, 0, "every KV block back");
-    assert_eq!(
-        (m.state_slots_total, m.state_slots_free),
-        (slots, slots),
-        "every state slot back"
-    );
-}
-
-/// A greedy completion of `prompt` and its `cached_tokens`.
-fn run(e: &EngineHandle, prompt: &[u32], n: usize, cache_prompt: bool) -> (Vec<u32>, usize) {
-    let mut req = request(prompt, n, SamplingParams::greedy());
-    req.cache_prompt = cache_prompt;
-    let mut stream = e.submit(req).unwrap();
-    let mut out = Vec::new();
-    while let Some(ev) = stream.next_blocking() {
-        match ev {
-            Event::Token { token, .. } => out.push(token),
-            Event::Finished { usage, .. } => return (out, usage.cached_tokens),
-            Event::Error(err) => panic!("{err}"),
-            _ => {}
-        }
-    }
-    panic!("no Finished event")
 }
 
 #[test]

@@ -27,9 +27,9 @@ use edge_llm::engine::sampler::SamplingParams;
 use edge_llm::engine::{EngineConfig, EngineHandle, EngineParts, Event};
 use edge_llm::model::config::LayerKind;
 use edge_llm::model::Model;
-use edge_llm::scoring::runner::SequenceRunner;
+use support::hybrid::{alone, assert_all_back, logits, prompts, run};
 use support::top_logits::{compare, ids};
-use support::{assert_greedy_among_sessions, collect, request, wait_idle};
+use support::{assert_greedy_among_sessions, request, wait_idle};
 
 /// |our logit - llama.cpp's| over its top logit: F16 products on both sides quantize the
 /// activations the same way and differ in summation order, and llama.cpp's delta rule sums its
@@ -58,13 +58,6 @@ fn load(case: &str) -> Option<(Model, serde_json::Value)> {
     )?;
     let model = Model::load(&path).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
     Some((model, r))
-}
-
-/// Every position's logits, the sequence run `chunk` tokens per step.
-fn logits(model: &Model, tokens: &[u32], chunk: usize) -> Vec<f32> {
-    let mut runner = SequenceRunner::new(model, tokens.len(), 16);
-    runner.batch_tokens = chunk;
-    runner.eval(tokens, true).unwrap()
 }
 
 fn check_against_llama_cpp(case: &str, max_kld: f64, min_same: f64, logit_budget: f32) {
@@ -189,52 +182,6 @@ fn engine(
         ..EngineParts::default()
     };
     EngineHandle::start(Arc::clone(model), config, parts).unwrap()
-}
-
-/// Four prompts of the reference's tokens sharing a 40-token prefix, each then its own.
-fn prompts(r: &serde_json::Value) -> Vec<(Vec<u32>, usize)> {
-    let t = ids(&r["tokens"]);
-    (0..4)
-        .map(|i| {
-            let mut p = t[..40].to_vec();
-            p.extend(&t[100 + 20 * i..110 + 25 * i]);
-            (p, 12)
-        })
-        .collect()
-}
-
-fn alone(e: &EngineHandle, prompts: &[(Vec<u32>, usize)]) -> Vec<Vec<u32>> {
-    prompts
-        .iter()
-        .map(|(p, n)| collect(&mut e.submit(request(p, *n, SamplingParams::greedy())).unwrap()).0)
-        .collect()
-}
-
-fn assert_all_back(e: &EngineHandle, slots: usize) {
-    let m = wait_idle(e);
-    assert_eq!(m.blocks_used, 0, "every KV block back");
-    assert_eq!(
-        (m.state_slots_total, m.state_slots_free),
-        (slots, slots),
-        "every state slot back"
-    );
-}
-
-/// A greedy completion of `prompt` and its `cached_tokens`.
-fn run(e: &EngineHandle, prompt: &[u32], n: usize, cache_prompt: bool) -> (Vec<u32>, usize) {
-    let mut req = request(prompt, n, SamplingParams::greedy());
-    req.cache_prompt = cache_prompt;
-    let mut stream = e.submit(req).unwrap();
-    let mut out = Vec::new();
-    while let Some(ev) = stream.next_blocking() {
-        match ev {
-            Event::Token { token, .. } => out.push(token),
-            Event::Finished { usage, .. } => return (out, usage.cached_tokens),
-            Event::Error(err) => panic!("{err}"),
-            _ => {}
-        }
-    }
-    panic!("no Finished event")
 }
 
 #[test]

@@ -18,6 +18,7 @@
 pub mod cluster;
 pub mod gguf_writer;
 pub mod harness;
+pub mod hybrid;
 pub mod isa_lock;
 pub mod splitmix;
 pub mod synth;
