@@ -95,21 +95,11 @@ impl Gemma4Moe<InFile> {
         matrix: &mut MakeMatrix<S, E>,
         vector: &mut MakeVector<S, E>,
     ) -> Result<Gemma4Moe<S>, E> {
-        let mut mlp = |m: &Mlp<InFile>| -> Result<Mlp<S>, E> {
-            Ok(Mlp {
-                gate: matrix(&m.gate)?,
-                up: matrix(&m.up)?,
-                down: matrix(&m.down)?,
-                gate_bias: None,
-                up_bias: None,
-                down_bias: None,
-            })
-        };
-        let shared = mlp(&self.mlp)?;
+        let shared = self.mlp.load(matrix, vector)?;
         let experts = self
             .experts
             .iter()
-            .map(&mut mlp)
+            .map(|m| m.load(matrix, vector))
             .collect::<Result<_, E>>()?;
         Ok(Gemma4Moe {
             mlp: shared,

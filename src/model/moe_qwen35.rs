@@ -93,23 +93,13 @@ impl Qwen35Moe<InFile> {
     pub(super) fn load<S: WeightStore, E>(
         &self,
         matrix: &mut MakeMatrix<S, E>,
-        _vector: &mut MakeVector<S, E>,
+        vector: &mut MakeVector<S, E>,
     ) -> Result<Qwen35Moe<S>, E> {
-        let mut mlp = |m: &Mlp<InFile>| -> Result<Mlp<S>, E> {
-            Ok(Mlp {
-                gate: matrix(&m.gate)?,
-                up: matrix(&m.up)?,
-                down: matrix(&m.down)?,
-                gate_bias: None,
-                up_bias: None,
-                down_bias: None,
-            })
-        };
-        let shared = mlp(&self.shared)?;
+        let shared = self.shared.load(matrix, vector)?;
         let experts = self
             .experts
             .iter()
-            .map(&mut mlp)
+            .map(|m| m.load(matrix, vector))
             .collect::<Result<_, E>>()?;
         Ok(Qwen35Moe {
             router: Linear {

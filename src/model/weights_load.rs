@@ -81,6 +81,26 @@ pub type MakeMatrix<'f, S, E> =
 /// How [`Weights::load`] makes a vector of store `S`.
 pub type MakeVector<'f, S, E> = dyn FnMut(&[f32]) -> Result<<S as WeightStore>::Vector, E> + 'f;
 
+impl Mlp<InFile> {
+    /// The same gated feed-forward network in store `S` (a dense block's, an expert's, a shared
+    /// expert's).
+    pub(super) fn load<S: WeightStore, E>(
+        &self,
+        matrix: &mut MakeMatrix<S, E>,
+        vector: &mut MakeVector<S, E>,
+    ) -> Result<Mlp<S>, E> {
+        let mut vector_if = |v: &Option<Vec<f32>>| v.as_deref().map(&mut *vector).transpose();
+        Ok(Mlp {
+            gate: matrix(&self.gate)?,
+            up: matrix(&self.up)?,
+            down: matrix(&self.down)?,
+            gate_bias: vector_if(&self.gate_bias)?,
+            up_bias: vector_if(&self.up_bias)?,
+            down_bias: vector_if(&self.down_bias)?,
+        })
+    }
+}
+
 /// The two conversions of [`Weights::load`].
 struct Loader<'f, S: WeightStore, E> {
     matrix: &'f mut MakeMatrix<'f, S, E>,
@@ -93,14 +113,7 @@ impl<S: WeightStore, E> Loader<'_, S, E> {
     }
 
     fn mlp(&mut self, m: &Mlp<InFile>) -> Result<Mlp<S>, E> {
-        Ok(Mlp {
-            gate: (self.matrix)(&m.gate)?,
-            up: (self.matrix)(&m.up)?,
-            down: (self.matrix)(&m.down)?,
-            gate_bias: self.vector_if(&m.gate_bias)?,
-            up_bias: self.vector_if(&m.up_bias)?,
-            down_bias: self.vector_if(&m.down_bias)?,
-        })
+        m.load(self.matrix, self.vector)
     }
 
     fn feed_forward(&mut self, f: &FeedForward<InFile>) -> Result<FeedForward<S>, E> {
